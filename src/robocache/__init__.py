@@ -1,0 +1,35 @@
+"""RoboCache: a GPU data engine for robot-learning training.
+
+Public ops are imported lazily so that ``import robocache`` (and ``robocache info``) stays
+cheap: torch and Triton load on first use of an op.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it
+_LAZY = {
+    "resample": "robocache.ops.resample",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from robocache.ops.resample import resample
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'robocache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

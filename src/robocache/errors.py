@@ -1,0 +1,46 @@
+"""The few exception types RoboCache users catch.
+
+Every message is a complete sentence that names the argument, what was expected, what came,
+and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RoboCacheError",
+    "ShapeError",
+    "DTypeError",
+    "DeviceError",
+    "DataError",
+    "MissingDependencyError",
+]
+
+
+class RoboCacheError(Exception):
+    """Base class of every error RoboCache raises on purpose."""
+
+
+class ShapeError(RoboCacheError, ValueError):
+    """A tensor has the wrong number of dimensions or sizes that disagree."""
+
+
+class DTypeError(RoboCacheError, TypeError):
+    """A tensor has a dtype the operation does not accept."""
+
+
+class DeviceError(RoboCacheError, ValueError):
+    """Tensors that must share a device do not, or a device-only feature was asked of the CPU."""
+
+
+class DataError(RoboCacheError, ValueError):
+    """Values are invalid: NaN or decreasing timestamps, lengths out of range, bad episodes."""
+
+
+class MissingDependencyError(RoboCacheError, ImportError):
+    """An optional extra is needed; the message gives the pip command that installs it."""
+
+    def __init__(self, package: str, extra: str, feature: str):
+        super().__init__(
+            f"{feature} needs the optional package '{package}', which is not installed. "
+            f"Install it with: pip install 'robocache[{extra}]'"
+        )

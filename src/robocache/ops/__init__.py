@@ -1,0 +1,1 @@
+"""Public functional API: one module per op family (validate -> dispatch -> return)."""
