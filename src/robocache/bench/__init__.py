@@ -1,0 +1,1 @@
+"""Benchmark harness, device ceilings and run metadata shared by every op family's benchmark."""

@@ -1,0 +1,165 @@
+"""Timing core shared by every ``benchmarks/bench_<family>.py``.
+
+GPU times are CUDA-event medians from ``triton.testing.do_bench`` after warm-up (with IQR);
+inputs rotate between copies whose total exceeds the L2 cache so repeated calls are not
+served from it. Host overhead is measured as back-to-back eager calls on the host clock.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+L2_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (H100: 50 MB, H200: 60 MB)
+
+
+@dataclass
+class Timing:
+    """Summary of repeated timings, in milliseconds."""
+
+    median_ms: float
+    q25_ms: float
+    q75_ms: float
+    n: int
+    samples_ms: list[float]
+
+    @property
+    def iqr_ms(self) -> float:
+        return self.q75_ms - self.q25_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(samples_ms: Sequence[float]) -> Timing:
+    s = sorted(float(v) for v in samples_ms)
+    if len(s) == 1:
+        return Timing(s[0], s[0], s[0], 1, s)
+    q = statistics.quantiles(s, n=4, method="inclusive")
+    return Timing(statistics.median(s), q[0], q[2], len(s), s)
+
+
+def rotation_count(bytes_per_set: int, *, max_sets: int = 64) -> int:
+    """How many input copies make a rotation larger than the L2 cache (at least 1)."""
+    if bytes_per_set <= 0:
+        return 1
+    return max(1, min(max_sets, -(-L2_FLUSH_BYTES // bytes_per_set)))
+
+
+def gpu_time(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 200) -> Timing:
+    """Median CUDA-event time of `fn` (triton.testing.do_bench; it clears L2 between calls)."""
+    import triton.testing
+
+    samples = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
+    return summarize(samples)
+
+
+def rotating(fns: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
+    """Cycle through closures over different input copies, one per call."""
+    state = {"i": 0}
+
+    def call():
+        i = state["i"]
+        state["i"] = (i + 1) % len(fns)
+        return fns[i]()
+
+    return call
+
+
+def graph_time(fn: Callable[[], Any], *, calls: int = 100, rep_ms: float = 200) -> Timing:
+    """GPU time per call when `calls` back-to-back calls are replayed from one CUDA graph.
+
+    This is the time a launch-bound op costs inside a captured training step.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    t = gpu_time(graph.replay, rep_ms=rep_ms)
+    return summarize([v / calls for v in t.samples_ms])
+
+
+def host_time_us(fn: Callable[[], Any], *, calls: int = 2000, repeats: int = 7) -> Timing:
+    """Host microseconds per back-to-back call (validation + dispatch + launch), median of
+    `repeats` runs of `calls` calls. Returned in the Timing's *_ms fields as microseconds."""
+    for _ in range(50):
+        fn()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        runs.append((time.perf_counter() - t0) / calls * 1e6)
+        sync()
+    return summarize(runs)
+
+
+def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    t = gpu_time(lambda: dst.copy_(src), rep_ms=300)
+    return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def metadata() -> dict[str, Any]:
+    """Run metadata: date, versions, commit, device."""
+    import triton
+
+    import robocache
+
+    meta: dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "robocache": robocache.__version__,
+        "commit": git_commit(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        meta.update(device=p.name, sm_count=p.multi_processor_count,
+                    memory_bytes=p.total_memory,
+                    capability=f"{p.major}.{p.minor}")
+    else:
+        meta["device"] = "cpu"
+    return meta
+
+
+def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1, default=float) + "\n")
+    return path
