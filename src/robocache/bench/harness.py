@@ -163,3 +163,64 @@ def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1, default=float) + "\n")
     return path
+
+
+def cuda_ready() -> bool:
+    return torch.cuda.is_available()
+
+
+def cpu_time(fn: Callable[[], Any], *, repeats: int = 15, min_s: float = 0.02) -> Timing:
+    """Median host time of `fn` in ms (for CPU implementations), each sample >= `min_s`."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            dt = time.perf_counter() - t0
+            if dt >= min_s:
+                break
+        samples.append(dt / n * 1e3)
+    return summarize(samples)
+
+
+def case(family: str, name: str, impl: str, timing: Timing, *, nbytes: int | None = None,
+         flops: int | None = None, copy_gbps: float | None = None, unit: str = "ms",
+         **extra: Any) -> dict[str, Any]:
+    """One benchmark record: what ran, its timing, and its bandwidth against the copy ceiling.
+
+    `nbytes` is the minimum traffic (each input read once, each output written once).
+    """
+    rec: dict[str, Any] = {"family": family, "name": name, "impl": impl, "unit": unit,
+                           **timing.to_dict(), "bytes": nbytes, "flops": flops}
+    if nbytes and unit == "ms" and timing.median_ms > 0:
+        rec["GBps"] = nbytes / (timing.median_ms * 1e-3) / 1e9
+        if copy_gbps:
+            rec["pct_copy"] = 100.0 * rec["GBps"] / copy_gbps
+    rec.update(extra)
+    return rec
+
+
+def print_table(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    meta = results["meta"]
+    title = f"{meta.get('device')} · torch {meta.get('torch')} · triton {meta.get('triton')}"
+    if meta.get("d2d_copy_GBps"):
+        title += f" · copy {meta['d2d_copy_GBps']:.0f} GB/s"
+    table = Table(title=title)
+    for col in ("family", "case", "impl", "median", "IQR", "GB/s", "% copy", "note"):
+        table.add_column(col, justify="right" if col in ("median", "IQR", "GB/s", "% copy")
+                         else "left")
+    for r in results["cases"]:
+        unit = r.get("unit", "ms")
+        table.add_row(
+            r["family"], r["name"], r["impl"], f"{r['median_ms']:.4g} {unit}",
+            f"{r['q75_ms'] - r['q25_ms']:.2g}",
+            f"{r['GBps']:.0f}" if r.get("GBps") else "",
+            f"{r['pct_copy']:.1f}" if r.get("pct_copy") else "",
+            str(r.get("note", "")),
+        )
+    Console().print(table)

@@ -1,0 +1,24 @@
+"""The ``robocache`` command: one typer app, one module per verb in this package.
+
+Verb modules import heavy packages (torch, Triton) inside their commands, so ``robocache info``
+and ``robocache --help`` stay fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from robocache.cli import bench, info
+
+app = typer.Typer(
+    name="robocache",
+    help="RoboCache: a GPU data engine for robot-learning training.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.command("info")(info.info)
+app.command("bench")(bench.bench)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,62 @@
+"""``robocache info``: versions, CUDA device and Triton availability.
+
+    $ robocache info
+    $ robocache info --json
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import platform
+
+import typer
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def collect() -> dict:
+    """What is installed and which device RoboCache would run on."""
+    import torch  # the one heavy import: needed to see the CUDA device
+
+    cuda = torch.cuda.is_available()
+    info = {
+        "robocache": _version("robocache"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "cuda_available": cuda,
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if cuda else [],
+        "kernels": "triton (CUDA)" if cuda and _version("triton") else "pytorch reference (CPU)",
+        "extras": {name: _version(name) for name in
+                   ("pyarrow", "pylance", "zarr", "h5py", "ray", "prometheus-client",
+                    "nvidia-ml-py", "matplotlib", "scipy")},
+    }
+    return info
+
+
+def info(json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
+    """Show versions, the CUDA device and whether Triton kernels will run."""
+    data = collect()
+    if json_out:
+        typer.echo(json.dumps(data, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="RoboCache", show_header=False)
+    for key, value in data.items():
+        if key == "extras":
+            value = ", ".join(f"{k} {v}" for k, v in value.items() if v) or "none"
+        elif key == "devices":
+            value = ", ".join(value) or "none"
+        table.add_row(key, str(value))
+    Console().print(table)
