@@ -19,7 +19,7 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from robocache.ops.resample import resample
+    from robocache.ops.resample import resample  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -47,7 +47,7 @@ def bench(
     results = {"meta": harness.metadata(), "cases": []}
     if harness.cuda_ready():
         results["meta"]["d2d_copy_GBps"] = harness.copy_bandwidth_gbps()
-    for name, module in modules.items():
+    for module in modules.values():
         results["cases"].extend(module.run(quick=quick, copy_gbps=results["meta"].get(
             "d2d_copy_GBps")))
     harness.print_table(results)

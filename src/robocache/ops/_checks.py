@@ -44,8 +44,8 @@ def check_choice(op: str, name: str, value: str, choices: tuple[str, ...]) -> No
 def check_dtype(op: str, name: str, t: torch.Tensor, allowed: tuple, hint: str) -> None:
     if t.dtype not in allowed:
         names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
-        fail(op, f"`{name}` must have dtype in ({names}); got {str(t.dtype).removeprefix('torch.')}. "
-             f"{hint}", DTypeError)
+        got = str(t.dtype).removeprefix("torch.")
+        fail(op, f"`{name}` must have dtype in ({names}); got {got}. {hint}", DTypeError)
 
 
 def check_device(op: str, name: str, t: torch.Tensor, device: torch.device, ref: str) -> None:
