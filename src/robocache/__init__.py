@@ -14,6 +14,11 @@ __version__ = "0.1.0"
 # name -> module that defines it
 _LAZY = {
     "resample": "robocache.ops.resample",
+    "normalize": "robocache.ops.normalize",
+    "compute_stats": "robocache.ops.normalize",
+    "merge_stats": "robocache.ops.normalize",
+    "Stats": "robocache.ops.normalize",
+    "Normalizer": "robocache.ops.normalize",
 }
 
 __all__ = ["__version__", *_LAZY]

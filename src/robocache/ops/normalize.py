@@ -1,0 +1,357 @@
+"""Per-dimension statistics (one pass, mergeable) and normalization per key, forward and inverse.
+
+    >>> stats = compute_stats(actions)                  # [N, D] or [..., D]
+    >>> stats = merge_stats([compute_stats(c) for c in chunks])   # across chunks / workers
+    >>> norm = Normalizer({"action": stats}, modes={"action": "min_max"})
+    >>> batch = norm(batch); actions = norm.inverse({"action": pred})["action"]
+
+Every mode is the affine map ``y = (x - offset) * scale`` per dimension:
+
+=========== ============================ ===============================================
+mode        offset                       scale
+=========== ============================ ===============================================
+mean_std    mean                         1 / std   (population std, ddof = 0)
+min_max     (min + max) / 2              2 / (max - min)       -> [-1, 1]
+quantile    (q01 + q99) / 2              2 / (q99 - q01), then clipped to [-1, 1]
+identity    0                            1
+=========== ============================ ===============================================
+
+Zero variance: a dimension whose spread (std, max - min or q99 - q01) is below `eps`
+(default ``EPS = 1e-6``, in the data's units) keeps scale 1 and is only centred, so a constant
+dimension maps to 0 and back exactly instead of dividing by ~0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from robocache.errors import DataError, ShapeError
+from robocache.ops._checks import FLOAT_DTYPES, check_choice, check_dtype, fail
+from robocache.reference import normalize as ref
+
+MODES = ("mean_std", "min_max", "quantile", "identity")
+EPS = 1e-6
+DEFAULT_BINS = 1024
+_OP = "normalize"
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Per-dimension statistics of a `[N, D]` sample (float64 tensors `[D]` on the CPU).
+
+    Attributes:
+        count: number of rows N reduced.
+        mean, std: mean and population standard deviation (ddof = 0).
+        min, max: extremes.
+        q01, q99: 1st and 99th percentiles. Exact (numpy 'linear') when `exact_quantiles`;
+            after a merge, read off the merged dyadic histogram: the error is at most one bin
+            width ``2**hist_exponent`` per dimension, which is below ``2 (max - min) / (bins - 1)``,
+            plus the gap between the two order statistics the exact quantile interpolates.
+        hist_exponent, hist_origin, hist_counts: the dyadic histogram that makes stats mergeable:
+            bin j of dimension d covers ``[(origin + j) 2**e, (origin + j + 1) 2**e)``;
+            counts are int64 `[D, bins]`.
+        exact_quantiles: whether q01/q99 are exact (one pass) or histogram estimates (merged).
+    """
+
+    count: int
+    mean: torch.Tensor
+    std: torch.Tensor
+    min: torch.Tensor
+    max: torch.Tensor
+    q01: torch.Tensor
+    q99: torch.Tensor
+    hist_exponent: torch.Tensor
+    hist_origin: torch.Tensor
+    hist_counts: torch.Tensor
+    exact_quantiles: bool = True
+
+    @property
+    def dim(self) -> int:
+        return int(self.mean.shape[0])
+
+    @property
+    def bins(self) -> int:
+        return int(self.hist_counts.shape[1])
+
+    def merge(self, other: Stats) -> Stats:
+        """Statistics of the union of both samples (see `merge_stats`)."""
+        return merge_stats([self, other])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (lists of floats/ints); `Stats.from_dict` inverts it exactly."""
+        d: dict[str, Any] = {"count": self.count, "exact_quantiles": self.exact_quantiles}
+        for k in ("mean", "std", "min", "max", "q01", "q99"):
+            d[k] = getattr(self, k).tolist()
+        d["histogram"] = {"exponent": self.hist_exponent.tolist(),
+                          "origin": self.hist_origin.tolist(),
+                          "counts": self.hist_counts.tolist()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Stats:
+        h = d["histogram"]
+        f64 = {k: torch.tensor(d[k], dtype=torch.float64)
+               for k in ("mean", "std", "min", "max", "q01", "q99")}
+        return cls(count=int(d["count"]), **f64,
+                   hist_exponent=torch.tensor(h["exponent"], dtype=torch.int64),
+                   hist_origin=torch.tensor(h["origin"], dtype=torch.int64),
+                   hist_counts=torch.tensor(h["counts"], dtype=torch.int64),
+                   exact_quantiles=bool(d["exact_quantiles"]))
+
+
+def compute_stats(x: torch.Tensor, *, bins: int = DEFAULT_BINS) -> Stats:
+    """Per-dimension statistics of `x` in one call: mean, std, min, max, q01, q99 (+ histogram).
+
+    Args:
+        x: `[..., D]` float tensor (any device); all leading dims are samples (N = numel / D).
+        bins: histogram bins per dimension kept for merging (>= 2); the merged-quantile error
+            bound scales as 2 (max - min) / (bins - 1).
+
+    Returns:
+        `Stats` with float64 CPU tensors; q01/q99 exact (numpy's 'linear' interpolation).
+
+    Raises:
+        DTypeError: `x` is not floating point.
+        ShapeError: `x` has no last dim or no rows.
+        DataError: `x` holds NaN or infinity (checked always: the stats come back to the host
+            anyway, so the check adds no extra sync of note).
+
+    Example:
+        >>> s = compute_stats(torch.randn(1000, 7))
+        >>> s.q99.shape
+        torch.Size([7])
+    """
+    check_dtype("compute_stats", "x", x, FLOAT_DTYPES, "Convert with x.float().")
+    if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
+        fail("compute_stats", f"`x` must be [..., D] with D >= 1 and at least one row; got "
+             f"shape {list(x.shape)}.")
+    if bins < 2:
+        fail("compute_stats", f"`bins` must be >= 2; got {bins}.", ValueError)
+    x2 = x.reshape(-1, x.shape[-1])
+    if not bool(torch.isfinite(x2).all()):
+        row = int((~torch.isfinite(x2)).any(1).nonzero()[0])
+        fail("compute_stats", f"`x` holds NaN or infinity (first at flattened row {row}); "
+             "drop or repair those samples before computing statistics.", DataError)
+    srt = torch.sort(x2, dim=0).values
+    lo, hi = srt[0].double(), srt[-1].double()
+    q01, q99 = ref.quantiles_exact(srt, (0.01, 0.99))
+    xd = x2.double()
+    mean = xd.mean(0)
+    std = xd.std(0, correction=0)
+    e = ref.fit_exponent(lo, hi, bins)
+    origin = ref.grid_index(lo, e)
+    counts = ref.histogram(xd, e, origin, bins)
+    cpu = {k: v.cpu() for k, v in dict(mean=mean, std=std, min=lo, max=hi, q01=q01, q99=q99,
+                                       hist_exponent=e, hist_origin=origin,
+                                       hist_counts=counts).items()}
+    return Stats(count=x2.shape[0], **cpu)
+
+
+def merge_stats(parts: Iterable[Stats]) -> Stats:
+    """Statistics of the union of several samples (chunks of a dataset, workers).
+
+    count/mean/std/min/max are exact (Chan's parallel variance in float64). q01/q99 come from
+    the merged dyadic histogram: every part is re-binned once to the coarsest width that covers
+    the union (exact on counts), so the error bound of `Stats` holds however many parts and in
+    whichever order they are merged.
+
+    Raises:
+        ValueError: no parts.
+        ShapeError: parts with different D or different bin counts.
+
+    Example:
+        >>> s = merge_stats([compute_stats(a), compute_stats(b)])
+    """
+    parts = list(parts)
+    if not parts:
+        fail("merge_stats", "`parts` is empty; pass at least one Stats.", ValueError)
+    if len(parts) == 1:
+        return parts[0]
+    d, bins = parts[0].dim, parts[0].bins
+    for i, p in enumerate(parts):
+        if p.dim != d or p.bins != bins:
+            fail("merge_stats", f"part {i} has D = {p.dim} and {p.bins} bins but part 0 has "
+                 f"D = {d} and {bins} bins; merge statistics of the same key computed with the "
+                 "same `bins`.")
+    n = torch.tensor([float(p.count) for p in parts], dtype=torch.float64)[:, None]
+    means = torch.stack([p.mean for p in parts])
+    total = n.sum()
+    mean = (n * means).sum(0) / total
+    m2 = (n * (torch.stack([p.std for p in parts]) ** 2 + (means - mean) ** 2)).sum(0)
+    lo = torch.stack([p.min for p in parts]).amin(0)
+    hi = torch.stack([p.max for p in parts]).amax(0)
+    floor = torch.stack([p.hist_exponent for p in parts]).amax(0)
+    e = ref.fit_exponent(lo, hi, bins, floor)
+    origin = ref.grid_index(lo, e)
+    counts = sum(ref.rebin(p.hist_counts, p.hist_exponent, p.hist_origin, e, origin)
+                 for p in parts)
+    q01 = ref.hist_quantile(counts, e, origin, 0.01, lo, hi)
+    q99 = ref.hist_quantile(counts, e, origin, 0.99, lo, hi)
+    return Stats(count=int(total), mean=mean, std=(m2 / total).sqrt(), min=lo, max=hi,
+                 q01=q01, q99=q99, hist_exponent=e, hist_origin=origin, hist_counts=counts,
+                 exact_quantiles=False)
+
+
+def affine_params(stats: Stats, mode: str, *, eps: float = EPS) -> tuple[torch.Tensor,
+                                                                        torch.Tensor, bool]:
+    """(offset [D], scale [D], clip) in float64 for `mode` (see the module docstring)."""
+    check_choice(_OP, "mode", mode, MODES)
+    if eps < 0:
+        fail(_OP, f"`eps` must be >= 0; got {eps}.", ValueError)
+    if mode == "identity":
+        return torch.zeros(stats.dim, dtype=torch.float64), torch.ones(
+            stats.dim, dtype=torch.float64), False
+    if mode == "mean_std":
+        center, spread = stats.mean, stats.std
+    elif mode == "min_max":
+        center, spread = (stats.min + stats.max) / 2, (stats.max - stats.min) / 2
+    else:
+        center, spread = (stats.q01 + stats.q99) / 2, (stats.q99 - stats.q01) / 2
+    full = spread if mode == "mean_std" else 2 * spread
+    scale = torch.where(full < eps, torch.ones_like(spread), 1 / spread.clamp_min(1e-300))
+    return center.clone(), scale, mode == "quantile"
+
+
+def _apply(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
+           inverse: bool, out: torch.Tensor | None, name: str) -> torch.Tensor:
+    check_dtype(_OP, name, x, FLOAT_DTYPES, f"Convert with {name}.float().")
+    d = offset.shape[0]
+    if x.dim() < 1 or x.shape[-1] != d:
+        fail(_OP, f"`{name}` must be [..., D] with D = {d} (the statistics' width); got shape "
+             f"{list(x.shape)}. Pass the statistics computed for this key.", ShapeError)
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype
+                            or out.device != x.device):
+        fail(_OP, f"`out` must match `{name}` (shape {list(x.shape)}, {x.dtype}, {x.device}); "
+             f"got shape {list(out.shape)}, {out.dtype}, {out.device}.")
+    if x.device.type != "cuda":
+        y = ref.affine_reference(x, offset, scale, clip, inverse)
+        return y if out is None else out.copy_(y)
+    if torch.compiler.is_compiling():
+        y = torch.ops.robocache.normalize_affine(x, offset, scale, clip, inverse)
+        return y if out is None else out.copy_(y)
+    from robocache.kernels.normalize import affine_cuda
+
+    xc = x.contiguous()
+    dst = out if out is not None and out.is_contiguous() else torch.empty_like(xc)
+    affine_cuda(xc.view(-1, d), offset, scale, clip, inverse, dst.view(-1, d))
+    if out is not None and dst is not out:
+        out.copy_(dst)
+        return out
+    return dst
+
+
+def normalize(x: torch.Tensor, stats: Stats, mode: str = "mean_std", *, inverse: bool = False,
+              eps: float = EPS, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Normalize `x` with per-dimension `stats` (or undo it with ``inverse=True``).
+
+    Args:
+        x: `[..., D]` float16/bfloat16/float32/float64 tensor; D = `stats.dim`.
+        stats: `Stats` of this key (from `compute_stats` / `merge_stats`).
+        mode: 'mean_std', 'min_max' (to [-1, 1]), 'quantile' (q01..q99 to [-1, 1], clipped) or
+            'identity'.
+        inverse: map normalized values back to data units (e.g. predicted actions). The
+            quantile clip is not invertible: values beyond [q01, q99] come back at the bounds.
+        eps: dimensions whose spread is below `eps` are only centred (see the module docstring).
+        out: optional output like `x`.
+
+    Returns:
+        Tensor like `x` (same shape, dtype, device); arithmetic in float32 (float64 for float64).
+
+    Raises:
+        DTypeError: `x` is not floating point.
+        ShapeError: the last dim of `x` differs from `stats.dim`, or `out` does not match.
+        ValueError: unknown `mode` or negative `eps`.
+
+    Example:
+        >>> s = compute_stats(a)
+        >>> normalize(a, s, "min_max").amax() <= 1
+        tensor(True)
+    """
+    offset, scale, clip = affine_params(stats, mode, eps=eps)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return _apply(x, offset.to(x.device, acc), scale.to(x.device, acc), clip, inverse, out, "x")
+
+
+class Normalizer:
+    """Normalization per key of a batch dict, forward and inverse, parameters cached per device.
+
+    Args:
+        stats: key -> `Stats`.
+        modes: one mode for every key, or key -> mode (keys of `stats` missing here use
+            'mean_std'); see `normalize`.
+        eps: zero-spread threshold (see the module docstring).
+
+    Keys of a batch without stats pass through unchanged; keys with stats missing from a batch
+    are skipped (a batch of predicted actions only is fine).
+
+    Raises:
+        ValueError: a mode for a key that has no stats, or an unknown mode.
+        ShapeError: (at call) a tensor whose last dim differs from its stats.
+
+    Example:
+        >>> norm = Normalizer({"action": s}, "min_max")
+        >>> norm({"action": a})["action"].shape == a.shape
+        True
+    """
+
+    def __init__(self, stats: Mapping[str, Stats], modes: str | Mapping[str, str] = "mean_std",
+                 *, eps: float = EPS):
+        per_key = {k: modes for k in stats} if isinstance(modes, str) else dict(modes)
+        unknown = sorted(set(per_key) - set(stats))
+        if unknown:
+            fail("Normalizer", f"`modes` names keys without statistics: {unknown}; add their "
+                 f"Stats to `stats` (have: {sorted(stats)}).", ValueError)
+        self._params = {k: affine_params(s, per_key.get(k, "mean_std"), eps=eps)
+                        for k, s in stats.items()}
+        self.modes = {k: per_key.get(k, "mean_std") for k in stats}
+        self._cache: dict[tuple[str, torch.device, torch.dtype], tuple] = {}
+
+    def params(self, key: str, device: torch.device, dtype: torch.dtype):
+        """(offset, scale, clip) of `key` on `device` in the arithmetic dtype for `dtype`."""
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        hit = self._cache.get((key, device, acc))
+        if hit is None:
+            o, s, clip = self._params[key]
+            hit = self._cache[(key, device, acc)] = (o.to(device, acc), s.to(device, acc), clip)
+        return hit
+
+    def _run(self, batch: Mapping[str, torch.Tensor], inverse: bool) -> dict[str, torch.Tensor]:
+        result = dict(batch)
+        for key in self._params.keys() & batch.keys():
+            x = batch[key]
+            o, s, clip = self.params(key, x.device, x.dtype)
+            result[key] = _apply(x, o, s, clip, inverse, None, f"batch[{key!r}]")
+        return result
+
+    def __call__(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Normalized copy of `batch` (a new dict; input tensors are not modified)."""
+        return self._run(batch, False)
+
+    def inverse(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Back to data units (e.g. a policy's predicted actions)."""
+        return self._run(batch, True)
+
+
+@torch.library.custom_op("robocache::normalize_affine", mutates_args=())
+def _normalize_affine_op(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
+                         inverse: bool) -> torch.Tensor:
+    from robocache.kernels.normalize import affine_cuda
+
+    xc = x.contiguous()
+    out = torch.empty_like(xc)
+    d = offset.shape[0]
+    affine_cuda(xc.view(-1, d), offset, scale, clip, inverse, out.view(-1, d))
+    return out
+
+
+@_normalize_affine_op.register_fake
+def _(x, offset, scale, clip, inverse):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+__all__ = ["EPS", "MODES", "Normalizer", "Stats", "compute_stats", "merge_stats", "normalize",
+           "affine_params"]

@@ -1,0 +1,105 @@
+"""Pure-PyTorch normalization: per-dimension statistics and the affine map they define.
+
+Statistics are computed in float64. Quantiles of one pass are exact (linear interpolation
+between order statistics, numpy's default). For merging, each `Stats` also carries a dyadic
+histogram: per dimension the bin width is a power of two ``2**e`` and bin edges sit on integer
+multiples of it, so a histogram re-binned to a coarser width (larger ``e``) maps every old bin
+into exactly one new bin. Merging is therefore exact on counts and never smears mass; the only
+error of a merged quantile is where it falls inside its final bin (see `hist_quantile`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# k = floor(x / 2**e) must fit in int64: keep |x| / 2**e below 2**61.
+_INT64_HEADROOM = 61
+_MIN_EXPONENT = -1000  # 2**-1000 is a normal float64; used when a dimension is constant at 0
+
+
+def quantiles_exact(sorted_x: torch.Tensor, qs: tuple[float, ...]) -> list[torch.Tensor]:
+    """Quantiles of columns of `sorted_x [N, D]` (sorted along N) in float64, numpy 'linear'."""
+    n = sorted_x.shape[0]
+    out = []
+    for q in qs:
+        h = (n - 1) * q
+        lo = int(h)
+        hi = min(lo + 1, n - 1)
+        a = sorted_x[lo].double()
+        b = sorted_x[hi].double()
+        out.append(a + (h - lo) * (b - a))
+    return out
+
+
+def fit_exponent(lo: torch.Tensor, hi: torch.Tensor, bins: int,
+                 floor: torch.Tensor | None = None) -> torch.Tensor:
+    """Smallest int64 exponent e (>= `floor`) whose dyadic grid covers [lo, hi] in `bins` bins."""
+    span = (hi - lo).clamp_min(0)
+    mag = torch.maximum(lo.abs(), hi.abs())
+    e = torch.ceil(torch.log2(span / (bins - 1))).nan_to_num(_MIN_EXPONENT, _MIN_EXPONENT,
+                                                             _MIN_EXPONENT)
+    e = torch.maximum(e, torch.ceil(torch.log2(mag)).nan_to_num(
+        _MIN_EXPONENT, _MIN_EXPONENT, _MIN_EXPONENT) - _INT64_HEADROOM)
+    e = e.clamp_min(_MIN_EXPONENT).long()
+    if floor is not None:
+        e = torch.maximum(e, floor)
+    # log2 may round down by one ulp: bump where the grid still needs more than `bins` bins.
+    for _ in range(2):
+        need = grid_index(hi, e) - grid_index(lo, e) + 1
+        e = torch.where(need > bins, e + 1, e)
+    return e
+
+
+def grid_index(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """floor(x / 2**e) as int64 (exact: scaling by a power of two does not round)."""
+    return torch.floor(torch.ldexp(x.double(), -e.double())).long()
+
+
+def histogram(x: torch.Tensor, e: torch.Tensor, origin: torch.Tensor, bins: int) -> torch.Tensor:
+    """Counts [D, bins] (int64) of the columns of `x [N, D]` on the dyadic grid (e, origin)."""
+    d = x.shape[1]
+    idx = (grid_index(x, e) - origin).clamp(0, bins - 1)
+    flat = idx + torch.arange(d, device=x.device) * bins
+    return torch.bincount(flat.reshape(-1), minlength=d * bins).reshape(d, bins)
+
+
+def rebin(counts: torch.Tensor, e: torch.Tensor, origin: torch.Tensor, new_e: torch.Tensor,
+          new_origin: torch.Tensor) -> torch.Tensor:
+    """Move dyadic histogram counts [D, bins] to a coarser grid (new_e >= e); exact."""
+    d, bins = counts.shape
+    k = origin[:, None] + torch.arange(bins, device=counts.device)
+    shift = (new_e - e).clamp(0, 63)[:, None]
+    idx = (torch.bitwise_right_shift(k, shift) - new_origin[:, None]).clamp(0, bins - 1)
+    out = torch.zeros_like(counts)
+    return out.scatter_add_(1, idx, counts)
+
+
+def hist_quantile(counts: torch.Tensor, e: torch.Tensor, origin: torch.Tensor, q: float,
+                  lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Quantile q of a dyadic histogram, uniform within bins, clamped to the true [lo, hi].
+
+    The i-th order statistic (0-based) sits at cumulative mass i + 0.5, so rank (n-1)q + 0.5
+    matches numpy's 'linear' definition up to the bin the quantile falls in.
+    """
+    c = counts.double()
+    cum = c.cumsum(1)
+    n = cum[:, -1:]
+    rank = (n - 1) * q + 0.5
+    j = torch.searchsorted(cum.contiguous(), rank.contiguous(), right=True).clamp_max(
+        c.shape[1] - 1)
+    before = torch.where(j > 0, cum.gather(1, (j - 1).clamp_min(0)), torch.zeros_like(rank))
+    frac = ((rank - before) / c.gather(1, j).clamp_min(1)).clamp(0, 1)
+    value = torch.ldexp((origin[:, None] + j).double() + frac, e[:, None].double())[:, 0]
+    return torch.minimum(torch.maximum(value, lo), hi)
+
+
+def affine_reference(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
+                     inverse: bool) -> torch.Tensor:
+    """Forward ``(x - offset) * scale`` (clipped to [-1, 1] when `clip`), or its inverse
+    ``x / scale + offset``; per last-dim column, arithmetic in float32 at least."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    xf, o, s = x.to(acc), offset.to(acc), scale.to(acc)
+    y = xf / s + o if inverse else (xf - o) * s
+    if clip and not inverse:
+        y = y.clamp(-1.0, 1.0)
+    return y.to(x.dtype)

@@ -1,0 +1,245 @@
+"""robocache.normalize: statistics vs numpy/torch.quantile, merging, affine maps, kernel."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers import TOL, assert_close, seeded
+
+from robocache.errors import DataError, DTypeError, ShapeError
+from robocache.kernels.normalize import affine_cuda
+from robocache.ops.normalize import (
+    EPS,
+    Normalizer,
+    Stats,
+    affine_params,
+    compute_stats,
+    merge_stats,
+    normalize,
+)
+
+
+def _data(rng, n, d, dtype=np.float64):
+    scales = rng.uniform(0.01, 50, size=d)
+    x = rng.standard_normal((n, d)) * scales + rng.uniform(-100, 100, size=d)
+    return x.astype(dtype)
+
+
+def _bound(s: Stats, x: np.ndarray, q: float) -> np.ndarray:
+    """Documented merged-quantile bound: one bin + the order-statistic gap around the rank."""
+    srt = np.sort(x, axis=0)
+    h = (len(x) - 1) * q
+    lo, hi = max(int(h) - 1, 0), min(int(h) + 2, len(x) - 1)
+    return np.ldexp(1.0, s.hist_exponent.numpy()) + (srt[hi] - srt[lo])
+
+
+@pytest.mark.parametrize("n,d", [(1, 1), (2, 3), (97, 7), (1000, 32)])
+def test_one_pass_stats_equal_numpy(n, d):
+    rng = seeded()
+    x = _data(rng, n, d)
+    s = compute_stats(torch.from_numpy(x))
+    assert s.count == n and s.exact_quantiles
+    assert_close(s.mean, x.mean(0))
+    assert_close(s.std, x.std(0))
+    assert_close(s.min, x.min(0))
+    assert_close(s.max, x.max(0))
+    assert_close(s.q01, np.quantile(x, 0.01, axis=0))
+    assert_close(s.q99, np.quantile(x, 0.99, axis=0))
+    tq = torch.quantile(torch.from_numpy(x), torch.tensor([0.01, 0.99], dtype=torch.float64),
+                        dim=0)
+    assert_close(s.q01, tq[0])
+    assert_close(s.q99, tq[1])
+    assert s.hist_counts.sum(1).tolist() == [n] * d
+
+
+def test_stats_of_batched_float32_and_bf16():
+    rng = seeded()
+    x = torch.from_numpy(_data(rng, 5 * 13, 4, np.float32)).reshape(5, 13, 4)
+    s = compute_stats(x)
+    flat = x.reshape(-1, 4).double().numpy()
+    assert_close(s.mean, flat.mean(0))
+    assert_close(s.q99, np.quantile(flat, 0.99, axis=0))
+    xb = x.bfloat16()
+    sb = compute_stats(xb)
+    assert_close(sb.max, xb.reshape(-1, 4).double().amax(0))
+
+
+@pytest.mark.parametrize("chunks", [2, 7, 31])
+def test_merged_stats_equal_one_pass(chunks):
+    rng = seeded()
+    x = _data(rng, 3001, 6)
+    one = compute_stats(torch.from_numpy(x))
+    parts = [compute_stats(torch.from_numpy(c)) for c in np.array_split(x, chunks)]
+    merged = merge_stats(parts)
+    assert merged.count == one.count and not merged.exact_quantiles
+    assert_close(merged.mean, one.mean)
+    assert_close(merged.std, one.std)
+    assert torch.equal(merged.min, one.min) and torch.equal(merged.max, one.max)
+    for q, name in ((0.01, "q01"), (0.99, "q99")):
+        err = (getattr(merged, name) - getattr(one, name)).abs().numpy()
+        assert (err <= _bound(merged, x, q)).all(), (err, _bound(merged, x, q))
+    # Sequential pairwise merging in another order gives the same histogram: re-binning is exact.
+    seq = parts[-1]
+    for p in reversed(parts[:-1]):
+        seq = seq.merge(p)
+    assert torch.equal(seq.hist_counts, merged.hist_counts)
+    assert torch.equal(seq.q01, merged.q01)
+    assert merged.hist_counts.sum(1).tolist() == [3001] * 6
+
+
+def test_merge_shifted_ranges_and_constant_dims():
+    rng = seeded()
+    a = rng.uniform(0, 1e-3, (200, 2))
+    b = rng.uniform(1e3, 2e3, (300, 2))
+    a[:, 1] = 4.0
+    b[:, 1] = 4.0
+    x = np.concatenate([a, b])
+    merged = merge_stats([compute_stats(torch.from_numpy(a)), compute_stats(torch.from_numpy(b))])
+    assert (np.abs(merged.q99.numpy() - np.quantile(x, 0.99, axis=0))
+            <= _bound(merged, x, 0.99)).all()
+    assert merged.q01[1] == 4.0 and merged.std[1] == 0.0
+
+
+def test_stats_json_roundtrip():
+    s = merge_stats([compute_stats(torch.randn(50, 3)), compute_stats(torch.randn(20, 3) + 1)])
+    back = Stats.from_dict(json.loads(json.dumps(s.to_dict())))
+    for k in ("mean", "std", "min", "max", "q01", "q99", "hist_counts", "hist_exponent"):
+        assert torch.equal(getattr(back, k), getattr(s, k)), k
+    assert back.count == s.count and back.exact_quantiles == s.exact_quantiles
+
+
+@pytest.mark.parametrize("mode", ["mean_std", "min_max", "quantile", "identity"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_normalize_modes_against_float64_formula(mode, dtype):
+    rng = seeded()
+    x = _data(rng, 57, 5) / 50
+    s = compute_stats(torch.from_numpy(x))
+    xt = torch.from_numpy(x).to(dtype)
+    y = normalize(xt, s, mode)
+    xd = xt.double().numpy()
+    if mode == "mean_std":
+        exp = (xd - x.mean(0)) / x.std(0)
+    elif mode == "min_max":
+        exp = (xd - x.min(0)) / (x.max(0) - x.min(0)) * 2 - 1
+    elif mode == "quantile":
+        q1, q9 = np.quantile(x, [0.01, 0.99], axis=0)
+        exp = np.clip((xd - q1) / (q9 - q1) * 2 - 1, -1, 1)
+    else:
+        exp = xd
+    assert y.dtype == dtype and y.shape == xt.shape
+    assert_close(y, exp, scale=10)
+    if mode != "quantile":
+        assert_close(normalize(y, s, mode, inverse=True), xd, scale=200)
+    if mode == "min_max":
+        assert float(y.float().amin()) >= -1 - 1e-3 and float(y.float().amax()) <= 1 + 1e-3
+
+
+def test_zero_variance_is_centred_not_divided():
+    x = torch.full((10, 2), 3.0)
+    x[:, 1] = torch.arange(10.0)
+    s = compute_stats(x)
+    for mode in ("mean_std", "min_max", "quantile"):
+        y = normalize(x, s, mode)
+        assert torch.equal(y[:, 0], torch.zeros(10)), mode
+        assert torch.isfinite(y).all()
+        assert torch.equal(normalize(y, s, mode, inverse=True)[:, 0], x[:, 0])
+    o, sc, _ = affine_params(s, "mean_std", eps=EPS)
+    assert sc[0] == 1.0 and o[0] == 3.0
+
+
+def test_normalizer_per_key_forward_inverse():
+    rng = seeded()
+    a, st = torch.from_numpy(_data(rng, 40, 7)), torch.from_numpy(_data(rng, 40, 3))
+    stats = {"action": compute_stats(a), "state": compute_stats(st)}
+    norm = Normalizer(stats, {"action": "min_max", "state": "mean_std"})
+    batch = {"action": a, "state": st, "other": torch.ones(2)}
+    out = norm(batch)
+    assert out["other"] is batch["other"] and batch["action"] is a
+    assert_close(out["action"], normalize(a, stats["action"], "min_max"))
+    assert_close(out["state"], normalize(st, stats["state"], "mean_std"))
+    back = norm.inverse({"action": out["action"]})
+    assert_close(back["action"], a.numpy())
+
+
+def test_normalize_out_poisoned():
+    x = torch.randn(9, 4)
+    s = compute_stats(x)
+    out = torch.full_like(x, float("nan"))
+    res = normalize(x, s, "mean_std", out=out)
+    assert res is out
+    assert_close(out, normalize(x, s, "mean_std"))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (33, 5), (130, 129)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("mode,inverse", [("quantile", False), ("mean_std", True)])
+def test_affine_kernel_matches_reference(kernel_device, shape, dtype, mode, inverse):
+    x = (torch.randn(shape, dtype=torch.float64) * 3).to(dtype)
+    s = compute_stats(x)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    o, sc, clip = affine_params(s, mode)
+    xd = x.to(kernel_device)
+    out = torch.full_like(xd, float("nan"))
+    affine_cuda(xd, o.to(kernel_device, acc), sc.to(kernel_device, acc), clip, inverse, out)
+    exp = x.double().numpy()
+    exp = exp / sc.numpy() + o.numpy() if inverse else np.clip(
+        (exp - o.numpy()) * sc.numpy(), -1, 1)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.cpu().double(), torch.from_numpy(exp), rtol=rtol,
+                               atol=atol * 10)
+
+
+@pytest.mark.gpu
+def test_normalize_cuda_and_compile():
+    x = torch.randn(1000, 32, device="cuda")
+    s = compute_stats(x)
+    norm = Normalizer({"a": s}, "quantile")
+    y = norm({"a": x})["a"]
+    assert_close(y, normalize(x.cpu(), s, "quantile"))
+    f = torch.compile(lambda t: normalize(t, s, "quantile"), fullgraph=True)
+    assert_close(f(x), y.cpu())
+
+
+def test_compute_stats_rejects_bad_input():
+    with pytest.raises(DTypeError, match="`x` must have dtype"):
+        compute_stats(torch.arange(6).reshape(3, 2))
+    with pytest.raises(ShapeError, match="at least one row"):
+        compute_stats(torch.empty(0, 3))
+    with pytest.raises(ValueError, match="`bins` must be >= 2"):
+        compute_stats(torch.randn(4, 2), bins=1)
+    bad = torch.randn(5, 2)
+    bad[3, 1] = float("nan")
+    with pytest.raises(DataError, match="row 3"):
+        compute_stats(bad)
+
+
+def test_merge_rejects_mismatched_parts():
+    with pytest.raises(ValueError, match="empty"):
+        merge_stats([])
+    with pytest.raises(ShapeError, match="part 1 has D = 3"):
+        merge_stats([compute_stats(torch.randn(4, 2)), compute_stats(torch.randn(4, 3))])
+    with pytest.raises(ShapeError, match="bins"):
+        merge_stats([compute_stats(torch.randn(4, 2)),
+                     compute_stats(torch.randn(4, 2), bins=64)])
+
+
+def test_normalize_rejects_bad_input():
+    s = compute_stats(torch.randn(8, 3))
+    with pytest.raises(ShapeError, match=r"D = 3 \(the statistics' width\)"):
+        normalize(torch.randn(8, 4), s)
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        normalize(torch.randn(8, 3), s, "zscore")
+    with pytest.raises(ValueError, match="`eps` must be >= 0"):
+        normalize(torch.randn(8, 3), s, eps=-1.0)
+    with pytest.raises(DTypeError):
+        normalize(torch.ones(8, 3, dtype=torch.int32), s)
+    with pytest.raises(ShapeError, match="`out` must match"):
+        normalize(torch.randn(8, 3), s, out=torch.empty(8, 3, dtype=torch.float64))
+    norm = Normalizer({"a": s})
+    with pytest.raises(ShapeError, match=r"batch\['a'\]"):
+        norm({"a": torch.randn(2, 5)})
+    with pytest.raises(ValueError, match="without statistics"):
+        Normalizer({"a": s}, {"b": "min_max"})
