@@ -1,0 +1,291 @@
+"""Grouped interpolation kernel: every stream of an `align` call (and the single stream of a
+`resample` call) in ONE launch. Semantics: `robocache.reference.interp`.
+
+Design (per program: one stream, one row, a block of BLOCK_T targets, all D columns):
+
+1. Locate. A binary search per target is a chain of log2(S) dependent loads (~7-10 global
+   round trips) — it is what made the untuned probe in shared/anchors launch- and
+   latency-bound. Instead each program finds where its *block* of targets falls with two
+   FAN-ary searches (one per block extreme: 64 probes loaded as one vector per level, so
+   S <= 4096 takes two round trips), then counts, for every target at once, the source
+   times <= x inside that window, CHUNK samples at a time (one coalesced load per chunk,
+   shared by the whole block). Blocks whose window exceeds MAX_SCAN samples (strong
+   downsampling, unsorted targets) fall back to a per-target binary search inside the window.
+2. Interpolate. Time differences are taken in the timestamp dtype (float64 epoch seconds stay
+   exact), then converted to the arithmetic dtype: float32, or float64 for float64 data.
+3. Gather rows [BLOCK_T, BLOCK_D] (contiguous along D, so loads are wide) and store.
+
+Per-stream settings (method, out-of-range mode, dtypes, tile) are constexpr tuples, so the
+grouped kernel is specialized per stream signature and cached by Triton.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from robocache.kernels._utils import tile_2d
+
+# Method and out-of-range codes (constexpr values).
+LINEAR, NEAREST, PREVIOUS, FRAME_INDEX = 0, 1, 2, 3
+METHOD_CODES = {"linear": LINEAR, "nearest": NEAREST, "previous": PREVIOUS,
+                "frame_index": FRAME_INDEX}
+CLAMP, NAN, EXTRAPOLATE = 0, 1, 2
+OOR_CODES = {"clamp": CLAMP, "nan": NAN, "extrapolate": EXTRAPOLATE}
+
+FAN = 64        # probes per level of the block-extreme search
+CHUNK = 32      # source samples compared per step of the window count (64: 196 regs)
+MAX_SCAN = 1024  # widest window counted directly; wider ones use a binary search
+
+
+@triton.jit
+def _to_compute(v, F64: tl.constexpr):
+    if F64:
+        return v.to(tl.float64)
+    else:
+        return v.to(tl.float32)
+
+
+@triton.jit
+def _count_le(row, sts, n, x, n_levels, stride0, FAN: tl.constexpr):
+    """#{j < n : row[j] <= x} for a scalar x over a sorted row, FAN probes per level."""
+    probes = tl.arange(0, FAN) + 1
+    lo = n * 0
+    s = stride0
+    for _ in range(n_levels):
+        p = lo + probes * s - 1
+        tv = tl.load(row + p.to(tl.int64) * sts, mask=p < n, other=float("inf")).to(x.dtype)
+        lo += tl.sum((tv <= x).to(tl.int32), axis=0) * s
+        s = s // FAN
+    return lo
+
+
+@triton.jit
+def _locate(row, sts, n, x, valid, n_levels, stride0, BLOCK_T: tl.constexpr,
+            FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+    """cnt[t] = #{j < n : row[j] <= x[t]} for a block of targets (row sorted, n >= 1)."""
+    ok = valid & (x == x)
+    xmin = tl.min(tl.where(ok, x, float("inf")), axis=0)
+    xmax = tl.max(tl.where(ok, x, float("-inf")), axis=0)
+    cmin = _count_le(row, sts, n, xmin, n_levels, stride0, FAN)
+    cmax = _count_le(row, sts, n, xmax, n_levels, stride0, FAN)
+    base = tl.maximum(tl.minimum(cmin, cmax) - 1, 0)
+    width = cmax - base
+    cnt = tl.zeros([BLOCK_T], dtype=tl.int32) + base
+    if width <= MAX_SCAN:
+        for c in range(0, width, CHUNK):
+            j = base + c + tl.arange(0, CHUNK)
+            tw = tl.load(row + j.to(tl.int64) * sts, mask=j < n, other=float("inf")).to(x.dtype)
+            cnt += tl.sum((tw[None, :] <= x[:, None]).to(tl.int32), axis=1)
+    else:
+        hi = tl.zeros([BLOCK_T], dtype=tl.int32) + cmax
+        w = width
+        while w > 0:
+            active = cnt < hi
+            mid = (cnt + hi) // 2
+            tm = tl.load(row + mid.to(tl.int64) * sts, mask=active, other=0.0).to(x.dtype)
+            right = tm <= x
+            cnt = tl.where(active & right, mid + 1, cnt)
+            hi = tl.where(active & ~right, mid, hi)
+            w = w // 2
+    return cnt
+
+
+@triton.jit
+def _segments(row, sts, n, x, valid, n_levels, stride0, BLOCK_T: tl.constexpr,
+              FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+    """Bracketing samples of each target: (i, seg, seg1, t0, t1, outside).
+
+    i = last sample at or before x (-1 before the first); seg/seg1 = the interpolation
+    segment clamped into the row; t0/t1 their times (x's dtype); outside = x < t[0],
+    x > t[n-1] or NaN.
+    """
+    cnt = _locate(row, sts, n, x, valid, n_levels, stride0, BLOCK_T, FAN, CHUNK, MAX_SCAN)
+    i = cnt - 1
+    seg = tl.minimum(tl.maximum(i, 0), tl.maximum(n - 2, 0))
+    seg1 = tl.minimum(seg + 1, n - 1)
+    t0 = tl.load(row + seg.to(tl.int64) * sts, mask=valid, other=0.0).to(x.dtype)
+    t1 = tl.load(row + seg1.to(tl.int64) * sts, mask=valid, other=0.0).to(x.dtype)
+    t_last = tl.load(row + (n - 1).to(tl.int64) * sts).to(x.dtype)
+    outside = (cnt == 0) | (x > t_last) | (x != x)
+    return i, seg, seg1, t0, t1, outside
+
+
+@triton.jit
+def _linear_weight(x, t0, t1, OOR: tl.constexpr, F64: tl.constexpr):
+    """w = (x - t0) / (t1 - t0) in the compute dtype (0 on an empty interval)."""
+    h = _to_compute(t1 - t0, F64)
+    w = tl.where(h > 0, _to_compute(x - t0, F64) / tl.where(h > 0, h, 1.0), 0.0)
+    if OOR == 0:
+        w = tl.minimum(tl.maximum(w, 0.0), 1.0)
+    return w
+
+
+@triton.jit
+def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux,
+                 S, D, tol, sdb, sds, sdd, stb, sts, sob, sot, sod, n_levels, stride0, ntb,
+                 METHOD: tl.constexpr, OOR: tl.constexpr, HAS_LEN: tl.constexpr,
+                 HAS_PAD: tl.constexpr, HAS_TOL: tl.constexpr, TIME_F64: tl.constexpr,
+                 CT_F64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                 FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+    b = (pid // ntb).to(tl.int64)
+    offs_t = (pid % ntb) * BLOCK_T + tl.arange(0, BLOCK_T)
+    valid = offs_t < T
+    x = tl.load(tgt + b * sxb + offs_t * sxt, mask=valid, other=float("nan"))
+    if TIME_F64:
+        x = x.to(tl.float64)
+    else:
+        x = x.to(tl.float32)
+    if HAS_LEN:
+        n = tl.load(lens + b).to(tl.int32)
+    else:
+        n = S + 0
+    row = times + b * stb
+    i, seg, seg1, t0, t1, outside = _segments(row, sts, n, x, valid, n_levels, stride0,
+                                              BLOCK_T, FAN, CHUNK, MAX_SCAN)
+    nanx = x != x
+    flat = b * T + offs_t
+
+    if METHOD == 0:  # linear
+        w = _linear_weight(x, t0, t1, OOR, CT_F64)
+        idx0 = seg
+        idx1 = seg1
+    elif METHOD == 2:  # previous
+        idx0 = tl.minimum(tl.maximum(i, 0), n - 1)
+        t_idx = tl.load(row + idx0.to(tl.int64) * sts, mask=valid, other=0.0).to(x.dtype)
+        tl.store(aux + flat, (x - t_idx).to(tl.float32), mask=valid)
+    else:  # nearest / frame_index: ties go to the earlier sample
+        idx0 = tl.where((t1 - x) < (x - t0), seg1, seg)
+
+    if METHOD == 3:  # frame_index: the index and its offset, no data
+        t_idx = tl.where(idx0 == seg1, t1, t0)
+        off = (t_idx - x).to(tl.float32)
+        if HAS_TOL:
+            outside = nanx | (tl.abs(off) > tol) | (off != off)
+        tl.store(out + flat, idx0.to(tl.int64), mask=valid)
+        tl.store(aux + flat, off, mask=valid)
+    else:
+        data_row = data + b * sdb
+        out_row = out + b * sob
+        for d0 in range(0, D, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            m2 = valid[:, None] & (offs_d < D)[None, :]
+            col = offs_d[None, :] * sdd
+            y = _to_compute(tl.load(data_row + idx0[:, None] * sds + col, mask=m2, other=0.0),
+                            CT_F64)
+            if METHOD == 0:
+                y1 = _to_compute(tl.load(data_row + idx1[:, None] * sds + col, mask=m2,
+                                         other=0.0), CT_F64)
+                y = (1.0 - w)[:, None] * y + w[:, None] * y1
+            if OOR == 1:
+                y = tl.where(outside[:, None], float("nan"), y)
+            y = tl.where(nanx[:, None], float("nan"), y)
+            tl.store(out_row + offs_t[:, None] * sot + offs_d[None, :] * sod,
+                     y.to(out.dtype.element_ty), mask=m2)
+    if HAS_PAD:
+        tl.store(pad + flat, outside, mask=valid)
+
+
+@triton.jit(do_not_specialize=["T", "starts", "S", "D", "tols", "n_levels", "stride0", "ntbs"])
+def _interp_kernel(tgt, T, sxb, sxt, starts,
+                   datas, times, lens, outs, pads, auxs, S, D, tols,
+                   sdb, sds, sdd, stb, sts, sob, sot, sod, n_levels, stride0, ntbs,
+                   NUM: tl.constexpr, METHOD: tl.constexpr, OOR: tl.constexpr,
+                   HAS_LEN: tl.constexpr, HAS_PAD: tl.constexpr, HAS_TOL: tl.constexpr,
+                   TIME_F64: tl.constexpr, CT_F64: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_D: tl.constexpr, FAN: tl.constexpr, CHUNK: tl.constexpr,
+                   MAX_SCAN: tl.constexpr):
+    pid = tl.program_id(0)
+    for k in tl.static_range(NUM):
+        if (pid >= starts[k]) & (pid < starts[k + 1]):
+            _stream_tile(pid - starts[k], tgt, T, sxb, sxt, datas[k], times[k], lens[k],
+                         outs[k], pads[k], auxs[k], S[k], D[k], tols[k],
+                         sdb[k], sds[k], sdd[k], stb[k], sts[k], sob[k], sot[k], sod[k],
+                         n_levels[k], stride0[k], ntbs[k],
+                         METHOD[k], OOR[k], HAS_LEN[k], HAS_PAD[k], HAS_TOL[k], TIME_F64[k],
+                         CT_F64[k], BLOCK_T[k], BLOCK_D[k], FAN, CHUNK, MAX_SCAN)
+
+
+@dataclass
+class StreamLaunch:
+    """One stream of a grouped launch: validated tensors on the launch device.
+
+    data ``[B, S, D]`` or ``[S, D]`` (shared by all rows; None for frame_index); times
+    ``[B, S]`` or ``[S]``; lengths int ``[B]`` or None; out ``[B, T, D]`` (int64 ``[B, T]``
+    contiguous for frame_index); pad bool ``[B, T]`` contiguous or None; aux float32
+    ``[B, T]`` contiguous (previous: age, frame_index: offset) or None.
+    """
+
+    data: torch.Tensor | None
+    times: torch.Tensor
+    lengths: torch.Tensor | None
+    out: torch.Tensor
+    pad: torch.Tensor | None
+    aux: torch.Tensor | None
+    method: int
+    out_of_range: int
+    tolerance_s: float | None = None
+
+
+@functools.lru_cache(maxsize=4096)
+def _stream_config(size: int, targets: int, width: int) -> tuple[int, int, int, int]:
+    """(levels, first stride, BLOCK_T, BLOCK_D) for one stream's shape.
+
+    Tiles hold ~4096 values (16 per thread at 4 warps): larger tiles spilled nothing but
+    left too few programs for the 256x50-target case.
+    """
+    levels, span = 1, FAN
+    while span < size:
+        levels, span = levels + 1, span * FAN
+    bt, bd = tile_2d(targets, width, max_cols=128, elements=4096, min_rows=16, max_rows=128)
+    return levels, span // FAN, bt, bd
+
+
+def _strides2(t: torch.Tensor) -> tuple[int, int]:
+    """(batch stride, sample stride) of a [B, N] or shared [N] tensor."""
+    return (t.stride(0), t.stride(1)) if t.dim() == 2 else (0, t.stride(0))
+
+
+def interp_cuda(streams: list[StreamLaunch], target: torch.Tensor, batch: int) -> None:
+    """Launch the grouped kernel for `batch` rows of targets ``[B, T]`` or shared ``[T]``.
+
+    Writes each stream's out/pad/aux in place. Host work is kept to one pass over the
+    streams: this path is timed against a bare Triton launch.
+    """
+    T = target.shape[-1]
+    if batch == 0 or T == 0 or not streams:
+        return
+    sxb, sxt = _strides2(target)
+    tgt64 = target.dtype == torch.float64
+    starts, rows = [0], []
+    for s in streams:
+        data = s.data
+        if data is None:
+            data, width, sd = target, 0, (0, 0, 0)
+        else:
+            width = data.shape[-1]
+            sd = data.stride() if data.dim() == 3 else (0, *data.stride())
+        levels, stride0, bt, bd = _stream_config(s.times.shape[-1], T, max(width, 1))
+        ntb = -(-T // bt)
+        starts.append(starts[-1] + batch * ntb)
+        out = s.out
+        so = out.stride() if out.dim() == 3 else (*out.stride(), 0)
+        stb, sts = _strides2(s.times)
+        rows.append((
+            data, s.times, target if s.lengths is None else s.lengths, out,
+            target if s.pad is None else s.pad, target if s.aux is None else s.aux,
+            s.times.shape[-1], width, float(s.tolerance_s or 0.0),
+            sd[0], sd[1], sd[2], stb, sts, so[0], so[1], so[2], levels, stride0, ntb,
+            s.method, s.out_of_range, s.lengths is not None, s.pad is not None,
+            s.tolerance_s is not None, tgt64 or s.times.dtype == torch.float64,
+            s.data is not None and s.data.dtype == torch.float64, bt, bd,
+        ))
+    cols = tuple(zip(*rows, strict=True))
+    _interp_kernel[(starts[-1],)](
+        target, T, sxb, sxt, tuple(starts), *cols[:20], len(streams), *cols[20:],
+        FAN, CHUNK, MAX_SCAN, num_warps=4,
+    )

@@ -1,0 +1,193 @@
+"""`robocache.resample`: robot trajectories recorded at irregular rates, onto target times."""
+
+from __future__ import annotations
+
+import torch
+
+from robocache.ops import _checks as C
+from robocache.reference.interp import interp_ref
+
+_OP = "resample"
+METHODS = ("linear", "nearest", "previous")
+OUT_OF_RANGE = ("clamp", "nan", "extrapolate")
+
+
+def resample(
+    data: torch.Tensor,
+    times: torch.Tensor,
+    target_times: torch.Tensor,
+    *,
+    lengths: torch.Tensor | None = None,
+    method: str = "linear",
+    out_of_range: str = "clamp",
+    return_mask: bool = False,
+    validate: bool | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Resample trajectories sampled at ``times`` onto ``target_times``, per row.
+
+    Args:
+        data: ``[B, S, D]`` (or ``[S, D]``, returned unbatched) float16/bfloat16/float32/
+            float64 samples. Arithmetic runs in float32 (float64 for float64 data).
+        times: ``[B, S]``, or ``[S]`` shared by all rows: float32/float64 seconds,
+            non-decreasing within each row's valid prefix. float64 epoch seconds (~1.7e9)
+            are exact on every path: differences are taken in float64 before any float32
+            arithmetic.
+        target_times: ``[B, T]``, or ``[T]`` shared by all rows: float32/float64 seconds,
+            any order.
+        lengths: int ``[B]`` in ``[1, S]``: row b uses only its first ``lengths[b]`` samples;
+            the padding after them is never read.
+        method: ``"linear"`` (inside the range equals ``numpy.interp`` per column),
+            ``"nearest"`` (ties go to the earlier sample, as ``scipy.interpolate.interp1d(
+            kind="nearest")``) or ``"previous"`` (zero-order hold: the last sample at or
+            before t, as ``interp1d(kind="previous")`` — for gripper states and annotations).
+        out_of_range: targets before the first or after the last valid sample get
+            ``"clamp"`` (the edge value, as ``numpy.interp``), ``"nan"``, or
+            ``"extrapolate"`` (linear: the first/last segment extended; nearest/previous:
+            the edge value, as with clamp).
+        return_mask: also return ``is_pad`` bool ``[B, T]``: True where the target lies
+            outside ``[times[0], times[length-1]]`` or is NaN.
+        validate: run data-dependent checks (finite, non-decreasing timestamps; lengths in
+            range), which synchronize with the device. Default: on for CPU tensors, off for
+            CUDA unless ``ROBOCACHE_VALIDATE=1``; never while compiling.
+        out: optional ``[B, T, D]`` tensor of data's dtype to write into.
+
+    Returns:
+        ``[B, T, D]`` (``[T, D]`` for unbatched data) in data's dtype, and ``is_pad`` when
+        ``return_mask``. Repeated timestamps: at the shared instant the later sample wins;
+        no interval of zero length is ever divided by. NaN targets give NaN rows (and
+        ``is_pad``). CUDA tensors run one Triton kernel; CPU tensors the PyTorch reference.
+
+    Raises:
+        ShapeError: ranks or sizes disagree, or ``S == 0``.
+        DTypeError: integer/complex data, non-float timestamps, non-integer lengths.
+        DeviceError: tensors on different devices.
+        DataError: (when validating) NaN/decreasing timestamps, lengths outside ``[1, S]``.
+        ValueError: unknown ``method`` or ``out_of_range``.
+
+    Example:
+        >>> data = torch.randn(4, 100, 7)
+        >>> t = torch.linspace(0, 1, 100, dtype=torch.float64)
+        >>> robocache.resample(data, t, torch.linspace(0, 1, 50)).shape
+        torch.Size([4, 50, 7])
+    """
+    batched = _check(data, times, target_times, lengths, method, out_of_range, out)
+    B = data.shape[0] if batched else 1
+    T = target_times.shape[-1]
+    if C.wants_validation(validate, data):
+        if lengths is not None:
+            C.check_lengths(_OP, lengths, B, data.shape[-2], data.device, values=True)
+        C.check_timestamps(_OP, "times", times, lengths)
+        if bool(torch.isnan(target_times).any()):
+            C.fail(_OP, "`target_times` contains NaN; pass finite target times.", C.DataError)
+    if torch.compiler.is_compiling():
+        res, mask = torch.ops.robocache.resample(
+            _batched(data, batched), times, target_times, lengths, method, out_of_range,
+            return_mask)
+        if not batched:
+            res, mask = res[0], mask[0] if return_mask else mask
+        if out is not None:
+            out.copy_(res)
+            res = out
+    else:
+        res, mask = _resample_impl(data, times, target_times, lengths, method, out_of_range,
+                                   return_mask, out, B, T, batched)
+    return (res, mask) if return_mask else res
+
+
+def _check(data, times, target, lengths, method, out_of_range, out) -> bool:
+    """Host-side metadata checks (no sync). Returns whether the call is batched."""
+    for name, t in (("data", data), ("times", times), ("target_times", target)):
+        if not isinstance(t, torch.Tensor):
+            C.fail(_OP, f"`{name}` must be a torch.Tensor; got {type(t).__name__}.", TypeError)
+    if method not in METHODS:
+        C.check_choice(_OP, "method", method, METHODS)
+    if out_of_range not in OUT_OF_RANGE:
+        C.check_choice(_OP, "out_of_range", out_of_range, OUT_OF_RANGE)
+    nd = data.dim()
+    if nd not in (2, 3):
+        C.fail(_OP, f"`data` must be [B, S, D] or [S, D]; got shape {list(data.shape)}.")
+    if data.dtype not in C.FLOAT_DTYPES:
+        C.check_dtype(_OP, "data", data, C.FLOAT_DTYPES,
+                      "Convert with data.float() (integer states: cast before resampling).")
+    if times.dtype not in C.TIME_DTYPES:
+        C.check_dtype(_OP, "times", times, C.TIME_DTYPES,
+                      "Pass seconds as float64 (e.g. nanoseconds * 1e-9 in float64).")
+    if target.dtype not in C.TIME_DTYPES:
+        C.check_dtype(_OP, "target_times", target, C.TIME_DTYPES,
+                      "Pass seconds as float32 or float64.")
+    dev = data.device
+    if times.device != dev:
+        C.check_device(_OP, "times", times, dev, "data")
+    if target.device != dev:
+        C.check_device(_OP, "target_times", target, dev, "data")
+    S = data.shape[-2]
+    if S == 0:
+        C.fail(_OP, "`data` has S == 0 samples; every row needs at least one sample.")
+    batched = nd == 3
+    B = data.shape[0] if batched else None
+    ok_times = times.shape == (S,) or (batched and times.shape == (B, S))
+    if not ok_times:
+        want = f"[{B}, {S}] or [{S}]" if batched else f"[{S}] (unbatched data)"
+        C.fail(_OP, f"`times` must have shape {want} to match data {list(data.shape)}; got "
+               f"{list(times.shape)}.")
+    if not (target.dim() == 1 or (batched and target.dim() == 2 and target.shape[0] == B)):
+        want = f"[{B}, T] or [T]" if batched else "[T] (unbatched data)"
+        C.fail(_OP, f"`target_times` must have shape {want}; got {list(target.shape)}.")
+    if lengths is not None:
+        C.check_lengths(_OP, lengths, B if batched else 1, S, dev, values=False)
+    if out is not None:
+        shape = (*data.shape[:-2], target.shape[-1], data.shape[-1])
+        if tuple(out.shape) != shape or out.dtype != data.dtype or out.device != dev:
+            C.fail(_OP, f"`out` must be a {str(data.dtype).removeprefix('torch.')} tensor of "
+                   f"shape {list(shape)} on {dev}; got {str(out.dtype).removeprefix('torch.')}"
+                   f" {list(out.shape)} on {out.device}.")
+    return batched
+
+
+def _batched(data: torch.Tensor, batched: bool) -> torch.Tensor:
+    return data if batched else data.unsqueeze(0)
+
+
+def _resample_impl(data, times, target, lengths, method, out_of_range, want_mask, out, B, T,
+                   batched):
+    """Dispatch: CUDA -> the grouped Triton kernel (one stream); CPU -> the reference."""
+    if data.is_cuda:
+        from robocache.kernels import interp as K
+
+        if out is None:
+            out = torch.empty((B, T, data.shape[-1]) if batched else (T, data.shape[-1]),
+                              dtype=data.dtype, device=data.device)
+        mask = torch.empty((B, T) if batched else (T,), dtype=torch.bool, device=data.device) \
+            if want_mask else None
+        K.interp_cuda([K.StreamLaunch(data, times, lengths, out if batched else out[None],
+                                      mask, None, K.METHOD_CODES[method],
+                                      K.OOR_CODES[out_of_range])], target, B)
+        return out, mask
+    d3 = _batched(data, batched)
+    t2 = times.expand(B, -1) if times.dim() == 1 else times
+    x2 = target.expand(B, -1) if target.dim() == 1 else target
+    res, pad, _ = interp_ref(d3, t2, x2, lengths, method, out_of_range)
+    if not batched:
+        res, pad = res[0], pad[0]
+    if out is not None:
+        res = out.copy_(res)
+    return res, pad if want_mask else None
+
+
+@torch.library.custom_op("robocache::resample", mutates_args=())
+def _resample_op(data: torch.Tensor, times: torch.Tensor, target_times: torch.Tensor,
+                 lengths: torch.Tensor | None, method: str, out_of_range: str,
+                 return_mask: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Traceable form of `resample` on batched data (used under torch.compile)."""
+    B, T = data.shape[0], target_times.shape[-1]
+    res, mask = _resample_impl(data, times, target_times, lengths, method, out_of_range,
+                               return_mask, None, B, T, True)
+    return res, mask if mask is not None else data.new_empty((0,), dtype=torch.bool)
+
+
+@_resample_op.register_fake
+def _(data, times, target_times, lengths, method, out_of_range, return_mask):
+    B, T = data.shape[0], target_times.shape[-1]
+    mask_shape = (B, T) if return_mask else (0,)
+    return data.new_empty((B, T, data.shape[-1])), data.new_empty(mask_shape, dtype=torch.bool)
