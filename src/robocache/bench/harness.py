@@ -2,7 +2,9 @@
 
 GPU times are CUDA-event medians from ``triton.testing.do_bench`` after warm-up (with IQR);
 inputs rotate between copies whose total exceeds the L2 cache so repeated calls are not
-served from it. Host overhead is measured as back-to-back eager calls on the host clock.
+served from it. CPU times come from ``torch.utils.benchmark``; host overhead is measured as
+back-to-back eager calls on the host clock. Records keep their samples (up to
+``MAX_STORED_SAMPLES`` order statistics) so the regression gate can test significance.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 L2_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (H100: 50 MB, H200: 60 MB)
+MAX_STORED_SAMPLES = 256  # do_bench returns thousands for a fast op; keeps results files small
 
 
 @dataclass
@@ -43,11 +46,18 @@ class Timing:
 
 
 def summarize(samples_ms: Sequence[float]) -> Timing:
+    """Median and quartiles of all samples; the stored samples are at most MAX_STORED_SAMPLES
+    evenly spaced order statistics of them (same distribution, bounded size)."""
     s = sorted(float(v) for v in samples_ms)
     if len(s) == 1:
         return Timing(s[0], s[0], s[0], 1, s)
     q = statistics.quantiles(s, n=4, method="inclusive")
-    return Timing(statistics.median(s), q[0], q[2], len(s), s)
+    if len(s) > MAX_STORED_SAMPLES:
+        step = (len(s) - 1) / (MAX_STORED_SAMPLES - 1)
+        kept = [s[round(i * step)] for i in range(MAX_STORED_SAMPLES)]
+    else:
+        kept = s
+    return Timing(statistics.median(s), q[0], q[2], len(s), kept)
 
 
 def rotation_count(bytes_per_set: int, *, max_sets: int = 64) -> int:
@@ -131,10 +141,11 @@ def git_commit() -> str | None:
 
 
 def metadata() -> dict[str, Any]:
-    """Run metadata: date, versions, commit, device."""
+    """Run metadata: date, versions, commit, device, driver and clocks (NVML, when present)."""
     import triton
 
     import robocache
+    from robocache.bench import nvml
 
     meta: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -152,7 +163,13 @@ def metadata() -> dict[str, Any]:
         p = torch.cuda.get_device_properties(0)
         meta.update(device=p.name, sm_count=p.multi_processor_count,
                     memory_bytes=p.total_memory,
-                    capability=f"{p.major}.{p.minor}")
+                    capability=f"{p.major}.{p.minor}", gpu_count=torch.cuda.device_count())
+        state = nvml.snapshot()
+        if state["available"] and state["gpus"]:
+            gpu = state["gpus"][0]
+            meta.update(driver=state["driver"], cuda_driver=state["cuda_driver"],
+                        clocks_mhz=gpu["clocks_mhz"], throttle_reasons=gpu["throttle_reasons"],
+                        ecc_enabled=gpu["ecc_enabled"], power_limit_w=gpu["power_limit_w"])
     else:
         meta["device"] = "cpu"
     return meta
@@ -170,19 +187,15 @@ def cuda_ready() -> bool:
 
 
 def cpu_time(fn: Callable[[], Any], *, repeats: int = 15, min_s: float = 0.02) -> Timing:
-    """Median host time of `fn` in ms (for CPU implementations), each sample >= `min_s`."""
+    """Host time of `fn` in ms (for CPU implementations): torch.utils.benchmark's
+    blocked_autorange over about `repeats` * `min_s` seconds, one sample per block, using all
+    of torch's threads (the Timer's default is one)."""
+    from torch.utils.benchmark import Timer
+
     fn()
-    samples = []
-    for _ in range(repeats):
-        n, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            dt = time.perf_counter() - t0
-            if dt >= min_s:
-                break
-        samples.append(dt / n * 1e3)
-    return summarize(samples)
+    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    m = timer.blocked_autorange(min_run_time=repeats * min_s)
+    return summarize([t * 1e3 for t in m.times])
 
 
 def case(family: str, name: str, impl: str, timing: Timing, *, nbytes: int | None = None,
@@ -190,15 +203,45 @@ def case(family: str, name: str, impl: str, timing: Timing, *, nbytes: int | Non
          **extra: Any) -> dict[str, Any]:
     """One benchmark record: what ran, its timing, and its bandwidth against the copy ceiling.
 
-    `nbytes` is the minimum traffic (each input read once, each output written once).
+    `nbytes` is the minimum traffic (each input read once, each output written once) and
+    `flops` the minimum arithmetic; from them come GB/s, TFLOP/s and the arithmetic intensity
+    (FLOP/byte) that places the op on the roofline. Extra keywords are stored as they are: shape
+    parameters (ints/strings such as ``batch=256, dtype="bfloat16"``) group the report's
+    scaling curves, with ``batch`` as the x axis.
     """
     rec: dict[str, Any] = {"family": family, "name": name, "impl": impl, "unit": unit,
                            **timing.to_dict(), "bytes": nbytes, "flops": flops}
-    if nbytes and unit == "ms" and timing.median_ms > 0:
-        rec["GBps"] = nbytes / (timing.median_ms * 1e-3) / 1e9
-        if copy_gbps:
-            rec["pct_copy"] = 100.0 * rec["GBps"] / copy_gbps
+    if unit == "ms" and timing.median_ms > 0:
+        if nbytes:
+            rec["GBps"] = nbytes / (timing.median_ms * 1e-3) / 1e9
+            if copy_gbps:
+                rec["pct_copy"] = 100.0 * rec["GBps"] / copy_gbps
+        if flops:
+            rec["TFLOPs"] = flops / (timing.median_ms * 1e-3) / 1e12
+            if nbytes:
+                rec["intensity"] = flops / nbytes
     rec.update(extra)
+    return rec
+
+
+def roofline(rec: dict[str, Any], ceilings: dict[str, float]) -> dict[str, Any]:
+    """Place a record on the roofline of the measured `ceilings` (``d2d_copy_GBps`` and
+    ``gemm_bf16_TFLOPs`` / ``gemm_fp32_TFLOPs``): adds ``bound`` ('memory' or 'compute') and
+    ``pct_roofline``, the achieved fraction of min(peak compute, intensity x copy bandwidth).
+    16-bit records (``dtype`` containing '16') use the bf16 GEMM peak, others fp32.
+    A record without FLOPs is memory-bound by definition: its roofline is the copy ceiling.
+    """
+    bw = ceilings.get("d2d_copy_GBps")
+    if not bw or not rec.get("GBps"):
+        return rec
+    peak = ceilings.get("gemm_bf16_TFLOPs" if "16" in str(rec.get("dtype", ""))
+                        else "gemm_fp32_TFLOPs")
+    if not rec.get("intensity") or not peak:
+        rec.update(bound="memory", pct_roofline=100.0 * rec["GBps"] / bw)
+        return rec
+    attainable = min(peak, rec["intensity"] * bw / 1e3)  # TFLOP/s
+    rec.update(bound="memory" if rec["intensity"] * bw / 1e3 < peak else "compute",
+               pct_roofline=100.0 * rec["TFLOPs"] / attainable)
     return rec
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from robocache.cli import bench, info
+from robocache.cli import bench, doctor, info, report
 
 app = typer.Typer(
     name="robocache",
@@ -18,6 +18,8 @@ app = typer.Typer(
 )
 app.command("info")(info.info)
 app.command("bench")(bench.bench)
+app.command("doctor")(doctor.doctor)
+app.command("report")(report.report)
 
 
 def main() -> None:

@@ -1,14 +1,21 @@
-"""``robocache bench``: run op-family benchmarks from ``benchmarks/bench_<family>.py``.
+"""``robocache bench``: run op-family benchmarks from ``benchmarks/bench_<family>.py``, and gate
+regressions against a baseline.
 
     $ robocache bench resample --json results.json
-    $ robocache bench resample --quick          # small sizes; runs on CPU too
+    $ robocache bench resample --quick                  # small sizes; runs on CPU too
+    $ robocache bench --compare benchmarks/h100-baseline.json            # run, then gate
+    $ robocache bench --compare BASELINE.json --results results.json    # gate two files, no GPU
+    $ robocache bench resample --profile traces/        # + a torch.profiler trace per family
 
-Each benchmark module defines ``run(quick: bool) -> list[dict]`` returning case records made by
-``robocache.bench.harness.case``. Benchmarks live in the source checkout (``benchmarks/``).
+Each benchmark module defines ``run(quick: bool, copy_gbps: float | None) -> list[dict]``
+returning case records made by ``robocache.bench.harness.case``. Benchmarks live in the source
+checkout (``benchmarks/``). Before them, on a GPU, the run measures its ceilings (copy bandwidth,
+bf16/fp32 GEMM) so every case is placed on this run's roofline. Exit code 1: a regression.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from pathlib import Path
 
@@ -34,23 +41,87 @@ def load(family: str):
     return module
 
 
+def _profiler(trace_dir: Path | None, family: str):
+    """A torch.profiler context writing ``<trace_dir>/<family>.trace.json.gz``, or a no-op."""
+    if trace_dir is None:
+        return contextlib.nullcontext()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+
+    def export(prof):
+        path = trace_dir / f"{family}.trace.json.gz"
+        prof.export_chrome_trace(str(path))
+        typer.echo(f"wrote {path} (open in https://ui.perfetto.dev or chrome://tracing)")
+
+    return profile(activities=activities, on_trace_ready=export)
+
+
+def run_families(names: list[str], *, quick: bool, profile: Path | None = None) -> dict:
+    """Run the named benchmark families (all when empty) and return the results document."""
+    from robocache.bench import doctor, harness
+    from robocache.bench.report import ceiling_values
+    from robocache.observability import nvtx
+
+    modules = {name: load(name) for name in names or families()}
+    results = {"meta": harness.metadata(), "cases": []}
+    if harness.cuda_ready():
+        ceilings = doctor.measure_ceilings(quick=quick, host=False, multi_gpu=False)
+        results["meta"]["ceilings"] = ceilings
+        results["meta"]["d2d_copy_GBps"] = ceiling_values(results["meta"]).get("d2d_copy_GBps")
+    if profile is not None:
+        nvtx.enable()
+    copy_gbps = results["meta"].get("d2d_copy_GBps")
+    for name, module in modules.items():
+        with _profiler(profile, name), nvtx.range(f"robocache.bench.{name}"):
+            results["cases"].extend(module.run(quick=quick, copy_gbps=copy_gbps))
+    values = ceiling_values(results["meta"])
+    for rec in results["cases"]:
+        harness.roofline(rec, values)
+    return results
+
+
 def bench(
     names: list[str] = typer.Argument(None, help="Op families to run (default: all)."),
     json_path: Path = typer.Option(None, "--json", help="Write the results JSON here."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes, few repeats (CPU-friendly)."),
+    compare: Path = typer.Option(None, "--compare", help="Baseline results JSON to gate against "
+                                 "(exit 1 on a regression)."),
+    results_path: Path = typer.Option(None, "--results", help="With --compare: compare this "
+                                      "stored results file instead of running benchmarks."),
+    profile: Path = typer.Option(None, "--profile", help="Write a torch.profiler trace per "
+                                 "family into this folder (NVTX ranges on)."),
+    threshold: float = typer.Option(0.05, help="Slowdown that counts as a regression (0.05 = 5%)."),
+    alpha: float = typer.Option(0.01, help="Significance level of the Mann-Whitney U test."),
 ):
-    """Benchmark RoboCache against the alternatives a user has, in one run."""
+    """Benchmark RoboCache against the alternatives a user has, in one run; gate regressions."""
+    from robocache.bench import compare as gate
     from robocache.bench import harness
+    from robocache.errors import DataError
 
-    selected = names or families()
-    modules = {name: load(name) for name in selected}
-    results = {"meta": harness.metadata(), "cases": []}
-    if harness.cuda_ready():
-        results["meta"]["d2d_copy_GBps"] = harness.copy_bandwidth_gbps()
-    for module in modules.values():
-        results["cases"].extend(module.run(quick=quick, copy_gbps=results["meta"].get(
-            "d2d_copy_GBps")))
-    harness.print_table(results)
-    if json_path:
-        harness.write_json(json_path, results)
-        typer.echo(f"wrote {json_path}")
+    if results_path is not None:
+        if compare is None:
+            raise typer.BadParameter("--results only makes sense with --compare BASELINE.json.")
+        try:
+            results = gate.load_results(results_path)
+        except DataError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--results") from exc
+    else:
+        results = run_families(names or [], quick=quick, profile=profile)
+        harness.print_table(results)
+        if json_path:
+            harness.write_json(json_path, results)
+            typer.echo(f"wrote {json_path}")
+    if compare is not None:
+        try:
+            baseline = gate.load_results(compare)
+        except DataError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--compare") from exc
+        cmp = gate.compare(baseline, results, threshold=threshold, alpha=alpha)
+        gate.print_comparison(cmp, threshold=threshold, alpha=alpha)
+        if cmp.regressed:
+            raise typer.Exit(1)

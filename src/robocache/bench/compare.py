@@ -1,0 +1,178 @@
+"""The regression gate: compare a results file with a baseline, case by case.
+
+A case (same family, name and impl) is **regressed** only when all three hold:
+1. its median is more than `threshold` (5%) slower than the baseline's;
+2. the difference is significant: a one-sided Mann-Whitney U test on the stored samples
+   (scipy.stats.mannwhitneyu) gives p < `alpha` — or, when either side has fewer than
+   ``MIN_SAMPLES`` samples, the interquartile ranges do not overlap;
+3. the environment fingerprint (device, SMs, driver, torch, triton, CUDA) of the two files
+   matches. When it differs nothing is compared: the mismatch is reported instead.
+**Improved** is the mirror image; anything else is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from robocache.errors import DataError
+
+THRESHOLD = 0.05
+ALPHA = 0.01
+MIN_SAMPLES = 5
+FINGERPRINT_KEYS = ("device", "sm_count", "gpu_count", "driver", "cuda_runtime", "torch",
+                    "triton")
+# The results format (``robocache bench --json``): required fields and their types.
+META_FIELDS = {"date": str, "device": str, "torch": str, "triton": str}
+CASE_FIELDS = {"family": str, "name": str, "impl": str, "unit": str, "median_ms": float,
+               "q25_ms": float, "q75_ms": float, "n": int, "samples_ms": list}
+
+
+def validate(doc: Any, source: str = "results") -> dict[str, Any]:
+    """Check that `doc` is a results document; raise DataError naming the first bad field."""
+    def need(obj, fields, where):
+        for key, typ in fields.items():
+            value = obj.get(key) if isinstance(obj, dict) else None
+            ok = isinstance(value, (int, float) if typ is float else typ)
+            if not ok or isinstance(value, bool):
+                raise DataError(
+                    f"{source}: {where}.{key} should be a {typ.__name__}, got {value!r}; "
+                    "results files are written by `robocache bench --json`.")
+
+    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list):
+        raise DataError(f"{source}: expected an object with 'meta' and a 'cases' list, as "
+                        "`robocache bench --json` writes.")
+    need(doc.get("meta"), META_FIELDS, "meta")
+    for i, case in enumerate(doc["cases"]):
+        need(case, CASE_FIELDS, f"cases[{i}]")
+    return doc
+
+
+def load_results(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and validate a results JSON file."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path} is not valid JSON ({exc}).") from exc
+    return validate(doc, str(path))
+
+
+def fingerprint(meta: dict[str, Any]) -> dict[str, Any]:
+    """The environment fields that must match for two timings to be comparable."""
+    return {k: meta.get(k) for k in FINGERPRINT_KEYS}
+
+
+def _key(rec: dict[str, Any]) -> tuple[str, str, str]:
+    return rec["family"], rec["name"], rec["impl"]
+
+
+def _samples(rec: dict[str, Any]) -> list[float]:
+    return rec.get("samples_ms") or [rec["median_ms"]]
+
+
+def _significant(slower: dict[str, Any], faster: dict[str, Any],
+                 alpha: float) -> tuple[bool, float | None]:
+    """Is `slower` significantly slower than `faster`? Returns (verdict, p-value or None)."""
+    a, b = _samples(slower), _samples(faster)
+    if min(len(a), len(b)) >= MIN_SAMPLES:
+        from scipy.stats import mannwhitneyu
+
+        p = float(mannwhitneyu(a, b, alternative="greater").pvalue)
+        return p < alpha, p
+    return slower["q25_ms"] > faster["q75_ms"], None
+
+
+@dataclass
+class Row:
+    family: str
+    name: str
+    impl: str
+    status: str  # improved | unchanged | regressed | new | missing
+    unit: str = "ms"
+    base_ms: float | None = None
+    new_ms: float | None = None
+    change: float | None = None  # new / base - 1
+    p_value: float | None = None
+
+
+@dataclass
+class Comparison:
+    rows: list[Row] = field(default_factory=list)
+    fingerprint_diff: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+    @property
+    def comparable(self) -> bool:
+        return not self.fingerprint_diff
+
+    @property
+    def regressed(self) -> list[Row]:
+        return [r for r in self.rows if r.status == "regressed"]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+
+def compare(baseline: dict[str, Any], results: dict[str, Any], *, threshold: float = THRESHOLD,
+            alpha: float = ALPHA) -> Comparison:
+    """Compare `results` with `baseline` (both in the ``robocache bench --json`` format)."""
+    fb, fr = fingerprint(baseline["meta"]), fingerprint(results["meta"])
+    diff = {k: (fb[k], fr[k]) for k in FINGERPRINT_KEYS if fb[k] != fr[k]}
+    out = Comparison(fingerprint_diff=diff)
+    if diff:
+        return out
+    base = {_key(r): r for r in baseline["cases"]}
+    new = {_key(r): r for r in results["cases"]}
+    for key in sorted(base.keys() | new.keys()):
+        b, n = base.get(key), new.get(key)
+        if b is None or n is None:
+            out.rows.append(Row(*key, status="new" if b is None else "missing",
+                                base_ms=b and b["median_ms"], new_ms=n and n["median_ms"]))
+            continue
+        change = n["median_ms"] / b["median_ms"] - 1
+        status, p = "unchanged", None
+        if change > threshold:
+            worse, p = _significant(n, b, alpha)
+            status = "regressed" if worse else status
+        elif change < -threshold:
+            better, p = _significant(b, n, alpha)
+            status = "improved" if better else status
+        out.rows.append(Row(*key, status=status, unit=n.get("unit", "ms"), base_ms=b["median_ms"],
+                            new_ms=n["median_ms"], change=change, p_value=p))
+    return out
+
+
+def print_comparison(cmp: Comparison, *, threshold: float = THRESHOLD,
+                     alpha: float = ALPHA) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not cmp.comparable:
+        console.print("[bold yellow]Environment fingerprints differ; nothing was compared:[/]")
+        for k, (b, n) in cmp.fingerprint_diff.items():
+            console.print(f"  {k}: baseline {b!r}, results {n!r}")
+        return
+    colour = {"regressed": "red", "improved": "green", "new": "cyan", "missing": "yellow"}
+    table = Table(title=f"Regression gate: > {threshold:.0%} slower and p < {alpha:g} "
+                        "(Mann-Whitney U)")
+    for col in ("family", "case", "impl", "baseline", "now", "change", "p", "status"):
+        table.add_column(col, justify="right" if col in ("baseline", "now", "change", "p")
+                         else "left")
+    order = {"regressed": 0, "improved": 1, "missing": 2, "new": 3, "unchanged": 4}
+    for r in sorted(cmp.rows, key=lambda r: order[r.status]):
+        c = colour.get(r.status)
+        table.add_row(
+            r.family, r.name, r.impl,
+            f"{r.base_ms:.4g} {r.unit}" if r.base_ms is not None else "",
+            f"{r.new_ms:.4g} {r.unit}" if r.new_ms is not None else "",
+            f"{100 * r.change:+.1f}%" if r.change is not None else "",
+            f"{r.p_value:.2g}" if r.p_value is not None else "",
+            f"[{c}]{r.status}[/]" if c else r.status)
+    console.print(table)
+    console.print(", ".join(f"{v} {k}" for k, v in sorted(cmp.counts().items())))

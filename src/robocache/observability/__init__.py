@@ -1,0 +1,1 @@
+"""Profiling and observability hooks (NVTX ranges for Nsight Systems and torch.profiler)."""
