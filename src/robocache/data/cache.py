@@ -1,0 +1,383 @@
+"""Build a training cache: every episode aligned to one rate, in a Lance dataset.
+
+    $ robocache ingest data/sample/panda_multirate /tmp/panda.cache --rate 50
+
+Layout of a cache directory::
+
+    data.lance/         one row per (episode, step): episode_index, step, timestamp, task,
+                        one column per stream (see below) and its `<column>_is_pad` mask
+    frames/<col>.lance  image streams: one row per source frame (episode_index, frame, pixels)
+    stats.json          per-dimension mean, std, min, max, q01, q99 of every numeric stream
+    manifest.json       source, rate, streams, episodes, quarantined episodes with reasons
+
+Target times: from the latest start to the earliest end of the episode's numeric streams, at
+``rate_hz`` (so continuous streams interpolate, never extrapolate). Per stream kind:
+
+- numeric → ``method`` (default ``linear``; ``previous`` for integer/bool data), float32 ``[D]``.
+- image / video → ``frame_index``: the source frame shown at each step (``<col>/frame``, -1 when
+  none) and ``<col>/offset`` (t_frame - t_step, seconds). Video frames stay in their files.
+- event (sparse strings) → ``previous``: the latest event so far (null before the first) and its
+  age in seconds (``<col>/age``).
+
+Stream names become column names with ``.`` replaced by ``/`` (Lance reserves ``.``).
+
+Idempotent per episode: each episode is one Lance commit, so a killed run leaves whole episodes
+only; re-running skips the episodes already in ``data.lance`` (resume) and re-checks the rest. A
+malformed episode is quarantined with its reason and listed in the manifest; ``read = cached +
+quarantined`` always holds.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from robocache.data.episode import Episode, Source, StreamSpec, check_episode
+from robocache.errors import DataError
+
+CACHE_FORMAT = "robocache-cache/1"
+STATS_BATCH_ROWS = 1 << 20
+
+
+@dataclass
+class CacheConfig:
+    """Options of :func:`build` (CLI flags of ``robocache ingest`` map onto these).
+
+    Attributes:
+        rate_hz: target rate in Hz of every stream in the cache.
+        device: where alignment runs: ``"cuda"``, ``"cpu"`` or ``None`` (CUDA when available).
+        keys: streams to cache (default: all the source declares).
+        methods: stream -> alignment method overriding the defaults (see the module docstring).
+        tolerance_s: steps farther than this from any source sample are padded (``None``: off).
+        episodes: source episode indices to ingest (default: all).
+        source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer.
+    """
+
+    rate_hz: float = 50.0
+    device: str | None = None
+    keys: list[str] | None = None
+    methods: dict[str, str] = field(default_factory=dict)
+    tolerance_s: float | None = None
+    episodes: list[int] | None = None
+    source_options: dict[str, Any] = field(default_factory=dict)
+
+
+def column_name(stream: str) -> str:
+    """The Lance column of a stream (Lance reserves ``.`` for struct fields)."""
+    return stream.replace(".", "/")
+
+
+def default_method(spec: StreamSpec) -> str:
+    if spec.kind in ("image", "video"):
+        return "frame_index"
+    if spec.kind == "event":
+        return "previous"
+    return "previous" if np.dtype(spec.dtype).kind in "biu" else "linear"
+
+
+def _schema(specs: dict[str, StreamSpec]):
+    import pyarrow as pa
+
+    fields = [pa.field("episode_index", pa.int64()), pa.field("step", pa.int64()),
+              pa.field("timestamp", pa.float64()), pa.field("task", pa.string())]
+    for name, spec in specs.items():
+        col = column_name(name)
+        if spec.kind == "numeric":
+            fields.append(pa.field(col, pa.list_(pa.float32(), spec.dim)))
+        elif spec.kind == "event":
+            fields += [pa.field(col, pa.string()), pa.field(f"{col}/age", pa.float32())]
+        else:
+            fields += [pa.field(f"{col}/frame", pa.int64()),
+                       pa.field(f"{col}/offset", pa.float32())]
+        fields.append(pa.field(f"{col}_is_pad", pa.bool_()))
+    return pa.schema(fields)
+
+
+def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float) -> np.ndarray:
+    """float64 ``[T]`` seconds: the span every numeric stream covers, at ``rate_hz``."""
+    timed = [n for n, s in specs.items() if s.kind == "numeric"] or \
+            [n for n, s in specs.items() if s.kind != "event"]
+    if not timed:
+        raise DataError(f"episode {episode.index}: no timed (non-event) stream to align.")
+    start = max(float(episode.streams[n].times[0]) for n in timed)
+    end = min(float(episode.streams[n].times[-1]) for n in timed)
+    if end < start:
+        raise DataError(f"episode {episode.index}: the streams do not overlap in time "
+                        f"(latest start {start:.6f} s > earliest end {end:.6f} s).")
+    steps = int(math.floor((end - start) * rate_hz + 1e-6)) + 1
+    return start + np.arange(steps, dtype=np.float64) / rate_hz
+
+
+def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheConfig,
+                  device) -> dict[str, Any]:
+    """Align one (checked) episode to ``config.rate_hz``; returns the Lance columns as arrays."""
+    import torch
+
+    import robocache
+
+    t = target_times(episode, specs, config.rate_hz)
+    streams, events = {}, {}
+    for name, spec in specs.items():
+        s = episode.streams[name]
+        times = torch.as_tensor(s.times, dtype=torch.float64, device=device)
+        method = config.methods.get(name, default_method(spec))
+        if spec.kind == "event":
+            if len(s) == 0:
+                continue
+            ids = torch.arange(len(s), dtype=torch.float32, device=device)[:, None]
+            streams[name] = robocache.Stream(ids, times, method="previous")
+            events[name] = s.data
+        elif spec.kind == "numeric":
+            data = torch.from_numpy(np.array(s.data.reshape(len(s), -1), np.float32)).to(device)
+            streams[name] = robocache.Stream(data, times, method=method,
+                                             tolerance_s=config.tolerance_s)
+        else:
+            streams[name] = robocache.Stream(None, times, method="frame_index",
+                                             tolerance_s=config.tolerance_s)
+    out = robocache.align(streams, torch.as_tensor(t, device=device))
+    n = len(t)
+    cols: dict[str, Any] = {
+        "episode_index": np.full(n, episode.index, np.int64),
+        "step": np.arange(n, dtype=np.int64),
+        "timestamp": t,
+        "task": np.full(n, (episode.meta.get("tasks") or [""])[0], dtype=object),
+    }
+    for name, spec in specs.items():
+        col = column_name(name)
+        if name not in streams:  # an event stream without events in this episode
+            cols[col] = np.full(n, None, dtype=object)
+            cols[f"{col}/age"] = np.full(n, np.nan, np.float32)
+            cols[f"{col}_is_pad"] = np.ones(n, bool)
+            continue
+        pad = out.is_pad[name].reshape(n).cpu().numpy()
+        values = out.values[name].reshape(n, -1).cpu().numpy()
+        if spec.kind == "numeric":
+            cols[col] = values.astype(np.float32)
+        elif spec.kind == "event":
+            ids = values[:, 0].round().astype(np.int64)
+            cols[col] = np.where(pad, None, events[name][ids.clip(0, len(events[name]) - 1)])
+            cols[f"{col}/age"] = out.age[name].reshape(n).cpu().numpy().astype(np.float32)
+        else:
+            cols[f"{col}/frame"] = np.where(pad, -1, values[:, 0].astype(np.int64))
+            cols[f"{col}/offset"] = out.offset[name].reshape(n).cpu().numpy().astype(np.float32)
+        cols[f"{col}_is_pad"] = pad.astype(bool)
+    return cols
+
+
+def _table(cols: dict[str, Any], schema):
+    import pyarrow as pa
+
+    arrays = []
+    for f in schema:
+        v = cols[f.name]
+        if pa.types.is_fixed_size_list(f.type):
+            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)),
+                                                            f.type.list_size))
+        else:
+            arrays.append(pa.array(v.tolist() if v.dtype == object else v, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _frames_table(episode: Episode, name: str, spec: StreamSpec):
+    import pyarrow as pa
+
+    s = episode.streams[name]
+    n = len(s)
+    pixels = pa.FixedSizeListArray.from_arrays(pa.array(s.data.reshape(-1)), spec.dim)
+    return pa.table({"episode_index": np.full(n, episode.index, np.int64),
+                     "frame": np.arange(n, dtype=np.int64), "timestamp": s.times,
+                     "pixels": pixels})
+
+
+def _done_episodes(uri: Path) -> set[int]:
+    import lance
+
+    if not uri.exists():
+        return set()
+    table = lance.dataset(str(uri)).to_table(columns=["episode_index"])
+    return set(np.unique(table.column(0).to_numpy()).tolist())
+
+
+def _compute_stats(uri: Path, specs: dict[str, StreamSpec]) -> dict[str, dict]:
+    """Per-dimension stats of every numeric stream over its non-padded steps (merged over
+    batches of ``STATS_BATCH_ROWS`` rows, see :func:`robocache.merge_stats`)."""
+    import lance
+    import torch
+
+    import robocache
+
+    ds = lance.dataset(str(uri))
+    stats = {}
+    for name, spec in specs.items():
+        if spec.kind != "numeric":
+            continue
+        col = column_name(name)
+        parts = []
+        for batch in ds.to_batches(columns=[col, f"{col}_is_pad"],
+                                   batch_size=STATS_BATCH_ROWS):
+            values = batch.column(0).flatten().to_numpy().reshape(-1, spec.dim)
+            keep = ~batch.column(1).to_numpy(zero_copy_only=False)
+            if keep.any():
+                parts.append(robocache.compute_stats(torch.from_numpy(values[keep])))
+        if parts:
+            stats[name] = robocache.merge_stats(parts).to_dict()
+    return stats
+
+
+def _episode_summary(uri: Path) -> list[dict[str, Any]]:
+    import lance
+
+    table = lance.dataset(str(uri)).to_table(columns=["episode_index", "timestamp", "task"])
+    ep = table.column("episode_index").to_numpy()
+    ts = table.column("timestamp").to_numpy()
+    tasks = table.column("task").to_pylist()
+    order = np.lexsort((ts, ep))
+    ep, ts = ep[order], ts[order]
+    starts = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]])
+    ends = np.r_[starts[1:], len(ep)]
+    return [{"index": int(ep[a]), "rows": int(b - a), "start_s": float(ts[a]),
+             "duration_s": float(ts[b - 1] - ts[a]), "task": tasks[order[a]]}
+            for a, b in zip(starts, ends, strict=True)]
+
+
+def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | None = None, *,
+          progress: bool = True, **overrides: Any) -> dict[str, Any]:
+    """Ingest a dataset into a training cache at ``dest`` (see the module docstring).
+
+    Args:
+        source: a dataset path (format detected, see :func:`robocache.data.formats.open_source`)
+            or an opened source.
+        dest: cache directory (created; an existing cache of the same source resumes).
+        config: options; keyword ``overrides`` replace its fields (``rate_hz=50.0``...).
+        progress: show a rich progress bar on stderr.
+
+    Returns:
+        The manifest (also written to ``dest/manifest.json``): ``counts`` (read, cached,
+        quarantined, skipped, rows), ``episodes``, ``quarantined`` (index + reason), ``streams``,
+        ``stats_path``, ``seconds``.
+
+    Raises:
+        DataError: unknown format, a requested key the source lacks, or a non-positive rate.
+        FileNotFoundError: ``source`` does not exist.
+
+    Example:
+        >>> m = build("data/sample/panda_multirate", "/tmp/panda.cache", rate_hz=50)
+        >>> c = m["counts"]; c["read"] == c["cached"] + c["quarantined"]
+        True
+    """
+    import lance
+    import torch
+
+    from robocache.data.formats import open_source
+
+    config = CacheConfig(**{**asdict(config or CacheConfig()), **overrides})
+    if not config.rate_hz > 0:
+        raise DataError(f"`rate_hz` must be > 0 Hz; got {config.rate_hz}.")
+    src = source if hasattr(source, "read") else open_source(source, **config.source_options)
+    specs = dict(src.specs)
+    if config.keys is not None:
+        missing = sorted(set(config.keys) - set(specs))
+        if missing:
+            raise DataError(f"`keys` names streams the source lacks: {missing}; it has "
+                            f"{sorted(specs)}.")
+        specs = {k: specs[k] for k in config.keys}
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    uri = dest / "data.lance"
+    schema = _schema(specs)
+    done = _done_episodes(uri)
+    wanted = config.episodes if config.episodes is not None else src.episode_indices()
+    quarantined: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    cached_now = 0
+    with _progress(progress, len(wanted)) as advance:
+        for index in wanted:
+            if index in done:
+                advance(f"episode {index} (cached)")
+                continue
+            try:
+                episode = src.read(index)
+                check_episode(episode, specs)
+                cols = align_episode(episode, specs, config, device)
+            except (DataError, OSError, KeyError, ValueError) as e:
+                quarantined.append({"index": int(index), "reason": f"{type(e).__name__}: {e}"})
+                advance(f"episode {index} quarantined")
+                continue
+            for name, spec in specs.items():
+                if spec.kind == "image":
+                    furi = dest / "frames" / f"{name}.lance"
+                    if furi.exists():  # drop frames a killed run left for this episode
+                        lance.dataset(str(furi)).delete(f"episode_index = {index}")
+                    lance.write_dataset(_frames_table(episode, name, spec), str(furi),
+                                        mode="append" if furi.exists() else "create")
+            lance.write_dataset(_table(cols, schema), str(uri),
+                                mode="append" if uri.exists() else "create")
+            cached_now += 1
+            advance(f"episode {index}")
+    if uri.exists():
+        ds = lance.dataset(str(uri))
+        if len(ds.get_fragments()) > 1:
+            ds.optimize.compact_files()
+            ds.cleanup_old_versions(older_than=_dt.timedelta(0))
+    episodes = _episode_summary(uri) if uri.exists() else []
+    stats = _compute_stats(uri, specs) if uri.exists() else {}
+    (dest / "stats.json").write_text(json.dumps(stats) + "\n")
+    cached_ids = {e["index"] for e in episodes}
+    manifest = {
+        "format": CACHE_FORMAT,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": {"path": str(getattr(src, "path", source)), "format": src.format},
+        "rate_hz": config.rate_hz,
+        "device": str(device),
+        "streams": {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
+                           "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
+                           "method": config.methods.get(name, default_method(s))}
+                    for name, s in specs.items()},
+        "counts": {"read": len(wanted), "cached": sum(i in cached_ids for i in wanted),
+                   "quarantined": len(quarantined), "skipped": len(done & set(wanted)),
+                   "new": cached_now, "rows": sum(e["rows"] for e in episodes)},
+        "episodes": episodes,
+        "quarantined": quarantined,
+        "stats_path": "stats.json",
+        "seconds": time.perf_counter() - t0,
+    }
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+class _progress:
+    """Context manager yielding ``advance(description)``; a rich bar when enabled."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total, self.bar = enabled, total, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda _desc: None
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(TextColumn("ingest"), BarColumn(), MofNCompleteColumn(),
+                            TimeRemainingColumn(), TextColumn("{task.description}"),
+                            transient=False)
+        self.bar.start()
+        task = self.bar.add_task("", total=self.total)
+        return lambda desc: self.bar.update(task, advance=1, description=desc)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False

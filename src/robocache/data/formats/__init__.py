@@ -1,0 +1,65 @@
+"""Readers: a dataset on disk → :class:`~robocache.data.episode.Episode` objects.
+
+``open_source(path)`` detects the format; each reader exposes ``specs`` (declared streams),
+``episode_indices()`` and ``read(index)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from robocache.data.episode import Source
+from robocache.errors import DataError
+
+# name -> (module, class, what the reader recognizes)
+FORMATS = {
+    "lerobot": ("lerobot", "LeRobotSource", "LeRobot v2.1 / v3.0 directory (meta/info.json)"),
+    "zarr-replay": ("zarr_replay", "ZarrReplaySource",
+                    "zarr ReplayBuffer (data/<key>, meta/episode_ends; .zarr dir or .zarr.zip)"),
+    "robomimic": ("robomimic", "RobomimicSource", "robomimic HDF5 (data/demo_<i>/...; .hdf5)"),
+}
+
+
+def supported() -> str:
+    """One line per supported format, for error messages and ``--help``."""
+    return "; ".join(f"{name}: {desc}" for name, (_, _, desc) in FORMATS.items())
+
+
+def _module(name: str):
+    import importlib
+
+    return importlib.import_module(f"robocache.data.formats.{FORMATS[name][0]}")
+
+
+def open_source(path: str | Path, format: str | None = None, **options: Any) -> Source:
+    """Open a dataset, detecting its format unless ``format`` names one of :data:`FORMATS`.
+
+    Args:
+        path: dataset directory or file.
+        format: ``"lerobot"``, ``"zarr-replay"`` or ``"robomimic"``; ``None`` detects.
+        **options: reader options, e.g. ``fps=10.0`` for ReplayBuffers without timestamps.
+
+    Returns:
+        The reader (``specs``, ``episode_indices()``, ``read(index)``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        DataError: the format is unknown or unsupported (the message lists the supported ones).
+
+    Example:
+        >>> src = open_source("data/sample/panda_multirate")  # doctest: +SKIP
+        >>> src.format, len(src.episode_indices())  # doctest: +SKIP
+        ('lerobot-v3.0', 6)
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist.")
+    if format is None:
+        format = next((n for n in FORMATS if _module(n).detect(path)), None)
+        if format is None:
+            raise DataError(f"{path}: unknown dataset format. Supported formats: {supported()}.")
+    elif format not in FORMATS:
+        raise DataError(f"format {format!r} is not supported. Supported formats: {supported()}.")
+    module, cls, _ = FORMATS[format]
+    return getattr(_module(format), cls)(path, **options)

@@ -1,0 +1,303 @@
+"""LeRobot dataset directories, codebase versions v2.1 and v3.0.
+
+Layout read (https://github.com/huggingface/lerobot, ``lerobot/datasets``):
+
+- ``meta/info.json``: ``codebase_version``, ``fps``, ``features`` (dtype, shape per key),
+  ``data_path`` / ``video_path`` templates, ``chunks_size``.
+- v2.1: ``meta/episodes.jsonl`` (one episode per line), ``meta/tasks.jsonl``, one data parquet
+  per episode. v3.0: ``meta/episodes/chunk-*/file-*.parquet`` (which data/video file holds each
+  episode and where), ``meta/tasks.parquet``, data parquet files holding many episodes.
+
+Every feature becomes a stream timed by the ``timestamp`` column. Multi-rate extension (what the
+bundled sample uses): a feature may declare its own ``"fps"`` in ``info.json`` and be null in the
+rows where it has no sample; the stream then holds only its non-null rows. ``dtype: "string"``
+features are sparse events. Video features are referenced by file and timestamp and decoded
+only on request (:func:`robocache.data.formats.video.decode_frames`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from robocache.data.episode import Episode, Stream, StreamSpec, VideoRef
+from robocache.errors import DataError, MissingDependencyError
+
+# Bookkeeping columns of every LeRobot data file; not streams.
+INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+VERSIONS = ("v2.1", "v3.0")
+
+
+def detect(path: Path) -> bool:
+    info = path / "meta" / "info.json"
+    return info.is_file()
+
+
+def _spec(name: str, feature: dict, fps: float) -> StreamSpec:
+    dtype = feature["dtype"]
+    shape = tuple(int(s) for s in feature.get("shape", ()))
+    rate = float(feature.get("fps", fps)) if dtype != "string" else feature.get("fps")
+    if dtype == "video":
+        rate = float(feature.get("info", {}).get("video.fps", rate))
+        return StreamSpec(name, "video", "uint8", shape, rate)
+    if dtype == "image":
+        return StreamSpec(name, "image", "uint8", shape, rate)
+    if dtype == "string":
+        return StreamSpec(name, "event", "str", (), rate)
+    kind = "image" if dtype == "uint8" and len(shape) == 3 else "numeric"
+    return StreamSpec(name, kind, dtype, shape, rate)
+
+
+def _column_array(col: pa.ChunkedArray | pa.Array, spec: StreamSpec) -> np.ndarray:
+    """A (null-free) parquet column as ``[S, *shape]`` NumPy."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    n = len(arr)
+    if spec.kind == "event":
+        return np.array(arr.to_pylist(), dtype=object)
+    if pa.types.is_struct(arr.type):  # LeRobot "image": {bytes: PNG, path}
+        return _decode_png(arr, spec)
+    while pa.types.is_list(arr.type) or pa.types.is_fixed_size_list(arr.type) or \
+            pa.types.is_large_list(arr.type):
+        arr = arr.flatten()
+    values = arr.to_numpy(zero_copy_only=False)
+    if values.size != n * spec.dim:
+        raise DataError(f"stream {spec.name!r}: {values.size} values in {n} rows do not make "
+                        f"samples of shape {spec.shape}.")
+    return values.astype(spec.dtype, copy=False).reshape(n, *spec.shape)
+
+
+def _decode_png(arr: pa.StructArray, spec: StreamSpec) -> np.ndarray:
+    try:
+        from PIL import Image
+    except ImportError as e:  # pragma: no cover - pillow ships with the data extra
+        raise MissingDependencyError("pillow", "data", "Reading LeRobot image features") from e
+    frames = [np.asarray(Image.open(io.BytesIO(b))) for b in arr.field("bytes").to_pylist()]
+    return np.stack(frames) if frames else np.zeros((0, *spec.shape), np.uint8)
+
+
+class LeRobotSource:
+    """A LeRobot v2.1 or v3.0 dataset directory (see the module docstring)."""
+
+    format = "lerobot"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.info = json.loads((self.path / "meta" / "info.json").read_text())
+        self.version = str(self.info.get("codebase_version", ""))
+        if self.version not in VERSIONS:
+            raise DataError(f"{self.path}: LeRobot codebase_version {self.version!r} is not "
+                            f"supported; supported: {', '.join(VERSIONS)}. Convert it with "
+                            "LeRobot's conversion scripts.")
+        self.format = f"lerobot-{self.version}"
+        self.fps = float(self.info["fps"])
+        self.specs = {k: _spec(k, f, self.fps) for k, f in self.info["features"].items()
+                      if k not in INDEX_COLUMNS}
+        self._episodes = self._read_episodes()
+        self._tasks = self._read_tasks()
+        self._file_cache: tuple[Path, pa.Table] | None = None
+
+    def _read_episodes(self) -> dict[int, dict]:
+        meta = self.path / "meta"
+        if self.version == "v2.1":
+            lines = (meta / "episodes.jsonl").read_text().splitlines()
+            rows = [json.loads(line) for line in lines if line.strip()]
+        else:
+            files = sorted((meta / "episodes").glob("chunk-*/file-*.parquet"))
+            rows = pa.concat_tables([pq.read_table(f) for f in files]).to_pylist() if files else []
+        return {int(r["episode_index"]): r for r in rows}
+
+    def _read_tasks(self) -> dict[int, str]:
+        meta = self.path / "meta"
+        if self.version == "v2.1":
+            path = meta / "tasks.jsonl"
+            if not path.exists():
+                return {}
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            return {int(r["task_index"]): r["task"] for r in rows}
+        path = meta / "tasks.parquet"
+        if not path.exists():
+            return {}
+        table = pq.read_table(path)
+        names = table.column("__index_level_0__" if "__index_level_0__" in table.column_names
+                              else "task").to_pylist()
+        return dict(zip(table.column("task_index").to_pylist(), names, strict=True))
+
+    def episode_indices(self) -> list[int]:
+        return sorted(self._episodes)
+
+    def _data_table(self, index: int) -> pa.Table:
+        ep = self._episodes[index]
+        chunks = int(self.info.get("chunks_size", 1000))
+        if self.version == "v2.1":
+            rel = self.info["data_path"].format(episode_chunk=index // chunks,
+                                                episode_index=index)
+            return pq.read_table(self.path / rel)
+        rel = self.info["data_path"].format(chunk_index=int(ep["data/chunk_index"]),
+                                            file_index=int(ep["data/file_index"]))
+        path = self.path / rel
+        if self._file_cache is None or self._file_cache[0] != path:
+            self._file_cache = (path, pq.read_table(path))
+        table = self._file_cache[1]
+        return table.filter(pc.equal(table.column("episode_index"), index))
+
+    def _video(self, index: int, key: str) -> VideoRef:
+        ep = self._episodes[index]
+        chunks = int(self.info.get("chunks_size", 1000))
+        if self.version == "v2.1":
+            rel = self.info["video_path"].format(episode_chunk=index // chunks, video_key=key,
+                                                 episode_index=index)
+            return VideoRef(self.path / rel, 0.0)
+        rel = self.info["video_path"].format(video_key=key,
+                                             chunk_index=int(ep[f"videos/{key}/chunk_index"]),
+                                             file_index=int(ep[f"videos/{key}/file_index"]))
+        return VideoRef(self.path / rel, float(ep.get(f"videos/{key}/from_timestamp", 0.0)))
+
+    def read(self, index: int) -> Episode:
+        if index not in self._episodes:
+            raise DataError(f"{self.path}: no episode {index} in the episode metadata.")
+        table = self._data_table(index)
+        if "timestamp" not in table.column_names:
+            raise DataError(f"episode {index}: the data file has no 'timestamp' column.")
+        times = table.column("timestamp").to_numpy().astype(np.float64)
+        streams: dict[str, Stream] = {}
+        for name, spec in self.specs.items():
+            if spec.kind == "video":
+                streams[name] = Stream(spec, times, None, self._video(index, name))
+                continue
+            if name not in table.column_names:
+                continue  # check_episode reports the missing stream
+            col = table.column(name)
+            valid = col.is_valid().to_numpy(zero_copy_only=False)
+            data = _column_array(col.filter(pa.array(valid)), spec)
+            streams[name] = Stream(spec, times[valid], data)
+        ep = self._episodes[index]
+        tasks = ep.get("tasks") or []
+        if not tasks and "task_index" in table.column_names and len(table):
+            tasks = [self._tasks.get(int(table.column("task_index")[0].as_py()), "")]
+        return Episode(index, streams, {"tasks": list(tasks), "length": len(table)})
+
+
+def _rows(episode: Episode, specs: dict[str, StreamSpec], start: int) -> pa.Table:
+    """One episode as LeRobot rows: the union of its streams' timestamps, each stream non-null
+    at its own samples (a single-rate episode gives the usual one row per frame)."""
+    times = np.unique(np.concatenate([episode.streams[k].times for k in specs]))
+    n = len(times)
+    cols: dict[str, pa.Array] = {
+        "timestamp": pa.array(times.astype(np.float32)),
+        "frame_index": pa.array(np.arange(n, dtype=np.int64)),
+        "episode_index": pa.array(np.full(n, episode.index, np.int64)),
+        "index": pa.array(np.arange(start, start + n, dtype=np.int64)),
+        "task_index": pa.array(np.full(n, int(episode.meta.get("task_index", 0)), np.int64)),
+    }
+    for name, spec in specs.items():
+        stream = episode.streams[name]
+        rows = np.searchsorted(times, stream.times)
+        mask = np.ones(n, bool)
+        mask[rows] = False
+        if spec.kind == "event":
+            values = np.full(n, None, dtype=object)
+            values[rows] = stream.data
+            cols[name] = pa.array(values.tolist(), pa.string())
+            continue
+        flat = np.zeros((n, spec.dim), dtype=spec.dtype)
+        flat[rows] = stream.data.reshape(len(rows), -1)
+        if not spec.shape:
+            cols[name] = pa.array(flat.reshape(-1), mask=mask)
+            continue
+        values = pa.array(flat.reshape(-1))
+        for size in reversed(spec.shape[1:]):
+            values = pa.FixedSizeListArray.from_arrays(values, size)
+        cols[name] = pa.FixedSizeListArray.from_arrays(values, spec.shape[0], mask=pa.array(mask))
+    return pa.table(cols)
+
+
+def write_lerobot(path: str | Path, episodes: list[Episode], specs: dict[str, StreamSpec], *,
+                  fps: float, version: str = "v3.0", robot_type: str | None = None) -> Path:
+    """Write episodes as a LeRobot dataset directory (v2.1 or v3.0; no video features).
+
+    Streams whose ``rate_hz`` differs from ``fps`` (or that are sparse events) are written with
+    the multi-rate extension described in the module docstring.
+
+    Args:
+        path: output directory (created; existing files are overwritten).
+        episodes: episodes to write; ``meta["tasks"]`` (list of str) names their tasks.
+        specs: streams to write (numeric, inline image or event).
+        fps: the dataset's nominal frame rate in Hz (``info.json["fps"]``).
+        version: ``"v2.1"`` or ``"v3.0"``.
+
+    Returns:
+        ``path``.
+    """
+    if version not in VERSIONS:
+        raise ValueError(f"`version` must be one of {VERSIONS}; got {version!r}.")
+    root = Path(path)
+    (root / "meta").mkdir(parents=True, exist_ok=True)
+    tasks: dict[str, int] = {}
+    for ep in episodes:
+        for task in ep.meta.get("tasks", []):
+            tasks.setdefault(task, len(tasks))
+    features: dict[str, dict] = {
+        "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+        "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+        "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+        "index": {"dtype": "int64", "shape": [1], "names": None},
+        "task_index": {"dtype": "int64", "shape": [1], "names": None},
+    }
+    for name, spec in specs.items():
+        dtype = "string" if spec.kind == "event" else spec.dtype
+        feature = {"dtype": dtype, "shape": list(spec.shape) or [1], "names": None}
+        if spec.rate_hz != fps:
+            feature["fps"] = spec.rate_hz
+        features[name] = feature
+    tables, start = [], 0
+    for ep in episodes:
+        ep.meta["task_index"] = tasks.get((ep.meta.get("tasks") or [""])[0], 0)
+        tables.append(_rows(ep, specs, start))
+        start += tables[-1].num_rows
+    info = {
+        "codebase_version": version, "robot_type": robot_type, "fps": fps,
+        "total_episodes": len(episodes), "total_frames": start, "total_tasks": len(tasks),
+        "chunks_size": 1000, "splits": {"train": f"0:{len(episodes)}"}, "features": features,
+    }
+    if version == "v2.1":
+        info["data_path"] = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+        info["video_path"] = ("videos/chunk-{episode_chunk:03d}/{video_key}/"
+                              "episode_{episode_index:06d}.mp4")
+        for ep, table in zip(episodes, tables, strict=True):
+            out = root / info["data_path"].format(episode_chunk=ep.index // 1000,
+                                                  episode_index=ep.index)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, out, compression="zstd")
+        (root / "meta" / "episodes.jsonl").write_text("".join(
+            json.dumps({"episode_index": ep.index, "tasks": ep.meta.get("tasks", []),
+                        "length": t.num_rows}) + "\n" for ep, t in zip(episodes, tables,
+                                                                      strict=True)))
+        (root / "meta" / "tasks.jsonl").write_text("".join(
+            json.dumps({"task_index": i, "task": t}) + "\n" for t, i in tasks.items()))
+    else:
+        info["data_path"] = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+        info["video_path"] = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+        out = root / info["data_path"].format(chunk_index=0, file_index=0)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.concat_tables(tables), out, compression="zstd")
+        bounds = np.cumsum([0] + [t.num_rows for t in tables])
+        episodes_table = pa.table({
+            "episode_index": [ep.index for ep in episodes],
+            "tasks": [ep.meta.get("tasks", []) for ep in episodes],
+            "length": [t.num_rows for t in tables],
+            "data/chunk_index": [0] * len(episodes), "data/file_index": [0] * len(episodes),
+            "dataset_from_index": bounds[:-1].tolist(), "dataset_to_index": bounds[1:].tolist(),
+        })
+        meta_out = root / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
+        meta_out.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(episodes_table, meta_out)
+        pq.write_table(pa.table({"task_index": list(tasks.values()), "task": list(tasks)}),
+                       root / "meta" / "tasks.parquet")
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return root

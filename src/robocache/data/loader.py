@@ -1,0 +1,224 @@
+"""GPU batches from one or several caches: sampling, transfer, normalization on the device.
+
+    >>> loader = RobotLoader(RobotDataset(cache, history=2, horizon=16), batch_size=256)
+    >>> for batch in loader: ...                 # dict of CUDA tensors, normalized
+
+Two ways to assemble a batch:
+
+- **resident** (default on CUDA with ``num_workers=0``): the packed cache is copied to the GPU
+  once; each batch is a :func:`robocache.windows` gather there. Nothing crosses PCIe but the
+  batch's indices.
+- **workers** (``num_workers > 0``, or CPU): a torch ``DataLoader`` whose workers gather windows
+  on the CPU (workers never initialize CUDA), into pinned memory; the loader copies each batch
+  with ``non_blocking=True``.
+
+Either way the next batch is prepared on a side CUDA stream while the current one is in use
+(the consumer's stream waits on an event, tensors are ``record_stream``-ed), and normalization
+(:class:`robocache.Normalizer`, per source cache) runs on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+
+from robocache.data.dataset import Batch, RobotDataset
+from robocache.errors import DataError
+
+
+class MixedDataset:
+    """Several caches (different robots, rates) sampled with weights into one batch stream.
+
+    Each batch element picks its source with probability ``weights[i] / sum(weights)`` and a
+    step uniformly inside it. Sources must serve the same key names; feature widths may differ
+    (each source is normalized with its own stats, then zero-padded to the widest). A batch has
+    ``source`` (int64 ``[B]``), and is grouped by source.
+
+    Args:
+        datasets: the sources.
+        weights: non-negative sampling weights, one per source (default: by size).
+
+    Raises:
+        DataError: no datasets, different keys, or bad weights.
+    """
+
+    def __init__(self, datasets: Sequence[RobotDataset], weights: Sequence[float] | None = None):
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise DataError("`datasets` is empty; pass at least one RobotDataset.")
+        keys = [sorted(d.keys) for d in self.datasets]
+        if any(k != keys[0] for k in keys):
+            raise DataError(f"every dataset must serve the same keys; got {keys}. Pick common "
+                            "keys with RobotDataset(..., keys=...).")
+        w = torch.tensor([float(len(d)) for d in self.datasets] if weights is None
+                         else [float(x) for x in weights], dtype=torch.float64)
+        if w.shape != (len(self.datasets),) or bool((w < 0).any()) or float(w.sum()) <= 0:
+            raise DataError(f"`weights` must be {len(self.datasets)} non-negative numbers with a "
+                            f"positive sum; got {list(map(float, w))}.")
+        self.weights = w / w.sum()
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self.datasets)
+
+
+class _Sampler(torch.utils.data.Sampler):
+    """Batches of (source, indices) parts: an epoch permutation for one source; weighted draws
+    (with replacement, ``len // batch_size`` batches per epoch) for a mixture."""
+
+    def __init__(self, data: RobotDataset | MixedDataset, batch_size: int, shuffle: bool,
+                 drop_last: bool, seed: int):
+        self.data, self.batch_size = data, batch_size
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        n = len(self.data)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[tuple[int, torch.Tensor]]]:
+        if isinstance(self.data, RobotDataset):
+            n = len(self.data)
+            order = torch.randperm(n, generator=self.generator) if self.shuffle \
+                else torch.arange(n)
+            for b in range(len(self)):
+                yield [(0, order[b * self.batch_size:(b + 1) * self.batch_size])]
+            return
+        sizes = torch.tensor([len(d) for d in self.data.datasets])
+        for _ in range(len(self)):
+            src = torch.multinomial(self.data.weights, self.batch_size, replacement=True,
+                                    generator=self.generator)
+            counts = torch.bincount(src, minlength=len(sizes))
+            yield [(i, (torch.rand(int(c), generator=self.generator) * sizes[i]).long())
+                   for i, c in enumerate(counts.tolist()) if c]
+
+
+class _Parts(torch.utils.data.Dataset):
+    """What DataLoader workers run: fetch each part on the CPU (no CUDA in workers)."""
+
+    def __init__(self, datasets: list[RobotDataset]):
+        self.datasets = datasets
+
+    def __getitem__(self, parts: list[tuple[int, torch.Tensor]]):
+        return [(i, self.datasets[i].fetch(idx)) for i, idx in parts]
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self.datasets)
+
+
+def _merge(parts: list[tuple[int, Batch]]) -> Batch:
+    """Concatenate per-source batches along B, zero-padding feature dims to the widest."""
+    if len(parts) == 1 and parts[0][0] == 0:
+        return parts[0][1]
+    out: Batch = {}
+    for key in parts[0][1]:
+        tensors = [b[key] for _, b in parts]
+        if tensors[0].dim() >= 3 and tensors[0].is_floating_point():
+            width = max(t.shape[-1] for t in tensors)
+            tensors = [torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in tensors]
+        out[key] = torch.cat(tensors)
+    dev = out[next(iter(out))].device
+    out["source"] = torch.cat([torch.full((b["index"].shape[0],), i, dtype=torch.int64,
+                                          device=dev) for i, b in parts])
+    return out
+
+
+class RobotLoader:
+    """Iterate normalized batches of windows on ``device`` (see the module docstring).
+
+    Args:
+        data: a :class:`RobotDataset` or a :class:`MixedDataset`.
+        batch_size: samples per batch.
+        device: where batches go (default CUDA when available).
+        shuffle: random order (one source: an epoch permutation).
+        drop_last: drop the last incomplete batch (one source).
+        num_workers: DataLoader worker processes gathering on the CPU; 0 with CUDA = resident.
+        resident: force (True) or forbid (False) the resident path; ``None`` picks it on CUDA
+            with ``num_workers == 0``.
+        normalize: mode for every numeric key (``"mean_std"``, ``"min_max"``, ``"quantile"``),
+            a key -> mode mapping, or ``None`` to leave values in data units.
+        seed: sampling seed (deterministic order for a seed).
+        prefetch_factor: batches each worker keeps ready (workers path).
+
+    Raises:
+        DataError: ``batch_size`` < 1 or ``resident=True`` without a CUDA device.
+    """
+
+    def __init__(self, data: RobotDataset | MixedDataset, batch_size: int = 256, *,
+                 device: str | torch.device | None = None, shuffle: bool = True,
+                 drop_last: bool = True, num_workers: int = 0, resident: bool | None = None,
+                 normalize: str | Mapping[str, str] | None = "mean_std", seed: int = 0,
+                 prefetch_factor: int = 4):
+        from robocache.ops.normalize import Normalizer
+
+        if batch_size < 1:
+            raise DataError(f"`batch_size` must be >= 1; got {batch_size}.")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        cuda = self.device.type == "cuda"
+        if resident and not cuda:
+            raise DataError("`resident=True` needs a CUDA `device`; got "
+                            f"{self.device}. Use resident=None to pick automatically.")
+        self.resident = cuda and num_workers == 0 if resident is None else resident
+        self.datasets = data.datasets if isinstance(data, MixedDataset) else [data]
+        self.sampler = _Sampler(data, batch_size, shuffle, drop_last, seed)
+        self.normalizers = [None if normalize is None else
+                            Normalizer(d.stats, normalize if isinstance(normalize, str) else
+                                       {k: m for k, m in normalize.items() if k in d.stats})
+                            for d in self.datasets]
+        if self.resident:
+            for d in self.datasets:
+                d.to(self.device)
+            self.loader = None
+        else:
+            if any(d.device.type != "cpu" for d in self.datasets):
+                raise DataError("the workers path gathers on the CPU; keep the datasets on the "
+                                "CPU (do not call .to('cuda')) or use resident=True.")
+            self.loader = torch.utils.data.DataLoader(
+                _Parts(self.datasets), sampler=self.sampler, batch_size=None,
+                num_workers=num_workers, pin_memory=cuda,
+                persistent_workers=num_workers > 0,
+                prefetch_factor=prefetch_factor if num_workers > 0 else None)
+        self.stream = torch.cuda.Stream(self.device) if cuda else None
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def _prepare(self, parts) -> Batch:
+        """Fetch (resident) or copy (workers) the parts, normalize, merge: on the side stream."""
+        done = []
+        for i, part in parts:
+            if self.resident:
+                batch = self.datasets[i].fetch(part.to(self.device, non_blocking=True))
+            else:
+                batch = {k: v.to(self.device, non_blocking=True) for k, v in part.items()}
+            norm = self.normalizers[i]
+            done.append((i, norm(batch) if norm is not None else batch))
+        return _merge(done)
+
+    def __iter__(self) -> Iterator[Batch]:
+        source = iter(self.sampler) if self.resident else iter(self.loader)
+        if self.stream is None:
+            for parts in source:
+                yield self._prepare(parts)
+            return
+        main = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(main)  # buffers moved to the device on the main stream
+
+        def launch():
+            parts = next(source, None)
+            if parts is None:
+                return None
+            with torch.cuda.stream(self.stream):
+                batch = self._prepare(parts)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+            return batch, event
+
+        ready = launch()
+        while ready is not None:
+            batch, event = ready
+            main.wait_event(event)
+            for v in batch.values():
+                v.record_stream(main)
+            ready = launch()  # the next batch is gathered while the caller uses this one
+            yield batch
