@@ -19,11 +19,15 @@ _LAZY = {
     "merge_stats": "robocache.ops.normalize",
     "Stats": "robocache.ops.normalize",
     "Normalizer": "robocache.ops.normalize",
+    "depth_to_points": "robocache.ops.pointcloud",
+    "voxelize": "robocache.ops.pointcloud",
+    "depth_to_voxels": "robocache.ops.pointcloud",
 }
 
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from robocache.ops.pointcloud import depth_to_points, depth_to_voxels, voxelize  # noqa: F401
     from robocache.ops.resample import resample  # noqa: F401
 
 
