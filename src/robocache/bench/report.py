@@ -54,6 +54,17 @@ def _label(rec: dict[str, Any]) -> str:
     return f"{rec['family']}/{rec['name']}"
 
 
+def _ordered(values) -> list:
+    """Distinct values in first-seen order (the benchmark's own order)."""
+    return list(dict.fromkeys(values))
+
+
+def _colours(plt, cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """One colour per impl across every plot; ours come first (blue)."""
+    impls = sorted(_ordered(r["impl"] for r in cases), key=lambda i: not is_ours(i))
+    return {impl: plt.cm.tab10(i % 10) for i, impl in enumerate(impls)}
+
+
 def speedups(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For every timed case (unit ms) with one of our impls: alternative median / our median,
     per alternative (> 1 means we are faster). Our primary impl is "robocache" when present."""
@@ -109,11 +120,10 @@ def plot_roofline(cases: list[dict[str, Any]], ceilings: dict[str, float], path:
     if not bw or not timed:
         return False
     plt = _plt()
-    labels = sorted({_label(r) for r in timed})
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(15, max(5.0, 0.32 * len(labels) + 2)),
+    labels = _ordered(_label(r) for r in timed)[::-1]  # first case on top
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(16, max(5.0, 0.3 * len(labels) + 2)),
                                  gridspec_kw={"width_ratios": [1, 1.3]})
-    impls = sorted({r["impl"] for r in timed}, key=lambda i: (not is_ours(i), i))
-    colours = {impl: plt.cm.tab10(i % 10) for i, impl in enumerate(impls)}
+    colours = _colours(plt, cases)
 
     peaks = {k: ceilings[k] for k in ("gemm_bf16_TFLOPs", "gemm_fp32_TFLOPs") if ceilings.get(k)}
     placed = [r for r in timed if r.get("intensity") and r.get("TFLOPs")]
@@ -146,7 +156,8 @@ def plot_roofline(cases: list[dict[str, Any]], ceilings: dict[str, float], path:
            title="Bandwidth against the measured copy ceiling")
     bx.grid(True, axis="x", which="both", alpha=0.3)
     handles = dict(zip(*bx.get_legend_handles_labels()[::-1], strict=True))
-    bx.legend(handles.values(), handles.keys(), fontsize=8, loc="lower left")
+    bx.legend(handles.values(), handles.keys(), fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -182,11 +193,15 @@ def plot_scaling(cases: list[dict[str, Any]], path: Path) -> bool:
     if not panels:
         return False
     plt = _plt()
+    colours = _colours(plt, cases)
+    styles = ("-", "--", ":", "-.")
     fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 6), squeeze=False)
     for ax, (family, (axis, lines)) in zip(axes[0], panels.items(), strict=True):
+        shapes = _ordered(label for _, label in lines)
         for (impl, label), pts in sorted(lines.items()):
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    ls="-" if is_ours(impl) else "--", label=f"{impl} {label}".strip())
+                    color=colours[impl], ls=styles[shapes.index(label) % len(styles)],
+                    lw=2 if is_ours(impl) else 1.2, label=f"{impl} {label}".strip())
         ax.set(xscale="log", yscale="log", xlabel=axis, ylabel="median time (ms)",
                title=f"{family}: scaling with {axis}")
         ax.grid(True, which="both", alpha=0.3)
@@ -202,28 +217,24 @@ def plot_speedup(rows: list[dict[str, Any]], path: Path) -> bool:
     if not rows:
         return False
     plt = _plt()
-    alts = sorted({r["alternative"] for r in rows})
-    labels = sorted({f"{r['family']}/{r['name']}" for r in rows})
-    fig, ax = plt.subplots(figsize=(10, max(4.0, 0.25 * len(labels) * len(alts) + 1.5)))
-    height = 0.8 / len(alts)
-    for j, alt in enumerate(alts):
-        pts = [(labels.index(f"{r['family']}/{r['name']}"), r["speedup"]) for r in rows
-               if r["alternative"] == alt]
-        ys = [i + (j - (len(alts) - 1) / 2) * height for i, _ in pts]
-        ax.barh(ys, [s for _, s in pts], height=height, left=0, label=f"vs {alt}",
-                color=plt.cm.tab10(j % 10))
-        for yv, (_, s) in zip(ys, pts, strict=True):
-            ax.annotate(f"{s:.2g}x", (s, yv), fontsize=6, va="center", xytext=(2, 0),
-                        textcoords="offset points")
+    colours = _colours(plt, [{"impl": r["alternative"]} for r in rows])
+    # one bar per (case, alternative), grouped by case, first case on top; bars grow from 1
+    # so a slowdown points left
+    labels = [f"{r['family']}/{r['name']} vs {r['alternative']}" for r in rows][::-1]
+    speed = [r["speedup"] for r in rows][::-1]
+    fig, ax = plt.subplots(figsize=(11, max(4.0, 0.22 * len(rows) + 1.5)))
+    ax.barh(range(len(rows)), [s - 1 for s in speed], left=1, height=0.75,
+            color=[colours[r["alternative"]] for r in rows][::-1])
+    for y, s in enumerate(speed):
+        ax.annotate(f"{s:.3g}x", (s, y), fontsize=6, va="center",
+                    xytext=(2 if s >= 1 else -2, 0), ha="left" if s >= 1 else "right",
+                    textcoords="offset points")
     ax.axvline(1, color="k", lw=1)
-    ax.set_yticks(range(len(labels)), labels, fontsize=7)
-    lo = min(r["speedup"] for r in rows)
-    hi = max(r["speedup"] for r in rows)
-    ax.set(xscale="log", xlim=(min(0.5, lo / 1.5), hi * 3),
-           xlabel="speedup = alternative median / RoboCache median (same run)",
+    ax.set_yticks(range(len(rows)), labels, fontsize=6.5)
+    ax.set(xscale="log", xlim=(min(0.5, min(speed) / 2), max(speed) * 3),
+           xlabel="speedup = alternative median / RoboCache median (same run; > 1: faster)",
            title="RoboCache speedup over each alternative")
     ax.grid(True, axis="x", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
