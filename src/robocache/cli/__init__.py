@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from robocache.cli import bench, doctor, info, report
+from robocache.cli import bench, demo, doctor, info, ingest, inspect, report
 
 app = typer.Typer(
     name="robocache",
@@ -20,6 +20,9 @@ app.command("info")(info.info)
 app.command("bench")(bench.bench)
 app.command("doctor")(doctor.doctor)
 app.command("report")(report.report)
+app.command("inspect")(inspect.inspect)
+app.command("ingest")(ingest.ingest)
+app.command("demo")(demo.demo)
 
 
 def main() -> None:

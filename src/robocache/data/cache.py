@@ -58,6 +58,7 @@ class CacheConfig:
         tolerance_s: steps farther than this from any source sample are padded (``None``: off).
         episodes: source episode indices to ingest (default: all).
         source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer.
+        overwrite: delete an existing cache at the destination instead of resuming it.
     """
 
     rate_hz: float = 50.0
@@ -67,6 +68,7 @@ class CacheConfig:
     tolerance_s: float | None = None
     episodes: list[int] | None = None
     source_options: dict[str, Any] = field(default_factory=dict)
+    overwrite: bool = False
 
 
 def column_name(stream: str) -> str:
@@ -112,7 +114,8 @@ def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float)
         raise DataError(f"episode {episode.index}: the streams do not overlap in time "
                         f"(latest start {start:.6f} s > earliest end {end:.6f} s).")
     steps = int(math.floor((end - start) * rate_hz + 1e-6)) + 1
-    return start + np.arange(steps, dtype=np.float64) / rate_hz
+    # the 1e-6 absorbs rounding in the span; clamping keeps the last step inside every stream
+    return np.minimum(start + np.arange(steps, dtype=np.float64) / rate_hz, end)
 
 
 def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheConfig,
@@ -247,6 +250,29 @@ def _episode_summary(uri: Path) -> list[dict[str, Any]]:
             for a, b in zip(starts, ends, strict=True)]
 
 
+def _claim(dest: Path, header: dict[str, Any], overwrite: bool) -> None:
+    """Create ``dest`` or check that the cache there was built from the same source, rate and
+    streams (so a resume never mixes two configurations); write the in-progress manifest."""
+    import shutil
+
+    path = dest / "manifest.json"
+    if overwrite and dest.exists():
+        shutil.rmtree(dest)
+    if path.exists():
+        old = json.loads(path.read_text())
+        for key in ("source", "rate_hz", "streams"):
+            if old.get(key) != header[key]:
+                raise DataError(f"{dest} holds a cache with a different {key} "
+                                f"({old.get(key)!r} vs {header[key]!r}); pick a new destination "
+                                "or pass overwrite=True (--overwrite).")
+    elif dest.exists() and any(dest.iterdir()):
+        raise DataError(f"{dest} exists and is not a RoboCache cache; pick an empty or new "
+                        "destination.")
+    dest.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text(json.dumps({**header, "status": "building"}, indent=2) + "\n")
+
+
 def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | None = None, *,
           progress: bool = True, **overrides: Any) -> dict[str, Any]:
     """Ingest a dataset into a training cache at ``dest`` (see the module docstring).
@@ -264,7 +290,8 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
         ``stats_path``, ``seconds``.
 
     Raises:
-        DataError: unknown format, a requested key the source lacks, or a non-positive rate.
+        DataError: unknown format, a requested key the source lacks, a non-positive rate, or
+            ``dest`` holds another cache (different source, rate or streams) or other files.
         FileNotFoundError: ``source`` does not exist.
 
     Example:
@@ -290,7 +317,14 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
         specs = {k: specs[k] for k in config.keys}
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
+    streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
+                      "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
+                      "method": config.methods.get(name, default_method(s))}
+               for name, s in specs.items()}
+    header = {"format": CACHE_FORMAT,
+              "source": {"path": str(getattr(src, "path", source)), "format": src.format},
+              "rate_hz": config.rate_hz, "streams": streams}
+    _claim(dest, header, config.overwrite)
     uri = dest / "data.lance"
     schema = _schema(specs)
     done = _done_episodes(uri)
@@ -332,15 +366,10 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
     (dest / "stats.json").write_text(json.dumps(stats) + "\n")
     cached_ids = {e["index"] for e in episodes}
     manifest = {
-        "format": CACHE_FORMAT,
+        **header,
+        "status": "complete",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "source": {"path": str(getattr(src, "path", source)), "format": src.format},
-        "rate_hz": config.rate_hz,
         "device": str(device),
-        "streams": {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
-                           "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
-                           "method": config.methods.get(name, default_method(s))}
-                    for name, s in specs.items()},
         "counts": {"read": len(wanted), "cached": sum(i in cached_ids for i in wanted),
                    "quarantined": len(quarantined), "skipped": len(done & set(wanted)),
                    "new": cached_now, "rows": sum(e["rows"] for e in episodes)},

@@ -56,6 +56,7 @@ class RobotDataset(torch.utils.data.Dataset):
         keys: streams to serve (default: every numeric and image stream of the cache).
         action_keys: which of ``keys`` are actions, windowed with ``horizon`` (default: keys
             starting with ``"action"``); the others are observations, windowed with ``history``.
+            With ``horizon=0`` every key is windowed with ``history``.
         pad: ``"edge"`` (repeat the episode's first/last row, as LeRobot) or ``"zero"``.
 
     Items (``ds[i]``, or ``ds[list_of_i]`` for a batch with a leading ``B``): for each
@@ -66,7 +67,8 @@ class RobotDataset(torch.utils.data.Dataset):
 
     Raises:
         FileNotFoundError: no cache at ``cache``.
-        DataError: a key the cache lacks, a non-servable (event) key, bad history/horizon.
+        DataError: an unfinished cache, a key the cache lacks, a non-servable (event) key, or
+            bad history/horizon/pad.
     """
 
     def __init__(self, cache: str | Path, *, history: int = 1, horizon: int = 0,
@@ -87,6 +89,9 @@ class RobotDataset(torch.utils.data.Dataset):
         if pad not in ("edge", "zero"):
             raise DataError(f"`pad` must be 'edge' or 'zero'; got {pad!r}.")
         self.manifest = json.loads(manifest_path.read_text())
+        if self.manifest.get("status") != "complete":
+            raise DataError(f"{self.path}: the cache build did not finish; re-run `robocache "
+                            "ingest` with the same arguments to resume it.")
         self.history, self.horizon, self.pad = history, horizon, pad
         streams = self.manifest["streams"]
         servable = [k for k, s in streams.items() if s["kind"] in ("numeric", "image")]

@@ -19,6 +19,7 @@ Either way the next batch is prepared on a side CUDA stream while the current on
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -106,9 +107,9 @@ class _Parts(torch.utils.data.Dataset):
         return sum(len(d) for d in self.datasets)
 
 
-def _merge(parts: list[tuple[int, Batch]]) -> Batch:
+def _merge(parts: list[tuple[int, Batch]], mixed: bool) -> Batch:
     """Concatenate per-source batches along B, zero-padding feature dims to the widest."""
-    if len(parts) == 1 and parts[0][0] == 0:
+    if not mixed:
         return parts[0][1]
     out: Batch = {}
     for key in parts[0][1]:
@@ -159,7 +160,8 @@ class RobotLoader:
             raise DataError("`resident=True` needs a CUDA `device`; got "
                             f"{self.device}. Use resident=None to pick automatically.")
         self.resident = cuda and num_workers == 0 if resident is None else resident
-        self.datasets = data.datasets if isinstance(data, MixedDataset) else [data]
+        self.mixed = isinstance(data, MixedDataset)
+        self.datasets = data.datasets if self.mixed else [data]
         self.sampler = _Sampler(data, batch_size, shuffle, drop_last, seed)
         self.normalizers = [None if normalize is None else
                             Normalizer(d.stats, normalize if isinstance(normalize, str) else
@@ -193,10 +195,17 @@ class RobotLoader:
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in part.items()}
             norm = self.normalizers[i]
             done.append((i, norm(batch) if norm is not None else batch))
-        return _merge(done)
+        return _merge(done, self.mixed)
 
     def __iter__(self) -> Iterator[Batch]:
-        source = iter(self.sampler) if self.resident else iter(self.loader)
+        if self.resident:
+            source = iter(self.sampler)
+        else:
+            with warnings.catch_warnings():
+                # workers fork after Lance was used in this process; they never call Lance
+                # (they gather from tensors), which is what its fork warning is about
+                warnings.filterwarnings("ignore", "lance is not fork-safe")
+                source = iter(self.loader)
         if self.stream is None:
             for parts in source:
                 yield self._prepare(parts)

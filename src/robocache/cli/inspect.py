@@ -1,0 +1,89 @@
+"""``robocache inspect``: what a dataset (or a RoboCache cache) holds.
+
+    $ robocache inspect data/sample/panda_multirate
+    $ robocache inspect /tmp/panda.cache --json
+
+For a source dataset: format, episodes, and per stream its kind, dtype, shape, declared rate,
+the rate measured from its timestamps (median interval) and the samples read, over the first
+``--episodes`` episodes. For a cache: its manifest summary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def summarize(path: Path, episodes: int = 5, fps: float | None = None) -> dict:
+    """The facts ``inspect`` prints, as a dict (reads at most ``episodes`` episodes)."""
+    import numpy as np
+
+    from robocache.data.formats import open_source
+
+    if (path / "manifest.json").exists():
+        manifest = json.loads((path / "manifest.json").read_text())
+        return {"cache": str(path), **{k: manifest[k] for k in (
+            "source", "rate_hz", "counts", "streams", "quarantined")}}
+    src = open_source(path, **({"fps": fps} if fps else {}))
+    indices = src.episode_indices()
+    read = [src.read(i) for i in indices[:episodes]]
+    streams = {}
+    for name, spec in src.specs.items():
+        intervals = [np.diff(ep.streams[name].times) for ep in read if name in ep.streams]
+        intervals = np.concatenate(intervals) if intervals else np.zeros(0)
+        measured = 1.0 / float(np.median(intervals)) if intervals.size and \
+            np.median(intervals) > 0 else None
+        streams[name] = {"kind": spec.kind, "dtype": spec.dtype, "shape": list(spec.shape),
+                         "rate_hz": spec.rate_hz, "measured_hz": measured,
+                         "samples": int(sum(len(ep.streams[name]) for ep in read
+                                            if name in ep.streams))}
+    durations = [ep.end - ep.start for ep in read]
+    return {"path": str(path), "format": src.format, "episodes": len(indices),
+            "inspected": len(read), "duration_s": {
+                "min": min(durations, default=0.0), "max": max(durations, default=0.0),
+                "mean": float(np.mean(durations)) if durations else 0.0},
+            "streams": streams}
+
+
+def inspect(
+    path: Path = typer.Argument(..., help="Dataset directory/file, or a RoboCache cache."),
+    episodes: int = typer.Option(5, help="Episodes to read for measured rates and durations."),
+    fps: float = typer.Option(None, help="Rate of sources without timestamps (zarr, HDF5)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+):
+    """Print what a dataset holds: episodes, streams, rates, shapes, durations."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from robocache.errors import RoboCacheError
+
+    try:
+        facts = summarize(path, episodes, fps)
+    except (RoboCacheError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    if as_json:
+        typer.echo(json.dumps(facts, indent=2))
+        return
+    console = Console()
+    if "cache" in facts:
+        c = facts["counts"]
+        console.print(f"[bold]{facts['cache']}[/]: RoboCache cache of {facts['source']['path']} "
+                      f"({facts['source']['format']}) at {facts['rate_hz']} Hz — {c['cached']} "
+                      f"episodes, {c['rows']} steps, {c['quarantined']} quarantined")
+        for q in facts["quarantined"]:
+            console.print(f"  quarantined episode {q['index']}: {q['reason']}")
+        return
+    d = facts["duration_s"]
+    console.print(f"[bold]{facts['path']}[/]: {facts['format']}, {facts['episodes']} episodes "
+                  f"(first {facts['inspected']} read: {d['min']:.2f}–{d['max']:.2f} s long)")
+    table = Table()
+    for col in ("stream", "kind", "dtype", "shape", "declared Hz", "measured Hz", "samples"):
+        table.add_column(col, justify="right" if "Hz" in col or col == "samples" else "left")
+    for name, s in facts["streams"].items():
+        fmt = lambda v: "—" if v is None else f"{v:.1f}"
+        table.add_row(name, s["kind"], s["dtype"], str(tuple(s["shape"])), fmt(s["rate_hz"]),
+                      fmt(s["measured_hz"]), str(s["samples"]))
+    console.print(table)

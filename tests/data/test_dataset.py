@@ -1,0 +1,159 @@
+"""RobotDataset windows vs a plain-Python reference; RobotLoader with workers; mixing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import SPECS, make_episode
+
+from robocache.data import MixedDataset, RobotDataset, RobotLoader
+from robocache.data.cache import build
+from robocache.data.episode import StreamSpec
+from robocache.data.formats.lerobot import write_lerobot
+from robocache.errors import DataError
+
+
+@pytest.fixture
+def cache(tmp_path, episodes):
+    write_lerobot(tmp_path / "src", episodes, SPECS, fps=25.0)
+    build(tmp_path / "src", tmp_path / "cache", rate_hz=20.0, progress=False, device="cpu")
+    return tmp_path / "cache"
+
+
+def reference_rows(cache):
+    """Per episode: steps of state/action/frame index, read straight from Lance."""
+    import lance
+
+    table = lance.dataset(str(cache / "data.lance")).to_table().to_pylist()
+    table.sort(key=lambda r: (r["episode_index"], r["step"]))
+    return table
+
+
+@pytest.mark.parametrize("history, horizon", [(1, 0), (2, 5), (3, 1), (4, 50)])
+def test_windows_match_python_reference(cache, history, horizon):
+    ds = RobotDataset(cache, history=history, horizon=horizon,
+                      keys=["observation.state", "action", "observation.images.cam"])
+    rows = reference_rows(cache)
+    assert len(ds) == len(rows)
+    idx = torch.randperm(len(ds))[:37]
+    batch = ds[idx]
+    for b, i in enumerate(idx.tolist()):
+        ep = rows[i]["episode_index"]
+        lo = min(j for j, r in enumerate(rows) if r["episode_index"] == ep)
+        hi = max(j for j, r in enumerate(rows) if r["episode_index"] == ep)
+        for k, off in enumerate(range(-(history - 1), 1)):
+            j = min(max(i + off, lo), hi)
+            np.testing.assert_allclose(batch["observation.state"][b, k].numpy(),
+                                       rows[j]["observation/state"], rtol=0, atol=0)
+            assert bool(batch["observation.state_is_pad"][b, k]) == (i + off < lo)
+            assert bool(batch["observation.images.cam_is_pad"][b, k]) == (
+                i + off < lo or rows[j]["observation/images/cam_is_pad"])
+        for k in range(horizon):
+            j = min(i + k, hi)
+            np.testing.assert_allclose(batch["action"][b, k].numpy(), rows[j]["action"])
+            assert bool(batch["action_is_pad"][b, k]) == (i + k > hi)
+        assert int(batch["episode_index"][b]) == ep
+        assert float(batch["timestamp"][b]) == rows[i]["timestamp"]
+    if horizon == 0:  # action keys are then served like observations
+        assert batch["action"].shape == (37, history, 2)
+    assert batch["observation.images.cam"].shape == (37, history, 4, 5, 3)
+    assert batch["observation.images.cam"].dtype == torch.uint8
+    one = ds[int(idx[0])]
+    torch.testing.assert_close(one["observation.state"], batch["observation.state"][0])
+
+
+def test_image_frames_are_the_aligned_source_frames(tmp_path, cache, episodes):
+    ds = RobotDataset(cache, keys=["observation.images.cam"])
+    rows = reference_rows(cache)
+    by_ep = {e.index: e for e in episodes}
+    for i in torch.randperm(len(ds))[:20].tolist():
+        r = rows[i]
+        item = ds[i]
+        if r["observation/images/cam_is_pad"]:
+            continue
+        want = by_ep[r["episode_index"]].streams["observation.images.cam"].data[
+            r["observation/images/cam/frame"]]
+        np.testing.assert_array_equal(item["observation.images.cam"][0].numpy(), want)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_batches_normalized_and_same_with_workers(cache, workers):
+    ds = RobotDataset(cache, history=2, horizon=4, keys=["observation.state", "action"])
+    plain = list(RobotLoader(ds, 16, device="cpu", seed=7, normalize=None))
+    loader = RobotLoader(ds, 16, device="cpu", seed=7, num_workers=workers,
+                         normalize="mean_std")
+    assert len(loader) == len(ds) // 16 == len(plain)
+    stats = json.loads((cache / "stats.json").read_text())["action"]
+    mean, std = torch.tensor(stats["mean"]), torch.tensor(stats["std"])
+    seen = []
+    for got, raw in zip(loader, plain, strict=True):
+        torch.testing.assert_close(got["index"], raw["index"])
+        torch.testing.assert_close(got["action"], ((raw["action"].double() - mean) / std).float(),
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got["action_is_pad"], raw["action_is_pad"])
+        seen.append(got["index"])
+    seen = torch.cat(seen)
+    assert len(torch.unique(seen)) == len(seen)  # an epoch is a permutation
+
+
+def test_mixed_caches_weighted_and_padded(tmp_path, rng, cache):
+    wide = {**SPECS, "action": StreamSpec("action", "numeric", "float32", (5,), 25.0)}
+    eps = [make_episode(i, rng) for i in range(3)]
+    for e in eps:
+        s = e.streams["action"]
+        s.spec = wide["action"]
+        s.data = rng.normal(size=(len(s), 5)).astype(np.float32)
+    write_lerobot(tmp_path / "src2", eps, wide, fps=25.0)
+    build(tmp_path / "src2", tmp_path / "cache2", rate_hz=10.0, progress=False, device="cpu")
+    keys = ["observation.state", "action"]
+    a = RobotDataset(cache, history=1, horizon=3, keys=keys)
+    b = RobotDataset(tmp_path / "cache2", history=1, horizon=3, keys=keys)
+    mixed = MixedDataset([a, b], weights=[1.0, 3.0])
+    loader = RobotLoader(mixed, 64, device="cpu", normalize=None, seed=1)
+    sources = []
+    for batch in loader:
+        assert batch["action"].shape == (64, 3, 5)
+        from_a = batch["source"] == 0
+        assert torch.all(batch["action"][from_a][..., 2:] == 0)
+        sources.append(batch["source"])
+    share_b = torch.cat(sources).float().mean().item()
+    assert 0.6 < share_b < 0.9  # expected 0.75
+    only_a = RobotLoader(MixedDataset([a, b], weights=[1.0, 0.0]), 32, device="cpu", seed=2)
+    assert all(int(x["source"].max()) == 0 for x in only_a)
+    with pytest.raises(DataError, match="same keys"):
+        MixedDataset([a, RobotDataset(cache, keys=["observation.state"])])
+    with pytest.raises(DataError, match="weights"):
+        MixedDataset([a, b], weights=[1.0, -1.0])
+
+
+def test_dataset_validation(tmp_path, cache):
+    with pytest.raises(FileNotFoundError, match="ingest"):
+        RobotDataset(tmp_path / "nowhere")
+    with pytest.raises(DataError, match="servable"):
+        RobotDataset(cache, keys=["language.note"])
+    with pytest.raises(DataError, match="history"):
+        RobotDataset(cache, history=0)
+    with pytest.raises(DataError, match="action_keys"):
+        RobotDataset(cache, keys=["observation.state"], action_keys=["action"], horizon=2)
+    with pytest.raises(DataError, match="batch_size"):
+        RobotLoader(RobotDataset(cache), 0, device="cpu")
+    with pytest.raises(DataError, match="CUDA"):
+        RobotLoader(RobotDataset(cache), 4, device="cpu", resident=True)
+    with pytest.raises(IndexError):
+        RobotDataset(cache)[10**6]
+
+
+@pytest.mark.gpu
+def test_resident_loader_matches_cpu(cache):
+    ds_cpu = RobotDataset(cache, history=2, horizon=4)
+    want = list(RobotLoader(ds_cpu, 16, device="cpu", seed=3))
+    got = list(RobotLoader(RobotDataset(cache, history=2, horizon=4), 16, device="cuda", seed=3))
+    workers = list(RobotLoader(RobotDataset(cache, history=2, horizon=4), 16, device="cuda",
+                               seed=3, num_workers=2))
+    for g, w, k in zip(got, want, workers, strict=True):
+        for key in w:
+            torch.testing.assert_close(g[key].cpu(), w[key], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(k[key].cpu(), w[key], rtol=1e-5, atol=1e-5)
