@@ -81,8 +81,19 @@ def test_bench_writes_valid_results_and_profile(tmp_path, fake_benchmarks, monke
     doc = load_results(out)
     assert [c["family"] for c in doc["cases"]] == ["fake"]
     assert doc["meta"]["torch"] == torch.__version__ and "commit" in doc["meta"]
+    assert doc["meta"]["profiled"] and harness._loop_scale == 1.0  # restored after the run
     trace = json.loads(gzip.decompress((traces / "fake.trace.json.gz").read_bytes()))
     assert any(e.get("name") == "robocache.bench.fake" for e in trace["traceEvents"])
+
+
+def test_a_failing_family_keeps_the_others(tmp_path, fake_benchmarks):
+    (fake_benchmarks / "bench_broken.py").write_text("def run(quick, copy_gbps):\n    1 / 0\n")
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(app, ["bench", "--quick", "--json", str(out)])
+    assert res.exit_code == 3
+    doc = load_results(out)
+    assert doc["meta"]["errors"] == {"broken": "ZeroDivisionError: division by zero"}
+    assert [c["family"] for c in doc["cases"]] == ["fake"]
 
 
 def test_bench_unknown_family(fake_benchmarks):

@@ -25,6 +25,14 @@ import torch
 
 L2_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (H100: 50 MB, H200: 60 MB)
 MAX_STORED_SAMPLES = 256  # do_bench returns thousands for a fast op; keeps results files small
+_loop_scale = 1.0  # < 1 while profiling: see `profiling`
+
+
+def profiling(on: bool = True) -> None:
+    """Shorten every timing loop 20x while a profiler records (a trace grows with each call);
+    times measured so are for reading the trace, not for the record."""
+    global _loop_scale
+    _loop_scale = 0.05 if on else 1.0
 
 
 @dataclass
@@ -71,7 +79,8 @@ def gpu_time(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 20
     """Median CUDA-event time of `fn` (triton.testing.do_bench; it clears L2 between calls)."""
     import triton.testing
 
-    samples = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
+    samples = triton.testing.do_bench(fn, warmup=warmup_ms * _loop_scale,
+                                      rep=rep_ms * _loop_scale, return_mode="all")
     return summarize(samples)
 
 
@@ -109,6 +118,7 @@ def graph_time(fn: Callable[[], Any], *, calls: int = 100, rep_ms: float = 200) 
 def host_time_us(fn: Callable[[], Any], *, calls: int = 2000, repeats: int = 7) -> Timing:
     """Host microseconds per back-to-back call (validation + dispatch + launch), median of
     `repeats` runs of `calls` calls. Returned in the Timing's *_ms fields as microseconds."""
+    calls = max(10, int(calls * _loop_scale))
     for _ in range(50):
         fn()
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -194,7 +204,7 @@ def cpu_time(fn: Callable[[], Any], *, repeats: int = 15, min_s: float = 0.02) -
 
     fn()
     timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    m = timer.blocked_autorange(min_run_time=repeats * min_s)
+    m = timer.blocked_autorange(min_run_time=repeats * min_s * _loop_scale)
     return summarize([t * 1e3 for t in m.times])
 
 

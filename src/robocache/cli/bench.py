@@ -10,7 +10,11 @@ regressions against a baseline.
 Each benchmark module defines ``run(quick: bool, copy_gbps: float | None) -> list[dict]``
 returning case records made by ``robocache.bench.harness.case``. Benchmarks live in the source
 checkout (``benchmarks/``). Before them, on a GPU, the run measures its ceilings (copy bandwidth,
-bf16/fp32 GEMM) so every case is placed on this run's roofline. Exit code 1: a regression.
+bf16/fp32 GEMM) so every case is placed on this run's roofline. A family that raises is recorded
+in ``meta.errors`` and the others still run. With ``--profile`` timing loops are shortened 20x
+(``meta.profiled``): such a run reads as a trace, not as a baseline.
+
+Exit code: 0 ok, 1 a regression against ``--compare``, 3 a benchmark family failed.
 """
 
 from __future__ import annotations
@@ -75,10 +79,19 @@ def run_families(names: list[str], *, quick: bool, profile: Path | None = None) 
         results["meta"]["d2d_copy_GBps"] = ceiling_values(results["meta"]).get("d2d_copy_GBps")
     if profile is not None:
         nvtx.enable()
+        harness.profiling()
+        results["meta"]["profiled"] = True
     copy_gbps = results["meta"].get("d2d_copy_GBps")
-    for name, module in modules.items():
-        with _profiler(profile, name), nvtx.range(f"robocache.bench.{name}"):
-            results["cases"].extend(module.run(quick=quick, copy_gbps=copy_gbps))
+    try:
+        for name, module in modules.items():
+            try:
+                with _profiler(profile, name), nvtx.range(f"robocache.bench.{name}"):
+                    results["cases"].extend(module.run(quick=quick, copy_gbps=copy_gbps))
+            except Exception as exc:  # one broken family must not lose the others' numbers
+                results["meta"].setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
+                typer.echo(f"benchmark {name!r} failed: {type(exc).__name__}: {exc}", err=True)
+    finally:
+        harness.profiling(False)
     values = ceiling_values(results["meta"])
     for rec in results["cases"]:
         harness.roofline(rec, values)
@@ -125,3 +138,5 @@ def bench(
         gate.print_comparison(cmp, threshold=threshold, alpha=alpha)
         if cmp.regressed:
             raise typer.Exit(1)
+    if results["meta"].get("errors"):
+        raise typer.Exit(3)
