@@ -21,7 +21,6 @@ grouped kernel is specialized per stream signature and cached by Triton.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,9 +36,20 @@ METHOD_CODES = {"linear": LINEAR, "nearest": NEAREST, "previous": PREVIOUS,
 CLAMP, NAN, EXTRAPOLATE = 0, 1, 2
 OOR_CODES = {"clamp": CLAMP, "nan": NAN, "extrapolate": EXTRAPOLATE}
 
-FAN = 64        # probes per level of the block-extreme search
-CHUNK = 32      # source samples compared per step of the window count (64: 196 regs)
-MAX_SCAN = 1024  # widest window counted directly; wider ones use a binary search
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Launch parameters; `benchmarks/tune_interp.py` sweeps them on the GPU."""
+
+    fan: int = 64          # probes per level of the block-extreme search
+    chunk: int = 32        # samples compared per step of the window count (64: 196 registers)
+    max_scan: int = 1024   # widest window counted directly; wider: per-target binary search
+    elements: int = 4096   # values per [BLOCK_T, BLOCK_D] tile
+    num_warps: int = 4
+
+
+TUNING = Tuning()
 
 
 @triton.jit
@@ -231,61 +241,81 @@ class StreamLaunch:
     tolerance_s: float | None = None
 
 
-@functools.lru_cache(maxsize=4096)
-def _stream_config(size: int, targets: int, width: int) -> tuple[int, int, int, int]:
-    """(levels, first stride, BLOCK_T, BLOCK_D) for one stream's shape.
-
-    Tiles hold ~4096 values (16 per thread at 4 warps): larger tiles spilled nothing but
-    left too few programs for the 256x50-target case.
-    """
-    levels, span = 1, FAN
-    while span < size:
-        levels, span = levels + 1, span * FAN
-    bt, bd = tile_2d(targets, width, max_cols=128, elements=4096, min_rows=16, max_rows=128)
-    return levels, span // FAN, bt, bd
-
-
 def _strides2(t: torch.Tensor) -> tuple[int, int]:
     """(batch stride, sample stride) of a [B, N] or shared [N] tensor."""
     return (t.stride(0), t.stride(1)) if t.dim() == 2 else (0, t.stride(0))
 
 
-def interp_cuda(streams: list[StreamLaunch], target: torch.Tensor, batch: int) -> None:
-    """Launch the grouped kernel for `batch` rows of targets ``[B, T]`` or shared ``[T]``.
+def _levels(size: int, fan: int) -> tuple[int, int]:
+    """(levels, first stride) of a fan-ary search over `size` samples."""
+    levels, span = 1, fan
+    while span < size:
+        levels, span = levels + 1, span * fan
+    return levels, span // fan
 
-    Writes each stream's out/pad/aux in place. Host work is kept to one pass over the
-    streams: this path is timed against a bare Triton launch.
+
+class InterpPlan:
+    """The launch arguments of one grouped call that depend only on metadata (shapes,
+    strides, dtypes, modes). Built once per geometry by the ops' caches; `launch` then
+    passes only the tensors — the eager path is timed against a bare Triton launch.
     """
-    T = target.shape[-1]
-    if batch == 0 or T == 0 or not streams:
+
+    __slots__ = ("grid", "head", "tail", "kwargs")
+
+    def __init__(self, streams: list[StreamLaunch], target: torch.Tensor, batch: int,
+                 tuning: Tuning | None = None):
+        tu = tuning or TUNING
+        T = target.shape[-1]
+        tgt64 = target.dtype == torch.float64
+        starts, rows = [0], []
+        for s in streams:
+            width = 0 if s.data is None else s.data.shape[-1]
+            if s.data is None:
+                sd = (0, 0, 0)
+            else:
+                sd = s.data.stride() if s.data.dim() == 3 else (0, *s.data.stride())
+            so = s.out.stride() if s.out.dim() == 3 else (*s.out.stride(), 0)
+            bt, bd = tile_2d(T, max(width, 1), max_cols=128, elements=tu.elements,
+                             min_rows=16, max_rows=128)
+            ntb = -(-T // bt)
+            starts.append(starts[-1] + batch * ntb)
+            levels, stride0 = _levels(s.times.shape[-1], tu.fan)
+            rows.append((
+                s.times.shape[-1], width, float(s.tolerance_s or 0.0), *sd, *_strides2(s.times),
+                *so, levels, stride0, ntb,
+                s.method, s.out_of_range, s.lengths is not None, s.pad is not None,
+                s.tolerance_s is not None, tgt64 or s.times.dtype == torch.float64,
+                s.data is not None and s.data.dtype == torch.float64, bt, bd,
+            ))
+        cols = tuple(zip(*rows, strict=True))
+        self.grid = (starts[-1],)
+        self.head = (T, *_strides2(target), tuple(starts))
+        self.tail = (*cols[:14], len(streams), *cols[14:], tu.fan, tu.chunk, tu.max_scan)
+        self.kwargs = {"num_warps": tu.num_warps}
+
+    def launch(self, target, datas, times, lens, outs, pads, auxs) -> None:
+        """Launch with per-stream tensor tuples; absent ones (no data, lengths, pad or aux)
+        are passed as `target`, which the kernel never touches for them."""
+        if self.grid[0]:
+            _interp_kernel[self.grid](target, *self.head, datas, times, lens, outs, pads, auxs,
+                                      *self.tail, **self.kwargs)
+
+
+def interp_cuda(streams: list[StreamLaunch], target: torch.Tensor, batch: int) -> None:
+    """Plan and launch in one go (tests, one-off calls): `batch` rows of targets ``[B, T]``
+    or shared ``[T]``. Writes each stream's out/pad/aux in place."""
+    if not streams:
         return
-    sxb, sxt = _strides2(target)
-    tgt64 = target.dtype == torch.float64
-    starts, rows = [0], []
-    for s in streams:
-        data = s.data
-        if data is None:
-            data, width, sd = target, 0, (0, 0, 0)
-        else:
-            width = data.shape[-1]
-            sd = data.stride() if data.dim() == 3 else (0, *data.stride())
-        levels, stride0, bt, bd = _stream_config(s.times.shape[-1], T, max(width, 1))
-        ntb = -(-T // bt)
-        starts.append(starts[-1] + batch * ntb)
-        out = s.out
-        so = out.stride() if out.dim() == 3 else (*out.stride(), 0)
-        stb, sts = _strides2(s.times)
-        rows.append((
-            data, s.times, target if s.lengths is None else s.lengths, out,
-            target if s.pad is None else s.pad, target if s.aux is None else s.aux,
-            s.times.shape[-1], width, float(s.tolerance_s or 0.0),
-            sd[0], sd[1], sd[2], stb, sts, so[0], so[1], so[2], levels, stride0, ntb,
-            s.method, s.out_of_range, s.lengths is not None, s.pad is not None,
-            s.tolerance_s is not None, tgt64 or s.times.dtype == torch.float64,
-            s.data is not None and s.data.dtype == torch.float64, bt, bd,
-        ))
-    cols = tuple(zip(*rows, strict=True))
-    _interp_kernel[(starts[-1],)](
-        target, T, sxb, sxt, tuple(starts), *cols[:20], len(streams), *cols[20:],
-        FAN, CHUNK, MAX_SCAN, num_warps=4,
+    InterpPlan(streams, target, batch).launch(
+        target,
+        tuple(target if s.data is None else s.data for s in streams),
+        tuple(s.times for s in streams),
+        tuple(target if s.lengths is None else s.lengths for s in streams),
+        tuple(s.out for s in streams),
+        tuple(target if s.pad is None else s.pad for s in streams),
+        tuple(target if s.aux is None else s.aux for s in streams),
     )
+
+
+__all__ = ["TUNING", "InterpPlan", "StreamLaunch", "Tuning", "interp_cuda", "METHOD_CODES",
+           "OOR_CODES"]

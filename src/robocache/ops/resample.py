@@ -71,28 +71,76 @@ def resample(
         >>> robocache.resample(data, t, torch.linspace(0, 1, 50)).shape
         torch.Size([4, 50, 7])
     """
-    batched = _check(data, times, target_times, lengths, method, out_of_range, out)
-    B = data.shape[0] if batched else 1
-    T = target_times.shape[-1]
+    try:
+        key = (data.shape, data.stride(), data.dtype, data.device, times.shape, times.stride(),
+               times.dtype, times.device, target_times.shape, target_times.stride(),
+               target_times.dtype, target_times.device,
+               None if lengths is None else (lengths.shape, lengths.dtype, lengths.device),
+               method, out_of_range, return_mask,
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors: let _check name the argument
+        key, plan = None, None
+    if plan is None:
+        # Metadata checks are a pure function of the key: run once per geometry.
+        _check(data, times, target_times, lengths, method, out_of_range, out)
+        plan = _Plan(data, target_times)
     if C.wants_validation(validate, data):
         if lengths is not None:
-            C.check_lengths(_OP, lengths, B, data.shape[-2], data.device, values=True)
+            C.check_lengths(_OP, lengths, plan.B, data.shape[-2], data.device, values=True)
         C.check_timestamps(_OP, "times", times, lengths)
         if bool(torch.isnan(target_times).any()):
             C.fail(_OP, "`target_times` contains NaN; pass finite target times.", C.DataError)
     if torch.compiler.is_compiling():
         res, mask = torch.ops.robocache.resample(
-            _batched(data, batched), times, target_times, lengths, method, out_of_range,
+            _batched(data, plan.batched), times, target_times, lengths, method, out_of_range,
             return_mask)
-        if not batched:
+        if not plan.batched:
             res, mask = res[0], mask[0] if return_mask else mask
         if out is not None:
             out.copy_(res)
             res = out
+    elif data.is_cuda:
+        if out is None:
+            out = torch.empty(plan.out_shape, dtype=data.dtype, device=data.device)
+        mask = torch.empty(plan.mask_shape, dtype=torch.bool, device=data.device) \
+            if return_mask else None
+        if plan.launch is None:
+            plan.launch = _cuda_plan(data, times, target_times, lengths, method, out_of_range,
+                                     out, mask, plan)
+            if key is not None:
+                if len(_PLANS) >= _MAX_PLANS:
+                    _PLANS.clear()
+                _PLANS[key] = plan
+        res = out
+        plan.launch.launch(target_times, (data,), (times,),
+                           (target_times if lengths is None else lengths,),
+                           (out if plan.batched else out[None],),
+                           (target_times if mask is None else mask,), (target_times,))
     else:
-        res, mask = _resample_impl(data, times, target_times, lengths, method, out_of_range,
-                                   return_mask, out, B, T, batched)
+        res, mask = _resample_cpu(data, times, target_times, lengths, method, out_of_range,
+                                  return_mask, out, plan)
+        if key is not None and len(_PLANS) < _MAX_PLANS:
+            _PLANS[key] = plan
     return (res, mask) if return_mask else res
+
+
+class _Plan:
+    """Per-geometry facts (and, on CUDA, the kernel's launch plan) cached by metadata key."""
+
+    __slots__ = ("batched", "B", "T", "out_shape", "mask_shape", "launch")
+
+    def __init__(self, data: torch.Tensor, target: torch.Tensor):
+        self.batched = data.dim() == 3
+        self.B = data.shape[0] if self.batched else 1
+        self.T = target.shape[-1]
+        self.out_shape = (*data.shape[:-2], self.T, data.shape[-1])
+        self.mask_shape = self.out_shape[:-1]
+        self.launch = None
+
+
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 1024
 
 
 def _check(data, times, target, lengths, method, out_of_range, out) -> bool:
@@ -149,26 +197,22 @@ def _batched(data: torch.Tensor, batched: bool) -> torch.Tensor:
     return data if batched else data.unsqueeze(0)
 
 
-def _resample_impl(data, times, target, lengths, method, out_of_range, want_mask, out, B, T,
-                   batched):
-    """Dispatch: CUDA -> the grouped Triton kernel (one stream); CPU -> the reference."""
-    if data.is_cuda:
-        from robocache.kernels import interp as K
+def _cuda_plan(data, times, target, lengths, method, out_of_range, out, mask, plan):
+    from robocache.kernels import interp as K
 
-        if out is None:
-            out = torch.empty((B, T, data.shape[-1]) if batched else (T, data.shape[-1]),
-                              dtype=data.dtype, device=data.device)
-        mask = torch.empty((B, T) if batched else (T,), dtype=torch.bool, device=data.device) \
-            if want_mask else None
-        K.interp_cuda([K.StreamLaunch(data, times, lengths, out if batched else out[None],
-                                      mask, None, K.METHOD_CODES[method],
-                                      K.OOR_CODES[out_of_range])], target, B)
-        return out, mask
-    d3 = _batched(data, batched)
+    stream = K.StreamLaunch(data, times, lengths, out if plan.batched else out[None], mask,
+                            None, K.METHOD_CODES[method], K.OOR_CODES[out_of_range])
+    return K.InterpPlan([stream], target, plan.B)
+
+
+def _resample_cpu(data, times, target, lengths, method, out_of_range, want_mask, out, plan):
+    """The PyTorch reference on canonical batched views."""
+    B = plan.B
     t2 = times.expand(B, -1) if times.dim() == 1 else times
     x2 = target.expand(B, -1) if target.dim() == 1 else target
-    res, pad, _ = interp_ref(d3, t2, x2, lengths, method, out_of_range)
-    if not batched:
+    res, pad, _ = interp_ref(_batched(data, plan.batched), t2, x2, lengths, method,
+                             out_of_range)
+    if not plan.batched:
         res, pad = res[0], pad[0]
     if out is not None:
         res = out.copy_(res)
@@ -180,10 +224,9 @@ def _resample_op(data: torch.Tensor, times: torch.Tensor, target_times: torch.Te
                  lengths: torch.Tensor | None, method: str, out_of_range: str,
                  return_mask: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Traceable form of `resample` on batched data (used under torch.compile)."""
-    B, T = data.shape[0], target_times.shape[-1]
-    res, mask = _resample_impl(data, times, target_times, lengths, method, out_of_range,
-                               return_mask, None, B, T, True)
-    return res, mask if mask is not None else data.new_empty((0,), dtype=torch.bool)
+    res, mask = resample(data, times, target_times, lengths=lengths, method=method,
+                         out_of_range=out_of_range, return_mask=True, validate=False)
+    return res, mask if return_mask else data.new_empty((0,), dtype=torch.bool)
 
 
 @_resample_op.register_fake
