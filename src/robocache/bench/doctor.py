@@ -109,11 +109,11 @@ def software() -> dict[str, Any]:
 
     import robocache
 
+    nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
     return {"python": platform.python_version(), "robocache": robocache.__version__,
             "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
             "triton": version("triton"), "nvidia-ml-py": version("nvidia-ml-py"),
-            "nccl": ".".join(map(str, torch.cuda.nccl.version()))
-            if torch.cuda.is_available() else None}
+            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl}
 
 
 def topology_text() -> str | None:

@@ -89,7 +89,8 @@ def _device(pynvml, i: int) -> dict[str, Any]:
                  "current_generation": q(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
                  "current_width": q(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
                  "peak_GBps_per_direction": pcie_peak_gbps(gen, width)},
-        "nvlink": {"links_active": sum(1 for s in links if s), "links_queried": len(links),
+        "nvlink": {"links_active": sum(1 for s in links if s),
+                   "links_reported": sum(1 for s in links if s is not None),
                    "version": q(pynvml.nvmlDeviceGetNvLinkVersion, h, 0)
                    if any(links) else None},
     }

@@ -43,8 +43,9 @@ def _print(snap: dict) -> None:
             gpus.add_column(col)
         for g, d in zip(state["gpus"], snap["cuda_devices"], strict=False):
             c, pcie = g["clocks_mhz"], g["pcie"]
-            gpus.add_row(str(g["index"]), g["name"], f"{g['memory_total_bytes'] / 2**30:.0f}",
-                         str(d["sm_count"]), f"{c['sm']} ({c['sm_max']})",
+            gib = (g["memory_total_bytes"] or 0) / 2**30
+            gpus.add_row(str(g["index"]), g["name"], f"{gib:.0f}", str(d["sm_count"]),
+                         f"{c['sm']} ({c['sm_max']})",
                          f"{c['mem']} ({c['mem_max']})", str(g["ecc_enabled"]),
                          ", ".join(g["throttle_reasons"] or []) or "none",
                          f"gen{pcie['current_generation']} x{pcie['current_width']}",
@@ -98,7 +99,7 @@ def doctor(
     _print(snap)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(snap, indent=1) + "\n")
+        json_path.write_text(json.dumps(snap, indent=1, default=str) + "\n")
         typer.echo(f"wrote {json_path}")
     if not snap["gpu_available"]:
         raise typer.Exit(dr.EXIT_NO_GPU)
