@@ -61,17 +61,22 @@ def _to_compute(v, F64: tl.constexpr):
 
 
 @triton.jit
-def _count_le(row, sts, n, x, n_levels, stride0, FAN: tl.constexpr):
-    """#{j < n : row[j] <= x} for a scalar x over a sorted row, FAN probes per level."""
+def _count_le2(row, sts, n, xlo, xhi, n_levels, stride0, FAN: tl.constexpr):
+    """(#{j < n : row[j] <= xlo}, same for xhi) for scalars over a sorted row: a FAN-ary
+    search, both in one loop so each level's two loads are in flight together."""
     probes = tl.arange(0, FAN) + 1
     lo = n * 0
+    hi = n * 0
     s = stride0
     for _ in range(n_levels):
-        p = lo + probes * s - 1
-        tv = tl.load(row + p.to(tl.int64) * sts, mask=p < n, other=float("inf")).to(x.dtype)
-        lo += tl.sum((tv <= x).to(tl.int32), axis=0) * s
+        plo = lo + probes * s - 1
+        phi = hi + probes * s - 1
+        tlo = tl.load(row + plo.to(tl.int64) * sts, mask=plo < n, other=float("inf"))
+        thi = tl.load(row + phi.to(tl.int64) * sts, mask=phi < n, other=float("inf"))
+        lo += tl.sum((tlo.to(xlo.dtype) <= xlo).to(tl.int32), axis=0) * s
+        hi += tl.sum((thi.to(xhi.dtype) <= xhi).to(tl.int32), axis=0) * s
         s = s // FAN
-    return lo
+    return lo, hi
 
 
 @triton.jit
@@ -81,8 +86,7 @@ def _locate(row, sts, n, x, valid, n_levels, stride0, BLOCK_T: tl.constexpr,
     ok = valid & (x == x)
     xmin = tl.min(tl.where(ok, x, float("inf")), axis=0)
     xmax = tl.max(tl.where(ok, x, float("-inf")), axis=0)
-    cmin = _count_le(row, sts, n, xmin, n_levels, stride0, FAN)
-    cmax = _count_le(row, sts, n, xmax, n_levels, stride0, FAN)
+    cmin, cmax = _count_le2(row, sts, n, xmin, xmax, n_levels, stride0, FAN)
     base = tl.maximum(tl.minimum(cmin, cmax) - 1, 0)
     width = cmax - base
     cnt = tl.zeros([BLOCK_T], dtype=tl.int32) + base
