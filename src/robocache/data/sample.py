@@ -71,7 +71,7 @@ def _render(xyz: np.ndarray, width: np.ndarray) -> np.ndarray:
     """16×16 top view: red = gripper blob (brighter when lower), green = gripper opening,
     blue = the bin at a fixed spot."""
     grid = (np.arange(16) + 0.5) / 16
-    px = (xyz[:, 0] - 0.1) / 0.8  # x in [0.1, 0.9] m -> [0, 1]
+    px = xyz[:, 0] / 0.6  # x in [0, 0.6] m -> [0, 1]
     py = (xyz[:, 1] + 0.4) / 0.8  # y in [-0.4, 0.4] m
     blob = np.exp(-(((grid[None, :, None] - px[:, None, None]) ** 2)
                     + ((grid[None, None, :] - py[:, None, None]) ** 2)) / 0.01)
@@ -90,11 +90,13 @@ def _pose(chain, fk, q: np.ndarray) -> np.ndarray:
     return np.concatenate([m[:, :3, 3], m[:, :3, 0], m[:, :3, 1]], 1)
 
 
-def make_episodes(num_episodes: int = 6, seed: int = 0) -> list[Episode]:
-    """Generate the sample episodes (deterministic for a seed); needs ``robocache.kinematics``."""
+def make_episodes(num_episodes: int = 6, seed: int = 0,
+                  urdf: str | Path | None = None) -> list[Episode]:
+    """Generate the sample episodes (deterministic for a seed) with ``robocache.kinematics``
+    on the Panda URDF (default: the one vendored in ``robocache/assets``)."""
     from robocache.kinematics import Chain, fk
 
-    chain = Chain.from_urdf(files("robocache") / "assets" / "panda.urdf", "panda_hand")
+    chain = Chain.from_urdf(urdf or files("robocache") / "assets" / "panda.urdf", "panda_hand")
     rng = np.random.default_rng(seed)
     episodes = []
     for index in range(num_episodes):

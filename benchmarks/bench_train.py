@@ -1,0 +1,159 @@
+"""Training-loop benchmark: a small transformer policy fed by RoboCache vs by a CPU DataLoader.
+
+    $ robocache bench train --json benchmarks/results/train.json
+    $ python benchmarks/bench_train.py --quick
+
+The policy (ACT-like: observation tokens + learned action queries through a pre-norm
+transformer encoder, bf16 autocast on CUDA, AdamW) trains on batches of 256 windows (history 2
+of 24-D state, horizon 16 of 16-D actions, masked MSE) from the dataset of ``bench_loader``.
+
+Reported per feeder: step time (wall, per step) and the GPU busy fraction, measured two ways:
+``busy_ideal`` = step time with batches already on the GPU (``model-only``) / step time with
+the feeder; ``busy_kernels`` = union of all CUDA kernel intervals / wall time over the measured
+steps (torch.profiler), when the profiler is available. Target: busy >= 95 % with RoboCache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from robocache.bench import harness as H
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_loader, when run by the CLI
+import bench_loader as L  # noqa: E402
+
+FAMILY = "train"
+FULL = {"episodes": 200, "length": 500, "steps": 60, "repeats": 3, "workers": 8,
+        "d_model": 512, "layers": 6}
+QUICK = {"episodes": 8, "length": 120, "steps": 3, "repeats": 1, "workers": 0,
+         "d_model": 64, "layers": 1}
+
+
+class Policy(torch.nn.Module):
+    """Observation tokens + ``horizon`` learned queries -> transformer encoder -> actions."""
+
+    def __init__(self, obs_dim: int, act_dim: int, history: int, horizon: int, d: int,
+                 layers: int):
+        super().__init__()
+        self.history = history
+        self.obs_in = torch.nn.Linear(obs_dim, d)
+        self.queries = torch.nn.Parameter(torch.randn(horizon, d) * 0.02)
+        self.pos = torch.nn.Parameter(torch.zeros(history + horizon, d))
+        layer = torch.nn.TransformerEncoderLayer(d, 8, 4 * d, batch_first=True, norm_first=True,
+                                                 dropout=0.0)
+        self.encoder = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.out = torch.nn.Linear(d, act_dim)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        q = self.queries.expand(obs.shape[0], -1, -1)
+        x = torch.cat([self.obs_in(obs), q], 1) + self.pos
+        return self.out(self.encoder(x)[:, self.history:])
+
+
+def _kernel_busy(prof) -> float | None:
+    """Union of CUDA kernel intervals / their span, from a torch.profiler trace."""
+    try:
+        spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns())
+                       for e in prof.profiler.kineto_results.events()
+                       if e.device_type() == torch.autograd.DeviceType.CUDA)
+    except AttributeError:
+        return None
+    if not spans:
+        return None
+    busy, (cur_s, cur_e) = 0, spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    return busy / (spans[-1][1] - spans[0][0])
+
+
+def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+    from robocache.data import RobotDataset, RobotLoader
+    from robocache.data.cache import build
+    from robocache.ops.normalize import Normalizer
+
+    cfg = QUICK if quick else FULL
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    torch.manual_seed(0)
+    model = Policy(L.OBS_DIM, L.ACT_DIM, L.HISTORY, L.HORIZON, cfg["d_model"],
+                   cfg["layers"]).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+
+    def step(batch):
+        with torch.autocast(device.type, torch.bfloat16, enabled=cuda):
+            pred = model(batch["observation.state"])
+        err = (pred.float() - batch["action"]) ** 2
+        loss = (err * (~batch["action_is_pad"])[..., None]).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def measure(batches):
+        for _ in range(5):
+            step(next(batches))
+        samples = []
+        for _ in range(cfg["repeats"]):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(cfg["steps"]):
+                step(next(batches))
+            sync()
+            samples.append((time.perf_counter() - t0) * 1e3 / cfg["steps"])
+        busy = None
+        if cuda:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+                for _ in range(min(20, cfg["steps"])):
+                    step(next(batches))
+                sync()
+            busy = _kernel_busy(p)
+        return H.summarize(samples), busy
+
+    name = f"policy-d{cfg['d_model']}x{cfg['layers']}-b{L.BATCH}"
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = L.make_dataset(Path(tmp) / "lerobot", cfg["episodes"], cfg["length"])
+        build(root, Path(tmp) / "cache", rate_hz=L.FPS, progress=False)
+        ds = RobotDataset(Path(tmp) / "cache", history=L.HISTORY, horizon=L.HORIZON)
+        loader = RobotLoader(ds, L.BATCH, device=device)
+        fixed = next(iter(loader))
+        results["model-only"] = measure(iter(lambda: fixed, None))
+        results["robocache-resident" if cuda else "robocache"] = measure(
+            L._robocache_batches(loader))
+        normalizer = Normalizer(ds.stats)
+        w = cfg["workers"]
+        results[f"torch-dataloader-w{w}"] = measure(
+            L._plain_batches(L.ParquetWindows(root), w, device, normalizer))
+    ideal = results["model-only"][0].median_ms
+    records = []
+    for impl, (timing, busy) in results.items():
+        records.append(H.case(FAMILY, name, impl, timing, step_ms=timing.median_ms,
+                              busy_ideal=ideal / timing.median_ms, busy_kernels=busy,
+                              note=f"busy {100 * ideal / timing.median_ms:.0f}% (ideal)"
+                              + (f", {100 * busy:.0f}% (kernels)" if busy else "")))
+    return records
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    out = {"meta": H.metadata(), "cases": run(quick=args.quick)}
+    H.print_table(out)
+    if args.json:
+        H.write_json(args.json, out)
