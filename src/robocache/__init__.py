@@ -22,6 +22,9 @@ _LAZY = {
     "depth_to_points": "robocache.ops.pointcloud",
     "voxelize": "robocache.ops.pointcloud",
     "depth_to_voxels": "robocache.ops.pointcloud",
+    "RobotDataset": "robocache.data.dataset",
+    "RobotLoader": "robocache.data.loader",
+    "MixedDataset": "robocache.data.loader",
 }
 
 __all__ = ["__version__", *_LAZY]
