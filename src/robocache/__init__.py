@@ -27,7 +27,10 @@ _LAZY = {
     "MixedDataset": "robocache.data.loader",
 }
 
-__all__ = ["__version__", *_LAZY]
+# submodules loaded on first attribute access (robocache.kinematics.fk, robocache.geometry...)
+_SUBMODULES = ("kinematics", "geometry")
+
+__all__ = ["__version__", *_LAZY, *_SUBMODULES]
 
 if TYPE_CHECKING:  # pragma: no cover
     from robocache.ops.pointcloud import depth_to_points, depth_to_voxels, voxelize  # noqa: F401
@@ -35,6 +38,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"robocache.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'robocache' has no attribute {name!r}")
