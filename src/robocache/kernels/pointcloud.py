@@ -198,9 +198,13 @@ def _finalize_kernel(cnt_ptr, val_ptr, nvox, f, MODE: tl.constexpr, BLOCK: tl.co
     tl.store(ptr, vals, mask=m)
 
 
-# 1024 points per program, 4 warps: the run merge needs long runs inside one program
-# (a 640-pixel image row is one run set); see docs/pointcloud.md for the measurements.
-BLOCK_POINTS = 1024
+# Up to 1024 points per program, 4 warps: the run merge wants long runs inside one program
+# (a 640-pixel image row); small clouds get a smaller block instead of mostly-masked programs.
+MAX_BLOCK = 1024
+
+
+def _block(n: int) -> int:
+    return min(MAX_BLOCK, max(16, next_pow2(n)))
 
 
 def _grid_args(bounds_min, voxel_size, grid_size) -> list:
@@ -259,12 +263,13 @@ def voxelize_cuda(points: torch.Tensor, features: torch.Tensor | None,
     key_out, occ, cnt, vals, buf, dropped = _outputs(b, n, f, grid_size, mode, keys,
                                                      points.device)
     if b and n:
-        _voxelize_kernel[(cdiv(n, BLOCK_POINTS), b)](
+        block = _block(n)
+        _voxelize_kernel[(cdiv(n, block), b)](
             points, features if features is not None else points,
             lengths if lengths is not None else dropped, mask if mask is not None else dropped,
             key_out, occ, cnt, vals, dropped, n, f, *_grid_args(bounds_min, voxel_size, grid_size),
             HAS_LEN=lengths is not None, HAS_MASK=mask is not None, MODE=MODE_IDS[mode],
-            KEYS=keys, BLOCK=BLOCK_POINTS, FP=next_pow2(f), num_warps=4)
+            KEYS=keys, BLOCK=block, FP=next_pow2(f), num_warps=4)
     if keys:
         return key_out, dropped
     _finalize(cnt, vals, f, mode)
@@ -283,12 +288,13 @@ def depth_to_voxels_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
                                                      depth.device)
     k, e, k_stride, e_stride = _camera_args(intrinsics, extrinsics, b)
     if b and h * w:
-        _depth_voxelize_kernel[(cdiv(h * w, BLOCK_POINTS), b)](
+        block = _block(h * w)
+        _depth_voxelize_kernel[(cdiv(h * w, block), b)](
             depth, k, e, features if features is not None else depth, key_out, occ, cnt, vals,
             dropped, h * w, w, f, depth_scale, min_depth, min(max_depth, FLT_MAX),
             *_grid_args(bounds_min, voxel_size, grid_size), K_STRIDE=k_stride,
             E_STRIDE=e_stride, HAS_EXT=extrinsics is not None, MODE=MODE_IDS[mode], KEYS=keys,
-            BLOCK=BLOCK_POINTS, FP=next_pow2(f), num_warps=4)
+            BLOCK=block, FP=next_pow2(f), num_warps=4)
     if keys:
         return key_out, dropped
     _finalize(cnt, vals, f, mode)

@@ -271,7 +271,7 @@ def _split_dense(buf: torch.Tensor, b: int, dims, f: int, mode: str):
         return buf.view(torch.bool).view(shape), None
     nval = nvox * f if mode in ref.FEATURE_MODES else 0
     count = buf[nval:].view(torch.int32).view(shape)
-    return (buf[:nval].view(*shape, f) if nval else count), count
+    return (buf[:nval].view(*shape, f) if mode in ref.FEATURE_MODES else count), count
 
 
 # ---------------------------------------------------------------- dispatch

@@ -120,7 +120,7 @@ def sparse_from_keys(keys: torch.Tensor, features: torch.Tensor | None, mode: st
     cols = [voxel_key // (gx * gy * gz), voxel_key // (gy * gz) % gx, voxel_key // gz % gy,
             voxel_key % gz]
     coords = torch.where(voxel_key[:, None] >= 0, torch.stack(cols, 1), -1).to(torch.int32)
-    feats = None if features is None else features.reshape(b * n, -1)
+    feats = None if features is None else features.reshape(b * n, features.shape[-1])
     values, count = reduce_rows(point_to_voxel.reshape(-1), capacity, feats, mode)
     return coords, (None if mode in ("occupancy", "count") else values), count, \
         point_to_voxel, num_voxels
@@ -130,9 +130,9 @@ def voxelize_dense_ref(keys: torch.Tensor, features: torch.Tensor | None, mode: 
                        grid_size) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Dense grid ``[B, X, Y, Z]`` (or ``[B, X, Y, Z, F]``) and counts from point keys."""
     b = keys.shape[0]
-    feats = None if features is None else features.reshape(keys.numel(), -1)
+    feats = None if features is None else features.reshape(keys.numel(), features.shape[-1])
     values, count = reduce_rows(keys.reshape(-1), b * grid_size[0] * grid_size[1] * grid_size[2],
                                 feats, mode)
     shape = (b, *grid_size)
-    grid = values.reshape(*shape, -1) if values.dim() == 2 else values.reshape(shape)
+    grid = values.reshape(*shape, values.shape[-1]) if values.dim() == 2 else values.reshape(shape)
     return grid, (None if mode == "occupancy" else count.reshape(shape))
