@@ -157,3 +157,16 @@ def test_resident_loader_matches_cpu(cache):
         for key in w:
             torch.testing.assert_close(g[key].cpu(), w[key], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(k[key].cpu(), w[key], rtol=1e-5, atol=1e-5)
+
+
+def test_normalized_copy_equals_normalizing_batches(cache):
+    from robocache.ops.normalize import Normalizer
+
+    ds = RobotDataset(cache, history=3, horizon=4)
+    norm = Normalizer(ds.stats, "quantile")
+    idx = torch.randperm(len(ds))[:29]
+    want = norm(ds[idx])
+    got = ds.normalized(norm)[idx]
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ds[idx]["action"], RobotDataset(cache, horizon=4)[idx]["action"])

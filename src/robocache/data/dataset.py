@@ -13,6 +13,7 @@ workers (which never touch CUDA). Every step of every episode is one sample, as 
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,14 +175,31 @@ class RobotDataset(torch.utils.data.Dataset):
         return self.offsets.device
 
     def to(self, device: str | torch.device) -> RobotDataset:
-        """Move the packed cache to ``device`` (e.g. to gather windows on the GPU); in place."""
-        for g in self.groups.values():
-            g.data = g.data.to(device)
-        self.frames = {k: v.to(device) for k, v in self.frames.items()}
-        self.offsets = self.offsets.to(device)
-        self.episode_index = self.episode_index.to(device)
-        self.timestamp = self.timestamp.to(device)
-        return self
+        """A copy whose packed cache lives on ``device`` (e.g. to gather windows on the GPU);
+        this dataset is unchanged."""
+        out = copy.copy(self)
+        out.groups = {n: _Group(g.keys, g.dims, g.data.to(device))
+                      for n, g in self.groups.items()}
+        out.frames = {k: v.to(device) for k, v in self.frames.items()}
+        out.offsets = self.offsets.to(device)
+        out.episode_index = self.episode_index.to(device)
+        out.timestamp = self.timestamp.to(device)
+        return out
+
+    def normalized(self, normalizer) -> RobotDataset:
+        """A copy whose packed numeric columns are normalized once, where they live (affine
+        per dimension, so windows of normalized rows equal normalized windows; with
+        ``pad="zero"`` the padding is zero in normalized units)."""
+        out = copy.copy(self)
+        out.groups = {}
+        for n, g in self.groups.items():
+            data, at = g.data.clone(), 0
+            for k, d in zip(g.keys, g.dims, strict=True):
+                if k in self.stats:
+                    data[:, at:at + d] = normalizer({k: data[:, at:at + d]})[k]
+                at += d
+            out.groups[n] = _Group(g.keys, g.dims, data)
+        return out
 
     def __len__(self) -> int:
         return int(self.episode_index.shape[0])

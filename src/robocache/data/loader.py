@@ -6,15 +6,16 @@
 Two ways to assemble a batch:
 
 - **resident** (default on CUDA with ``num_workers=0``): the packed cache is copied to the GPU
-  once; each batch is a :func:`robocache.windows` gather there. Nothing crosses PCIe but the
-  batch's indices.
+  and normalized there once; each batch is a :func:`robocache.windows` gather. Nothing crosses
+  PCIe but the batch's indices.
 - **workers** (``num_workers > 0``, or CPU): a torch ``DataLoader`` whose workers gather windows
   on the CPU (workers never initialize CUDA), into pinned memory; the loader copies each batch
   with ``non_blocking=True``.
 
 Either way the next batch is prepared on a side CUDA stream while the current one is in use
 (the consumer's stream waits on an event, tensors are ``record_stream``-ed), and normalization
-(:class:`robocache.Normalizer`, per source cache) runs on the GPU.
+(:class:`robocache.Normalizer`, per source cache) runs on the GPU: once over the resident cache,
+or per batch after the copy.
 """
 
 from __future__ import annotations
@@ -168,13 +169,15 @@ class RobotLoader:
                                        {k: m for k, m in normalize.items() if k in d.stats})
                             for d in self.datasets]
         if self.resident:
-            for d in self.datasets:
-                d.to(self.device)
+            # normalize the packed cache once on the device: per batch only the gather remains
+            self.datasets = [d.to(self.device) if n is None else
+                             d.to(self.device).normalized(n)
+                             for d, n in zip(self.datasets, self.normalizers, strict=True)]
             self.loader = None
         else:
             if any(d.device.type != "cpu" for d in self.datasets):
-                raise DataError("the workers path gathers on the CPU; keep the datasets on the "
-                                "CPU (do not call .to('cuda')) or use resident=True.")
+                raise DataError("the workers path gathers on the CPU; pass datasets on the CPU "
+                                "(not `.to('cuda')` copies) or use resident=True.")
             self.loader = torch.utils.data.DataLoader(
                 _Parts(self.datasets), sampler=self.sampler, batch_size=None,
                 num_workers=num_workers, pin_memory=cuda,
@@ -189,10 +192,10 @@ class RobotLoader:
         """Fetch (resident) or copy (workers) the parts, normalize, merge: on the side stream."""
         done = []
         for i, part in parts:
-            if self.resident:
-                batch = self.datasets[i].fetch(part.to(self.device, non_blocking=True))
-            else:
-                batch = {k: v.to(self.device, non_blocking=True) for k, v in part.items()}
+            if self.resident:  # already normalized
+                done.append((i, self.datasets[i].fetch(part.to(self.device, non_blocking=True))))
+                continue
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in part.items()}
             norm = self.normalizers[i]
             done.append((i, norm(batch) if norm is not None else batch))
         return _merge(done, self.mixed)
