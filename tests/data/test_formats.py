@@ -185,3 +185,44 @@ def test_check_episode_reasons(rng, defect, reason):
         s.data[1, 1] = np.inf
     with pytest.raises(DataError, match=reason):
         check_episode(ep, SPECS)
+
+
+def test_lerobot_png_image_feature(tmp_path, rng):
+    import io
+
+    from PIL import Image
+
+    frames = rng.integers(0, 255, (3, 6, 5, 3), np.uint8)
+    pngs = []
+    for f in frames:
+        buf = io.BytesIO()
+        Image.fromarray(f).save(buf, format="PNG")
+        pngs.append({"bytes": buf.getvalue(), "path": None})
+    root = tmp_path / "ds"
+    (root / "meta").mkdir(parents=True)
+    (root / "meta" / "info.json").write_text(json.dumps({
+        "codebase_version": "v2.1", "fps": 10, "chunks_size": 1000,
+        "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+        "features": {"observation.image": {"dtype": "image", "shape": [6, 5, 3]},
+                     "timestamp": {"dtype": "float32", "shape": [1]}}}))
+    (root / "meta" / "episodes.jsonl").write_text(json.dumps({"episode_index": 0, "length": 3}))
+    (root / "data/chunk-000").mkdir(parents=True)
+    pq.write_table(pa.table({"observation.image": pngs,
+                             "timestamp": pa.array(np.arange(3, dtype=np.float32) / 10)}),
+                   root / "data/chunk-000/episode_000000.parquet")
+    ep = open_source(root).read(0)
+    np.testing.assert_array_equal(ep.streams["observation.image"].data, frames)
+
+
+def test_video_decoding_needs_an_extra(monkeypatch, tmp_path):
+    import sys
+
+    from robocache.data.episode import VideoRef
+    from robocache.data.formats.video import decode_frames
+    from robocache.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "torchcodec", None)
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)
+    monkeypatch.setitem(sys.modules, "av", None)
+    with pytest.raises(MissingDependencyError, match="pip install"):
+        decode_frames(VideoRef(tmp_path / "x.mp4"), np.zeros(2))
