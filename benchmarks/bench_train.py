@@ -30,7 +30,7 @@ import bench_loader as L  # noqa: E402
 
 FAMILY = "train"
 FULL = {"episodes": 200, "length": 500, "steps": 60, "repeats": 3, "workers": 8,
-        "d_model": 512, "layers": 6}
+        "d_model": 512, "layers": 8}
 QUICK = {"episodes": 8, "length": 120, "steps": 3, "repeats": 1, "workers": 0,
          "d_model": 64, "layers": 1}
 

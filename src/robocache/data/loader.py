@@ -78,13 +78,18 @@ class _Sampler(torch.utils.data.Sampler):
         n = len(self.data)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    def order(self) -> torch.Tensor:
+        """One source: this epoch's order of all samples (advances the generator)."""
+        n = len(self.data)
+        return torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+
+    def batches(self, order: torch.Tensor) -> Iterator[list[tuple[int, torch.Tensor]]]:
+        for b in range(len(self)):
+            yield [(0, order[b * self.batch_size:(b + 1) * self.batch_size])]
+
     def __iter__(self) -> Iterator[list[tuple[int, torch.Tensor]]]:
         if isinstance(self.data, RobotDataset):
-            n = len(self.data)
-            order = torch.randperm(n, generator=self.generator) if self.shuffle \
-                else torch.arange(n)
-            for b in range(len(self)):
-                yield [(0, order[b * self.batch_size:(b + 1) * self.batch_size])]
+            yield from self.batches(self.order())
             return
         sizes = torch.tensor([len(d) for d in self.data.datasets])
         for _ in range(len(self)):
@@ -201,7 +206,9 @@ class RobotLoader:
         return _merge(done, self.mixed)
 
     def __iter__(self) -> Iterator[Batch]:
-        if self.resident:
+        if self.resident and not self.mixed:  # one copy of the epoch's order, sliced there
+            source = self.sampler.batches(self.sampler.order().to(self.device))
+        elif self.resident:
             source = iter(self.sampler)
         else:
             with warnings.catch_warnings():
