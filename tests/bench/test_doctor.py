@@ -67,7 +67,7 @@ def _fake_pynvml(fail=()):
         nvmlDeviceGetMaxPcieLinkGeneration=f("gen", 5), nvmlDeviceGetMaxPcieLinkWidth=f("w", 16),
         nvmlDeviceGetCurrPcieLinkGeneration=f("cgen", 5),
         nvmlDeviceGetCurrPcieLinkWidth=f("cw", 16),
-        nvmlDeviceGetNvLinkState=f("nvlink", 0), nvmlDeviceGetNvLinkVersion=f("nvlv", 4),
+        nvmlDeviceGetNvLinkState=f("nvlink", 1), nvmlDeviceGetNvLinkVersion=f("nvlv", 6),
     )
     return m
 
@@ -81,7 +81,7 @@ def test_nvml_snapshot_parses_a_gpu(monkeypatch):
     assert gpu["throttle_reasons"] == ["gpu_idle"]  # fell back to the older query
     assert gpu["temperature_c"] is None  # unsupported query: None, not a crash
     assert gpu["pcie"]["peak_GBps_per_direction"] == pytest.approx(63.0, rel=1e-2)
-    assert gpu["nvlink"] == {"links_active": 0, "links_reported": 18, "version": None}
+    assert gpu["nvlink"] == {"links_active": 18, "links_reported": 18, "version": "4.0"}
     assert gpu["clocks_mhz"]["sm_max"] == 1980 and gpu["power_limit_w"] == 700
 
 

@@ -142,12 +142,27 @@ def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit; ``ROBOCACHE_COMMIT`` names it where the tree was copied without
+    its history (a remote GPU machine)."""
+    if os.environ.get("ROBOCACHE_COMMIT"):
+        return os.environ["ROBOCACHE_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=5, cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def gpu_state() -> dict[str, Any] | None:
+    """GPU 0's clocks, throttle reasons and temperature now (NVML), or None without NVML."""
+    from robocache.bench import nvml
+
+    state = nvml.snapshot()
+    if not state["available"] or not state["gpus"]:
+        return None
+    gpu = state["gpus"][0]
+    return {k: gpu[k] for k in ("clocks_mhz", "throttle_reasons", "temperature_c")}
 
 
 def metadata() -> dict[str, Any]:

@@ -23,6 +23,8 @@ _REASONS = {
 # Reasons that mean the GPU runs below the clocks it could: a benchmark taken now is suspect.
 SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
                     "hw_power_brake_slowdown")
+# nvmlDeviceGetNvLinkVersion's enum -> the NVLink generation it stands for
+_NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0"}
 
 
 def throttle_names(mask: int) -> list[str]:
@@ -91,7 +93,7 @@ def _device(pynvml, i: int) -> dict[str, Any]:
                  "peak_GBps_per_direction": pcie_peak_gbps(gen, width)},
         "nvlink": {"links_active": sum(1 for s in links if s),
                    "links_reported": sum(1 for s in links if s is not None),
-                   "version": q(pynvml.nvmlDeviceGetNvLinkVersion, h, 0)
+                   "version": _NVLINK_VERSIONS.get(q(pynvml.nvmlDeviceGetNvLinkVersion, h, 0))
                    if any(links) else None},
     }
 

@@ -45,7 +45,7 @@ def _batch(rec: dict[str, Any]) -> int | None:
 def _series(rec: dict[str, Any], types: tuple[type, ...] = (int, str)) -> str:
     """A label of the case's parameters of `types` other than the batch size
     (e.g. 'S=500 T=250 D=64 dtype=torch.bfloat16')."""
-    params = [f"{k}={v}" for k, v in rec.items()
+    params = [f"{k}={v}".replace("torch.", "") for k, v in rec.items()
               if k not in _MEASURED and isinstance(v, types) and not isinstance(v, bool)]
     return " ".join(params)
 
@@ -112,7 +112,8 @@ def _plt():
     return plt
 
 
-def plot_roofline(cases: list[dict[str, Any]], ceilings: dict[str, float], path: Path) -> bool:
+def plot_roofline(cases: list[dict[str, Any]], ceilings: dict[str, float], path: Path,
+                  colours: dict[str, Any] | None = None) -> bool:
     """Left: TFLOP/s against FLOP/byte under the measured roofs (ops that declare FLOPs).
     Right: achieved GB/s of every case against the measured copy ceiling."""
     bw = ceilings.get("d2d_copy_GBps")
@@ -123,7 +124,7 @@ def plot_roofline(cases: list[dict[str, Any]], ceilings: dict[str, float], path:
     labels = _ordered(_label(r) for r in timed)[::-1]  # first case on top
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(16, max(5.0, 0.3 * len(labels) + 2)),
                                  gridspec_kw={"width_ratios": [1, 1.3]})
-    colours = _colours(plt, cases)
+    colours = colours or _colours(plt, cases)
 
     peaks = {k: ceilings[k] for k in ("gemm_bf16_TFLOPs", "gemm_fp32_TFLOPs") if ceilings.get(k)}
     placed = [r for r in timed if r.get("intensity") and r.get("TFLOPs")]
@@ -181,7 +182,8 @@ def _scaling_series(cases: list[dict[str, Any]]) -> tuple[str, dict[tuple[str, s
     return "", {}
 
 
-def plot_scaling(cases: list[dict[str, Any]], path: Path) -> bool:
+def plot_scaling(cases: list[dict[str, Any]], path: Path,
+                 colours: dict[str, Any] | None = None) -> bool:
     """Median time against batch size (or, when no shape was run at several batch sizes,
     against problem size), one panel per family, one line per impl and shape."""
     families: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -193,7 +195,7 @@ def plot_scaling(cases: list[dict[str, Any]], path: Path) -> bool:
     if not panels:
         return False
     plt = _plt()
-    colours = _colours(plt, cases)
+    colours = colours or _colours(plt, cases)
     styles = ("-", "--", ":", "-.")
     fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 6), squeeze=False)
     for ax, (family, (axis, lines)) in zip(axes[0], panels.items(), strict=True):
@@ -212,12 +214,13 @@ def plot_scaling(cases: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def plot_speedup(rows: list[dict[str, Any]], path: Path) -> bool:
+def plot_speedup(rows: list[dict[str, Any]], path: Path,
+                 colours: dict[str, Any] | None = None) -> bool:
     """Our speedup over each alternative, per case (log scale; right of 1 is faster)."""
     if not rows:
         return False
     plt = _plt()
-    colours = _colours(plt, [{"impl": r["alternative"]} for r in rows])
+    colours = colours or _colours(plt, [{"impl": r["alternative"]} for r in rows])
     # one bar per (case, alternative), grouped by case, first case on top; bars grow from 1
     # so a slowdown points left
     labels = [f"{r['family']}/{r['name']} vs {r['alternative']}" for r in rows][::-1]
@@ -268,13 +271,15 @@ def render(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Pat
     if rows:
         written["speedup.csv"] = out / "speedup.csv"
         write_csv(written["speedup.csv"], rows)
-    for name, ok in (("roofline.png", plot_roofline(cases, ceilings, out / "roofline.png")),
-                     ("scaling.png", plot_scaling(cases, out / "scaling.png")),
-                     ("speedup.png", plot_speedup(rows, out / "speedup.png"))):
+    colours = _colours(_plt(), cases)  # one colour per impl across the three plots
+    for name, ok in (("roofline.png", plot_roofline(cases, ceilings, out / "roofline.png",
+                                                    colours)),
+                     ("scaling.png", plot_scaling(cases, out / "scaling.png", colours)),
+                     ("speedup.png", plot_speedup(rows, out / "speedup.png", colours))):
         if ok:
             written[name] = out / name
 
-    clocks = meta.get("clocks_mhz") or {}
+    clocks = (meta.get("gpu_state_end") or meta).get("clocks_mhz") or {}
     md = [
         "# RoboCache report card", "",
         f"{meta.get('device')} · {meta.get('date')} · commit `{(meta.get('commit') or '?')[:10]}`"

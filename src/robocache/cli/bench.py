@@ -92,6 +92,8 @@ def run_families(names: list[str], *, quick: bool, profile: Path | None = None) 
                 typer.echo(f"benchmark {name!r} failed: {type(exc).__name__}: {exc}", err=True)
     finally:
         harness.profiling(False)
+    if harness.cuda_ready():  # clocks under load, and whether the GPU throttled during the run
+        results["meta"]["gpu_state_end"] = harness.gpu_state()
     values = ceiling_values(results["meta"])
     for rec in results["cases"]:
         harness.roofline(rec, values)

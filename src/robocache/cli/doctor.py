@@ -57,18 +57,22 @@ def _print(snap: dict) -> None:
         console.print(snap["topology"], markup=False, highlight=False)
     if snap.get("ceilings"):
         table = Table(title="Ceilings measured now")
-        for col in ("ceiling", "value", "peak", "% of peak", "what (peak source)"):
+        for col in ("ceiling", "value", "peak", "% of peak", "what"):
             table.add_column(col, justify="right" if col in ("value", "peak", "% of peak")
                              else "left")
+        sources: dict[str, list[str]] = {}
         for key, rec in snap["ceilings"].items():
             if "error" in rec:
                 table.add_row(key, "[red]failed[/]", "", "", rec["error"])
                 continue
+            if rec.get("peak"):
+                sources.setdefault(rec["peak_source"], []).append(key)
             table.add_row(key, f"{rec['value']:.1f} {rec['unit']}",
-                          f"{rec['peak']:g}" if rec.get("peak") else "",
-                          f"{rec['pct_peak']:.0f}%" if rec.get("pct_peak") else "",
-                          rec["what"] + (f" ({rec['peak_source']})" if rec.get("peak") else ""))
+                          f"{rec['peak']:.4g}" if rec.get("peak") else "",
+                          f"{rec['pct_peak']:.0f}%" if rec.get("pct_peak") else "", rec["what"])
         console.print(table)
+        for source, keys in sources.items():
+            console.print(f"peak of {', '.join(keys)}: {source}")
         sweep = snap["ceilings"].get("nccl_allreduce_busbw_GBps", {}).get("sweep")
         if sweep:
             t = Table(title=f"NCCL all-reduce, {sweep['world']} GPUs "
