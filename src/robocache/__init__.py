@@ -19,6 +19,7 @@ _LAZY = {
     "merge_stats": "robocache.ops.normalize",
     "Stats": "robocache.ops.normalize",
     "Normalizer": "robocache.ops.normalize",
+    "Pipeline": "robocache.ops.pipeline",
     "depth_to_points": "robocache.ops.pointcloud",
     "voxelize": "robocache.ops.pointcloud",
     "depth_to_voxels": "robocache.ops.pointcloud",
