@@ -492,25 +492,11 @@ def test_depth_to_voxels_mode_needs_rgb():
 # ---------------------------------------------------------------- GPU
 
 
-def realistic_depth(b, h=480, w=640):
-    """A room (floor, walls) with boxes, seen by a 640x480 camera; millimetres, 3% holes."""
-    g = torch.Generator().manual_seed(0)
-    fx = 600.0
-    v, u = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    dx, dy = (u - w / 2) / fx, (v - h / 2) / fx
-    z = torch.full((h, w), 3.8)
-    for c, d in ((1.2, dy), (-1.8, dx), (1.9, dx)):
-        t = c / d
-        z = torch.where((t > 0) & (t < z), t, z)
-    for x0, x1, y0, z0 in ((-0.8, -0.1, 0.6, 1.5), (0.3, 1.1, 0.2, 2.2)):  # box fronts
-        t = torch.full((h, w), z0)
-        hit = (t * dx >= x0) & (t * dx <= x1) & (t * dy >= y0) & (t * dy <= 1.2)
-        z = torch.where(hit & (t < z), t, z)
-    k = torch.tensor([[fx, 0, w / 2], [0, fx, h / 2], [0, 0, 1]])
-    depth = (z * 1000).round().expand(b, h, w).clone()
-    depth[torch.rand(b, h, w, generator=g) < 0.03] = 0
-    rgb = torch.randint(0, 256, (b, h, w, 3), generator=g, dtype=torch.uint8)
-    return depth.to(torch.uint16), rgb, k
+def realistic_depth(b):
+    """The benchmark's 640x480 room scene (uint16 mm depth with holes, uint8 rgb, intrinsics)."""
+    from robocache.cli.bench import load
+
+    return load("pointcloud").scene(b)
 
 
 GRID = dict(bounds_min=(-2.0, -2.0, 0.0), voxel_size=4.0 / 64, grid_size=64)
@@ -529,15 +515,17 @@ def test_gpu_realistic_frame_matches_reference(mode):
     again = pc.depth_to_voxels(dev[0], dev[2], rgb=dev[1], mode=mode, **GRID)
     pts, valid, colors = pc.depth_to_points(dev[0], dev[2], rgb=dev[1])
     unfused = pc.voxelize(pts, features=colors, mask=valid, mode=mode, **GRID)
-    exact = mode in ("occupancy", "count", "max")
+    same = None if cpu.count is None else gpu.count.cpu() == cpu.count
     for c, g, a, un in zip(cpu, gpu, again, unfused, strict=True):
         if c is None:
             continue
-        if exact:  # deterministic: bitwise across runs and paths; tiny band vs the CPU
+        if g.is_floating_point() and mode in ("sum", "mean"):  # float addition order differs
+            torch.testing.assert_close(g.cpu()[same], c[same], rtol=1e-4, atol=1e-2)
+            torch.testing.assert_close(g, a, rtol=1e-5, atol=1e-3)
+            torch.testing.assert_close(g, un, rtol=1e-5, atol=1e-3)
+        else:  # deterministic: bitwise across runs and paths; at most a band of flips vs CPU
             assert torch.equal(g, a) and torch.equal(g, un)
             assert (g.cpu() != c).float().mean() < 1e-3
-        else:
-            torch.testing.assert_close(g.cpu(), c, rtol=1e-4, atol=1e-2)
 
 
 @pytest.mark.gpu

@@ -125,6 +125,8 @@ def _check_mode(op: str, mode: str, features: torch.Tensor | None, name: str) ->
 
 
 def _check_dense_fits(op: str, b: int, dims, f: int, mode: str, device: torch.device) -> None:
+    if torch.compiler.is_compiling():  # checked in eager; a traced call would fail to allocate
+        return
     nvox = b * dims[0] * dims[1] * dims[2]
     per_voxel = 1 if mode == "occupancy" else 4 * (1 + (f if mode in ref.FEATURE_MODES else 0))
     need, have = nvox * per_voxel, _memory_bytes(device)
@@ -254,13 +256,9 @@ def _(depth, intrinsics, extrinsics, features, depth_scale, min_depth, max_depth
     return _fake_grid(depth, b, h * w, f, grid_size, mode, keys)
 
 
-_OPS = {_depth_to_points_cuda: _depth_to_points_op, _voxelize_points_cuda: _voxelize_points_op,
-        _voxelize_depth_cuda: _voxelize_depth_op}
-
-
-def _launch(fn, *args):
-    """Eager: call the launcher directly (lean); tracing: go through the registered custom op."""
-    return _OPS[fn](*args) if torch.compiler.is_compiling() else fn(*args)
+def _pick(op, fn):
+    """Eager: the launcher itself (lean); while tracing: the registered custom op."""
+    return op if torch.compiler.is_compiling() else fn
 
 
 def _split_dense(buf: torch.Tensor, b: int, dims, f: int, mode: str):
@@ -279,20 +277,22 @@ def _split_dense(buf: torch.Tensor, b: int, dims, f: int, mode: str):
 
 def _kernel_dense(points, features, lengths, mask, lo, size, dims, mode):
     """Dense grid from the Triton kernel: (grid, count, dropped)."""
-    buf, dropped = _launch(_voxelize_points_cuda, points, features, lengths, mask, list(lo),
-                           list(size), list(dims), mode, False)
+    launch = _pick(_voxelize_points_op, _voxelize_points_cuda)
+    buf, dropped = launch(points, features, lengths, mask, list(lo), list(size), list(dims), mode,
+                          False)
     f = 1 if features is None else features.shape[-1]
     return (*_split_dense(buf, points.shape[0], dims, f, mode), dropped)
 
 
 def _kernel_keys(points, lengths, mask, lo, size, dims):
-    return _launch(_voxelize_points_cuda, points, None, lengths, mask, list(lo), list(size),
-                   list(dims), "occupancy", True)
+    launch = _pick(_voxelize_points_op, _voxelize_points_cuda)
+    return launch(points, None, lengths, mask, list(lo), list(size), list(dims), "occupancy", True)
 
 
 def _kernel_depth(d, k, e, feats, scale, min_depth, max_depth, lo, size, dims, mode, keys):
-    out, dropped = _launch(_voxelize_depth_cuda, d, k, e, feats, scale, min_depth, max_depth,
-                           list(lo), list(size), list(dims), mode, keys)
+    launch = _pick(_voxelize_depth_op, _voxelize_depth_cuda)
+    out, dropped = launch(d, k, e, feats, scale, min_depth, max_depth, list(lo), list(size),
+                          list(dims), mode, keys)
     if keys:
         return out, dropped
     f = 1 if feats is None else feats.shape[-1]
@@ -362,8 +362,8 @@ def depth_to_points(depth: torch.Tensor, intrinsics: torch.Tensor, *,
                              max_depth)
     d, k, e = _camera_tensors(d, intrinsics, extrinsics)
     if d.is_cuda:
-        points, valid = _launch(_depth_to_points_cuda, d, k, e, scale, float(min_depth),
-                                float(max_depth))
+        launch = _pick(_depth_to_points_op, _depth_to_points_cuda)
+        points, valid = launch(d, k, e, scale, float(min_depth), float(max_depth))
     else:
         points, valid = ref.backproject_ref(d, k, e, scale, min_depth, max_depth)
     colors = None if rgb is None else rgb.reshape(d.shape[0], -1, rgb.shape[-1])
