@@ -40,11 +40,18 @@ OOR_CODES = {"clamp": CLAMP, "nan": NAN, "extrapolate": EXTRAPOLATE}
 
 @dataclass(frozen=True)
 class Tuning:
-    """Launch parameters; `benchmarks/tune_interp.py` sweeps them on the GPU."""
+    """Launch parameters; `benchmarks/tune_interp.py` sweeps them on the GPU.
 
-    fan: int = 64          # probes per level of the block-extreme search
+    Defaults: best geometric mean over the resample benchmark's three bf16 shapes in a
+    24-point sweep (2026-11-22, on an H200: benchmarks/results/tune_interp-h200-2026-11-22.json). A 1024-wide first
+    level finds a block's window in one round trip for S <= 1024; inside the window a
+    per-target binary search beat counting chunks of 32 (e.g. 124 vs 140 us at
+    4096x500->250x64), so counting is off (max_scan=0) but kept as an option.
+    """
+
+    fan: int = 1024        # probes per level of the block-extreme search
     chunk: int = 32        # samples compared per step of the window count (64: 196 registers)
-    max_scan: int = 1024   # widest window counted directly; wider: per-target binary search
+    max_scan: int = 0      # widest window counted directly; wider: per-target binary search
     elements: int = 4096   # values per [BLOCK_T, BLOCK_D] tile
     num_warps: int = 4
 
