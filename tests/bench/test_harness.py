@@ -86,6 +86,14 @@ def test_bench_writes_valid_results_and_profile(tmp_path, fake_benchmarks, monke
     assert any(e.get("name") == "robocache.bench.fake" for e in trace["traceEvents"])
 
 
+def test_bench_runs_then_gates(tmp_path, fake_benchmarks):
+    base = tmp_path / "base.json"
+    assert CliRunner().invoke(app, ["bench", "--quick", "--json", str(base)]).exit_code == 0
+    res = CliRunner().invoke(app, ["bench", "--quick", "--compare", str(base)])
+    assert res.exit_code in (0, 1), res.output  # CPU timings on a shared runner may move
+    assert "Regression gate" in res.output
+
+
 def test_a_failing_family_keeps_the_others(tmp_path, fake_benchmarks):
     (fake_benchmarks / "bench_broken.py").write_text("def run(quick, copy_gbps):\n    1 / 0\n")
     out = tmp_path / "r.json"

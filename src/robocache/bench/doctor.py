@@ -73,7 +73,8 @@ def busbw(algbw: float, world: int) -> float:
 # What is installed
 # ---------------------------------------------------------------------------------------------
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's marketing name (/proc/cpuinfo on Linux)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -87,7 +88,7 @@ def host_info() -> dict[str, Any]:
     return {
         "hostname": platform.node(),
         "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "logical_cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),

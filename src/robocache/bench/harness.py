@@ -171,6 +171,7 @@ def metadata() -> dict[str, Any]:
 
     import robocache
     from robocache.bench import nvml
+    from robocache.bench.doctor import cpu_model
 
     meta: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -181,7 +182,7 @@ def metadata() -> dict[str, Any]:
         "triton": triton.__version__,
         "cuda_runtime": torch.version.cuda,
         "host": platform.node(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
     }
     if torch.cuda.is_available():
