@@ -106,9 +106,10 @@ def quat_apply(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Rotate vectors ``v [..., 3]`` by unit wxyz quaternions ``q [..., 4]`` (broadcastable)."""
     _check("quat_apply", "q", q, (4,))
     _check("quat_apply", "v", v, (3,))
-    w, u = q[..., :1], q[..., 1:]
-    t = 2 * torch.linalg.cross(u, v.expand(torch.broadcast_shapes(u.shape, v.shape)), dim=-1)
-    return v + w * t + torch.linalg.cross(u.expand_as(t), t, dim=-1)
+    shape = torch.broadcast_shapes(q.shape[:-1], v.shape[:-1])
+    w, u = q[..., :1].expand(*shape, 1), q[..., 1:].expand(*shape, 3)
+    t = 2 * torch.linalg.cross(u, v.expand(*shape, 3), dim=-1)
+    return v + w * t + torch.linalg.cross(u, t, dim=-1)
 
 
 def quat_to_matrix(q: torch.Tensor) -> torch.Tensor:
