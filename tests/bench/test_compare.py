@@ -130,3 +130,13 @@ def test_cli_reports_malformed_file(tmp_path, make_results):
     out = CliRunner().invoke(app, ["bench", "--compare", str(bad), "--results", good])
     text = " ".join(out.output.replace("│", " ").split())  # unwrap rich's error box
     assert out.exit_code == 2 and "is not valid JSON" in text
+
+
+BASELINES = sorted((Path(__file__).resolve().parents[2] / "benchmarks").glob("*baseline*.json"))
+
+
+@pytest.mark.parametrize("baseline", BASELINES, ids=lambda p: p.name)
+def test_committed_baseline_gates_against_itself(baseline):
+    doc = gate.load_results(baseline)
+    cmp = gate.compare(doc, doc)
+    assert cmp.comparable and cmp.counts() == {"unchanged": len(doc["cases"])}

@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-OURS = "robocache"  # impls named "robocache" or "robocache_<variant>" are ours
+OURS = "robocache"  # impls whose name starts with "robocache" ("robocache_cpu", ...) are ours
 BATCH_KEYS = ("batch", "B")  # the extra field that is the x axis of the scaling curves
 # Record fields that describe the measurement, not the case: excluded from series labels.
 _MEASURED = {"family", "name", "impl", "unit", "median_ms", "q25_ms", "q75_ms", "n",
@@ -23,7 +23,7 @@ _CSV_FIRST = ["family", "name", "impl", "unit", "median_ms", "q25_ms", "q75_ms",
 
 
 def is_ours(impl: str) -> bool:
-    return impl == OURS or impl.startswith((OURS + "_", OURS + "-"))
+    return impl.startswith(OURS)
 
 
 def ceiling_values(meta: dict[str, Any]) -> dict[str, float]:
