@@ -30,9 +30,9 @@ import triton.language as tl
 from robocache.kernels._utils import tile_2d
 
 # Method and out-of-range codes (constexpr values).
-LINEAR, NEAREST, PREVIOUS, FRAME_INDEX = 0, 1, 2, 3
+LINEAR, NEAREST, PREVIOUS, FRAME_INDEX, PCHIP, CUBIC, SLERP = 0, 1, 2, 3, 4, 5, 6
 METHOD_CODES = {"linear": LINEAR, "nearest": NEAREST, "previous": PREVIOUS,
-                "frame_index": FRAME_INDEX}
+                "frame_index": FRAME_INDEX, "pchip": PCHIP, "cubic": CUBIC, "slerp": SLERP}
 CLAMP, NAN, EXTRAPOLATE = 0, 1, 2
 OOR_CODES = {"clamp": CLAMP, "nan": NAN, "extrapolate": EXTRAPOLATE}
 
@@ -43,9 +43,9 @@ class Tuning:
     """Launch parameters; `benchmarks/tune_interp.py` sweeps them on the GPU.
 
     Defaults: best geometric mean over the resample benchmark's three bf16 shapes in a
-    24-point sweep (2026-11-22, on an H200: benchmarks/results/tune_interp-h200-2026-11-22.json). A 1024-wide first
-    level finds a block's window in one round trip for S <= 1024; inside the window a
-    per-target binary search beat counting chunks of 32 (e.g. 124 vs 140 us at
+    24-point sweep (2026-11-22, on an H200: benchmarks/results/tune_interp-h200-*.json).
+    A 1024-wide first level finds a block's window in one round trip for S <= 1024; inside
+    the window a per-target binary search beat counting chunks of 32 (e.g. 124 vs 140 us at
     4096x500->250x64), so counting is off (max_scan=0) but kept as an option.
     """
 
@@ -147,40 +147,153 @@ def _linear_weight(x, t0, t1, OOR: tl.constexpr, F64: tl.constexpr):
 
 
 @triton.jit
-def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux,
-                 S, D, tol, sdb, sds, sdd, stb, sts, sob, sot, sod, n_levels, stride0, ntb,
-                 METHOD: tl.constexpr, OOR: tl.constexpr, HAS_LEN: tl.constexpr,
-                 HAS_PAD: tl.constexpr, HAS_TOL: tl.constexpr, TIME_F64: tl.constexpr,
-                 CT_F64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                 FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
-    b = (pid // ntb).to(tl.int64)
-    offs_t = (pid % ntb) * BLOCK_T + tl.arange(0, BLOCK_T)
+def _sign(v):
+    return tl.where(v > 0, 1.0, tl.where(v < 0, -1.0, 0.0))
+
+
+@triton.jit
+def _pchip_interior(hm, hp, mm, mp):
+    """PCHIP slope between secants mm (interval hm) and mp (hp): weighted harmonic mean, 0
+    where they differ in sign or one is flat (as scipy.interpolate.PchipInterpolator)."""
+    w1 = 2.0 * hp + hm
+    w2 = hp + 2.0 * hm
+    flat = (_sign(mm) != _sign(mp)) | (mm == 0.0) | (mp == 0.0)
+    den = w1 / tl.where(flat, 1.0, mm) + w2 / tl.where(flat, 1.0, mp)
+    return tl.where(flat, 0.0, (w1 + w2) / den)
+
+
+@triton.jit
+def _pchip_edge(h0, h1, m0, m1):
+    """PCHIP end slope from the two secants nearest the end (SciPy's three-point formula)."""
+    d = ((2.0 * h0 + h1) * m0 - h0 * m1) / (h0 + h1)
+    d = tl.where(_sign(d) != _sign(m0), 0.0, d)
+    over = (_sign(m0) != _sign(m1)) & (tl.abs(d) > 3.0 * tl.abs(m0))
+    return tl.where(over, 3.0 * m0, d)
+
+
+@triton.jit
+def _atan2_pos(a, b):
+    """atan2(a, b) for a, b >= 0 (not both 0): a Cephes-style polynomial on [0, 1] after
+    range reduction, then one Newton step (error ~1e-14; libdevice has no interpreter)."""
+    r = tl.minimum(a, b) / tl.maximum(a, b)
+    big = r > 0.41421356237309503
+    rr = tl.where(big, (r - 1.0) / (r + 1.0), r)
+    z = rr * rr
+    th = ((((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z
+           - 3.33329491539e-1) * z * rr + rr)
+    th = tl.where(big, th + 0.7853981633974483, th)
+    th = tl.where(a > b, 1.5707963267948966 - th, th)
+    c = tl.cos(th)
+    s = tl.sin(th)
+    return th + (a * c - b * s) / (a * s + b * c)
+
+
+@triton.jit
+def _slerp(q0, q1, w):
+    """Shortest-arc slerp of wxyz quaternion tiles [BLOCK_T, 4] at weights w [BLOCK_T]."""
+    q0 = q0 / tl.sqrt(tl.sum(q0 * q0, axis=1))[:, None]
+    q1 = q1 / tl.sqrt(tl.sum(q1 * q1, axis=1))[:, None]
+    q1 = tl.where((tl.sum(q0 * q1, axis=1) < 0.0)[:, None], -q1, q1)
+    dm = q1 - q0
+    dp = q1 + q0
+    omega = 2.0 * _atan2_pos(tl.sqrt(tl.sum(dm * dm, axis=1)), tl.sqrt(tl.sum(dp * dp, axis=1)))
+    so = tl.sin(omega)
+    small = so < 1e-6
+    safe = tl.where(small, 1.0, so)
+    a = tl.where(small, 1.0 - w, tl.sin((1.0 - w) * omega) / safe)
+    b = tl.where(small, w, tl.sin(w * omega) / safe)
+    q = a[:, None] * q0 + b[:, None] * q1
+    return q / tl.sqrt(tl.sum(q * q, axis=1))[:, None]
+
+
+@triton.jit
+def _cubic_sweep(data_row, row, scr, n, D, sds, sdd, sts,
+                 CT_F64: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Second derivatives M of the natural cubic spline of one row into scr [S, D+1]
+    (column D keeps the Thomas factors c'): forward elimination, then back substitution."""
+    for d0 in range(0, D, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        dm = offs_d < D
+        col = offs_d * sdd
+        t_prev = tl.load(row)
+        t_cur = tl.load(row + tl.minimum(1, n - 1).to(tl.int64) * sts)
+        y_prev = _to_compute(tl.load(data_row + col, mask=dm, other=0.0), CT_F64)
+        y_cur = _to_compute(tl.load(data_row + tl.minimum(1, n - 1) * sds + col, mask=dm,
+                                    other=0.0), CT_F64)
+        cp = _to_compute(t_prev - t_prev, CT_F64)
+        rp = y_prev * 0.0
+        tl.store(scr + offs_d, rp, mask=dm)
+        for i in range(1, n - 1):
+            t_next = tl.load(row + (i + 1) * sts)
+            y_next = _to_compute(tl.load(data_row + (i + 1) * sds + col, mask=dm, other=0.0),
+                                 CT_F64)
+            a = _to_compute(t_cur - t_prev, CT_F64)
+            c = _to_compute(t_next - t_cur, CT_F64)
+            a = tl.where(a > 0, a, 1.0)
+            c = tl.where(c > 0, c, 1.0)
+            den = 2.0 * (a + c) - a * cp
+            cp = c / den
+            rp = (6.0 * ((y_next - y_cur) / c - (y_cur - y_prev) / a) - a * rp) / den
+            tl.store(scr + i * (D + 1) + offs_d, rp, mask=dm)
+            tl.store(scr + i * (D + 1) + D, cp)
+            t_prev = t_cur
+            t_cur = t_next
+            y_prev = y_cur
+            y_cur = y_next
+        tl.debug_barrier()
+        m_next = rp * 0.0
+        tl.store(scr + (n - 1) * (D + 1) + offs_d, m_next, mask=dm)
+        for j in range(0, n - 2):
+            i = n - 2 - j
+            m_next = (tl.load(scr + i * (D + 1) + offs_d, mask=dm, other=0.0)
+                      - tl.load(scr + i * (D + 1) + D) * m_next)
+            tl.store(scr + i * (D + 1) + offs_d, m_next, mask=dm)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
+                  D, tol, sds, sdd, sts, sob, sot, sod, n_levels, stride0,
+                  METHOD: tl.constexpr, OOR: tl.constexpr, HAS_PAD: tl.constexpr,
+                  HAS_TOL: tl.constexpr, TIME_F64: tl.constexpr, CT_F64: tl.constexpr,
+                  BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, FAN: tl.constexpr,
+                  CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+    """One block of BLOCK_T targets of row b of one stream: locate, interpolate, store."""
+    offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = offs_t < T
     x = tl.load(tgt + b * sxb + offs_t * sxt, mask=valid, other=float("nan"))
     if TIME_F64:
         x = x.to(tl.float64)
     else:
         x = x.to(tl.float32)
-    if HAS_LEN:
-        n = tl.load(lens + b).to(tl.int32)
-    else:
-        n = S + 0
-    row = times + b * stb
     i, seg, seg1, t0, t1, outside = _segments(row, sts, n, x, valid, n_levels, stride0,
                                               BLOCK_T, FAN, CHUNK, MAX_SCAN)
     nanx = x != x
     flat = b * T + offs_t
 
-    if METHOD == 0:  # linear
-        w = _linear_weight(x, t0, t1, OOR, CT_F64)
-        idx0 = seg
-        idx1 = seg1
-    elif METHOD == 2:  # previous
+    if METHOD == 2:  # previous
         idx0 = tl.minimum(tl.maximum(i, 0), n - 1)
         t_idx = tl.load(row + idx0.to(tl.int64) * sts, mask=valid, other=0.0).to(x.dtype)
         tl.store(aux + flat, (x - t_idx).to(tl.float32), mask=valid)
-    else:  # nearest / frame_index: ties go to the earlier sample
+    elif (METHOD == 1) | (METHOD == 3):  # nearest / frame_index: ties to the earlier sample
         idx0 = tl.where((t1 - x) < (x - t0), seg1, seg)
+    else:  # linear, pchip, cubic, slerp: interpolate on [seg, seg1]
+        w = _linear_weight(x, t0, t1, OOR, CT_F64)
+        idx0 = seg
+        idx1 = seg1
+    if METHOD == 4:  # pchip needs the neighbours seg-1 and seg+2 (clamped)
+        ip = tl.maximum(seg - 1, 0)
+        i3 = tl.minimum(seg + 2, n - 1)
+        tp = tl.load(row + ip.to(tl.int64) * sts, mask=valid, other=0.0).to(x.dtype)
+        t3 = tl.load(row + i3.to(tl.int64) * sts, mask=valid, other=0.0).to(x.dtype)
+        h0 = _to_compute(t0 - tp, CT_F64)
+        h1 = _to_compute(t1 - t0, CT_F64)
+        h2 = _to_compute(t3 - t1, CT_F64)
+        at_start = seg == 0
+        at_end = seg1 == n - 1
+        two = n == 2
+    if METHOD == 5:
+        h1 = _to_compute(t1 - t0, CT_F64)
 
     if METHOD == 3:  # frame_index: the index and its offset, no data
         t_idx = tl.where(idx0 == seg1, t1, t0)
@@ -190,7 +303,6 @@ def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux,
         tl.store(out + flat, idx0.to(tl.int64), mask=valid)
         tl.store(aux + flat, off, mask=valid)
     else:
-        data_row = data + b * sdb
         out_row = out + b * sob
         for d0 in range(0, D, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
@@ -198,10 +310,43 @@ def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux,
             col = offs_d[None, :] * sdd
             y = _to_compute(tl.load(data_row + idx0[:, None] * sds + col, mask=m2, other=0.0),
                             CT_F64)
-            if METHOD == 0:
+            if (METHOD == 0) | (METHOD == 4) | (METHOD == 5) | (METHOD == 6):
                 y1 = _to_compute(tl.load(data_row + idx1[:, None] * sds + col, mask=m2,
                                          other=0.0), CT_F64)
+            if METHOD == 0:
                 y = (1.0 - w)[:, None] * y + w[:, None] * y1
+            elif METHOD == 6:
+                y = _slerp(y, y1, w)
+            elif METHOD == 4:
+                yp = _to_compute(tl.load(data_row + ip[:, None] * sds + col, mask=m2,
+                                         other=0.0), CT_F64)
+                y3 = _to_compute(tl.load(data_row + i3[:, None] * sds + col, mask=m2,
+                                         other=0.0), CT_F64)
+                m0 = (y - yp) / tl.where(h0 > 0, h0, 1.0)[:, None]
+                m1 = (y1 - y) / tl.where(h1 > 0, h1, 1.0)[:, None]
+                m3 = (y3 - y1) / tl.where(h2 > 0, h2, 1.0)[:, None]
+                hh0 = h0[:, None]
+                hh1 = h1[:, None]
+                hh2 = h2[:, None]
+                d1 = tl.where(at_start[:, None], _pchip_edge(hh1, hh2, m1, m3),
+                              _pchip_interior(hh0, hh1, m0, m1))
+                d2 = tl.where(at_end[:, None], _pchip_edge(hh1, hh0, m1, m0),
+                              _pchip_interior(hh1, hh2, m1, m3))
+                d1 = tl.where(two, m1, d1)
+                d2 = tl.where(two, m1, d2)
+                s = w[:, None]
+                s2 = s * s
+                s3 = s2 * s
+                y = ((2.0 * s3 - 3.0 * s2 + 1.0) * y + (s3 - 2.0 * s2 + s) * hh1 * d1
+                     + (3.0 * s2 - 2.0 * s3) * y1 + (s3 - s2) * hh1 * d2)
+            elif METHOD == 5:
+                c = offs_d[None, :]
+                mm0 = tl.load(scr + idx0[:, None] * (D + 1) + c, mask=m2, other=0.0)
+                mm1 = tl.load(scr + idx1[:, None] * (D + 1) + c, mask=m2, other=0.0)
+                s = w[:, None]
+                r = 1.0 - s
+                hh = h1[:, None]
+                y = r * y + s * y1 + hh * hh / 6.0 * ((r * r * r - r) * mm0 + (s * s * s - s) * mm1)
             if OOR == 1:
                 y = tl.where(outside[:, None], float("nan"), y)
             y = tl.where(nanx[:, None], float("nan"), y)
@@ -211,9 +356,39 @@ def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux,
         tl.store(pad + flat, outside, mask=valid)
 
 
+@triton.jit
+def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux, scr,
+                 S, D, tol, sdb, sds, sdd, stb, sts, sob, sot, sod, n_levels, stride0, ntb,
+                 METHOD: tl.constexpr, OOR: tl.constexpr, HAS_LEN: tl.constexpr,
+                 HAS_PAD: tl.constexpr, HAS_TOL: tl.constexpr, TIME_F64: tl.constexpr,
+                 CT_F64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                 FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+    """Program `pid` of one stream: a block of targets of one row (cubic: a whole row)."""
+    b = (pid // ntb).to(tl.int64)
+    if HAS_LEN:
+        n = tl.load(lens + b).to(tl.int32)
+    else:
+        n = S + 0
+    row = times + b * stb
+    data_row = data + b * sdb
+    if METHOD == 5:  # cubic: the spline's system couples the whole row
+        scr_row = scr + b * S * (D + 1)
+        _cubic_sweep(data_row, row, scr_row, n, D, sds, sdd, sts, CT_F64, BLOCK_D)
+        for tb in range(0, tl.cdiv(T, BLOCK_T)):
+            _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr_row,
+                          D, tol, sds, sdd, sts, sob, sot, sod, n_levels, stride0,
+                          METHOD, OOR, HAS_PAD, HAS_TOL, TIME_F64, CT_F64, BLOCK_T, BLOCK_D,
+                          FAN, CHUNK, MAX_SCAN)
+    else:
+        _target_block(pid % ntb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
+                      D, tol, sds, sdd, sts, sob, sot, sod, n_levels, stride0,
+                      METHOD, OOR, HAS_PAD, HAS_TOL, TIME_F64, CT_F64, BLOCK_T, BLOCK_D,
+                      FAN, CHUNK, MAX_SCAN)
+
+
 @triton.jit(do_not_specialize=["T", "starts", "S", "D", "tols", "n_levels", "stride0", "ntbs"])
 def _interp_kernel(tgt, T, sxb, sxt, starts,
-                   datas, times, lens, outs, pads, auxs, S, D, tols,
+                   datas, times, lens, outs, pads, auxs, scrs, S, D, tols,
                    sdb, sds, sdd, stb, sts, sob, sot, sod, n_levels, stride0, ntbs,
                    NUM: tl.constexpr, METHOD: tl.constexpr, OOR: tl.constexpr,
                    HAS_LEN: tl.constexpr, HAS_PAD: tl.constexpr, HAS_TOL: tl.constexpr,
@@ -224,7 +399,7 @@ def _interp_kernel(tgt, T, sxb, sxt, starts,
     for k in tl.static_range(NUM):
         if (pid >= starts[k]) & (pid < starts[k + 1]):
             _stream_tile(pid - starts[k], tgt, T, sxb, sxt, datas[k], times[k], lens[k],
-                         outs[k], pads[k], auxs[k], S[k], D[k], tols[k],
+                         outs[k], pads[k], auxs[k], scrs[k], S[k], D[k], tols[k],
                          sdb[k], sds[k], sdd[k], stb[k], sts[k], sob[k], sot[k], sod[k],
                          n_levels[k], stride0[k], ntbs[k],
                          METHOD[k], OOR[k], HAS_LEN[k], HAS_PAD[k], HAS_TOL[k], TIME_F64[k],
@@ -238,7 +413,8 @@ class StreamLaunch:
     data ``[B, S, D]`` or ``[S, D]`` (shared by all rows; None for frame_index); times
     ``[B, S]`` or ``[S]``; lengths int ``[B]`` or None; out ``[B, T, D]`` (int64 ``[B, T]``
     contiguous for frame_index); pad bool ``[B, T]`` contiguous or None; aux float32
-    ``[B, T]`` contiguous (previous: age, frame_index: offset) or None.
+    ``[B, T]`` contiguous (previous: age, frame_index: offset) or None; scratch (cubic only)
+    ``[B, S, D + 1]`` contiguous in the arithmetic dtype: the spline's M and Thomas factors.
     """
 
     data: torch.Tensor | None
@@ -250,6 +426,7 @@ class StreamLaunch:
     method: int
     out_of_range: int
     tolerance_s: float | None = None
+    scratch: torch.Tensor | None = None
 
 
 def _strides2(t: torch.Tensor) -> tuple[int, int]:
@@ -286,9 +463,11 @@ class InterpPlan:
             else:
                 sd = s.data.stride() if s.data.dim() == 3 else (0, *s.data.stride())
             so = s.out.stride() if s.out.dim() == 3 else (*s.out.stride(), 0)
-            bt, bd = tile_2d(T, max(width, 1), max_cols=128, elements=tu.elements,
+            # pchip/cubic hold 4 tiles live: half-size tiles keep them out of local memory
+            elements = tu.elements // 2 if s.method in (PCHIP, CUBIC) else tu.elements
+            bt, bd = tile_2d(T, max(width, 1), max_cols=128, elements=elements,
                              min_rows=16, max_rows=128)
-            ntb = -(-T // bt)
+            ntb = 1 if s.method == CUBIC else -(-T // bt)  # cubic: one program per row
             starts.append(starts[-1] + batch * ntb)
             levels, stride0 = _levels(s.times.shape[-1], tu.fan)
             rows.append((
@@ -304,12 +483,12 @@ class InterpPlan:
         self.tail = (*cols[:14], len(streams), *cols[14:], tu.fan, tu.chunk, tu.max_scan)
         self.kwargs = {"num_warps": tu.num_warps}
 
-    def launch(self, target, datas, times, lens, outs, pads, auxs) -> None:
-        """Launch with per-stream tensor tuples; absent ones (no data, lengths, pad or aux)
-        are passed as `target`, which the kernel never touches for them."""
+    def launch(self, target, datas, times, lens, outs, pads, auxs, scrs) -> None:
+        """Launch with per-stream tensor tuples; absent ones (no data, lengths, pad, aux or
+        scratch) are passed as `target`, which the kernel never touches for them."""
         if self.grid[0]:
             _interp_kernel[self.grid](target, *self.head, datas, times, lens, outs, pads, auxs,
-                                      *self.tail, **self.kwargs)
+                                      scrs, *self.tail, **self.kwargs)
 
 
 def interp_cuda(streams: list[StreamLaunch], target: torch.Tensor, batch: int) -> None:
@@ -325,6 +504,7 @@ def interp_cuda(streams: list[StreamLaunch], target: torch.Tensor, batch: int) -
         tuple(s.out for s in streams),
         tuple(target if s.pad is None else s.pad for s in streams),
         tuple(target if s.aux is None else s.aux for s in streams),
+        tuple(target if s.scratch is None else s.scratch for s in streams),
     )
 
 

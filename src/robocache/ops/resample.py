@@ -116,7 +116,8 @@ def resample(
         plan.launch.launch(target_times, (data,), (times,),
                            (target_times if lengths is None else lengths,),
                            (out if plan.batched else out[None],),
-                           (target_times if mask is None else mask,), (target_times,))
+                           (target_times if mask is None else mask,), (target_times,),
+                           (target_times,))
     else:
         res, mask = _resample_cpu(data, times, target_times, lengths, method, out_of_range,
                                   return_mask, out, plan)
