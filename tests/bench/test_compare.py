@@ -108,7 +108,8 @@ def test_schema_accepts_written_results(tmp_path, report_results):
     assert gate.load_results(path)["cases"] == json.loads(Path(path).read_text())["cases"]
 
 
-@pytest.mark.parametrize("breakage", ["no_cases", "meta_device", "case_median", "case_samples"])
+@pytest.mark.parametrize("breakage", ["no_cases", "meta_device", "case_median", "case_samples",
+                                      "duplicate"])
 def test_schema_rejects_malformed(tmp_path, report_results, breakage):
     doc = json.loads(json.dumps(report_results))
     if breakage == "no_cases":
@@ -117,9 +118,11 @@ def test_schema_rejects_malformed(tmp_path, report_results, breakage):
         del doc["meta"]["device"]
     elif breakage == "case_median":
         doc["cases"][1]["median_ms"] = "fast"
+    elif breakage == "duplicate":
+        doc["cases"].append(doc["cases"][0])
     else:
         doc["cases"][1]["samples_ms"] = None
-    with pytest.raises(DataError, match="cases|device|median_ms|samples_ms"):
+    with pytest.raises(DataError, match="cases|device|median_ms|samples_ms|distinct names"):
         gate.load_results(_write(tmp_path, "bad.json", doc))
 
 

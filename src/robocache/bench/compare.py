@@ -46,8 +46,14 @@ def validate(doc: Any, source: str = "results") -> dict[str, Any]:
         raise DataError(f"{source}: expected an object with 'meta' and a 'cases' list, as "
                         "`robocache bench --json` writes.")
     need(doc.get("meta"), META_FIELDS, "meta")
+    seen: dict[tuple[str, str, str], int] = {}
     for i, case in enumerate(doc["cases"]):
         need(case, CASE_FIELDS, f"cases[{i}]")
+        if _key(case) in seen:
+            raise DataError(f"{source}: cases[{seen[_key(case)]}] and cases[{i}] are both "
+                            f"{_key(case)} (family, name, impl); the gate needs each once, so "
+                            "give the benchmark's cases distinct names.")
+        seen[_key(case)] = i
     return doc
 
 
