@@ -14,6 +14,11 @@ __version__ = "0.1.0"
 # name -> module that defines it
 _LAZY = {
     "resample": "robocache.ops.resample",
+    "align": "robocache.ops.align",
+    "Stream": "robocache.ops.align",
+    "Aligned": "robocache.ops.align",
+    "windows": "robocache.ops.windows",
+    "Windows": "robocache.ops.windows",
     "normalize": "robocache.ops.normalize",
     "compute_stats": "robocache.ops.normalize",
     "merge_stats": "robocache.ops.normalize",

@@ -75,13 +75,65 @@ def check_timestamps(op: str, name: str, times: torch.Tensor, lengths: torch.Ten
 
 
 def check_lengths(op: str, lengths: torch.Tensor, batch: int, size: int, device: torch.device,
-                  *, values: bool) -> None:
+                  *, values: bool, name: str = "lengths") -> None:
     """`lengths` is an integer [B] tensor; with ``values`` also checks 1 <= lengths <= size."""
-    check_dtype(op, "lengths", lengths, INDEX_DTYPES, "Pass integer lengths, e.g. lengths.long().")
-    check_device(op, "lengths", lengths, device, "data")
+    if not isinstance(lengths, torch.Tensor):
+        fail(op, f"`{name}` must be an integer torch.Tensor [B]; got {type(lengths).__name__}.",
+             TypeError)
+    check_dtype(op, name, lengths, INDEX_DTYPES, "Pass integer lengths, e.g. lengths.long().")
+    check_device(op, name, lengths, device, "data")
     if lengths.shape != (batch,):
-        fail(op, f"`lengths` must have shape [B] = [{batch}]; got {list(lengths.shape)}.")
+        fail(op, f"`{name}` must have shape [B] = [{batch}]; got {list(lengths.shape)}.")
     if values and batch and (bool((lengths < 1).any()) or bool((lengths > size).any())):
         lo, hi = int(lengths.min()), int(lengths.max())
-        fail(op, f"`lengths` must lie in [1, S] = [1, {size}]; got values in [{lo}, {hi}]. A row "
+        fail(op, f"`{name}` must lie in [1, S] = [1, {size}]; got values in [{lo}, {hi}]. A row "
              "needs at least one valid sample.", DataError)
+
+
+def check_series(op: str, where: str, data: torch.Tensor | None, times, target,
+                 lengths, *, batch: int | None) -> None:
+    """Metadata checks of one time series against its targets (no sync).
+
+    `where` prefixes argument names (e.g. "streams['tactile']."); `batch` is the batch size
+    (None for unbatched data); `data` may be None (frame_index streams).
+    """
+    for name, t in (("times", times), ("target_times", target)) + (
+            (("data", data),) if data is not None else ()):
+        if not isinstance(t, torch.Tensor):
+            fail(op, f"`{where}{name}` must be a torch.Tensor; got {type(t).__name__}.",
+                 TypeError)
+    dev = target.device
+    if data is not None:
+        if data.dim() != (2 if batch is None else 3):
+            want = "[S, D] (unbatched)" if batch is None else f"[B, S, D] with B = {batch}"
+            fail(op, f"`{where}data` must be {want}; got shape {list(data.shape)}.")
+        if batch is not None and data.shape[0] != batch:
+            fail(op, f"`{where}data` has batch size {data.shape[0]} but the batch is {batch}; "
+                 "every stream and the targets need the same B.")
+        if data.dtype not in FLOAT_DTYPES:
+            check_dtype(op, f"{where}data", data, FLOAT_DTYPES,
+                        "Convert with .float() (integer states: cast before resampling).")
+        if data.device != dev:
+            check_device(op, f"{where}data", data, dev, "target_times")
+    if times.dtype not in TIME_DTYPES:
+        check_dtype(op, f"{where}times", times, TIME_DTYPES,
+                    "Pass seconds as float64 (e.g. nanoseconds * 1e-9 in float64).")
+    if target.dtype not in TIME_DTYPES:
+        check_dtype(op, "target_times", target, TIME_DTYPES, "Pass seconds as float32 or float64.")
+    if times.device != dev:
+        check_device(op, f"{where}times", times, dev, "target_times")
+    S = times.shape[-1] if times.dim() else 0
+    if data is not None and data.shape[-2] != S:
+        fail(op, f"`{where}times` has {S} samples but `{where}data` has {data.shape[-2]}; "
+             "they must match.")
+    if not (times.dim() == 1 or (batch is not None and times.shape == (batch, S))):
+        want = f"[{batch}, S] or [S]" if batch is not None else "[S] (unbatched data)"
+        fail(op, f"`{where}times` must have shape {want}; got {list(times.shape)}.")
+    if S == 0:
+        fail(op, f"`{where}times` has S == 0 samples; every row needs at least one sample.")
+    if not (target.dim() == 1 or (batch is not None and target.dim() == 2
+                                  and target.shape[0] == batch)):
+        want = f"[{batch}, T] or [T]" if batch is not None else "[T] (unbatched data)"
+        fail(op, f"`target_times` must have shape {want}; got {list(target.shape)}.")
+    if lengths is not None:
+        check_lengths(op, lengths, 1 if batch is None else batch, S, dev, values=False)

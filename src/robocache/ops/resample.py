@@ -144,54 +144,26 @@ _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 1024
 
 
-def _check(data, times, target, lengths, method, out_of_range, out) -> bool:
-    """Host-side metadata checks (no sync). Returns whether the call is batched."""
-    for name, t in (("data", data), ("times", times), ("target_times", target)):
-        if not isinstance(t, torch.Tensor):
-            C.fail(_OP, f"`{name}` must be a torch.Tensor; got {type(t).__name__}.", TypeError)
+def _check(data, times, target, lengths, method, out_of_range, out) -> None:
+    """Host-side metadata checks (no sync)."""
+    if not isinstance(data, torch.Tensor):
+        C.fail(_OP, f"`data` must be a torch.Tensor; got {type(data).__name__}.", TypeError)
     if method not in METHODS:
         C.check_choice(_OP, "method", method, METHODS)
     if out_of_range not in OUT_OF_RANGE:
         C.check_choice(_OP, "out_of_range", out_of_range, OUT_OF_RANGE)
-    nd = data.dim()
-    if nd not in (2, 3):
+    if data.dim() not in (2, 3):
         C.fail(_OP, f"`data` must be [B, S, D] or [S, D]; got shape {list(data.shape)}.")
-    if data.dtype not in C.FLOAT_DTYPES:
-        C.check_dtype(_OP, "data", data, C.FLOAT_DTYPES,
-                      "Convert with data.float() (integer states: cast before resampling).")
-    if times.dtype not in C.TIME_DTYPES:
-        C.check_dtype(_OP, "times", times, C.TIME_DTYPES,
-                      "Pass seconds as float64 (e.g. nanoseconds * 1e-9 in float64).")
-    if target.dtype not in C.TIME_DTYPES:
-        C.check_dtype(_OP, "target_times", target, C.TIME_DTYPES,
-                      "Pass seconds as float32 or float64.")
-    dev = data.device
-    if times.device != dev:
-        C.check_device(_OP, "times", times, dev, "data")
-    if target.device != dev:
-        C.check_device(_OP, "target_times", target, dev, "data")
-    S = data.shape[-2]
-    if S == 0:
+    if data.shape[-2] == 0:
         C.fail(_OP, "`data` has S == 0 samples; every row needs at least one sample.")
-    batched = nd == 3
-    B = data.shape[0] if batched else None
-    ok_times = times.shape == (S,) or (batched and times.shape == (B, S))
-    if not ok_times:
-        want = f"[{B}, {S}] or [{S}]" if batched else f"[{S}] (unbatched data)"
-        C.fail(_OP, f"`times` must have shape {want} to match data {list(data.shape)}; got "
-               f"{list(times.shape)}.")
-    if not (target.dim() == 1 or (batched and target.dim() == 2 and target.shape[0] == B)):
-        want = f"[{B}, T] or [T]" if batched else "[T] (unbatched data)"
-        C.fail(_OP, f"`target_times` must have shape {want}; got {list(target.shape)}.")
-    if lengths is not None:
-        C.check_lengths(_OP, lengths, B if batched else 1, S, dev, values=False)
+    C.check_series(_OP, "", data, times, target, lengths,
+                   batch=data.shape[0] if data.dim() == 3 else None)
     if out is not None:
         shape = (*data.shape[:-2], target.shape[-1], data.shape[-1])
-        if tuple(out.shape) != shape or out.dtype != data.dtype or out.device != dev:
+        if tuple(out.shape) != shape or out.dtype != data.dtype or out.device != data.device:
             C.fail(_OP, f"`out` must be a {str(data.dtype).removeprefix('torch.')} tensor of "
-                   f"shape {list(shape)} on {dev}; got {str(out.dtype).removeprefix('torch.')}"
-                   f" {list(out.shape)} on {out.device}.")
-    return batched
+                   f"shape {list(shape)} on {data.device}; got "
+                   f"{str(out.dtype).removeprefix('torch.')} {list(out.shape)} on {out.device}.")
 
 
 def _batched(data: torch.Tensor, batched: bool) -> torch.Tensor:

@@ -1,0 +1,81 @@
+"""Window gather kernel: history/horizon chunks of packed episodes with pad masks.
+
+One program gathers BLOCK_M windows. It finds each window's episode once (a vectorized
+binary search over the episode offsets, or the episode ids when given), then copies its K
+rows, K unrolled so every row's load is in flight before the first store: the copy is
+latency-bound otherwise (a runtime loop issues one [BLOCK_M, D] load per round trip).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from robocache.kernels._utils import next_pow2
+
+
+@triton.jit
+def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad1,
+                    M, n_episodes, search_steps, sdr, sdd, D: tl.constexpr,
+                    K0: tl.constexpr, K1: tl.constexpr, HAS_EPISODES: tl.constexpr,
+                    ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mm = offs_m < M
+    r = tl.load(indices + offs_m, mask=mm, other=0).to(tl.int64)
+    if HAS_EPISODES:
+        e = tl.load(episodes + offs_m, mask=mm, other=0).to(tl.int64)
+    else:  # e = last episode whose first row <= r
+        lo = tl.zeros([BLOCK_M], dtype=tl.int64)
+        hi = tl.zeros([BLOCK_M], dtype=tl.int64) + (n_episodes - 1)
+        for _ in range(search_steps):
+            mid = (lo + hi + 1) // 2
+            start = tl.load(offsets + mid, mask=mm & (lo < hi), other=0).to(tl.int64)
+            go = start <= r
+            lo = tl.where((lo < hi) & go, mid, lo)
+            hi = tl.where((lo < hi) & ~go, mid - 1, hi)
+        e = lo
+    first = tl.load(offsets + e, mask=mm, other=0).to(tl.int64)
+    last = tl.load(offsets + e + 1, mask=mm, other=1).to(tl.int64) - 1
+    for k in tl.static_range(K0 + K1):
+        row = r + tl.load(rel + k)
+        is_pad = (row < first) | (row > last)
+        src = tl.minimum(tl.maximum(row, first), last)
+        for d0 in tl.static_range(0, D, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            m2 = mm[:, None] & (offs_d < D)[None, :]
+            v = tl.load(data + src[:, None] * sdr + offs_d[None, :] * sdd, mask=m2, other=0)
+            if ZERO_PAD:
+                v = tl.where(is_pad[:, None], tl.zeros_like(v), v)
+            if k < K0:
+                tl.store(out0 + (offs_m[:, None] * K0 + k) * D + offs_d[None, :], v, mask=m2)
+            else:
+                tl.store(out1 + (offs_m[:, None] * K1 + (k - K0)) * D + offs_d[None, :], v,
+                         mask=m2)
+        if k < K0:
+            tl.store(pad0 + offs_m * K0 + k, is_pad, mask=mm)
+        else:
+            tl.store(pad1 + offs_m * K1 + (k - K0), is_pad, mask=mm)
+
+
+def windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
+                 episodes: torch.Tensor | None, rel: torch.Tensor, split: int,
+                 out0: torch.Tensor, out1: torch.Tensor, pad0: torch.Tensor,
+                 pad1: torch.Tensor, zero_pad: bool) -> None:
+    """Gather windows of `data [total, D]`: entries ``rel[:split]`` into out0/pad0
+    (``[M, split, D]`` / ``[M, split]``), the rest into out1/pad1; outputs contiguous."""
+    M, D = indices.shape[0], data.shape[1]
+    if M == 0:
+        return
+    n_episodes = offsets.shape[0] - 1
+    block_d = min(next_pow2(max(D, 1)), 128)
+    # 16 windows x K rows per program: every row load in flight at ~4 values per thread.
+    block_m = 16
+    _windows_kernel[(triton.cdiv(M, block_m),)](
+        data, offsets, indices, indices if episodes is None else episodes, rel,
+        out0, out1, pad0, pad1, M, n_episodes, max(n_episodes, 1).bit_length(),
+        data.stride(0), data.stride(1), D=D, K0=split, K1=rel.shape[0] - split,
+        HAS_EPISODES=episodes is not None, ZERO_PAD=zero_pad, BLOCK_M=block_m,
+        BLOCK_D=block_d, num_warps=4,
+    )

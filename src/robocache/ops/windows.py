@@ -1,0 +1,201 @@
+"""`robocache.windows`: history and action chunks of packed episodes, with pad masks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from robocache.ops import _checks as C
+from robocache.reference.windows import episode_bounds, windows_ref
+
+_OP = "windows"
+PADS = ("edge", "zero")
+_DTYPES = (*C.FLOAT_DTYPES, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+class Windows(NamedTuple):
+    """Windows gathered by `windows`.
+
+    With ``history``/``horizon``: ``history [M, h, D]`` (rows ``-(h-1) .. 0``, the current
+    row last), ``history_is_pad [M, h]``, ``horizon [M, H, D]`` (rows ``0 .. H-1``: action
+    chunks start at the current step) and ``horizon_is_pad [M, H]``. With ``offsets``: the
+    windows in ``history`` / ``history_is_pad`` and an empty horizon.
+    """
+
+    history: torch.Tensor
+    history_is_pad: torch.Tensor
+    horizon: torch.Tensor
+    horizon_is_pad: torch.Tensor
+
+
+def windows(
+    data: torch.Tensor,
+    episode_offsets: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    history: int = 1,
+    horizon: int = 0,
+    offsets: Sequence[int] | None = None,
+    pad: str = "edge",
+    episodes: torch.Tensor | None = None,
+    validate: bool | None = None,
+) -> Windows:
+    """Gather training windows around sample positions of packed episodes.
+
+    Args:
+        data: ``[total, D]`` rows of all episodes back to back (aligned streams, actions);
+            any float or integer dtype.
+        episode_offsets: int ``[N + 1]``, non-decreasing, ``[0, ..., total]``: episode e
+            holds rows ``episode_offsets[e] : episode_offsets[e+1]`` (as FlashAttention's
+            ``cu_seqlens``).
+        indices: int ``[M]`` global row of each window's current step.
+        history: rows ``-(history-1) .. 0`` (LeRobot's observation delta_timestamps, Octo's
+            window_size); >= 0.
+        horizon: rows ``0 .. horizon-1`` (action chunks, diffusion policy's horizon); >= 0.
+        offsets: instead of history/horizon, any list of integer row offsets.
+        pad: rows outside the window's episode repeat the episode's edge row (``"edge"``)
+            or are zeros (``"zero"``); either way ``*_is_pad`` is True there.
+        episodes: optional int ``[M]`` episode of each index (skips the search; validated
+            to contain the index when validating).
+        validate: data-dependent checks (offsets non-decreasing and spanning data, indices in
+            range / in their episode): default on for CPU, off for CUDA unless
+            ``ROBOCACHE_VALIDATE=1``.
+
+    Returns:
+        `Windows` (contiguous tensors in data's dtype; masks bool). CUDA: one gather kernel.
+
+    Raises:
+        ShapeError, DTypeError, DeviceError: bad ranks, dtypes, devices.
+        ValueError: negative history/horizon, nothing to gather, unknown pad.
+        DataError: (when validating) offsets decreasing or not ending at ``total``, an
+            index outside ``[0, total)`` or outside its given episode.
+
+    Example:
+        >>> data = torch.randn(1000, 32)
+        >>> offs = torch.tensor([0, 400, 1000])
+        >>> w = robocache.windows(data, offs, torch.tensor([0, 399, 400]), history=2,
+        ...                       horizon=16)
+        >>> w.history.shape, w.horizon.shape, w.horizon_is_pad[1].sum().item()
+        (torch.Size([3, 2, 32]), torch.Size([3, 16, 32]), 15)
+    """
+    rel, split = _relative(history, horizon, offsets)
+    _check(data, episode_offsets, indices, episodes, pad)
+    if C.wants_validation(validate, data):
+        _validate(data, episode_offsets, indices, episodes)
+    M, D = indices.shape[0], data.shape[1]
+    K1 = len(rel) - split
+    if torch.compiler.is_compiling():
+        return Windows(*torch.ops.robocache.windows(data, episode_offsets, indices, episodes,
+                                                    list(rel), split, pad == "zero"))
+    if data.is_cuda:
+        from robocache.kernels.windows import windows_cuda
+
+        dev = data.device
+        out0 = torch.empty((M, split, D), dtype=data.dtype, device=dev)
+        out1 = torch.empty((M, K1, D), dtype=data.dtype, device=dev)
+        pad0 = torch.empty((M, split), dtype=torch.bool, device=dev)
+        pad1 = torch.empty((M, K1), dtype=torch.bool, device=dev)
+        windows_cuda(data, episode_offsets, indices, episodes, _rel_tensor(rel, dev), split,
+                     out0, out1, pad0, pad1, pad == "zero")
+        return Windows(out0, pad0, out1, pad1)
+    values, is_pad = windows_ref(data, episode_offsets, indices,
+                                 torch.tensor(rel, dtype=torch.int64), pad == "zero", episodes)
+    return Windows(values[:, :split].contiguous(), is_pad[:, :split].contiguous(),
+                   values[:, split:].contiguous(), is_pad[:, split:].contiguous())
+
+
+def _relative(history, horizon, offsets) -> tuple[tuple[int, ...], int]:
+    """Relative rows and how many of them go to `history`."""
+    if offsets is not None:
+        rel = tuple(int(o) for o in offsets)
+        if not rel:
+            C.fail(_OP, "`offsets` is empty; pass at least one row offset.", ValueError)
+        return rel, len(rel)
+    for name, v in (("history", history), ("horizon", horizon)):
+        if not isinstance(v, int) or v < 0:
+            C.fail(_OP, f"`{name}` must be an int >= 0; got {v!r}.", ValueError)
+    if history + horizon == 0:
+        C.fail(_OP, "`history` and `horizon` are both 0: nothing to gather; ask for at least "
+               "one row.", ValueError)
+    return tuple(range(1 - history, 1)) + tuple(range(horizon)), history
+
+
+_REL_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def _rel_tensor(rel: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Device copy of the relative offsets, made once per (offsets, device)."""
+    key = (rel, device)
+    t = _REL_CACHE.get(key)
+    if t is None:
+        t = _REL_CACHE[key] = torch.tensor(rel, dtype=torch.int64, device=device)
+    return t
+
+
+def _check(data, offsets, indices, episodes, pad) -> None:
+    for name, t in (("data", data), ("episode_offsets", offsets), ("indices", indices)):
+        if not isinstance(t, torch.Tensor):
+            C.fail(_OP, f"`{name}` must be a torch.Tensor; got {type(t).__name__}.", TypeError)
+    C.check_choice(_OP, "pad", pad, PADS)
+    if data.dim() != 2:
+        C.fail(_OP, f"`data` must be [total, D] (packed episodes); got shape {list(data.shape)}."
+               " Flatten extra feature dims with data.flatten(1).")
+    if data.dtype not in _DTYPES:
+        C.check_dtype(_OP, "data", data, _DTYPES, "Convert bool/complex data first.")
+    dev = data.device
+    for name, t, want in (("episode_offsets", offsets, "[N + 1]"), ("indices", indices, "[M]"),
+                          ("episodes", episodes, "[M]")):
+        if t is None:
+            continue
+        C.check_dtype(_OP, name, t, C.INDEX_DTYPES, f"Pass integer {name}, e.g. .long().")
+        C.check_device(_OP, name, t, dev, "data")
+        if t.dim() != 1:
+            C.fail(_OP, f"`{name}` must be {want}; got shape {list(t.shape)}.")
+    if offsets.shape[0] < 2:
+        C.fail(_OP, f"`episode_offsets` needs N + 1 >= 2 entries; got {offsets.shape[0]}.")
+    if episodes is not None and episodes.shape != indices.shape:
+        C.fail(_OP, f"`episodes` must match `indices` [M] = [{indices.shape[0]}]; got "
+               f"{list(episodes.shape)}.")
+
+
+def _validate(data, offsets, indices, episodes) -> None:
+    total = data.shape[0]
+    if bool((offsets[1:] < offsets[:-1]).any()):
+        C.fail(_OP, "`episode_offsets` decreases; offsets must be non-decreasing.", C.DataError)
+    if int(offsets[0]) != 0 or int(offsets[-1]) != total:
+        C.fail(_OP, f"`episode_offsets` must start at 0 and end at total = {total}; got "
+               f"{int(offsets[0])} .. {int(offsets[-1])}.", C.DataError)
+    if indices.numel() and (bool((indices < 0).any()) or bool((indices >= total).any())):
+        C.fail(_OP, f"`indices` must lie in [0, total) = [0, {total}); got values in "
+               f"[{int(indices.min())}, {int(indices.max())}].", C.DataError)
+    if episodes is not None and indices.numel():
+        n = offsets.shape[0] - 1
+        if bool((episodes < 0).any()) or bool((episodes >= n).any()):
+            C.fail(_OP, f"`episodes` must lie in [0, N) = [0, {n}).", C.DataError)
+        lo, hi = episode_bounds(offsets, indices, episodes)
+        bad = (indices < lo) | (indices >= hi)
+        if bool(bad.any()):
+            m = int(bad.nonzero()[0])
+            C.fail(_OP, f"`indices[{m}]` = {int(indices[m])} lies outside its episode "
+                   f"{int(episodes[m])} (rows {int(lo[m])} .. {int(hi[m]) - 1}).", C.DataError)
+
+
+@torch.library.custom_op("robocache::windows", mutates_args=())
+def _windows_op(data: torch.Tensor, episode_offsets: torch.Tensor, indices: torch.Tensor,
+                episodes: torch.Tensor | None, rel: list[int], split: int, zero_pad: bool,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Traceable form of `windows` (used under torch.compile)."""
+    w = windows(data, episode_offsets, indices, offsets=rel, pad="zero" if zero_pad else "edge",
+                episodes=episodes, validate=False)
+    values, is_pad = w.history, w.history_is_pad
+    return (values[:, :split].contiguous(), is_pad[:, :split].contiguous(),
+            values[:, split:].contiguous(), is_pad[:, split:].contiguous())
+
+
+@_windows_op.register_fake
+def _(data, episode_offsets, indices, episodes, rel, split, zero_pad):
+    M, D, K1 = indices.shape[0], data.shape[1], len(rel) - split
+    return (data.new_empty((M, split, D)), data.new_empty((M, split), dtype=torch.bool),
+            data.new_empty((M, K1, D)), data.new_empty((M, K1), dtype=torch.bool))

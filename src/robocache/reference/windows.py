@@ -1,0 +1,34 @@
+"""Pure-PyTorch window gather: the CPU path of `robocache.windows` and its kernel's oracle.
+
+Row ``r = indices[m]`` lies in episode ``e`` (``offsets[e] <= r < offsets[e+1]``); window
+entry k reads row ``r + rel[k]``. Rows outside the episode are padding (``is_pad``) and hold
+the episode's edge row (``pad="edge"``) or zeros (``pad="zero"``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def episode_bounds(offsets: torch.Tensor, indices: torch.Tensor,
+                   episodes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first row, one past the last row) of each index's episode, int64 [M]."""
+    off = offsets.to(torch.int64)
+    if episodes is None:
+        episodes = torch.searchsorted(off, indices.to(torch.int64), right=True) - 1
+    e = episodes.to(torch.int64)
+    return off[e], off[e + 1]
+
+
+def windows_ref(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
+                rel: torch.Tensor, zero_pad: bool,
+                episodes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """values ``[M, K, D]`` and is_pad ``[M, K]`` for relative offsets ``rel [K]``."""
+    lo, hi = episode_bounds(offsets, indices, episodes)
+    rows = indices.to(torch.int64)[:, None] + rel.to(torch.int64)[None, :]
+    is_pad = (rows < lo[:, None]) | (rows >= hi[:, None])
+    clamped = torch.minimum(torch.maximum(rows, lo[:, None]), hi[:, None] - 1)
+    values = data[clamped]
+    if zero_pad:
+        values = values.masked_fill(is_pad.unsqueeze(-1), 0)
+    return values, is_pad
