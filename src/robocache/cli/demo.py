@@ -31,6 +31,10 @@ def run_demo(dest: Path, *, batches: int = 100, batch_size: int = 256, device: s
     if not (source / "meta" / "info.json").exists():  # an installed package: regenerate it
         source = write_sample(dest / "sample")
     manifest = build(source, dest / "cache", rate_hz=rate, device=device, progress=progress)
+    if progress:
+        from robocache.cli.ingest import print_summary
+
+        print_summary(manifest)
     dataset = RobotDataset(dest / "cache", history=2, horizon=16)
     loader = RobotLoader(dataset, batch_size, device=device, num_workers=workers)
     dev = loader.device
@@ -73,15 +77,12 @@ def demo(
     from rich.console import Console
     from rich.table import Table
 
-    from robocache.cli.ingest import print_summary
-
     dest = dest or Path(tempfile.gettempdir()) / "robocache-demo"
     result = run_demo(dest, batches=batches, batch_size=batch_size, device=device,
                       workers=workers, progress=not as_json)
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return
-    print_summary(result["manifest"])
     console = Console()
     d = result["dataset"]
     table = Table(title=f"batches on {result['device']} ({result['mode']}): {d['samples']} "

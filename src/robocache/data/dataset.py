@@ -113,6 +113,11 @@ class RobotDataset(torch.utils.data.Dataset):
         stats = json.loads((self.path / self.manifest["stats_path"]).read_text())
         self.stats = {k: Stats.from_dict(v) for k, v in stats.items() if k in keys}
 
+        if not (self.path / "data.lance").exists():
+            reasons = "; ".join(f"episode {q['index']}: {q['reason']}"
+                                for q in self.manifest["quarantined"][:3])
+            raise DataError(f"{self.path} holds no cached episodes "
+                            f"({len(self.manifest['quarantined'])} quarantined: {reasons}).")
         ds = lance.dataset(str(self.path / "data.lance"))
         columns = ["episode_index", "step", "timestamp"]
         for k in keys:
@@ -122,8 +127,6 @@ class RobotDataset(torch.utils.data.Dataset):
         ep = table.column("episode_index").to_numpy()
         order = np.lexsort((table.column("step").to_numpy(), ep))
         ep = ep[order]
-        if len(ep) == 0:
-            raise DataError(f"{self.path} holds no cached episodes.")
         starts = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]])
         self.episode_ids = torch.from_numpy(ep[starts].copy())
         self.offsets = torch.from_numpy(np.r_[starts, len(ep)].astype(np.int64))

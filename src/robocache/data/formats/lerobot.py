@@ -205,15 +205,19 @@ def _rows(episode: Episode, specs: dict[str, StreamSpec], start: int) -> pa.Tabl
             values[rows] = stream.data
             cols[name] = pa.array(values.tolist(), pa.string())
             continue
-        flat = np.zeros((n, spec.dim), dtype=spec.dtype)
-        flat[rows] = stream.data.reshape(len(rows), -1)
         if not spec.shape:
-            cols[name] = pa.array(flat.reshape(-1), mask=mask)
+            flat = np.zeros(n, dtype=spec.dtype)
+            flat[rows] = stream.data
+            cols[name] = pa.array(flat, mask=mask)
             continue
-        values = pa.array(flat.reshape(-1))
+        # variable-size lists, as LeRobot (HF datasets) writes them; null where no sample
+        values = pa.array(np.ascontiguousarray(stream.data).reshape(-1))
         for size in reversed(spec.shape[1:]):
-            values = pa.FixedSizeListArray.from_arrays(values, size)
-        cols[name] = pa.FixedSizeListArray.from_arrays(values, spec.shape[0], mask=pa.array(mask))
+            count = len(values) // size
+            values = pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32)
+                                                       * size), values)
+        offsets = np.r_[0, np.cumsum(np.where(mask, 0, spec.shape[0]))].astype(np.int32)
+        cols[name] = pa.ListArray.from_arrays(pa.array(offsets), values, mask=pa.array(mask))
     return pa.table(cols)
 
 
