@@ -164,7 +164,10 @@ def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
     bt, bd = tile_2d(T, D, max_cols=128, elements=TUNING.elements, min_rows=16, max_rows=128)
     ntb = -(-T // bt)
     _pipeline_kernel[(B * k * ntb,)](
-        data, times, data if lengths is None else lengths, out, flags, offset, scale, std,
+        # absent tensors are passed as `data` (never touched): an empty tensor's null pointer
+        # is rejected by the launcher
+        data, times, data if lengths is None else lengths, out,
+        flags if plan.streams else data, offset, scale, std,
         stream_of_col, S, T, D, k, span, seed, max_translation, max_rotation, warp_amp,
         max_crop, drop_p, data.stride(0), data.stride(1), times.stride(0), times.stride(1),
         levels, stride0, ntb,

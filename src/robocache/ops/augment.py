@@ -247,17 +247,23 @@ def add_noise(x: torch.Tensor, std: float | Sequence[float] | torch.Tensor, *, s
     op = "add_noise"
     check_dtype(op, "x", x, FLOAT_DTYPES, "Convert with x.float().")
     d = x.shape[-1] if x.dim() else 1
-    sd = noise_std_vector(op, std, d).to(x.device)
-    s = as_seed(op, seed)
+    return noise_apply(x, noise_std_vector(op, std, d).to(x.device), as_seed(op, seed), out)
+
+
+def noise_apply(x: torch.Tensor, std: torch.Tensor, seed: int,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """`add_noise` after validation: std float32 ``[D]`` already on x's device (no copy, no
+    sync: safe inside CUDA-graph capture)."""
+    d = x.shape[-1] if x.dim() else 1
     xc = x.contiguous()
     if x.device.type == "cuda":
         from robocache.kernels.augment import noise_cuda
 
         dst = torch.empty_like(xc) if out is None else out
-        noise_cuda(xc.view(-1, d), sd, s, dst.view(-1, d))
+        noise_cuda(xc.view(-1, d), std, seed, dst.view(-1, d))
         return dst
     idx = torch.arange(xc.numel(), dtype=torch.int64).view(xc.shape)
-    y = (xc.float() + sd * ref.randn(s, idx)).to(x.dtype)
+    y = (xc.float() + std * ref.randn(seed, idx)).to(x.dtype)
     return y if out is None else out.copy_(y)
 
 
@@ -337,6 +343,11 @@ def drop_streams(x: torch.Tensor, streams: Sequence[tuple[int, int]],
     if dropped.shape != (*x.shape[:-2], len(streams)):
         fail("drop_streams", f"`dropped` must have shape {[*x.shape[:-2], len(streams)]}; got "
              f"{list(dropped.shape)}.", ShapeError)
+    return zero_streams(x, col, dropped)
+
+
+def zero_streams(x: torch.Tensor, col: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
+    """`drop_streams` after validation, with the column -> stream map on x's device."""
     padded = torch.cat([dropped, dropped.new_zeros(*dropped.shape[:-1], 1)], -1)
     zero = padded[..., col]  # [*L, D]; column -1 reads the appended False
     return x.masked_fill(zero.unsqueeze(-2), 0)

@@ -314,17 +314,15 @@ class Pipeline:
     def sample(self, batch: int, seed: aug.Seed, device=None) -> dict[str, torch.Tensor]:
         """The parameters a call with `seed` uses, materialized (``[B, K, ...]``): rotation,
         translation, warp coeffs/crop and dropped. Same Philox draws as the kernel."""
-        a, k = self.augment, self.augment.k
-        s = aug.as_seed(_OP, seed)
-        shape = (batch, k)
-        rig = aug.sample_rigid(shape, max_translation=a.max_translation,
-                               max_rotation=a.max_rotation, seed=s, device=device)
-        warp = aug.sample_time_warp(shape, strength=a.time_warp, terms=a.warp_terms,
-                                    keep_endpoints=not self.plan.crop, max_crop=a.max_crop,
-                                    seed=s, device=device)
-        dropped = aug.sample_dropout(shape, len(a.streams), a.dropout, seed=s, device=device)
-        return {"rotation": rig.rotation, "translation": rig.translation,
-                "warp_coeffs": warp.coeffs, "warp_crop": warp.crop, "dropped": dropped}
+        a, k, ns = self.augment, self.augment.k, len(self.augment.streams)
+        # One Philox pass over every slot (the same draws as sample_rigid/_time_warp/_dropout).
+        u = ref.param_uniforms(aug.as_seed(_OP, seed), batch * k, 0, ref.SLOT_DROP + ns, device)
+        u = u.view(batch, k, -1)
+        rot, trans = ref.rigid_from_uniforms(u, a.max_translation, a.max_rotation)
+        coeffs, crop = ref.warp_from_uniforms(u, a.time_warp, a.warp_terms,
+                                              a.max_crop if self.plan.crop else 0.0)
+        return {"rotation": rot, "translation": trans, "warp_coeffs": coeffs, "warp_crop": crop,
+                "dropped": u[..., ref.SLOT_DROP:] < a.dropout}
 
     def _compose(self, data, times, lengths, seed) -> PipelineOutput:
         """The chain as separate ops (CPU path, ``fused=False``, and the oracle)."""
@@ -355,9 +353,9 @@ class Pipeline:
         if self.plan.norm:
             y = _apply(y, offset, scale, self.plan.clip, False, None, "data")
         if self.plan.noise:
-            y = aug.add_noise(y, std, seed=seed)
+            y = aug.noise_apply(y, std, seed)
         if self.plan.streams:
-            y = aug.drop_streams(y, a.streams, p["dropped"])
+            y = aug.zero_streams(y, col, p["dropped"])
         return PipelineOutput(y.to(data.dtype), p["dropped"])
 
     # ------------------------------------------------------------------ CUDA graphs
