@@ -164,6 +164,8 @@ def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheC
         if spec.kind == "numeric":
             cols[col] = values.astype(np.float32)
         elif spec.kind == "event":
+            # an event holds until the next one: only steps before the first are padding
+            pad = t < episode.streams[name].times[0]
             ids = values[:, 0].round().astype(np.int64)
             cols[col] = np.where(pad, None, events[name][ids.clip(0, len(events[name]) - 1)])
             cols[f"{col}/age"] = out.age[name].reshape(n).cpu().numpy().astype(np.float32)
