@@ -241,7 +241,7 @@ def _validate_values(specs, target, B):
         if method == "slerp":
             norm = data.double().norm(dim=-1)
             if lens is not None:
-                valid = torch.arange(norm.shape[-2], device=norm.device) < lens.reshape(-1, 1)
+                valid = torch.arange(norm.shape[-1], device=norm.device) < lens.reshape(-1, 1)
                 norm = torch.where(valid, norm, 1.0)
             worst = float((norm - 1).abs().max())
             if not worst <= _QUAT_NORM_TOL:

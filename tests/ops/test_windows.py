@@ -1,0 +1,151 @@
+"""robocache.windows against a plain-Python loop (episodes shorter than the window included),
+the Triton gather kernel against the reference, and the validation rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import seeded
+
+import robocache
+from robocache.errors import DataError, DTypeError, ShapeError
+from robocache.kernels.windows import windows_cuda
+from robocache.reference.windows import windows_ref
+
+
+def _episodes(rng, n, max_len):
+    lengths = rng.integers(1, max_len + 1, n)
+    lengths[rng.integers(n)] = 1  # an episode shorter than any window
+    return np.concatenate([[0], np.cumsum(lengths)])
+
+
+def _python_loop(data, offsets, indices, rel, zero):
+    """The obvious per-window, per-row loop."""
+    values = np.zeros((len(indices), len(rel), data.shape[1]), dtype=data.dtype)
+    pads = np.zeros((len(indices), len(rel)), dtype=bool)
+    for m, r in enumerate(indices):
+        e = max(i for i in range(len(offsets) - 1) if offsets[i] <= r < offsets[i + 1])
+        lo, hi = offsets[e], offsets[e + 1] - 1
+        for k, o in enumerate(rel):
+            row = r + o
+            pads[m, k] = row < lo or row > hi
+            values[m, k] = 0 if (pads[m, k] and zero) else data[min(max(row, lo), hi)]
+    return values, pads
+
+
+@pytest.mark.parametrize("pad", ["edge", "zero"])
+@pytest.mark.parametrize("history,horizon", [(1, 0), (2, 16), (5, 3), (0, 7)])
+def test_matches_python_loop(pad, history, horizon):
+    rng = seeded()
+    offsets = _episodes(rng, 9, 30)
+    data = rng.standard_normal((offsets[-1], 6)).astype(np.float32)
+    idx = rng.integers(0, offsets[-1], 40)
+    w = robocache.windows(torch.tensor(data), torch.tensor(offsets), torch.tensor(idx),
+                          history=history, horizon=horizon, pad=pad)
+    rel = list(range(1 - history, 1)) + list(range(horizon))
+    values, pads = _python_loop(data, offsets, idx, rel, pad == "zero")
+    np.testing.assert_array_equal(w.history.numpy(), values[:, :history])
+    np.testing.assert_array_equal(w.horizon.numpy(), values[:, history:])
+    np.testing.assert_array_equal(w.history_is_pad.numpy(), pads[:, :history])
+    np.testing.assert_array_equal(w.horizon_is_pad.numpy(), pads[:, history:])
+
+
+def test_offsets_and_given_episodes():
+    rng = seeded()
+    offsets = _episodes(rng, 5, 20)
+    data = torch.tensor(rng.integers(0, 100, (offsets[-1], 2)))  # integer data works too
+    idx = rng.integers(0, offsets[-1], 17)
+    eps = np.searchsorted(offsets, idx, side="right") - 1
+    rel = [-3, 0, 2, 10]
+    w = robocache.windows(data, torch.tensor(offsets), torch.tensor(idx), offsets=rel,
+                          episodes=torch.tensor(eps))
+    values, pads = _python_loop(data.numpy(), offsets, idx, rel, False)
+    np.testing.assert_array_equal(w.history.numpy(), values)
+    np.testing.assert_array_equal(w.history_is_pad.numpy(), pads)
+    assert w.horizon.shape == (17, 0, 2)
+
+
+@pytest.mark.parametrize("zero", [False, True])
+@pytest.mark.parametrize("given", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_kernel_matches_reference(kernel_device, zero, given, dtype):
+    rng = seeded()
+    offsets = torch.tensor(_episodes(rng, 13, 25))
+    data = torch.tensor(rng.standard_normal((int(offsets[-1]), 37)) * 10).to(dtype)
+    idx = torch.tensor(rng.integers(0, int(offsets[-1]), 45))
+    eps = torch.searchsorted(offsets, idx, right=True) - 1 if given else None
+    rel = torch.tensor([-2, -1, 0, 0, 1, 2, 5])
+    ref, ref_pad = windows_ref(data, offsets, idx, rel, zero, eps)
+    dev = kernel_device
+    out0 = torch.zeros(45, 3, 37, dtype=dtype, device=dev) - 7
+    out1 = torch.zeros(45, 4, 37, dtype=dtype, device=dev) - 7
+    pad0 = torch.zeros(45, 3, dtype=torch.bool, device=dev)
+    pad1 = torch.ones(45, 4, dtype=torch.bool, device=dev)
+    windows_cuda(data.to(dev), offsets.to(dev), idx.to(dev),
+                 None if eps is None else eps.to(dev), rel.to(dev), 3, out0, out1, pad0, pad1,
+                 zero)
+    torch.testing.assert_close(torch.cat([out0, out1], 1).cpu(), ref, rtol=0, atol=0)
+    assert torch.equal(torch.cat([pad0, pad1], 1).cpu(), ref_pad)
+
+
+@pytest.mark.gpu
+def test_cuda_large_graph_and_compile():
+    rng = seeded()
+    offsets = torch.tensor(_episodes(rng, 500, 400)).cuda()
+    data = torch.randn(int(offsets[-1]), 32, device="cuda")
+    idx = torch.randint(0, int(offsets[-1]), (65536,), device="cuda")
+    w = robocache.windows(data, offsets, idx, history=2, horizon=16)
+    c = robocache.windows(data.cpu(), offsets.cpu(), idx.cpu(), history=2, horizon=16)
+    for a, b in zip(w, c, strict=True):
+        assert torch.equal(a.cpu(), b)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g = robocache.windows(data, offsets, idx, history=2, horizon=16)
+    graph.replay()
+    assert torch.equal(g.horizon, w.horizon)
+    f = torch.compile(lambda i: robocache.windows(data, offsets, i, history=2, horizon=16).horizon,
+                      fullgraph=True)
+    assert torch.equal(f(idx), w.horizon)
+
+
+def test_traces_fullgraph_on_cpu():
+    data, offsets = torch.randn(50, 3), torch.tensor([0, 20, 50])
+    idx = torch.tensor([0, 19, 20, 49])
+    f = torch.compile(lambda i: robocache.windows(data, offsets, i, history=2, horizon=3),
+                      fullgraph=True, backend="aot_eager")
+    for a, b in zip(f(idx), robocache.windows(data, offsets, idx, history=2, horizon=3),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+def test_empty_indices():
+    w = robocache.windows(torch.randn(10, 3), torch.tensor([0, 10]),
+                          torch.empty(0, dtype=torch.int64), history=2, horizon=4)
+    assert w.history.shape == (0, 2, 3) and w.horizon_is_pad.shape == (0, 4)
+
+
+@pytest.mark.parametrize("args,kwargs,exc,match", [
+    ((torch.randn(10), torch.tensor([0, 10]), torch.tensor([1])), {}, ShapeError, r"\[total, D\]"),
+    ((torch.randn(10, 2), torch.tensor([0.0, 10.0]), torch.tensor([1])), {}, DTypeError,
+     "episode_offsets"),
+    ((torch.randn(10, 2), torch.tensor([0, 10]), torch.tensor([1.0])), {}, DTypeError, "indices"),
+    ((torch.randn(10, 2), torch.tensor([0, 10]), torch.tensor([1])), {"history": -1},
+     ValueError, "history"),
+    ((torch.randn(10, 2), torch.tensor([0, 10]), torch.tensor([1])), {"history": 0},
+     ValueError, "nothing to gather"),
+    ((torch.randn(10, 2), torch.tensor([0, 10]), torch.tensor([1])), {"pad": "wrap"},
+     ValueError, "pad"),
+    ((torch.randn(10, 2), torch.tensor([0, 6, 4, 10]), torch.tensor([1])), {}, DataError,
+     "decreases"),
+    ((torch.randn(10, 2), torch.tensor([0, 9]), torch.tensor([1])), {}, DataError, "end at"),
+    ((torch.randn(10, 2), torch.tensor([0, 10]), torch.tensor([10])), {}, DataError,
+     r"\[0, total\)"),
+    ((torch.randn(10, 2), torch.tensor([0, 4, 10]), torch.tensor([5])),
+     {"episodes": torch.tensor([0])}, DataError, "outside its episode"),
+    ((torch.randn(10, 2), torch.tensor([0, 10]), torch.tensor([1])), {"offsets": []},
+     ValueError, "empty"),
+])
+def test_bad_input(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        robocache.windows(*args, **kwargs)
