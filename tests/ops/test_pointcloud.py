@@ -172,14 +172,19 @@ def test_voxelize_kernel_vs_numpy(kernel_device, mode, padding):
     check_dense(grid, count, dropped, points, valid_of(b, n, lengths, mask), feats.numpy(), mode)
 
 
-def test_voxelize_kernel_crosses_blocks_and_merges_runs(kernel_device):
-    """Sorted clouds (long runs of one voxel) across a 1024-point block boundary."""
+@pytest.mark.parametrize("merge", [True, False])
+def test_voxelize_kernel_crosses_blocks_and_merges_runs(kernel_device, monkeypatch, merge):
+    """Sorted clouds (long runs of one voxel) across block boundaries, with and without the
+    run merge."""
+    from robocache.kernels import pointcloud as kernels
+
+    monkeypatch.setattr(kernels, "MERGE_RUNS", merge)
     rng = seeded()
     points, feats = random_cloud(rng, 2, 1100, f=2, spread=0.0)
     order = torch.argsort(points[..., 0], dim=1)
     points = torch.gather(points, 1, order[..., None].expand(-1, -1, 3))
-    for mode in ("count", "mean"):
-        f = feats.to(kernel_device) if mode == "mean" else None
+    for mode in ("count", "mean", "max"):
+        f = feats.to(kernel_device) if mode != "count" else None
         grid, count, dropped = kernel_dense(points.to(kernel_device), f, mode)
         check_dense(grid, count, dropped, points, np.ones((2, 1100), bool), feats.numpy(), mode)
 

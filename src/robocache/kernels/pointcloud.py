@@ -9,6 +9,8 @@ atomic. The run test recomputes the neighbours' keys (offset -1 / +1; the loads 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -31,11 +33,15 @@ def _seg_max(f1, a1, f2, a2):
 
 
 @triton.jit
-def _voxel_key(x, y, z, ok, lo_x, lo_y, lo_z, vs_x, vs_y, vs_z, gx, gy, gz):
-    """Key within the cloud's grid (int64, -1 when not inside) and whether ok points are inside."""
-    ix = tl.floor(tl.math.div_rn(x - lo_x, vs_x))
-    iy = tl.floor(tl.math.div_rn(y - lo_y, vs_y))
-    iz = tl.floor(tl.math.div_rn(z - lo_z, vs_z))
+def _voxel_key(x, y, z, ok, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz):
+    """Key within the cloud's grid (int64, -1 when not inside) and whether ok points are inside.
+
+    Multiplies by the float32 reciprocal of the voxel size (iv_*): IEEE divisions (div_rn) here
+    and in the backprojection made the occupancy kernel ALU-bound (42 us for 8 frames on H100).
+    """
+    ix = tl.floor((x - lo_x) * iv_x)
+    iy = tl.floor((y - lo_y) * iv_y)
+    iz = tl.floor((z - lo_z) * iv_z)
     inside = ok & (ix >= 0) & (ix < gx) & (iy >= 0) & (iy < gy) & (iz >= 0) & (iz < gz)
     ix = tl.where(inside, ix, 0).to(tl.int64)
     iy = tl.where(inside, iy, 0).to(tl.int64)
@@ -68,8 +74,8 @@ def _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs, hw, w, scale, min_z, max_z,
     cx, cy = tl.load(k + 2).to(tl.float32), tl.load(k + 5).to(tl.float32)
     u = (offs % w).to(tl.float32)
     v = (offs // w).to(tl.float32)
-    x = tl.math.div_rn((u - cx) * z, fx)
-    y = tl.math.div_rn((v - cy) * z, fy)
+    x = (u - cx) * z * tl.math.div_rn(1.0, fx)
+    y = (v - cy) * z * tl.math.div_rn(1.0, fy)
     if HAS_EXT:
         e = e_ptr + b * E_STRIDE
         wx = (tl.load(e).to(tl.float32) * x + tl.load(e + 1).to(tl.float32) * y
@@ -84,84 +90,100 @@ def _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs, hw, w, scale, min_z, max_z,
 
 @triton.jit
 def _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, key_out_ptr, occ_ptr, cnt_ptr,
-          val_ptr, drop_ptr, gx, gy, gz, MODE: tl.constexpr, KEYS: tl.constexpr,
+          val_ptr, drop_ptr, nvox, MODE: tl.constexpr, KEYS: tl.constexpr, MERGE: tl.constexpr,
           BLOCK: tl.constexpr, FP: tl.constexpr):
-    """Count dropped points, then write keys (sparse path) or reduce into the dense grid."""
+    """Count dropped points, then write keys (sparse path) or reduce into the dense grid.
+
+    With MERGE, a run of equal keys issues one atomic from its last point, carrying the run's
+    segmented-scan reduction. For sum/mean the count rides in feature column f (exact in float32
+    up to 2^24 points), so one scan serves both.
+    """
     hit = key >= 0
     tl.atomic_add(drop_ptr + b, tl.sum((ok & ~hit).to(tl.int32), 0), sem="relaxed")
-    nvox = gx.to(tl.int64) * gy * gz
     row = b.to(tl.int64) * n + offs
     if KEYS:
         tl.store(key_out_ptr + row, tl.where(hit, b * nvox + key, -1), mask=offs < n)
     else:
         lane = tl.arange(0, BLOCK)
-        start = (key != key_prev) | (lane == 0)
-        emit = hit & ((key != key_next) | (lane == BLOCK - 1))
+        if MERGE:
+            start = (key != key_prev) | (lane == 0)
+            emit = hit & ((key != key_next) | (lane == BLOCK - 1))
+        else:
+            start = lane >= 0
+            emit = hit
         vox = b * nvox + tl.where(hit, key, 0)
         if MODE == 0:
             tl.store(occ_ptr + vox, tl.full([BLOCK], 1, tl.uint8), mask=emit)
-        else:
-            _, run = tl.associative_scan((start, hit.to(tl.int32)), 0, _seg_add)
+        elif MODE == 1 or MODE == 4:
+            run = hit.to(tl.int32)
+            if MERGE:
+                _, run = tl.associative_scan((start, run), 0, _seg_add)
             tl.atomic_add(cnt_ptr + vox, run, mask=emit, sem="relaxed")
         if MODE >= 2:
-            cols = tl.arange(0, FP)
-            fmask = hit[:, None] & (cols[None, :] < f)
-            vals = tl.load(feat_ptr + row[:, None] * f + cols[None, :], mask=fmask,
+            cols = tl.arange(0, FP)[None, :]
+            vals = tl.load(feat_ptr + row[:, None] * f + cols, mask=hit[:, None] & (cols < f),
                            other=0).to(tl.float32)
             start2 = tl.broadcast_to(start[:, None], (BLOCK, FP))
-            dst = val_ptr + vox[:, None] * f + cols[None, :]
-            emit2 = emit[:, None] & (cols[None, :] < f)
+            dst = val_ptr + vox[:, None] * f + cols
+            emit2 = emit[:, None] & (cols < f)
             if MODE == 4:
-                _, red = tl.associative_scan((start2, vals), 0, _seg_max)
-                tl.atomic_max(dst, red, mask=emit2, sem="relaxed")
+                if MERGE:
+                    _, vals = tl.associative_scan((start2, vals), 0, _seg_max)
+                tl.atomic_max(dst, vals, mask=emit2, sem="relaxed")
             else:
-                _, red = tl.associative_scan((start2, vals), 0, _seg_add)
-                tl.atomic_add(dst, red, mask=emit2, sem="relaxed")
+                vals = tl.where(cols == f, hit[:, None].to(tl.float32), vals)
+                if MERGE:
+                    _, vals = tl.associative_scan((start2, vals), 0, _seg_add)
+                tl.atomic_add(dst, vals, mask=emit2, sem="relaxed")
+                run = tl.sum(tl.where(cols == f, vals, 0.0), 1).to(tl.int32)
+                tl.atomic_add(cnt_ptr + vox, run, mask=emit, sem="relaxed")
 
 
 @triton.jit
 def _voxelize_kernel(pts_ptr, feat_ptr, len_ptr, mask_ptr, key_out_ptr, occ_ptr, cnt_ptr,
-                     val_ptr, drop_ptr, n, f, lo_x, lo_y, lo_z, vs_x, vs_y, vs_z, gx, gy, gz,
+                     val_ptr, drop_ptr, n, f, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz,
                      HAS_LEN: tl.constexpr, HAS_MASK: tl.constexpr, MODE: tl.constexpr,
-                     KEYS: tl.constexpr, BLOCK: tl.constexpr, FP: tl.constexpr):
+                     KEYS: tl.constexpr, MERGE: tl.constexpr, BLOCK: tl.constexpr,
+                     FP: tl.constexpr):
     b = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_valid = tl.minimum(tl.load(len_ptr + b).to(tl.int32), n) if HAS_LEN else n
     x, y, z, ok = _point_at(pts_ptr, mask_ptr, b, offs, n, n_valid, HAS_MASK)
-    key, _ = _voxel_key(x, y, z, ok, lo_x, lo_y, lo_z, vs_x, vs_y, vs_z, gx, gy, gz)
+    key, _ = _voxel_key(x, y, z, ok, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
     key_prev = key
     key_next = key
-    if not KEYS:
+    if MERGE and not KEYS:
         x, y, z, okp = _point_at(pts_ptr, mask_ptr, b, offs - 1, n, n_valid, HAS_MASK)
-        key_prev, _ = _voxel_key(x, y, z, okp, lo_x, lo_y, lo_z, vs_x, vs_y, vs_z, gx, gy, gz)
+        key_prev, _ = _voxel_key(x, y, z, okp, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
         x, y, z, okn = _point_at(pts_ptr, mask_ptr, b, offs + 1, n, n_valid, HAS_MASK)
-        key_next, _ = _voxel_key(x, y, z, okn, lo_x, lo_y, lo_z, vs_x, vs_y, vs_z, gx, gy, gz)
+        key_next, _ = _voxel_key(x, y, z, okn, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
     _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, key_out_ptr, occ_ptr, cnt_ptr,
-          val_ptr, drop_ptr, gx, gy, gz, MODE, KEYS, BLOCK, FP)
+          val_ptr, drop_ptr, gx.to(tl.int64) * gy * gz, MODE, KEYS, MERGE, BLOCK, FP)
 
 
 @triton.jit
 def _depth_voxelize_kernel(depth_ptr, k_ptr, e_ptr, feat_ptr, key_out_ptr, occ_ptr, cnt_ptr,
                            val_ptr, drop_ptr, hw, w, f, scale, min_z, max_z, lo_x, lo_y, lo_z,
-                           vs_x, vs_y, vs_z, gx, gy, gz, K_STRIDE: tl.constexpr,
+                           iv_x, iv_y, iv_z, gx, gy, gz, K_STRIDE: tl.constexpr,
                            E_STRIDE: tl.constexpr, HAS_EXT: tl.constexpr, MODE: tl.constexpr,
-                           KEYS: tl.constexpr, BLOCK: tl.constexpr, FP: tl.constexpr):
+                           KEYS: tl.constexpr, MERGE: tl.constexpr, BLOCK: tl.constexpr,
+                           FP: tl.constexpr):
     b = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x, y, z, ok = _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs, hw, w, scale, min_z, max_z,
                             K_STRIDE, E_STRIDE, HAS_EXT)
-    key, _ = _voxel_key(x, y, z, ok, lo_x, lo_y, lo_z, vs_x, vs_y, vs_z, gx, gy, gz)
+    key, _ = _voxel_key(x, y, z, ok, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
     key_prev = key
     key_next = key
-    if not KEYS:
+    if MERGE and not KEYS:
         x, y, z, okp = _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs - 1, hw, w, scale, min_z,
                                  max_z, K_STRIDE, E_STRIDE, HAS_EXT)
-        key_prev, _ = _voxel_key(x, y, z, okp, lo_x, lo_y, lo_z, vs_x, vs_y, vs_z, gx, gy, gz)
+        key_prev, _ = _voxel_key(x, y, z, okp, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
         x, y, z, okn = _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs + 1, hw, w, scale, min_z,
                                  max_z, K_STRIDE, E_STRIDE, HAS_EXT)
-        key_next, _ = _voxel_key(x, y, z, okn, lo_x, lo_y, lo_z, vs_x, vs_y, vs_z, gx, gy, gz)
+        key_next, _ = _voxel_key(x, y, z, okn, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
     _emit(key, key_prev, key_next, ok, b, offs, hw, feat_ptr, f, key_out_ptr, occ_ptr, cnt_ptr,
-          val_ptr, drop_ptr, gx, gy, gz, MODE, KEYS, BLOCK, FP)
+          val_ptr, drop_ptr, gx.to(tl.int64) * gy * gz, MODE, KEYS, MERGE, BLOCK, FP)
 
 
 @triton.jit
@@ -198,9 +220,13 @@ def _finalize_kernel(cnt_ptr, val_ptr, nvox, f, MODE: tl.constexpr, BLOCK: tl.co
     tl.store(ptr, vals, mask=m)
 
 
-# Up to 1024 points per program, 4 warps: the run merge wants long runs inside one program
-# (a 640-pixel image row); small clouds get a smaller block instead of mostly-masked programs.
-MAX_BLOCK = 1024
+# Points per program (at most; small clouds get a smaller block instead of mostly-masked
+# programs). H100, 640x480 uint16 depth + rgb -> 64^3 mean, before the reciprocal change: 1024
+# -> 53 us/frame, 256 -> 26 us (the scans cost more than the longer runs save). See
+# docs/pointcloud.md for the current sweep.
+MAX_BLOCK = 256
+# Merge runs of equal voxels before the atomics (see the module docstring).
+MERGE_RUNS = True
 
 
 def _block(n: int) -> int:
@@ -208,7 +234,8 @@ def _block(n: int) -> int:
 
 
 def _grid_args(bounds_min, voxel_size, grid_size) -> list:
-    return [*map(float, bounds_min), *map(float, voxel_size), *map(int, grid_size)]
+    return [*map(float, bounds_min), *(1.0 / float(s) for s in voxel_size),
+            *map(int, grid_size)]
 
 
 def _camera_args(intrinsics: torch.Tensor, extrinsics: torch.Tensor | None, b: int):
@@ -220,26 +247,54 @@ def _camera_args(intrinsics: torch.Tensor, extrinsics: torch.Tensor | None, b: i
     return k, e, k_stride, e_stride
 
 
-def _outputs(b: int, n: int, f: int, grid_size, mode: str, keys: bool, device):
-    """(keys, occupancy, count, values, buffer, dropped) buffers; unused ones alias `dropped`.
+def buffer_layout(b: int, n: int, f: int, grid_size, mode: str, keys: bool):
+    """(dtype, numel, offsets) of the one buffer a launcher returns; views via `split_buffer`.
 
-    The dense count and value grids share one zeroed buffer (counts as int32 bits after the
-    float32 values), so one memset clears both.
+    keys: int64 ``[B*N]`` keys then the int32 dropped counts. occupancy: uint8 ``[B*X*Y*Z]``
+    flags, padding to 4 bytes, dropped. Otherwise float32 ``[B*X*Y*Z*F]`` values (F = 0 for
+    count), int32 ``[B*X*Y*Z]`` counts (as float32 bits), dropped. One allocation and one
+    memset clear everything (each extra zeros() is a launch: ~12 us of host time on the H100
+    host).
     """
-    dropped = torch.zeros(b, dtype=torch.int32, device=device)
     nvox = b * grid_size[0] * grid_size[1] * grid_size[2]
     if keys:
-        return torch.empty(b, n, dtype=torch.int64, device=device), dropped, dropped, dropped, \
-            None, dropped
+        return torch.int64, b * n + cdiv(b, 2), (b * n,)
     if mode == "occupancy":
-        occ = torch.zeros(nvox, dtype=torch.uint8, device=device)
-        return dropped, occ, dropped, dropped, occ, dropped
+        pad = cdiv(nvox, 4) * 4
+        return torch.uint8, pad + 4 * b, (pad,)
     nval = nvox * f if mode in ("sum", "mean", "max") else 0
-    buf = torch.zeros(nval + nvox, dtype=torch.float32, device=device)
-    vals = buf[:nval]
+    return torch.float32, nval + nvox + b, (nval, nval + nvox)
+
+
+def split_buffer(buf: torch.Tensor, b: int, n: int, f: int, grid_size, mode: str, keys: bool):
+    """Views of a launcher's buffer: (keys [B, N], dropped) or (values, count, dropped)."""
+    _, _, offs = buffer_layout(b, n, f, grid_size, mode, keys)
+    if keys:
+        return buf[:offs[0]].view(b, n), buf[offs[0]:].view(torch.int32)[:b]
+    shape = (b, *grid_size)
+    if mode == "occupancy":
+        return buf[:offs[0]].view(torch.bool)[:math.prod(shape)].view(shape), None, \
+            buf[offs[0]:].view(torch.int32)
+    count = buf[offs[0]:offs[1]].view(torch.int32).view(shape)
+    vals = buf[:offs[0]].view(*shape, f) if mode in ("sum", "mean", "max") else count
+    return vals, count, buf[offs[1]:].view(torch.int32)
+
+
+def _outputs(b: int, n: int, f: int, grid_size, mode: str, keys: bool, device):
+    """The zeroed buffer and the pointers the kernels write: key, occ, cnt, val, dropped."""
+    dtype, numel, offs = buffer_layout(b, n, f, grid_size, mode, keys)
+    if keys:
+        buf = torch.empty(numel, dtype=dtype, device=device)
+        buf[offs[0]:].zero_()
+        k, dropped = split_buffer(buf, b, n, f, grid_size, mode, keys)
+        return buf, k, dropped, dropped, dropped, dropped
+    buf = torch.zeros(numel, dtype=dtype, device=device)
+    vals, count, dropped = split_buffer(buf, b, n, f, grid_size, mode, keys)
+    if mode == "occupancy":
+        return buf, dropped, buf, dropped, dropped, dropped
     if mode == "max":
         vals.fill_(float("-inf"))
-    return dropped, dropped, buf[nval:].view(torch.int32), vals, buf, dropped
+    return buf, dropped, dropped, count, vals, dropped
 
 
 def _finalize(cnt: torch.Tensor, vals: torch.Tensor, f: int, mode: str) -> None:
@@ -250,17 +305,18 @@ def _finalize(cnt: torch.Tensor, vals: torch.Tensor, f: int, mode: str) -> None:
                                                       FP=next_pow2(f))
 
 
+def _feature_cols(f: int, mode: str) -> int:
+    """Columns a program loads: sum/mean add the count column f."""
+    return next_pow2(f + 1 if mode in ("sum", "mean") else f)
+
+
 def voxelize_cuda(points: torch.Tensor, features: torch.Tensor | None,
                   lengths: torch.Tensor | None, mask: torch.Tensor | None, bounds_min,
-                  voxel_size, grid_size, mode: str, keys: bool):
-    """Points ``[B, N, 3]`` (contiguous) -> ``(buffer or keys [B, N], dropped [B] int32)``.
-
-    Dense buffer layout: occupancy -> uint8 ``[B*X*Y*Z]``; otherwise float32 ``[B*X*Y*Z*F]``
-    values followed by ``[B*X*Y*Z]`` int32 counts (F = 0 for count).
-    """
+                  voxel_size, grid_size, mode: str, keys: bool) -> torch.Tensor:
+    """Points ``[B, N, 3]`` (contiguous) -> the buffer of `buffer_layout` (grid or keys)."""
     b, n, _ = points.shape
     f = features.shape[-1] if features is not None else 1
-    key_out, occ, cnt, vals, buf, dropped = _outputs(b, n, f, grid_size, mode, keys,
+    buf, key_out, occ, cnt, vals, dropped = _outputs(b, n, f, grid_size, mode, keys,
                                                      points.device)
     if b and n:
         block = _block(n)
@@ -269,22 +325,21 @@ def voxelize_cuda(points: torch.Tensor, features: torch.Tensor | None,
             lengths if lengths is not None else dropped, mask if mask is not None else dropped,
             key_out, occ, cnt, vals, dropped, n, f, *_grid_args(bounds_min, voxel_size, grid_size),
             HAS_LEN=lengths is not None, HAS_MASK=mask is not None, MODE=MODE_IDS[mode],
-            KEYS=keys, BLOCK=block, FP=next_pow2(f), num_warps=4)
-    if keys:
-        return key_out, dropped
-    _finalize(cnt, vals, f, mode)
-    return buf, dropped
+            KEYS=keys, MERGE=MERGE_RUNS, BLOCK=block, FP=_feature_cols(f, mode), num_warps=4)
+    if not keys:
+        _finalize(cnt, vals, f, mode)
+    return buf
 
 
 def depth_to_voxels_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
                          extrinsics: torch.Tensor | None, features: torch.Tensor | None,
                          depth_scale: float, min_depth: float, max_depth: float, bounds_min,
-                         voxel_size, grid_size, mode: str, keys: bool):
+                         voxel_size, grid_size, mode: str, keys: bool) -> torch.Tensor:
     """Depth ``[B, H, W]`` (+ features ``[B, H, W, F]``) straight into the grid (or keys);
     returns what `voxelize_cuda` returns, without materializing the points."""
     b, h, w = depth.shape
     f = features.shape[-1] if features is not None else 1
-    key_out, occ, cnt, vals, buf, dropped = _outputs(b, h * w, f, grid_size, mode, keys,
+    buf, key_out, occ, cnt, vals, dropped = _outputs(b, h * w, f, grid_size, mode, keys,
                                                      depth.device)
     k, e, k_stride, e_stride = _camera_args(intrinsics, extrinsics, b)
     if b and h * w:
@@ -294,11 +349,10 @@ def depth_to_voxels_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
             dropped, h * w, w, f, depth_scale, min_depth, min(max_depth, FLT_MAX),
             *_grid_args(bounds_min, voxel_size, grid_size), K_STRIDE=k_stride,
             E_STRIDE=e_stride, HAS_EXT=extrinsics is not None, MODE=MODE_IDS[mode], KEYS=keys,
-            BLOCK=block, FP=next_pow2(f), num_warps=4)
-    if keys:
-        return key_out, dropped
-    _finalize(cnt, vals, f, mode)
-    return buf, dropped
+            MERGE=MERGE_RUNS, BLOCK=block, FP=_feature_cols(f, mode), num_warps=4)
+    if not keys:
+        _finalize(cnt, vals, f, mode)
+    return buf
 
 
 def depth_to_points_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,

@@ -196,7 +196,7 @@ def _voxelize_points_cuda(points: torch.Tensor, features: torch.Tensor | None,
                           lengths: torch.Tensor | None, mask: torch.Tensor | None,
                           bounds_min: list[float], voxel_size: list[float],
                           grid_size: list[int], mode: str,
-                          keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                          keys: bool) -> torch.Tensor:
     from robocache.kernels.pointcloud import voxelize_cuda
 
     return voxelize_cuda(points, features, lengths, mask, bounds_min, voxel_size, grid_size,
@@ -207,7 +207,7 @@ def _voxelize_depth_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
                          extrinsics: torch.Tensor | None, features: torch.Tensor | None,
                          depth_scale: float, min_depth: float, max_depth: float,
                          bounds_min: list[float], voxel_size: list[float], grid_size: list[int],
-                         mode: str, keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                         mode: str, keys: bool) -> torch.Tensor:
     from robocache.kernels.pointcloud import depth_to_voxels_cuda
 
     return depth_to_voxels_cuda(depth, intrinsics, extrinsics, features, depth_scale,
@@ -215,16 +215,12 @@ def _voxelize_depth_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
                                 keys)
 
 
-def _fake_grid(like: torch.Tensor, b: int, n: int, f: int, grid_size, mode: str, keys: bool):
-    if keys:
-        return like.new_empty(b, n, dtype=torch.int64), like.new_empty(b, dtype=torch.int32)
-    nvox = b * grid_size[0] * grid_size[1] * grid_size[2]
-    if mode == "occupancy":
-        buf = like.new_empty(nvox, dtype=torch.uint8)
-    else:
-        buf = like.new_empty(nvox * (1 + (f if mode in ref.FEATURE_MODES else 0)),
-                             dtype=torch.float32)
-    return buf, like.new_empty(b, dtype=torch.int32)
+def _fake_buffer(like: torch.Tensor, b: int, n: int, f: int, grid_size, mode: str,
+                 keys: bool) -> torch.Tensor:
+    from robocache.kernels.pointcloud import buffer_layout
+
+    dtype, numel, _ = buffer_layout(b, n, f, grid_size, mode, keys)
+    return like.new_empty(numel, dtype=dtype)
 
 
 _depth_to_points_op = torch.library.custom_op(
@@ -245,7 +241,7 @@ def _(depth, intrinsics, extrinsics, depth_scale, min_depth, max_depth):
 @_voxelize_points_op.register_fake
 def _(points, features, lengths, mask, bounds_min, voxel_size, grid_size, mode, keys):
     f = 1 if features is None else features.shape[-1]
-    return _fake_grid(points, points.shape[0], points.shape[1], f, grid_size, mode, keys)
+    return _fake_buffer(points, points.shape[0], points.shape[1], f, grid_size, mode, keys)
 
 
 @_voxelize_depth_op.register_fake
@@ -253,7 +249,7 @@ def _(depth, intrinsics, extrinsics, features, depth_scale, min_depth, max_depth
       voxel_size, grid_size, mode, keys):
     b, h, w = depth.shape
     f = 1 if features is None else features.shape[-1]
-    return _fake_grid(depth, b, h * w, f, grid_size, mode, keys)
+    return _fake_buffer(depth, b, h * w, f, grid_size, mode, keys)
 
 
 def _pick(op, fn):
@@ -261,42 +257,37 @@ def _pick(op, fn):
     return op if torch.compiler.is_compiling() else fn
 
 
-def _split_dense(buf: torch.Tensor, b: int, dims, f: int, mode: str):
-    """The kernel's flat buffer -> (grid, count) views (see `voxelize_cuda`)."""
-    shape = (b, *dims)
-    nvox = b * dims[0] * dims[1] * dims[2]
-    if mode == "occupancy":
-        return buf.view(torch.bool).view(shape), None
-    nval = nvox * f if mode in ref.FEATURE_MODES else 0
-    count = buf[nval:].view(torch.int32).view(shape)
-    return (buf[:nval].view(*shape, f) if mode in ref.FEATURE_MODES else count), count
-
-
 # ---------------------------------------------------------------- dispatch
+
+
+def _split(buf, b, n, f, dims, mode, keys):
+    from robocache.kernels.pointcloud import split_buffer
+
+    return split_buffer(buf, b, n, f, dims, mode, keys)
 
 
 def _kernel_dense(points, features, lengths, mask, lo, size, dims, mode):
     """Dense grid from the Triton kernel: (grid, count, dropped)."""
     launch = _pick(_voxelize_points_op, _voxelize_points_cuda)
-    buf, dropped = launch(points, features, lengths, mask, list(lo), list(size), list(dims), mode,
-                          False)
-    f = 1 if features is None else features.shape[-1]
-    return (*_split_dense(buf, points.shape[0], dims, f, mode), dropped)
+    buf = launch(points, features, lengths, mask, list(lo), list(size), list(dims), mode, False)
+    b, n, _ = points.shape
+    return _split(buf, b, n, 1 if features is None else features.shape[-1], dims, mode, False)
 
 
 def _kernel_keys(points, lengths, mask, lo, size, dims):
+    """Per-point keys [B, N] and dropped counts from the Triton kernel."""
     launch = _pick(_voxelize_points_op, _voxelize_points_cuda)
-    return launch(points, None, lengths, mask, list(lo), list(size), list(dims), "occupancy", True)
+    buf = launch(points, None, lengths, mask, list(lo), list(size), list(dims), "occupancy", True)
+    return _split(buf, points.shape[0], points.shape[1], 1, dims, "occupancy", True)
 
 
 def _kernel_depth(d, k, e, feats, scale, min_depth, max_depth, lo, size, dims, mode, keys):
+    """The fused kernel: (grid, count, dropped), or (keys, dropped) with ``keys``."""
     launch = _pick(_voxelize_depth_op, _voxelize_depth_cuda)
-    out, dropped = launch(d, k, e, feats, scale, min_depth, max_depth, list(lo), list(size),
-                          list(dims), mode, keys)
-    if keys:
-        return out, dropped
-    f = 1 if feats is None else feats.shape[-1]
-    return (*_split_dense(out, d.shape[0], dims, f, mode), dropped)
+    buf = launch(d, k, e, feats, scale, min_depth, max_depth, list(lo), list(size), list(dims),
+                 mode, keys)
+    b, h, w = d.shape
+    return _split(buf, b, h * w, 1 if feats is None else feats.shape[-1], dims, mode, keys)
 
 
 def _valid_of(points: torch.Tensor, lengths, mask) -> torch.Tensor:

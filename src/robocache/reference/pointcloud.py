@@ -3,11 +3,13 @@
 
 Semantics (shared with `kernels/pointcloud.py`; all arithmetic in float32):
 
-* Backprojection (pinhole, skew ignored): ``z = d * depth_scale``, ``x = (u - cx) * z / fx``,
-  ``y = (v - cy) * z / fy`` with u the column and v the row index; a pixel is valid when z is
+* Backprojection (pinhole, skew ignored): ``z = d * depth_scale``, ``x = (u - cx) * z * (1/fx)``,
+  ``y = (v - cy) * z * (1/fy)`` with u the column and v the row index (reciprocals rounded to
+  float32: multiplications are cheaper than divisions on the GPU); a pixel is valid when z is
   finite, ``z > 0`` and ``min_depth <= z <= max_depth``. With extrinsics (camera-to-world
   ``[4, 4]``) the point becomes ``R @ p + t``. Invalid pixels give NaN points.
-* Voxel of a point: ``i = floor((p - bounds_min) / voxel_size)`` per axis; the point is inside
+* Voxel of a point: ``i = floor((p - bounds_min) * r)`` per axis with ``r`` = 1 / voxel_size
+  rounded to float32 (exact for power-of-two sizes); the point is inside
   when ``0 <= i < grid_size`` on every axis (the grid covers the half-open box
   ``[min, min + size * dims)``). NaN/inf points are never inside. Valid points (per lengths or
   mask) that are not inside are *dropped* and counted per cloud.
@@ -40,7 +42,8 @@ def backproject_ref(depth: torch.Tensor, intrinsics: torch.Tensor,
     k = intrinsics.to(torch.float32)
     fx, fy = k[:, 0, 0, None, None], k[:, 1, 1, None, None]
     cx, cy = k[:, 0, 2, None, None], k[:, 1, 2, None, None]
-    pts = torch.stack([(u - cx) * z / fx, (v - cy) * z / fy, z], -1).reshape(b, h * w, 3)
+    pts = torch.stack([(u - cx) * z * (1.0 / fx), (v - cy) * z * (1.0 / fy), z], -1)
+    pts = pts.reshape(b, h * w, 3)
     if extrinsics is not None:
         e = extrinsics.to(torch.float32)
         pts = pts @ e[:, :3, :3].transpose(1, 2) + e[:, None, :3, 3]
@@ -54,9 +57,9 @@ def voxel_keys_ref(points: torch.Tensor, valid: torch.Tensor, bounds_min, voxel_
     gx, gy, gz = grid_size
     p = points.to(torch.float32)
     lo = torch.tensor(bounds_min, dtype=torch.float32, device=p.device)
-    size = torch.tensor(voxel_size, dtype=torch.float32, device=p.device)
+    inv = torch.tensor([1.0 / s for s in voxel_size], dtype=torch.float32, device=p.device)
     dims = torch.tensor(grid_size, dtype=torch.float32, device=p.device)
-    f = torch.floor((p - lo) / size)
+    f = torch.floor((p - lo) * inv)
     inside = valid & ((f >= 0) & (f < dims)).all(-1)
     i = torch.where(inside[..., None], f, 0).long()
     batch = torch.arange(p.shape[0], device=p.device)[:, None]
