@@ -184,6 +184,7 @@ class Pipeline:
         self.max_graphs = max_graphs
         self._graphs: dict[tuple, _Graph] = {}
         self._warned = False
+        self._checked: set[tuple] = set()
         self._device_params: dict[torch.device, tuple] = {}
 
     # ------------------------------------------------------------------ configuration
@@ -222,7 +223,19 @@ class Pipeline:
 
     def _check(self, data: torch.Tensor, times: torch.Tensor,
                lengths: torch.Tensor | None) -> torch.Tensor:
-        """Validate inputs; returns times as ``[B, S]`` (an expanded view when shared)."""
+        """Validate inputs; returns times as ``[B, S]`` (an expanded view when shared).
+
+        Metadata checks are a pure function of shapes/dtypes/devices: each geometry is
+        checked once, later calls only look it up (the eager path is launch-bound at small B).
+        """
+        key = (data.shape, data.dtype, data.device, times.shape, times.dtype, times.device,
+               None if lengths is None else (lengths.shape, lengths.dtype, lengths.device))
+        if key not in self._checked:
+            self._check_meta(data, times, lengths)
+            self._checked.add(key)
+        return times if times.dim() == 2 else times.expand(data.shape[0], -1)
+
+    def _check_meta(self, data, times, lengths) -> None:
         check_dtype(_OP, "data", data, FLOAT_DTYPES, "Convert with data.float().")
         check_dtype(_OP, "times", times, TIME_DTYPES, "Pass float seconds, e.g. times.double().")
         if data.dim() != 3 or data.shape[1] == 0:
@@ -245,7 +258,6 @@ class Pipeline:
             fail(_OP, f"Augment.noise_std has {self._std.numel()} entries but data has D = {D}.",
                  ShapeError)
         aug.check_streams(_OP, a.streams, D)
-        return times if times.dim() == 2 else times.expand(B, S)
 
     def _params(self, device: torch.device, d: int) -> tuple:
         """Per-column float32 offset, scale, std and int32 stream id on `device` (cached)."""
