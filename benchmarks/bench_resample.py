@@ -9,13 +9,13 @@ Minimum bytes: data, timestamps and targets read once, the output written once.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import torch
 
 import robocache
 from robocache.bench import harness as H
+from robocache.bench.launch import bare_launch
+from robocache.bench.standalone import main
 
 FAMILY = "resample"
 # (B, S, T, D, dtype): the issue's three targets plus their float32 twins.
@@ -101,7 +101,7 @@ def run_cuda(case, copy_gbps, time_dtype=torch.float32, alternatives=True):
     return out
 
 
-def launch_overheads(case):
+def launch_extras(case):
     """Graph-replay GPU time per call, and host time per eager call vs a bare Triton launch."""
     from robocache.kernels import interp as K
 
@@ -110,24 +110,7 @@ def launch_overheads(case):
     data, times, target = make_inputs(B, S, T, D, dtype, torch.float32, "cuda")
     out = torch.empty(B, T, D, dtype=dtype, device="cuda")
     call = lambda: robocache.resample(data, times, target, out=out)  # noqa: E731
-    call()
-    captured = {}
-    kernel = K._interp_kernel
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                captured.update(grid=grid, args=args, kwargs=kwargs)
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    K._interp_kernel = Recorder()
-    try:
-        call()
-    finally:
-        K._interp_kernel = kernel
-    grid, args, kwargs = captured["grid"], captured["args"], captured["kwargs"]
-    bare = lambda: kernel[grid](*args, **kwargs)  # noqa: E731
+    bare = bare_launch(K, "_interp_kernel", call)
     op = lambda: torch.ops.robocache.resample(data, times, target, None, "linear",  # noqa: E731
                                               "clamp", False)
     x = torch.randn(1024, device="cuda")
@@ -165,19 +148,9 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         res += run_cuda(case, copy_gbps)
         if case[1] >= 500:  # float64 epoch timestamps: cost over float32 at the large shapes
             res += run_cuda(case, copy_gbps, torch.float64, alternatives=False)
-    res += launch_overheads(CASES[0])
+    res += launch_extras(CASES[0])
     return res
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json")
-    a = p.parse_args()
-    meta = H.metadata()
-    if torch.cuda.is_available():
-        meta["d2d_copy_GBps"] = H.copy_bandwidth_gbps()
-    results = {"meta": meta, "cases": run(a.quick, meta.get("d2d_copy_GBps"))}
-    H.print_table(results)
-    if a.json:
-        H.write_json(a.json, results)
+    main(run, __doc__)

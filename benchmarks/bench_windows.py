@@ -1,0 +1,62 @@
+"""Benchmark `robocache.windows`: M = 65536 windows of 2 history + 16 horizon rows, D = 32
+float32, from 1000 packed episodes (~64 MB, larger than L2), with `_is_pad` masks — against
+the torch eager gather a user writes and torch.compile of it, in one run.
+
+    $ robocache bench windows --json benchmarks/results/windows.json
+
+Minimum bytes: each output row read once and written once, indices read, masks written.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import robocache
+from robocache.bench import harness as H
+from robocache.bench.standalone import main
+
+FAMILY = "windows"
+
+
+def make_inputs(M, episodes, mean_len, D, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(mean_len // 2, mean_len * 3 // 2, (episodes,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    data = torch.randn(int(offsets[-1]), D, generator=g)
+    idx = torch.randint(0, int(offsets[-1]), (M,), generator=g)
+    return data.to(device), offsets.to(device), idx.to(device)
+
+
+def torch_windows(data, offsets, idx, history, horizon):
+    """The eager gather: episode bounds by searchsorted, clamped rows, masks."""
+    e = torch.searchsorted(offsets, idx, right=True) - 1
+    lo, hi = offsets[e], offsets[e + 1] - 1
+    rel = torch.arange(1 - history, horizon, device=data.device)
+    rows = idx[:, None] + rel[None, :]
+    pad = (rows < lo[:, None]) | (rows > hi[:, None])
+    vals = data[torch.minimum(torch.maximum(rows, lo[:, None]), hi[:, None])]
+    return vals[:, :history], pad[:, :history], vals[:, history:], pad[:, history:]
+
+
+def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+    M, E, L, D, h, H_ = (1024, 20, 100, 32, 2, 16) if quick or not torch.cuda.is_available() \
+        else (65536, 1000, 500, 32, 2, 16)
+    dev = "cuda" if torch.cuda.is_available() and not quick else "cpu"
+    data, offsets, idx = make_inputs(M, E, L, D, dev)
+    K = h + H_
+    nbytes = 2 * M * K * D * data.element_size() + M * idx.element_size() + M * K
+    name = f"M{M}-h{h}-H{H_}-D{D}-fp32"
+    rec = lambda impl, t: H.case(FAMILY, name, impl, t, nbytes=nbytes,  # noqa: E731
+                                 copy_gbps=copy_gbps)
+    ours = lambda: robocache.windows(data, offsets, idx, history=h, horizon=H_)  # noqa: E731
+    eager = lambda: torch_windows(data, offsets, idx, h, H_)  # noqa: E731
+    if dev == "cpu":
+        return [rec("robocache_cpu", H.cpu_time(ours)), rec("torch_eager_cpu", H.cpu_time(eager))]
+    compiled_fn = torch.compile(torch_windows)
+    compiled = lambda: compiled_fn(data, offsets, idx, h, H_)  # noqa: E731
+    return [rec("robocache", H.gpu_time(ours)), rec("torch_eager", H.gpu_time(eager)),
+            rec("torch_compile", H.gpu_time(compiled))]
+
+
+if __name__ == "__main__":
+    main(run, __doc__)
