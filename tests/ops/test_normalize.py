@@ -192,6 +192,13 @@ def test_affine_kernel_matches_reference(kernel_device, shape, dtype, mode, inve
                                atol=atol * 10)
 
 
+def test_affine_custom_op_registration(kernel_device):
+    x = torch.randn(7, 5, device=kernel_device)
+    o, sc, clip = affine_params(compute_stats(x), "quantile")
+    args = (x, o.float().to(kernel_device), sc.float().to(kernel_device), clip, False)
+    torch.library.opcheck(torch.ops.robocache.normalize_affine, args)
+
+
 @pytest.mark.gpu
 def test_normalize_cuda_and_compile():
     x = torch.randn(1000, 32, device="cuda")

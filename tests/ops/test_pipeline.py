@@ -99,6 +99,32 @@ def test_pipeline_without_augment_equals_resample_then_normalize():
     assert_close(out[:, 0], exp.numpy(), torch.float32, scale=10)
 
 
+def test_fused_custom_op_registration(kernel_device):
+    from dataclasses import astuple
+
+    rng = seeded()
+    data, times = _batch(rng, B=2, S=20, epoch=False)
+    pipe = _pipe(compute_stats(data))
+    data, times = data.to(kernel_device), times.to(kernel_device)
+    o, s, sd, col = pipe._params(data.device, 9)
+    args = (data, times, None, 5, o, s, sd, col, 4, 23, pipe.span, list(pipe._scalars),
+            [int(v) for v in astuple(pipe.plan)])
+    torch.library.opcheck(torch.ops.robocache.pipeline_fused, args)
+    out, dropped = torch.ops.robocache.pipeline_fused(*args)
+    ref = pipe._fused(data, times, None, 5)
+    assert torch.equal(out, ref.data) and torch.equal(dropped, ref.dropped)
+
+
+@pytest.mark.gpu
+def test_pipeline_under_torch_compile_fullgraph():
+    rng = seeded()
+    data, times = _batch(rng)
+    data, times = data.cuda(), times.cuda()
+    pipe = _pipe(compute_stats(data))
+    f = torch.compile(lambda d, t: pipe(d, t, seed=3).data, fullgraph=True)
+    assert_close(f(data, times), pipe(data, times, seed=3).data.cpu(), torch.float32)
+
+
 @pytest.mark.gpu
 def test_cuda_fused_equals_unfused_and_graph_replay_equals_eager():
     rng = seeded()

@@ -148,8 +148,7 @@ class FusedPlan:
 def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
                   lengths: torch.Tensor | None, out: torch.Tensor, flags: torch.Tensor,
                   offset: torch.Tensor, scale: torch.Tensor, std: torch.Tensor,
-                  stream_of_col: torch.Tensor, *, k: int, span: float,
-                  seed: int | torch.Tensor,
+                  stream_of_col: torch.Tensor, k: int, span: float, seed: int | torch.Tensor,
                   max_translation: float, max_rotation: float, warp_amp: float,
                   max_crop: float, drop_p: float) -> torch.Tensor:
     """Launch the fused kernel: data ``[B, S, D]`` (unit stride along D), times ``[B, S]``,

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -213,6 +213,10 @@ class Pipeline:
             self._affine = affine_params(n.stats, n.mode, eps=n.eps)
         if a.dropout > 0 and not a.streams:
             fail(_OP, "Augment.dropout > 0 needs `streams` (column ranges) to drop.", ValueError)
+        # kernel scalars: max translation, max rotation, warp amplitude per term, crop, dropout
+        self._scalars = (float(a.max_translation), float(a.max_rotation),
+                         a.time_warp / a.warp_terms,
+                         float(a.max_crop) if not a.keep_endpoints else 0.0, float(a.dropout))
         self.plan = FusedPlan(
             pos=-1 if a.position is None else a.position,
             quat=-1 if a.orientation is None else a.orientation,
@@ -230,7 +234,9 @@ class Pipeline:
         """
         key = (data.shape, data.dtype, data.device, times.shape, times.dtype, times.device,
                None if lengths is None else (lengths.shape, lengths.dtype, lengths.device))
-        if key not in self._checked:
+        if torch.compiler.is_compiling():
+            self._check_meta(data, times, lengths)
+        elif key not in self._checked:
             self._check_meta(data, times, lengths)
             self._checked.add(key)
         return times if times.dim() == 2 else times.expand(data.shape[0], -1)
@@ -307,20 +313,21 @@ class Pipeline:
 
     def _fused(self, data, times, lengths, seed, out=None, dropped=None,
                seed_t: torch.Tensor | None = None) -> PipelineOutput:
-        from robocache.kernels.pipeline import pipeline_cuda
-
         B, _, D = data.shape
         a = self.augment
         data = data if data.stride(-1) == 1 else data.contiguous()
+        offset, scale, std, col = self._params(data.device, D)
+        if torch.compiler.is_compiling():
+            return PipelineOutput(*torch.ops.robocache.pipeline_fused(
+                data, times, lengths, seed, offset, scale, std, col, a.k, self.resample.num,
+                self.span, list(self._scalars), [int(v) for v in astuple(self.plan)]))
+        from robocache.kernels.pipeline import pipeline_cuda
+
         if out is None:
             out = torch.empty(B, a.k, self.resample.num, D, dtype=data.dtype, device=data.device)
             dropped = torch.empty(B, a.k, len(a.streams), dtype=torch.bool, device=data.device)
-        offset, scale, std, col = self._params(data.device, D)
         pipeline_cuda(self.plan, data, times, lengths, out, dropped, offset, scale, std, col,
-                      k=a.k, span=self.span, seed=seed if seed_t is None else seed_t,
-                      max_translation=a.max_translation, max_rotation=a.max_rotation,
-                      warp_amp=a.time_warp / max(a.warp_terms, 1),
-                      max_crop=a.max_crop if self.plan.crop else 0.0, drop_p=a.dropout)
+                      a.k, self.span, seed if seed_t is None else seed_t, *self._scalars)
         return PipelineOutput(out, dropped)
 
     def sample(self, batch: int, seed: aug.Seed, device=None) -> dict[str, torch.Tensor]:
@@ -435,3 +442,26 @@ class Pipeline:
         g = _Graph(graph, sd, st, sl, seed_t, out, dropped)
         self._graphs[key] = g
         return g
+
+
+@torch.library.custom_op("robocache::pipeline_fused", mutates_args=())
+def _pipeline_fused_op(data: torch.Tensor, times: torch.Tensor, lengths: torch.Tensor | None,
+                       seed: int, offset: torch.Tensor, scale: torch.Tensor, std: torch.Tensor,
+                       col: torch.Tensor, k: int, num: int, span: float, scalars: list[float],
+                       plan: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused kernel as a torch op, so torch.compile(fullgraph=True) traces a Pipeline."""
+    from robocache.kernels.pipeline import pipeline_cuda
+
+    B, _, D = data.shape
+    out = torch.empty(B, k, num, D, dtype=data.dtype, device=data.device)
+    dropped = torch.empty(B, k, plan[-1], dtype=torch.bool, device=data.device)
+    pipeline_cuda(FusedPlan(*plan), data, times, lengths, out, dropped, offset, scale, std, col,
+                  k, span, seed, *scalars)
+    return out, dropped
+
+
+@_pipeline_fused_op.register_fake
+def _(data, times, lengths, seed, offset, scale, std, col, k, num, span, scalars, plan):
+    B, _, D = data.shape
+    return (data.new_empty(B, k, num, D),
+            data.new_empty(B, k, plan[-1], dtype=torch.bool))
