@@ -8,7 +8,8 @@ action horizon 16 (``action``, 16-D), edge padding with ``_is_pad`` masks, norma
 on the GPU, delivered as CUDA tensors. The dataset is a LeRobot v3.0 directory written here.
 
 - ``robocache-resident``: ``RobotLoader`` with the packed cache on the GPU (``robocache ingest``
-  at the dataset's own rate, then ``robocache.windows`` gathers on the device).
+  at the dataset's own rate, then ``robocache.windows`` gathers on the device), each batch's
+  gather replayed from a CUDA graph; ``-eager``: the same ops launched one by one.
 - ``robocache-workers<N>``: ``RobotLoader`` gathering in N DataLoader workers, pinned copies.
 - ``torch-dataloader-w<N>``: what a user writes without RoboCache (LeRobot's delta_timestamps
   logic): a map-style Dataset over the parquet columns computing each window's clamped indices
@@ -147,11 +148,14 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                                   MB_per_s=nbytes / (timing.median_ms * 1e-3) / 1e6,
                                   rows=rows, **extra))
 
-        runs = [("robocache-resident" if device.type == "cuda" else "robocache-w0", 0)]
-        runs += [(f"robocache-workers{w}", w) for w in cfg["workers"] if w > 0]
-        for impl, workers in runs:
-            ds = RobotDataset(Path(tmp) / "cache", history=HISTORY, horizon=HORIZON)
-            loader = RobotLoader(ds, BATCH, device=device, num_workers=workers)
+        if device.type == "cuda":
+            runs = [("robocache-resident", 0, True), ("robocache-resident-eager", 0, False)]
+        else:
+            runs = [("robocache-w0", 0, False)]
+        runs += [(f"robocache-workers{w}", w, False) for w in cfg["workers"][1:2]]
+        ds = RobotDataset(Path(tmp) / "cache", history=HISTORY, horizon=HORIZON)
+        for impl, workers, graph in runs:
+            loader = RobotLoader(ds, BATCH, device=device, num_workers=workers, cuda_graph=graph)
             timing, nbytes = _measure(_robocache_batches(loader), cfg["batches"],
                                       cfg["repeats"], device)
             record(impl, timing, nbytes, workers=workers, ingest_s=ingest_s)

@@ -130,6 +130,35 @@ def _merge(parts: list[tuple[int, Batch]], mixed: bool) -> Batch:
     return out
 
 
+class _Graphed:
+    """Resident fetches of ``batch_size`` windows replayed from CUDA graphs: per batch the host
+    issues one index copy and one replay instead of every gather/split op. Each of ``slots``
+    graphs owns its index and output buffers (so a batch's tensors are rewritten ``slots``
+    batches later)."""
+
+    def __init__(self, dataset: RobotDataset, batch_size: int, device: torch.device,
+                 slots: int = 3):
+        self.index = [torch.zeros(batch_size, dtype=torch.int64, device=device)
+                      for _ in range(slots)]
+        warm = torch.cuda.Stream(device)
+        warm.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(warm):  # compile kernels, cache constants before capture
+            for _ in range(2):
+                dataset.fetch(self.index[0])
+        torch.cuda.current_stream(device).wait_stream(warm)
+        self.graphs, self.outputs = [], []
+        for index in self.index:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.outputs.append(dataset.fetch(index))
+            self.graphs.append(graph)
+
+    def __call__(self, slot: int, indices: torch.Tensor) -> Batch:
+        self.index[slot].copy_(indices, non_blocking=True)
+        self.graphs[slot].replay()
+        return dict(self.outputs[slot])
+
+
 class RobotLoader:
     """Iterate normalized batches of windows on ``device`` (see the module docstring).
 
@@ -146,6 +175,9 @@ class RobotLoader:
             a key -> mode mapping, or ``None`` to leave values in data units.
         seed: sampling seed (deterministic order for a seed).
         prefetch_factor: batches each worker keeps ready (workers path).
+        cuda_graph: resident path, one source, ``drop_last``: replay each batch's gather from
+            a CUDA graph (the host cost per batch drops to a copy and a replay). The batch's
+            tensors are graph buffers, rewritten 3 batches later: ``clone()`` what you keep.
 
     Raises:
         DataError: ``batch_size`` < 1 or ``resident=True`` without a CUDA device.
@@ -155,7 +187,7 @@ class RobotLoader:
                  device: str | torch.device | None = None, shuffle: bool = True,
                  drop_last: bool = True, num_workers: int = 0, resident: bool | None = None,
                  normalize: str | Mapping[str, str] | None = "mean_std", seed: int = 0,
-                 prefetch_factor: int = 4):
+                 prefetch_factor: int = 4, cuda_graph: bool = True):
         from robocache.ops.normalize import Normalizer
 
         if batch_size < 1:
@@ -179,7 +211,10 @@ class RobotLoader:
                              d.to(self.device).normalized(n)
                              for d, n in zip(self.datasets, self.normalizers, strict=True)]
             self.loader = None
+            self.graphed = _Graphed(self.datasets[0], batch_size, self.device) \
+                if cuda_graph and drop_last and not self.mixed else None
         else:
+            self.graphed = None
             if any(d.device.type != "cpu" for d in self.datasets):
                 raise DataError("the workers path gathers on the CPU; pass datasets on the CPU "
                                 "(not `.to('cuda')` copies) or use resident=True.")
@@ -222,6 +257,9 @@ class RobotLoader:
             return
         main = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(main)  # buffers moved to the device on the main stream
+        if self.graphed is not None:
+            yield from self._iter_graphed(main)
+            return
 
         def launch():
             parts = next(source, None)
@@ -241,3 +279,33 @@ class RobotLoader:
                 v.record_stream(main)
             ready = launch()  # the next batch is gathered while the caller uses this one
             yield batch
+
+    def _iter_graphed(self, main: torch.cuda.Stream) -> Iterator[Batch]:
+        """Batches replayed from the graphs on the side stream, one ahead of the caller; a
+        slot is refilled only after the main stream has passed the work queued on its
+        previous batch (recorded when the caller asked for the batch after it)."""
+        order = self.sampler.order().to(self.device)
+        self.stream.wait_stream(main)
+        size, slots = self.sampler.batch_size, len(self.graphed.graphs)
+        released: list[torch.cuda.Event | None] = [None] * slots
+
+        def launch(b: int):
+            with torch.cuda.stream(self.stream):
+                if released[b % slots] is not None:
+                    self.stream.wait_event(released[b % slots])
+                batch = self.graphed(b % slots, order[b * size:(b + 1) * size])
+            event = torch.cuda.Event()
+            event.record(self.stream)
+            return batch, event
+
+        n = len(self.sampler)
+        ready = launch(0) if n else None
+        for b in range(n):
+            batch, event = ready
+            main.wait_event(event)
+            if b + 1 < n:
+                ready = launch(b + 1)
+            yield batch
+            done = torch.cuda.Event()
+            done.record(main)
+            released[b % slots] = done
