@@ -93,10 +93,46 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         for impl, fn in impls.items():
             fn()
             t = time(fn)
-            extra = {"B": b, "per_frame_ms": t.median_ms / b}
+            extra = {"B": b, "per_frame_ms": t.median_ms / b, "timing": "do_bench"}
             if device == "cuda" and impl.startswith("robocache"):
                 extra["graph_ms"] = harness.graph_time(fn, calls=20).median_ms
                 extra["host_us"] = harness.host_time_us(fn, calls=300, repeats=5).median_ms
             cases.append(harness.case(FAMILY, name, impl, t, nbytes=nbytes, copy_gbps=copy_gbps,
                                       **extra))
+        if device == "cuda":
+            cases += _sweep(name, b, depth, rgb, k, nbytes, copy_gbps)
+    return cases
+
+
+def _sweep(name, b, depth, rgb, k, nbytes, copy_gbps) -> list[dict]:
+    """Fused kernel variants (CUDA-graph time per call): points per program x run merging, the
+    occupancy-only grid, and the sparse output (sort-based, eager time)."""
+    import robocache
+    from robocache.kernels import pointcloud as kernels
+
+    cases = []
+    default = kernels.MAX_BLOCK, kernels.MERGE_RUNS
+    try:
+        for block in (128, 256, 512, 1024):
+            for merge in (True, False):
+                kernels.MAX_BLOCK, kernels.MERGE_RUNS = block, merge
+                fn = lambda: robocache.depth_to_voxels(depth, k, rgb=rgb, mode="mean", **GRID)
+                fn()
+                t = harness.graph_time(fn, calls=20)
+                cases.append(harness.case(FAMILY, name, f"fused block={block} merge={merge}", t,
+                                          nbytes=nbytes, copy_gbps=copy_gbps, B=b, timing="graph",
+                                          per_frame_ms=t.median_ms / b))
+    finally:
+        kernels.MAX_BLOCK, kernels.MERGE_RUNS = default
+    occ = lambda: robocache.depth_to_voxels(depth, k, mode="occupancy", **GRID)
+    occ()
+    t = harness.graph_time(occ, calls=20)
+    cases.append(harness.case(FAMILY, name, "fused occupancy only", t, B=b, timing="graph",
+                              nbytes=depth.numel() * 2 + 2 * b * 64 ** 3, copy_gbps=copy_gbps,
+                              per_frame_ms=t.median_ms / b))
+    sparse = lambda: robocache.depth_to_voxels(depth, k, rgb=rgb, mode="mean", sparse=True, **GRID)
+    sparse()
+    t = harness.gpu_time(sparse)
+    cases.append(harness.case(FAMILY, name, "fused sparse (sort)", t, B=b,
+                              per_frame_ms=t.median_ms / b))
     return cases

@@ -89,20 +89,25 @@ def _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs, hw, w, scale, min_z, max_z,
 
 
 @triton.jit
-def _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, key_out_ptr, occ_ptr, cnt_ptr,
-          val_ptr, drop_ptr, nvox, MODE: tl.constexpr, KEYS: tl.constexpr, MERGE: tl.constexpr,
+def _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, buf_ptr, off_cnt, off_drop,
+          nvox, MODE: tl.constexpr, KEYS: tl.constexpr, MERGE: tl.constexpr,
           BLOCK: tl.constexpr, FP: tl.constexpr):
     """Count dropped points, then write keys (sparse path) or reduce into the dense grid.
+
+    `buf_ptr` is the launcher's one buffer (`buffer_layout`): keys, occupancy flags or values
+    at offset 0, int32 counts at `off_cnt` and dropped counts at `off_drop` (its elements).
 
     With MERGE, a run of equal keys issues one atomic from its last point, carrying the run's
     segmented-scan reduction. For sum/mean the count rides in feature column f (exact in float32
     up to 2^24 points), so one scan serves both.
     """
     hit = key >= 0
+    drop_ptr = (buf_ptr + off_drop).to(tl.pointer_type(tl.int32), bitcast=True)
+    cnt_ptr = (buf_ptr + off_cnt).to(tl.pointer_type(tl.int32), bitcast=True)
     tl.atomic_add(drop_ptr + b, tl.sum((ok & ~hit).to(tl.int32), 0), sem="relaxed")
     row = b.to(tl.int64) * n + offs
     if KEYS:
-        tl.store(key_out_ptr + row, tl.where(hit, b * nvox + key, -1), mask=offs < n)
+        tl.store(buf_ptr + row, tl.where(hit, b * nvox + key, -1), mask=offs < n)
     else:
         lane = tl.arange(0, BLOCK)
         if MERGE:
@@ -113,7 +118,7 @@ def _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, key_out_ptr, occ
             emit = hit
         vox = b * nvox + tl.where(hit, key, 0)
         if MODE == 0:
-            tl.store(occ_ptr + vox, tl.full([BLOCK], 1, tl.uint8), mask=emit)
+            tl.store(buf_ptr + vox, tl.full([BLOCK], 1, tl.uint8), mask=emit)
         elif MODE == 1 or MODE == 4:
             run = hit.to(tl.int32)
             if MERGE:
@@ -124,7 +129,7 @@ def _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, key_out_ptr, occ
             vals = tl.load(feat_ptr + row[:, None] * f + cols, mask=hit[:, None] & (cols < f),
                            other=0).to(tl.float32)
             start2 = tl.broadcast_to(start[:, None], (BLOCK, FP))
-            dst = val_ptr + vox[:, None] * f + cols
+            dst = buf_ptr + vox[:, None] * f + cols
             emit2 = emit[:, None] & (cols < f)
             if MODE == 4:
                 if MERGE:
@@ -140,8 +145,8 @@ def _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, key_out_ptr, occ
 
 
 @triton.jit
-def _voxelize_kernel(pts_ptr, feat_ptr, len_ptr, mask_ptr, key_out_ptr, occ_ptr, cnt_ptr,
-                     val_ptr, drop_ptr, n, f, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz,
+def _voxelize_kernel(pts_ptr, feat_ptr, len_ptr, mask_ptr, buf_ptr, off_cnt, off_drop, n, f,
+                     lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz,
                      HAS_LEN: tl.constexpr, HAS_MASK: tl.constexpr, MODE: tl.constexpr,
                      KEYS: tl.constexpr, MERGE: tl.constexpr, BLOCK: tl.constexpr,
                      FP: tl.constexpr):
@@ -157,13 +162,13 @@ def _voxelize_kernel(pts_ptr, feat_ptr, len_ptr, mask_ptr, key_out_ptr, occ_ptr,
         key_prev, _ = _voxel_key(x, y, z, okp, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
         x, y, z, okn = _point_at(pts_ptr, mask_ptr, b, offs + 1, n, n_valid, HAS_MASK)
         key_next, _ = _voxel_key(x, y, z, okn, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
-    _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, key_out_ptr, occ_ptr, cnt_ptr,
-          val_ptr, drop_ptr, gx.to(tl.int64) * gy * gz, MODE, KEYS, MERGE, BLOCK, FP)
+    _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, buf_ptr, off_cnt, off_drop,
+          gx.to(tl.int64) * gy * gz, MODE, KEYS, MERGE, BLOCK, FP)
 
 
 @triton.jit
-def _depth_voxelize_kernel(depth_ptr, k_ptr, e_ptr, feat_ptr, key_out_ptr, occ_ptr, cnt_ptr,
-                           val_ptr, drop_ptr, hw, w, f, scale, min_z, max_z, lo_x, lo_y, lo_z,
+def _depth_voxelize_kernel(depth_ptr, k_ptr, e_ptr, feat_ptr, buf_ptr, off_cnt, off_drop, hw,
+                           w, f, scale, min_z, max_z, lo_x, lo_y, lo_z,
                            iv_x, iv_y, iv_z, gx, gy, gz, K_STRIDE: tl.constexpr,
                            E_STRIDE: tl.constexpr, HAS_EXT: tl.constexpr, MODE: tl.constexpr,
                            KEYS: tl.constexpr, MERGE: tl.constexpr, BLOCK: tl.constexpr,
@@ -182,8 +187,8 @@ def _depth_voxelize_kernel(depth_ptr, k_ptr, e_ptr, feat_ptr, key_out_ptr, occ_p
         x, y, z, okn = _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs + 1, hw, w, scale, min_z,
                                  max_z, K_STRIDE, E_STRIDE, HAS_EXT)
         key_next, _ = _voxel_key(x, y, z, okn, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
-    _emit(key, key_prev, key_next, ok, b, offs, hw, feat_ptr, f, key_out_ptr, occ_ptr, cnt_ptr,
-          val_ptr, drop_ptr, gx.to(tl.int64) * gy * gz, MODE, KEYS, MERGE, BLOCK, FP)
+    _emit(key, key_prev, key_next, ok, b, offs, hw, feat_ptr, f, buf_ptr, off_cnt, off_drop,
+          gx.to(tl.int64) * gy * gz, MODE, KEYS, MERGE, BLOCK, FP)
 
 
 @triton.jit
@@ -204,9 +209,10 @@ def _depth_to_points_kernel(depth_ptr, k_ptr, e_ptr, pts_ptr, valid_ptr, hw, w, 
 
 
 @triton.jit
-def _finalize_kernel(cnt_ptr, val_ptr, nvox, f, MODE: tl.constexpr, BLOCK: tl.constexpr,
+def _finalize_kernel(val_ptr, off_cnt, nvox, f, MODE: tl.constexpr, BLOCK: tl.constexpr,
                      FP: tl.constexpr):
     """mean: sum / count; max: empty voxels (still -inf) become 0. In place."""
+    cnt_ptr = (val_ptr + off_cnt).to(tl.pointer_type(tl.int32), bitcast=True)
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, FP)
     m = (rows < nvox)[:, None] & (cols[None, :] < f)
@@ -248,61 +254,57 @@ def _camera_args(intrinsics: torch.Tensor, extrinsics: torch.Tensor | None, b: i
 
 
 def buffer_layout(b: int, n: int, f: int, grid_size, mode: str, keys: bool):
-    """(dtype, numel, offsets) of the one buffer a launcher returns; views via `split_buffer`.
+    """(dtype, numel, off_cnt, off_drop) of the one buffer a launcher returns (`split_buffer`).
 
-    keys: int64 ``[B*N]`` keys then the int32 dropped counts. occupancy: uint8 ``[B*X*Y*Z]``
+    keys: int64 ``[B*N]`` keys, then the int32 dropped counts. occupancy: uint8 ``[B*X*Y*Z]``
     flags, padding to 4 bytes, dropped. Otherwise float32 ``[B*X*Y*Z*F]`` values (F = 0 for
-    count), int32 ``[B*X*Y*Z]`` counts (as float32 bits), dropped. One allocation and one
-    memset clear everything (each extra zeros() is a launch: ~12 us of host time on the H100
-    host).
+    count), int32 ``[B*X*Y*Z]`` counts (as float32 bits), dropped. One allocation and one memset
+    clear everything, and the kernels derive every pointer from the buffer: each extra zeros()
+    or view costs host time (a zeros() is ~12 us on the H100 host).
     """
     nvox = b * grid_size[0] * grid_size[1] * grid_size[2]
     if keys:
-        return torch.int64, b * n + cdiv(b, 2), (b * n,)
+        return torch.int64, b * n + cdiv(b, 2), 0, b * n
     if mode == "occupancy":
         pad = cdiv(nvox, 4) * 4
-        return torch.uint8, pad + 4 * b, (pad,)
+        return torch.uint8, pad + 4 * b, 0, pad
     nval = nvox * f if mode in ("sum", "mean", "max") else 0
-    return torch.float32, nval + nvox + b, (nval, nval + nvox)
+    return torch.float32, nval + nvox + b, nval, nval + nvox
 
 
 def split_buffer(buf: torch.Tensor, b: int, n: int, f: int, grid_size, mode: str, keys: bool):
     """Views of a launcher's buffer: (keys [B, N], dropped) or (values, count, dropped)."""
-    _, _, offs = buffer_layout(b, n, f, grid_size, mode, keys)
+    _, _, off_cnt, off_drop = buffer_layout(b, n, f, grid_size, mode, keys)
+    dropped = buf[off_drop:].view(torch.int32)[:b]
     if keys:
-        return buf[:offs[0]].view(b, n), buf[offs[0]:].view(torch.int32)[:b]
+        return buf[:off_drop].view(b, n), dropped
     shape = (b, *grid_size)
     if mode == "occupancy":
-        return buf[:offs[0]].view(torch.bool)[:math.prod(shape)].view(shape), None, \
-            buf[offs[0]:].view(torch.int32)
-    count = buf[offs[0]:offs[1]].view(torch.int32).view(shape)
-    vals = buf[:offs[0]].view(*shape, f) if mode in ("sum", "mean", "max") else count
-    return vals, count, buf[offs[1]:].view(torch.int32)
+        return buf[:math.prod(shape)].view(torch.bool).view(shape), None, dropped
+    count = buf[off_cnt:off_drop].view(torch.int32).view(shape)
+    vals = buf[:off_cnt].view(*shape, f) if mode in ("sum", "mean", "max") else count
+    return vals, count, dropped
 
 
-def _outputs(b: int, n: int, f: int, grid_size, mode: str, keys: bool, device):
-    """The zeroed buffer and the pointers the kernels write: key, occ, cnt, val, dropped."""
-    dtype, numel, offs = buffer_layout(b, n, f, grid_size, mode, keys)
+def _buffer(b: int, n: int, f: int, grid_size, mode: str, keys: bool, device):
+    """The launcher's buffer, zeroed where the kernels accumulate, and its two offsets."""
+    dtype, numel, off_cnt, off_drop = buffer_layout(b, n, f, grid_size, mode, keys)
     if keys:
         buf = torch.empty(numel, dtype=dtype, device=device)
-        buf[offs[0]:].zero_()
-        k, dropped = split_buffer(buf, b, n, f, grid_size, mode, keys)
-        return buf, k, dropped, dropped, dropped, dropped
-    buf = torch.zeros(numel, dtype=dtype, device=device)
-    vals, count, dropped = split_buffer(buf, b, n, f, grid_size, mode, keys)
-    if mode == "occupancy":
-        return buf, dropped, buf, dropped, dropped, dropped
-    if mode == "max":
-        vals.fill_(float("-inf"))
-    return buf, dropped, dropped, count, vals, dropped
+        buf[off_drop:].zero_()
+    else:
+        buf = torch.zeros(numel, dtype=dtype, device=device)
+        if mode == "max":
+            buf[:off_cnt].fill_(float("-inf"))
+    return buf, off_cnt, off_drop
 
 
-def _finalize(cnt: torch.Tensor, vals: torch.Tensor, f: int, mode: str) -> None:
-    if mode in ("mean", "max") and cnt.numel():
+def _finalize(buf: torch.Tensor, off_cnt: int, off_drop: int, f: int, mode: str) -> None:
+    nvox = off_drop - off_cnt
+    if mode in ("mean", "max") and nvox:
         block = 256
-        _finalize_kernel[(cdiv(cnt.numel(), block),)](cnt, vals, cnt.numel(), f,
-                                                      MODE=MODE_IDS[mode], BLOCK=block,
-                                                      FP=next_pow2(f))
+        _finalize_kernel[(cdiv(nvox, block),)](buf, off_cnt, nvox, f, MODE=MODE_IDS[mode],
+                                               BLOCK=block, FP=next_pow2(f))
 
 
 def _feature_cols(f: int, mode: str) -> int:
@@ -316,18 +318,17 @@ def voxelize_cuda(points: torch.Tensor, features: torch.Tensor | None,
     """Points ``[B, N, 3]`` (contiguous) -> the buffer of `buffer_layout` (grid or keys)."""
     b, n, _ = points.shape
     f = features.shape[-1] if features is not None else 1
-    buf, key_out, occ, cnt, vals, dropped = _outputs(b, n, f, grid_size, mode, keys,
-                                                     points.device)
+    buf, off_cnt, off_drop = _buffer(b, n, f, grid_size, mode, keys, points.device)
     if b and n:
         block = _block(n)
         _voxelize_kernel[(cdiv(n, block), b)](
             points, features if features is not None else points,
-            lengths if lengths is not None else dropped, mask if mask is not None else dropped,
-            key_out, occ, cnt, vals, dropped, n, f, *_grid_args(bounds_min, voxel_size, grid_size),
+            lengths if lengths is not None else buf, mask if mask is not None else buf, buf,
+            off_cnt, off_drop, n, f, *_grid_args(bounds_min, voxel_size, grid_size),
             HAS_LEN=lengths is not None, HAS_MASK=mask is not None, MODE=MODE_IDS[mode],
             KEYS=keys, MERGE=MERGE_RUNS, BLOCK=block, FP=_feature_cols(f, mode), num_warps=4)
     if not keys:
-        _finalize(cnt, vals, f, mode)
+        _finalize(buf, off_cnt, off_drop, f, mode)
     return buf
 
 
@@ -339,19 +340,18 @@ def depth_to_voxels_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
     returns what `voxelize_cuda` returns, without materializing the points."""
     b, h, w = depth.shape
     f = features.shape[-1] if features is not None else 1
-    buf, key_out, occ, cnt, vals, dropped = _outputs(b, h * w, f, grid_size, mode, keys,
-                                                     depth.device)
+    buf, off_cnt, off_drop = _buffer(b, h * w, f, grid_size, mode, keys, depth.device)
     k, e, k_stride, e_stride = _camera_args(intrinsics, extrinsics, b)
     if b and h * w:
         block = _block(h * w)
         _depth_voxelize_kernel[(cdiv(h * w, block), b)](
-            depth, k, e, features if features is not None else depth, key_out, occ, cnt, vals,
-            dropped, h * w, w, f, depth_scale, min_depth, min(max_depth, FLT_MAX),
+            depth, k, e, features if features is not None else depth, buf, off_cnt, off_drop,
+            h * w, w, f, depth_scale, min_depth, min(max_depth, FLT_MAX),
             *_grid_args(bounds_min, voxel_size, grid_size), K_STRIDE=k_stride,
             E_STRIDE=e_stride, HAS_EXT=extrinsics is not None, MODE=MODE_IDS[mode], KEYS=keys,
             MERGE=MERGE_RUNS, BLOCK=block, FP=_feature_cols(f, mode), num_warps=4)
     if not keys:
-        _finalize(cnt, vals, f, mode)
+        _finalize(buf, off_cnt, off_drop, f, mode)
     return buf
 
 

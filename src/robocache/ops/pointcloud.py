@@ -219,7 +219,7 @@ def _fake_buffer(like: torch.Tensor, b: int, n: int, f: int, grid_size, mode: st
                  keys: bool) -> torch.Tensor:
     from robocache.kernels.pointcloud import buffer_layout
 
-    dtype, numel, _ = buffer_layout(b, n, f, grid_size, mode, keys)
+    dtype, numel, _, _ = buffer_layout(b, n, f, grid_size, mode, keys)
     return like.new_empty(numel, dtype=dtype)
 
 
