@@ -241,8 +241,14 @@ class RobotLoader:
         return _merge(done, self.mixed)
 
     def __iter__(self) -> Iterator[Batch]:
+        if self.graphed is not None:
+            yield from self._iter_graphed()
+            return
         if self.resident and not self.mixed:  # one copy of the epoch's order, sliced there
-            source = self.sampler.batches(self.sampler.order().to(self.device))
+            order = self.sampler.order().to(self.device)
+            if self.stream is not None:
+                order.record_stream(self.stream)  # read there while the caller iterates
+            source = self.sampler.batches(order)
         elif self.resident:
             source = iter(self.sampler)
         else:
@@ -257,9 +263,6 @@ class RobotLoader:
             return
         main = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(main)  # buffers moved to the device on the main stream
-        if self.graphed is not None:
-            yield from self._iter_graphed(main)
-            return
 
         def launch():
             parts = next(source, None)
@@ -280,11 +283,13 @@ class RobotLoader:
             ready = launch()  # the next batch is gathered while the caller uses this one
             yield batch
 
-    def _iter_graphed(self, main: torch.cuda.Stream) -> Iterator[Batch]:
+    def _iter_graphed(self) -> Iterator[Batch]:
         """Batches replayed from the graphs on the side stream, one ahead of the caller; a
         slot is refilled only after the main stream has passed the work queued on its
         previous batch (recorded when the caller asked for the batch after it)."""
+        main = torch.cuda.current_stream(self.device)
         order = self.sampler.order().to(self.device)
+        order.record_stream(self.stream)
         self.stream.wait_stream(main)
         size, slots = self.sampler.batch_size, len(self.graphed.graphs)
         released: list[torch.cuda.Event | None] = [None] * slots
