@@ -33,6 +33,7 @@ def test_case_derives_bandwidth_flops_and_intensity():
     assert rec["GBps"] == pytest.approx(3.0) and rec["pct_copy"] == pytest.approx(0.1)
     assert rec["TFLOPs"] == pytest.approx(2.0) and rec["intensity"] == pytest.approx(666.67, 1e-4)
     assert rec["B"] == 7 and rec["samples_ms"] == [1.9, 2.0, 2.1]
+    assert harness.case("f", "c", "robocache", t, timing="graph")["timing"] == "graph"
 
 
 def test_roofline_position():

@@ -224,7 +224,7 @@ def cpu_time(fn: Callable[[], Any], *, repeats: int = 15, min_s: float = 0.02) -
     return summarize([t * 1e3 for t in m.times])
 
 
-def case(family: str, name: str, impl: str, timing: Timing, *, nbytes: int | None = None,
+def case(family: str, name: str, impl: str, timing: Timing, /, *, nbytes: int | None = None,
          flops: int | None = None, copy_gbps: float | None = None, unit: str = "ms",
          **extra: Any) -> dict[str, Any]:
     """One benchmark record: what ran, its timing, and its bandwidth against the copy ceiling.
@@ -233,7 +233,8 @@ def case(family: str, name: str, impl: str, timing: Timing, *, nbytes: int | Non
     `flops` the minimum arithmetic; from them come GB/s, TFLOP/s and the arithmetic intensity
     (FLOP/byte) that places the op on the roofline. Extra keywords are stored as they are: shape
     parameters (ints/strings such as ``batch=256, dtype="bfloat16"``) group the report's
-    scaling curves, with ``batch`` as the x axis.
+    scaling curves, with ``batch`` as the x axis. The first four are positional-only, so an extra
+    may reuse their names (``timing="graph"``).
     """
     rec: dict[str, Any] = {"family": family, "name": name, "impl": impl, "unit": unit,
                            **timing.to_dict(), "bytes": nbytes, "flops": flops}
