@@ -37,6 +37,11 @@ class _Group:
     dims: list[int]
     data: torch.Tensor
 
+    def column(self, key: str) -> int:
+        """Index of the first value column of ``key``."""
+        i = self.keys.index(key)
+        return sum(self.dims[:i])
+
     def split(self, w: torch.Tensor, window_pad: torch.Tensor) -> Batch:
         out, at = {}, 0
         pads = w[..., sum(self.dims):] > 0.5
@@ -207,27 +212,46 @@ class RobotDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return int(self.episode_index.shape[0])
 
+    def gather(self, indices: torch.Tensor) -> Batch:
+        """Stage 1, where the packed cache lives (a DataLoader worker, or the GPU): the raw
+        windows as few tensors — ``index``, one ``[B, K, C + 1]`` float32 tensor per group
+        (``"obs"``: K = history, ``"act"``: K = horizon; the value and alignment-pad columns,
+        then the window-pad flag) and the frames of image keys."""
+        import robocache
+
+        raw: Batch = {"index": indices}
+        for name, g in self.groups.items():
+            history, horizon = (self.history, 0) if name == "obs" else (0, self.horizon)
+            w = robocache.windows(g.data, self.offsets, indices, history=history,
+                                  horizon=horizon, pad=self.pad)
+            values, pad = (w.history, w.history_is_pad) if name == "obs" else \
+                (w.horizon, w.horizon_is_pad)
+            raw[name] = torch.cat([values, pad[..., None].to(values.dtype)], -1)
+        for k in self.image_keys:
+            raw[k] = self.frames[k][raw["obs"][..., self.groups["obs"].column(k)].long()]
+        return raw
+
+    def finish(self, raw: Batch, episode_index: torch.Tensor | None = None,
+               timestamp: torch.Tensor | None = None) -> Batch:
+        """Stage 2, on the batch's device: split :meth:`gather`'s tensors into keys and
+        ``_is_pad`` masks; ``episode_index`` / ``timestamp`` (per global step) default to this
+        dataset's, pass copies on the batch's device when it differs."""
+        index = raw["index"]
+        episode_index = self.episode_index if episode_index is None else episode_index
+        timestamp = self.timestamp if timestamp is None else timestamp
+        out: Batch = {"index": index, "episode_index": episode_index[index],
+                      "timestamp": timestamp[index]}
+        for name, g in self.groups.items():
+            w = raw[name]
+            out.update(g.split(w[..., :-1], w[..., -1] > 0.5))
+        for k in self.image_keys:
+            out[k] = raw[k]
+        return out
+
     def fetch(self, indices: torch.Tensor) -> Batch:
         """The batch of windows starting at global steps ``indices`` (int64 ``[B]``, on the
         dataset's device)."""
-        import robocache
-
-        out: Batch = {"index": indices, "episode_index": self.episode_index[indices],
-                      "timestamp": self.timestamp[indices]}
-        if "obs" in self.groups:
-            g = self.groups["obs"]
-            w = robocache.windows(g.data, self.offsets, indices, history=self.history,
-                                  horizon=0, pad=self.pad)
-            out.update(g.split(w.history, w.history_is_pad))
-            for k in self.image_keys:
-                rows = out.pop(k)[..., 0].long()
-                out[k] = self.frames[k][rows]
-        if "act" in self.groups:
-            g = self.groups["act"]
-            w = robocache.windows(g.data, self.offsets, indices, history=1,
-                                  horizon=self.horizon, pad=self.pad)
-            out.update(g.split(w.horizon, w.horizon_is_pad))
-        return out
+        return self.finish(self.gather(indices))
 
     def __getitem__(self, index: int | Sequence[int] | torch.Tensor) -> Batch:
         if isinstance(index, (int, np.integer)):

@@ -9,8 +9,8 @@ Two ways to assemble a batch:
   and normalized there once; each batch is a :func:`robocache.windows` gather. Nothing crosses
   PCIe but the batch's indices.
 - **workers** (``num_workers > 0``, or CPU): a torch ``DataLoader`` whose workers gather windows
-  on the CPU (workers never initialize CUDA), into pinned memory; the loader copies each batch
-  with ``non_blocking=True``.
+  on the CPU (workers never initialize CUDA) as a few packed tensors, into pinned memory; the
+  loader copies them with ``non_blocking=True`` and splits keys and masks on the device.
 
 Either way the next batch is prepared on a side CUDA stream while the current one is in use
 (the consumer's stream waits on an event, tensors are ``record_stream``-ed), and normalization
@@ -107,7 +107,7 @@ class _Parts(torch.utils.data.Dataset):
         self.datasets = datasets
 
     def __getitem__(self, parts: list[tuple[int, torch.Tensor]]):
-        return [(i, self.datasets[i].fetch(idx)) for i, idx in parts]
+        return [(i, self.datasets[i].gather(idx)) for i, idx in parts]
 
     def __len__(self) -> int:
         return sum(len(d) for d in self.datasets)
@@ -215,6 +215,9 @@ class RobotLoader:
                 if cuda_graph and drop_last and not self.mixed else None
         else:
             self.graphed = None
+            # workers send few tensors (the raw windows); keys and masks are split here
+            self.meta = [(d.episode_index.to(self.device), d.timestamp.to(self.device))
+                         for d in self.datasets]
             if any(d.device.type != "cpu" for d in self.datasets):
                 raise DataError("the workers path gathers on the CPU; pass datasets on the CPU "
                                 "(not `.to('cuda')` copies) or use resident=True.")
@@ -235,7 +238,8 @@ class RobotLoader:
             if self.resident:  # already normalized
                 done.append((i, self.datasets[i].fetch(part.to(self.device, non_blocking=True))))
                 continue
-            batch = {k: v.to(self.device, non_blocking=True) for k, v in part.items()}
+            raw = {k: v.to(self.device, non_blocking=True) for k, v in part.items()}
+            batch = self.datasets[i].finish(raw, *self.meta[i])
             norm = self.normalizers[i]
             done.append((i, norm(batch) if norm is not None else batch))
         return _merge(done, self.mixed)
