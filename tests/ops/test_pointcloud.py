@@ -417,6 +417,52 @@ def test_unbatched_uint8_features_and_max():
     assert mx.grid[1, 1, 1].tolist() == [0, 0, 0] and mean.count.sum() == 3
 
 
+# ---------------------------------------------------------------- custom ops
+
+
+@pytest.fixture(scope="module")
+def custom_ops(request):
+    """The three custom ops; without CUDA their launchers are registered for CPU tensors (run by
+    the interpreter) so the fake implementations and tracing are checked in CI too."""
+    ops = [(pc._depth_to_points_op, pc._depth_to_points_cuda),
+           (pc._voxelize_points_op, pc._voxelize_points_cuda),
+           (pc._voxelize_depth_op, pc._voxelize_depth_cuda)]
+    if not torch.cuda.is_available():
+        for op, fn in ops:
+            op.register_kernel("cpu")(fn)
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("mode", ["occupancy", "count", "mean", "max"])
+def test_custom_ops_fake_and_trace(custom_ops, mode):
+    rng = seeded()
+    dev = custom_ops
+    depth = depth_image(rng, 2, 6, 9, torch.uint16).to(dev)
+    k, e = (t.to(dev) for t in camera(rng, 2, 6, 9))
+    rgb = torch.from_numpy(rng.integers(0, 256, (2, 6, 9, 3), dtype=np.uint8)).to(dev)
+    feats = rgb if mode in FEATURE_MODES else None
+    grid = ([-1.5, -1.0, 0.0], [0.3, 0.25, 0.2], [9, 8, 13])
+    cam = (depth, k, e)
+    checks = [(torch.ops.robocache.voxelize_depth.default,
+               (*cam, feats, 0.001, 0.0, math.inf, *grid, mode, False)),
+              (torch.ops.robocache.voxelize_depth.default,
+               (*cam, None, 0.001, 0.0, math.inf, *grid, "occupancy", True)),
+              (torch.ops.robocache.depth_to_points.default, (*cam, 0.001, 0.0, math.inf))]
+    points, valid = torch.ops.robocache.depth_to_points(*cam, 0.001, 0.0, math.inf)
+    f = None if feats is None else feats.reshape(2, -1, 3)
+    checks.append((torch.ops.robocache.voxelize_points.default,
+                   (points, f, None, valid, *grid, mode, False)))
+    for op, args in checks:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+    def fused(d):
+        return pc._kernel_depth(d, k, e, feats, 0.001, 0.0, math.inf, *grid, mode, False)
+
+    traced = torch.compile(fused, fullgraph=True, backend="eager")(depth)
+    for a, x in zip(traced, fused(depth), strict=True):
+        assert (a is None and x is None) or torch.allclose(a.float(), x.float())
+
+
 # ---------------------------------------------------------------- validation
 
 
