@@ -102,6 +102,7 @@ def test_a_failing_family_keeps_the_others(tmp_path, fake_benchmarks):
     assert res.exit_code == 3
     doc = load_results(out)
     assert doc["meta"]["errors"] == {"broken": "ZeroDivisionError: division by zero"}
+    assert doc["meta"]["families_done"] == ["broken", "fake"]
     assert [c["family"] for c in doc["cases"]] == ["fake"]
 
 

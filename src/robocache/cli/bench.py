@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -65,8 +66,10 @@ def _profiler(trace_dir: Path | None, family: str):
     return profile(activities=activities, on_trace_ready=export)
 
 
-def run_families(names: list[str], *, quick: bool, profile: Path | None = None) -> dict:
-    """Run the named benchmark families (all when empty) and return the results document."""
+def run_families(names: list[str], *, quick: bool, profile: Path | None = None,
+                 checkpoint: Callable[[dict], None] = lambda _results: None) -> dict:
+    """Run the named benchmark families (all when empty, in the order given) and return the
+    results document; `checkpoint` sees it after each family (``meta.families_done``)."""
     from robocache.bench import doctor, harness
     from robocache.bench.report import ceiling_values
     from robocache.observability import nvtx
@@ -82,21 +85,23 @@ def run_families(names: list[str], *, quick: bool, profile: Path | None = None) 
         harness.profiling()
         results["meta"]["profiled"] = True
     copy_gbps = results["meta"].get("d2d_copy_GBps")
+    values = ceiling_values(results["meta"])
+    results["meta"]["families_done"] = []
     try:
         for name, module in modules.items():
             try:
                 with _profiler(profile, name), nvtx.range(f"robocache.bench.{name}"):
-                    results["cases"].extend(module.run(quick=quick, copy_gbps=copy_gbps))
+                    cases = module.run(quick=quick, copy_gbps=copy_gbps)
+                results["cases"].extend(harness.roofline(rec, values) for rec in cases)
             except Exception as exc:  # one broken family must not lose the others' numbers
                 results["meta"].setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
                 typer.echo(f"benchmark {name!r} failed: {type(exc).__name__}: {exc}", err=True)
+            results["meta"]["families_done"].append(name)
+            if harness.cuda_ready():  # clocks under load; did the GPU throttle during the run?
+                results["meta"]["gpu_state_end"] = harness.gpu_state()
+            checkpoint(results)
     finally:
         harness.profiling(False)
-    if harness.cuda_ready():  # clocks under load, and whether the GPU throttled during the run
-        results["meta"]["gpu_state_end"] = harness.gpu_state()
-    values = ceiling_values(results["meta"])
-    for rec in results["cases"]:
-        harness.roofline(rec, values)
     return results
 
 
@@ -126,10 +131,13 @@ def bench(
         except DataError as exc:
             raise typer.BadParameter(str(exc), param_hint="--results") from exc
     else:
-        results = run_families(names or [], quick=quick, profile=profile)
+        def checkpoint(doc: dict) -> None:  # a run cut short keeps the families that finished
+            if json_path:
+                harness.write_json(json_path, doc)
+
+        results = run_families(names or [], quick=quick, profile=profile, checkpoint=checkpoint)
         harness.print_table(results)
         if json_path:
-            harness.write_json(json_path, results)
             typer.echo(f"wrote {json_path}")
     if compare is not None:
         try:
