@@ -202,9 +202,13 @@ def metadata() -> dict[str, Any]:
 
 
 def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    """Write `payload` as JSON; atomically (temp file + rename), so a run killed mid-write
+    leaves the previous complete file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, default=float) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=float) + "\n")
+    os.replace(tmp, path)
     return path
 
 
