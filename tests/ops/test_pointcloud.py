@@ -378,6 +378,19 @@ def test_depth_to_voxels_vs_numpy(mode, sparse):
 # ---------------------------------------------------------------- edge cases
 
 
+def test_depth_to_voxels_unbatched():
+    rng = seeded()
+    depth = depth_image(rng, 1, 7, 8, torch.uint16)
+    k, _ = camera(rng, 1, 7, 8)
+    kw = dict(bounds_min=(-1.5, -1.0, 0.0), voxel_size=0.25, grid_size=(12, 8, 11), mode="count")
+    one = pc.depth_to_voxels(depth[0], k[0], **kw)
+    batched = pc.depth_to_voxels(depth, k, **kw)
+    assert one.grid.shape == (12, 8, 11) and one.dropped.shape == ()
+    assert torch.equal(one.grid, batched.grid[0]) and torch.equal(one.dropped, batched.dropped[0])
+    sp = pc.depth_to_voxels(depth[0], k[0], sparse=True, **kw)
+    assert sp.point_to_voxel.shape == (56,) and int(sp.num_voxels) == int(one.grid.gt(0).sum())
+
+
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("shape", [(0, 5), (3, 0)])
 def test_empty_clouds_give_empty_grids(kernel_device, sparse, shape):
