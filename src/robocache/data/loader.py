@@ -5,10 +5,10 @@
 
 Two ways to assemble a batch:
 
-- **resident** (default on CUDA with ``num_workers=0``): the packed cache is copied to the GPU
-  and normalized there once; each batch is a :func:`robocache.windows` gather. Nothing crosses
-  PCIe but the batch's indices.
-- **workers** (``num_workers > 0``, or CPU): a torch ``DataLoader`` whose workers gather windows
+- **resident** (``num_workers=0``): the packed cache is copied to the device (GPU) and
+  normalized there once; each batch is a :func:`robocache.windows` gather, replayed from a CUDA
+  graph on GPUs. Nothing crosses PCIe but the epoch's order. On the CPU the same, in process.
+- **workers** (``num_workers > 0``): a torch ``DataLoader`` whose workers gather windows
   on the CPU (workers never initialize CUDA) as a few packed tensors, into pinned memory; the
   loader copies them with ``non_blocking=True`` and splits keys and masks on the device.
 
@@ -168,9 +168,10 @@ class RobotLoader:
         device: where batches go (default CUDA when available).
         shuffle: random order (one source: an epoch permutation).
         drop_last: drop the last incomplete batch (one source).
-        num_workers: DataLoader worker processes gathering on the CPU; 0 with CUDA = resident.
-        resident: force (True) or forbid (False) the resident path; ``None`` picks it on CUDA
-            with ``num_workers == 0``.
+        num_workers: DataLoader worker processes gathering on the CPU; 0 = resident.
+        resident: force (True) or forbid (False) the resident path (the packed cache on
+            ``device``, normalized once, gathered in this process); ``None``: resident when
+            ``num_workers == 0``.
         normalize: mode for every numeric key (``"mean_std"``, ``"min_max"``, ``"quantile"``),
             a key -> mode mapping, or ``None`` to leave values in data units.
         seed: sampling seed (deterministic order for a seed).
@@ -180,7 +181,7 @@ class RobotLoader:
             tensors are graph buffers, rewritten 3 batches later: ``clone()`` what you keep.
 
     Raises:
-        DataError: ``batch_size`` < 1 or ``resident=True`` without a CUDA device.
+        DataError: ``batch_size`` < 1, or the workers path with datasets not on the CPU.
     """
 
     def __init__(self, data: RobotDataset | MixedDataset, batch_size: int = 256, *,
@@ -194,10 +195,7 @@ class RobotLoader:
             raise DataError(f"`batch_size` must be >= 1; got {batch_size}.")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         cuda = self.device.type == "cuda"
-        if resident and not cuda:
-            raise DataError("`resident=True` needs a CUDA `device`; got "
-                            f"{self.device}. Use resident=None to pick automatically.")
-        self.resident = cuda and num_workers == 0 if resident is None else resident
+        self.resident = num_workers == 0 if resident is None else resident
         self.mixed = isinstance(data, MixedDataset)
         self.datasets = data.datasets if self.mixed else [data]
         self.sampler = _Sampler(data, batch_size, shuffle, drop_last, seed)
@@ -212,7 +210,7 @@ class RobotLoader:
                              for d, n in zip(self.datasets, self.normalizers, strict=True)]
             self.loader = None
             self.graphed = _Graphed(self.datasets[0], batch_size, self.device) \
-                if cuda_graph and drop_last and not self.mixed else None
+                if cuda and cuda_graph and drop_last and not self.mixed else None
         else:
             self.graphed = None
             # workers send few tensors (the raw windows); keys and masks are split here
