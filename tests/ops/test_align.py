@@ -178,8 +178,8 @@ def test_grouped_kernel_matches_reference_in_one_launch(kernel_device, monkeypat
                                  s.method, s.tolerance_s) for k, s in streams.items()}
         if kernel_device == "cpu":  # the interpreter runs CPU tensors through the kernel
             from robocache.ops import align as A
-            plan = A._Plan(A._normalize(dev_streams, None, None, None), x, oor, False)
-            got = A._align_cuda(A._normalize(dev_streams, None, None, None), x, plan, None)
+            specs, _ = A._normalize(dev_streams, None, None, None, x, oor, False)
+            got = A._align_cuda(specs, x, A._Plan(specs, x, oor, False), None)
         else:
             got = robocache.align(dev_streams, x.cuda(), out_of_range=oor)
         monkeypatch.setattr(K, "_interp_kernel", kernel)

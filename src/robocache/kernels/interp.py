@@ -141,8 +141,8 @@ def _linear_weight(x, t0, t1, OOR: tl.constexpr, F64: tl.constexpr):
     """w = (x - t0) / (t1 - t0) in the compute dtype (0 on an empty interval)."""
     h = _to_compute(t1 - t0, F64)
     w = tl.where(h > 0, _to_compute(x - t0, F64) / tl.where(h > 0, h, 1.0), 0.0)
-    if OOR == 0:
-        w = tl.minimum(tl.maximum(w, 0.0), 1.0)
+    if OOR == 0:  # comparisons, not min/max: a NaN weight (NaN target) must stay NaN
+        w = tl.where(w < 0.0, 0.0, tl.where(w > 1.0, 1.0, w))
     return w
 
 
@@ -209,8 +209,11 @@ def _slerp(q0, q1, w):
 @triton.jit
 def _cubic_sweep(data_row, row, scr, n, D, sds, sdd, sts,
                  CT_F64: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Second derivatives M of the natural cubic spline of one row into scr [S, D+1]
-    (column D keeps the Thomas factors c'): forward elimination, then back substitution."""
+    """Second derivatives M of the natural cubic spline of one row into scr [S, 2D + 1]:
+    columns [0, D) the eliminated right-hand sides r', column D the Thomas factors c',
+    columns [D + 1, 2D + 1) M. M never overwrites r' in place: the [BLOCK_D] vectors are
+    replicated across warps, and an in-place update let one warp read another's result."""
+    W = 2 * D + 1
     for d0 in range(0, D, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
         dm = offs_d < D
@@ -222,7 +225,6 @@ def _cubic_sweep(data_row, row, scr, n, D, sds, sdd, sts,
                                     other=0.0), CT_F64)
         cp = _to_compute(t_prev - t_prev, CT_F64)
         rp = y_prev * 0.0
-        tl.store(scr + offs_d, rp, mask=dm)
         for i in range(1, n - 1):
             t_next = tl.load(row + (i + 1) * sts)
             y_next = _to_compute(tl.load(data_row + (i + 1) * sds + col, mask=dm, other=0.0),
@@ -234,20 +236,21 @@ def _cubic_sweep(data_row, row, scr, n, D, sds, sdd, sts,
             den = 2.0 * (a + c) - a * cp
             cp = c / den
             rp = (6.0 * ((y_next - y_cur) / c - (y_cur - y_prev) / a) - a * rp) / den
-            tl.store(scr + i * (D + 1) + offs_d, rp, mask=dm)
-            tl.store(scr + i * (D + 1) + D, cp)
+            tl.store(scr + i * W + offs_d, rp, mask=dm)
+            tl.store(scr + i * W + D, cp)
             t_prev = t_cur
             t_cur = t_next
             y_prev = y_cur
             y_cur = y_next
         tl.debug_barrier()
         m_next = rp * 0.0
-        tl.store(scr + (n - 1) * (D + 1) + offs_d, m_next, mask=dm)
+        tl.store(scr + D + 1 + offs_d, m_next, mask=dm)
+        tl.store(scr + (n - 1) * W + D + 1 + offs_d, m_next, mask=dm)
         for j in range(0, n - 2):
             i = n - 2 - j
-            m_next = (tl.load(scr + i * (D + 1) + offs_d, mask=dm, other=0.0)
-                      - tl.load(scr + i * (D + 1) + D) * m_next)
-            tl.store(scr + i * (D + 1) + offs_d, m_next, mask=dm)
+            m_next = (tl.load(scr + i * W + offs_d, mask=dm, other=0.0)
+                      - tl.load(scr + i * W + D) * m_next)
+            tl.store(scr + i * W + D + 1 + offs_d, m_next, mask=dm)
     tl.debug_barrier()
 
 
@@ -340,16 +343,17 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
                 y = ((2.0 * s3 - 3.0 * s2 + 1.0) * y + (s3 - 2.0 * s2 + s) * hh1 * d1
                      + (3.0 * s2 - 2.0 * s3) * y1 + (s3 - s2) * hh1 * d2)
             elif METHOD == 5:
-                c = offs_d[None, :]
-                mm0 = tl.load(scr + idx0[:, None] * (D + 1) + c, mask=m2, other=0.0)
-                mm1 = tl.load(scr + idx1[:, None] * (D + 1) + c, mask=m2, other=0.0)
+                c = D + 1 + offs_d[None, :]
+                mm0 = tl.load(scr + idx0[:, None] * (2 * D + 1) + c, mask=m2, other=0.0)
+                mm1 = tl.load(scr + idx1[:, None] * (2 * D + 1) + c, mask=m2, other=0.0)
                 s = w[:, None]
                 r = 1.0 - s
                 hh = h1[:, None]
                 y = r * y + s * y1 + hh * hh / 6.0 * ((r * r * r - r) * mm0 + (s * s * s - s) * mm1)
             if OOR == 1:
                 y = tl.where(outside[:, None], float("nan"), y)
-            y = tl.where(nanx[:, None], float("nan"), y)
+            elif METHOD != 0:  # linear: the NaN weight of a NaN target already propagated
+                y = tl.where(nanx[:, None], float("nan"), y)
             tl.store(out_row + offs_t[:, None] * sot + offs_d[None, :] * sod,
                      y.to(out.dtype.element_ty), mask=m2)
     if HAS_PAD:
@@ -372,7 +376,7 @@ def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux, scr,
     row = times + b * stb
     data_row = data + b * sdb
     if METHOD == 5:  # cubic: the spline's system couples the whole row
-        scr_row = scr + b * S * (D + 1)
+        scr_row = scr + b * S * (2 * D + 1)
         _cubic_sweep(data_row, row, scr_row, n, D, sds, sdd, sts, CT_F64, BLOCK_D)
         for tb in range(0, tl.cdiv(T, BLOCK_T)):
             _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr_row,
@@ -414,7 +418,7 @@ class StreamLaunch:
     ``[B, S]`` or ``[S]``; lengths int ``[B]`` or None; out ``[B, T, D]`` (int64 ``[B, T]``
     contiguous for frame_index); pad bool ``[B, T]`` contiguous or None; aux float32
     ``[B, T]`` contiguous (previous: age, frame_index: offset) or None; scratch (cubic only)
-    ``[B, S, D + 1]`` contiguous in the arithmetic dtype: the spline's M and Thomas factors.
+    ``[B, S, 2D + 1]`` contiguous in the arithmetic dtype (see `_cubic_sweep`).
     """
 
     data: torch.Tensor | None

@@ -16,10 +16,22 @@ from robocache.kernels._utils import next_pow2
 
 
 @triton.jit
+def _store_pads(pad, rel, r, first, last, offs_m, mm, K_START: tl.constexpr, K: tl.constexpr,
+                KP: tl.constexpr):
+    if K > 0:
+        ks = tl.arange(0, KP)
+        mk = ks < K
+        row = r[:, None] + tl.load(rel + K_START + ks, mask=mk, other=0)[None, :]
+        is_pad = (row < first[:, None]) | (row > last[:, None])
+        tl.store(pad + offs_m[:, None] * K + ks[None, :], is_pad, mask=mm[:, None] & mk[None, :])
+
+
+@triton.jit
 def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad1,
                     M, n_episodes, search_steps, sdr, sdd, D: tl.constexpr,
                     K0: tl.constexpr, K1: tl.constexpr, HAS_EPISODES: tl.constexpr,
-                    ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                    ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                    KP0: tl.constexpr, KP1: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mm = offs_m < M
@@ -53,10 +65,9 @@ def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad
             else:
                 tl.store(out1 + (offs_m[:, None] * K1 + (k - K0)) * D + offs_d[None, :], v,
                          mask=m2)
-        if k < K0:
-            tl.store(pad0 + offs_m * K0 + k, is_pad, mask=mm)
-        else:
-            tl.store(pad1 + offs_m * K1 + (k - K0), is_pad, mask=mm)
+    # Masks as [BLOCK_M, K] tiles, one store each: per-k stores were K byte-strided writes.
+    _store_pads(pad0, rel, r, first, last, offs_m, mm, 0, K0, KP0)
+    _store_pads(pad1, rel, r, first, last, offs_m, mm, K0, K1, KP1)
 
 
 def windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
@@ -77,5 +88,6 @@ def windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tenso
         out0, out1, pad0, pad1, M, n_episodes, max(n_episodes, 1).bit_length(),
         data.stride(0), data.stride(1), D=D, K0=split, K1=rel.shape[0] - split,
         HAS_EPISODES=episodes is not None, ZERO_PAD=zero_pad, BLOCK_M=block_m,
-        BLOCK_D=block_d, num_warps=4,
+        BLOCK_D=block_d, KP0=next_pow2(max(split, 1)),
+        KP1=next_pow2(max(rel.shape[0] - split, 1)), num_warps=4,
     )

@@ -114,8 +114,8 @@ def align(
         >>> out.values["joints"].shape, out.values["camera"].shape
         (torch.Size([8, 50, 7]), torch.Size([8, 50]))
     """
-    specs = _normalize(streams, methods, lengths, tolerance_s)
-    key = _key(specs, target_times, out_of_range, concat)
+    specs, key = _normalize(streams, methods, lengths, tolerance_s, target_times, out_of_range,
+                            concat)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         plan = _Plan(specs, target_times, out_of_range, concat)
@@ -132,13 +132,14 @@ def align(
     return result
 
 
-def _normalize(streams, methods, lengths, tolerance_s) -> list[tuple]:
-    """(name, data, times, lengths, method, tolerance) per stream, overrides applied."""
+def _normalize(streams, methods, lengths, tolerance_s, target, out_of_range, concat):
+    """Specs ``(name, data, times, lengths, method, tolerance)`` per stream, overrides applied,
+    and the call's metadata key (None when an input is not a tensor: the checks name it)."""
     if not isinstance(streams, Mapping) or not streams:
         C.fail(_OP, "`streams` must be a non-empty mapping of name -> Stream.", ValueError)
     if tolerance_s is not None and not tolerance_s >= 0:
         C.fail(_OP, f"`tolerance_s` must be >= 0 seconds; got {tolerance_s}.", ValueError)
-    specs = []
+    specs, parts = [], []
     for name, s in streams.items():
         if isinstance(s, tuple):
             s = Stream(*s)
@@ -148,21 +149,22 @@ def _normalize(streams, methods, lengths, tolerance_s) -> list[tuple]:
         method = methods.get(name, s.method) if methods else s.method
         lens = lengths.get(name, s.lengths) if lengths else s.lengths
         tol = s.tolerance_s if s.tolerance_s is not None else tolerance_s
-        specs.append((name, s.data, s.times, lens, method, tol))
-    return specs
-
-
-def _meta(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-
-
-def _key(specs, target, out_of_range, concat):
-    """Metadata key of a call (None when an input is not a tensor: checks will name it)."""
+        d, t = s.data, s.times
+        specs.append((name, d, t, lens, method, tol))
+        try:
+            parts.append((name, method, tol,
+                          None if d is None else (d.shape, d.stride(), d.dtype, d.device),
+                          t.shape, t.stride(), t.dtype, t.device,
+                          None if lens is None else (lens.shape, lens.dtype, lens.device)))
+        except AttributeError:
+            parts = None
+            break
     try:
-        return (_meta(target), out_of_range, concat,
-                tuple((n, m, tol, _meta(d), _meta(t), _meta(ln)) for n, d, t, ln, m, tol in specs))
+        key = None if parts is None else (target.shape, target.stride(), target.dtype,
+                                          target.device, out_of_range, concat, tuple(parts))
     except AttributeError:
-        return None
+        key = None
+    return specs, key
 
 
 class _Plan:
@@ -289,32 +291,33 @@ def _align_cuda(specs, target, plan, key) -> Aligned:
     from robocache.kernels import interp as K
 
     outs, pads, auxs, concat = _allocate(plan, target.device)
-    scratch = {k: torch.empty((plan.B, specs[k][2].shape[-1], plan.widths[k] + 1),
+    scratch = {k: torch.empty((plan.B, specs[k][2].shape[-1], 2 * plan.widths[k] + 1),
                               dtype=compute_dtype(specs[k][1].dtype), device=target.device)
                for k in plan.cubic}
-    order = plan.order
     if plan.launch is None:
-        launches = [K.StreamLaunch(
+        plan.launch = K.InterpPlan([K.StreamLaunch(
             specs[k][1], specs[k][2], specs[k][3], outs[k], pads[k],
             auxs[plan.aux_index[k]] if k in plan.aux_index else None,
             K.METHOD_CODES[specs[k][4]], K.OOR_CODES[plan.oor], specs[k][5],
-            scratch.get(k)) for k in order]
-        plan.launch = K.InterpPlan(launches, target, plan.B)
+            scratch.get(k)) for k in plan.order], target, plan.B)
         if key is not None:
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
             _PLANS[key] = plan
-    dummy = target
-    plan.launch.launch(
-        target,
-        tuple(dummy if specs[k][1] is None else specs[k][1] for k in order),
-        tuple(specs[k][2] for k in order),
-        tuple(dummy if specs[k][3] is None else specs[k][3] for k in order),
-        tuple(outs[k] for k in order),
-        tuple(pads[k] for k in order),
-        tuple(auxs[plan.aux_index[k]] if k in plan.aux_index else dummy for k in order),
-        tuple(scratch.get(k, dummy) for k in order),
-    )
+    # one pass over the streams in launch order (this path is timed against a bare launch)
+    datas, times, lens, os_, ps, xs, ss = [], [], [], [], [], [], []
+    aux_index = plan.aux_index
+    for k in plan.order:
+        _, d, t, ln, _, _ = specs[k]
+        datas.append(target if d is None else d)
+        times.append(t)
+        lens.append(target if ln is None else ln)
+        os_.append(outs[k])
+        ps.append(pads[k])
+        xs.append(auxs[aux_index[k]] if k in aux_index else target)
+        ss.append(scratch.get(k, target))
+    plan.launch.launch(target, tuple(datas), tuple(times), tuple(lens), tuple(os_), tuple(ps),
+                       tuple(xs), tuple(ss))
     return _result(specs, plan, outs, pads, auxs, concat)
 
 
