@@ -324,7 +324,7 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
                       "method": config.methods.get(name, default_method(s))}
                for name, s in specs.items()}
     header = {"format": CACHE_FORMAT,
-              "source": {"path": str(getattr(src, "path", source)), "format": src.format},
+              "source": {"path": str(Path(src.path).resolve()), "format": src.format},
               "rate_hz": config.rate_hz, "streams": streams}
     _claim(dest, header, config.overwrite)
     uri = dest / "data.lance"
