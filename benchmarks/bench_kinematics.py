@@ -61,14 +61,15 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         return _cpu_cases(chain) if quick else []
     dev, dt = "cuda", torch.float32
     pk, pk_chain = _pk_chain(dev, dt)
-    params, qcol, _, _ = chain.tensors(dev, dt)
+    params, _, _ = chain.tensors(dev, dt)
+    st = (chain.movable, chain.prismatic)
     out: list[dict] = []
     for n in SIZES[:1] if quick else SIZES:
         q = _random_q(chain, n, dev)
         fk_bytes = n * chain.dof * 4 + n * 16 * 4
         jac_bytes = n * chain.dof * 4 + n * 6 * chain.dof * 4
         pose = fk(chain, q)
-        ref = fk_reference(q.double(), params.double(), qcol)
+        ref = fk_reference(q.double(), params.double(), *st)
         extra = {"N": n, "max_abs_err_vs_fp64": float((pose.double() - ref).abs().max())}
         out.append(H.case(FAMILY, f"fk-N{n}", "robocache", H.gpu_time(lambda q=q: fk(chain, q)),
                           nbytes=fk_bytes, copy_gbps=copy_gbps, **extra))
@@ -80,7 +81,7 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                           H.gpu_time(lambda q64=q64: fk(chain, q64)), nbytes=2 * fk_bytes,
                           copy_gbps=copy_gbps, N=n))
         jac = jacobian(chain, q)
-        jref = fk_jacobian_reference(q.double(), params.double(), qcol)[1]
+        jref = fk_jacobian_reference(q.double(), params.double(), *st)[1]
         out.append(H.case(FAMILY, f"jacobian-N{n}", "robocache",
                           H.gpu_time(lambda q=q: jacobian(chain, q)), nbytes=jac_bytes,
                           copy_gbps=copy_gbps, N=n,
@@ -89,7 +90,7 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                           H.graph_time(lambda q=q: jacobian(chain, q)), nbytes=jac_bytes,
                           copy_gbps=copy_gbps, N=n))
         out.append(H.case(FAMILY, f"fk-N{n}", "torch eager (reference)",
-                          H.gpu_time(lambda q=q: fk_reference(q, params, qcol)), nbytes=fk_bytes,
+                          H.gpu_time(lambda q=q: fk_reference(q, params, *st)), nbytes=fk_bytes,
                           copy_gbps=copy_gbps, N=n))
         if pk is not None:
             m = pk_chain.forward_kinematics(q).get_matrix()

@@ -132,12 +132,13 @@ def test_fk_kernel(urdf, end, dtype, kernel_device):
     rng = seeded()
     c = Chain.from_urdf(urdf, end)
     q = _random_q(c, 131, rng)  # > one 128-row program: a partial second block
-    p, col, _, _ = c.tensors(kernel_device, dtype)
+    p, _, _ = c.tensors(kernel_device, dtype)
+    st = (c.movable, c.prismatic)
     qd = q.to(kernel_device, dtype)
     expect = _numpy_fk(urdf, end, q.numpy(), all_links=True)
     # float32 sin/cos and 10 chained products: a few ulps per joint
-    assert_close(K.fk_cuda(qd, p, col), expect[:, -1], dtype, scale=10)
-    assert_close(K.fk_cuda(qd, p, col, all_links=True), expect, dtype, scale=10)
+    assert_close(K.fk_cuda(qd, p, *st), expect[:, -1], dtype, scale=10)
+    assert_close(K.fk_cuda(qd, p, *st, all_links=True), expect, dtype, scale=10)
 
 
 def test_fk_shapes_unbatched_and_leading_dims():
@@ -237,8 +238,8 @@ def test_jacobian_kernel(urdf, end, dtype, kernel_device):
     c = Chain.from_urdf(urdf, end)
     q = _random_q(c, 130, seeded())
     expect = _fd_jacobian(c, q)
-    p, col, _, _ = c.tensors(kernel_device, dtype)
-    out = K.jacobian_cuda(q.to(kernel_device, dtype), p, col)
+    p, _, _ = c.tensors(kernel_device, dtype)
+    out = K.jacobian_cuda(q.to(kernel_device, dtype), p, c.movable, c.prismatic)
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(out.cpu().double(), expect, rtol=max(rtol, 1e-7),
                                atol=max(10 * atol, 1e-8))
@@ -296,12 +297,12 @@ def test_ik_kernel_matches_reference(dtype, kernel_device):
     seeds, iters = 3, 12
     target = _ik_targets(c, 5, rng, dtype)
     q0 = _random_q(c, 5 * seeds, rng, dtype)
-    p, col, lo, hi = c.tensors("cpu", dtype)
-    args = (seeds, iters, 1e-3, math.sin(5e-3))
-    ref = R.ik_reference(target, q0, lo, hi, p, col, *args)
-    kp, kc, klo, khi = c.tensors(kernel_device, dtype)
+    p, lo, hi = c.tensors("cpu", dtype)
+    args = (c.movable, c.prismatic, seeds, iters, 1e-3, math.sin(5e-3))
+    ref = R.ik_reference(target, q0, lo, hi, p, *args)
+    kp, klo, khi = c.tensors(kernel_device, dtype)
     dev = lambda t: t.to(kernel_device)  # noqa: E731
-    out = K.ik_cuda(dev(target), dev(q0), klo, khi, kp, kc, *args)
+    out = K.ik_cuda(dev(target), dev(q0), klo, khi, kp, *args)
     if dtype == torch.float64:  # same arithmetic, same accept/reject decisions
         for a, b in zip(out, ref, strict=True):
             torch.testing.assert_close(a.cpu(), b, rtol=1e-9, atol=1e-9)
@@ -316,11 +317,12 @@ def test_ik_kernel_matches_reference(dtype, kernel_device):
 def test_custom_ops_opcheck():
     c = Chain.from_urdf(PANDA, "panda_hand")
     q = _random_q(c, 3, seeded())
-    p, col, lo, hi = c.tensors("cpu", torch.float64)
-    torch.library.opcheck(torch.ops.robocache.kinematics_fk.default, (q, p, col, True))
-    torch.library.opcheck(torch.ops.robocache.kinematics_jacobian.default, (q, p, col))
+    p, lo, hi = c.tensors("cpu", torch.float64)
+    st = (c.movable, c.prismatic)
+    torch.library.opcheck(torch.ops.robocache.kinematics_fk.default, (q, p, *st, True))
+    torch.library.opcheck(torch.ops.robocache.kinematics_jacobian.default, (q, p, *st))
     torch.library.opcheck(torch.ops.robocache.kinematics_ik.default,
-                          (fk(c, q), q, lo, hi, p, col, 1, 3, 1e-3, 5e-3))
+                          (fk(c, q), q, lo, hi, p, *st, 1, 3, 1e-3, 5e-3))
 
 
 # --------------------------------------------------------------------------- bad input
@@ -427,8 +429,8 @@ def test_asset_path_unknown():
 def test_gpu_fk_jacobian_large(dtype):
     c = Chain.from_urdf(PANDA, "panda_hand")
     q = _random_q(c, 65537, seeded()).cuda()
-    p, col, _, _ = c.tensors("cuda", torch.float64)
-    ref_pose, ref_jac = R.fk_jacobian_reference(q, p, col)
+    p, _, _ = c.tensors("cuda", torch.float64)
+    ref_pose, ref_jac = R.fk_jacobian_reference(q, p, c.movable, c.prismatic)
     assert_close(fk(c, q.to(dtype)), ref_pose.cpu(), dtype, scale=10)
     assert_close(jacobian(c, q.to(dtype)), ref_jac.cpu(), dtype, scale=10)
     assert_close(fk(c, q.to(dtype), all_links=True)[:, -1], ref_pose.cpu(), dtype, scale=10)

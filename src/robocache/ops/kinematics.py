@@ -27,7 +27,7 @@ from robocache.reference.kinematics import fk_jacobian_reference, fk_reference, 
 __all__ = ["Chain", "IKResult", "URDFError", "asset_path", "fk", "ik", "jacobian"]
 
 KIN_DTYPES = (torch.float32, torch.float64)
-_MOVABLE = {"revolute": 0.0, "continuous": 0.0, "prismatic": 1.0}
+_MOVABLE = ("revolute", "continuous", "prismatic")
 
 
 class URDFError(DataError):
@@ -164,8 +164,9 @@ class Chain:
     link_names: tuple[str, ...]
     lower: np.ndarray
     upper: np.ndarray
-    params: np.ndarray  # [NJ, 16]: origin rows 0-2, axis, prismatic flag
-    qcol: np.ndarray  # [NJ] int32: q column, -1 for fixed joints
+    params: np.ndarray  # [NJ, 16]: origin rows 0-2, axis, zero pad
+    movable: int  # bit j: path joint j moves (takes the next q column)
+    prismatic: int  # bit j: path joint j is prismatic
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -327,30 +328,27 @@ class Chain:
     @classmethod
     def _build(cls, name, base, end, joints) -> Chain:
         params = np.zeros((len(joints), 16))
-        qcol = np.full(len(joints), -1, dtype=np.int32)
         movable = [j for j in joints if j[1] in _MOVABLE]
-        for i, (_, kind, _, origin, axis, _, _) in enumerate(joints):
+        for i, (_, _, _, origin, axis, _, _) in enumerate(joints):
             params[i, :12] = origin[:3].reshape(-1)
             params[i, 12:15] = axis
-            if kind in _MOVABLE:
-                params[i, 15] = _MOVABLE[kind]
-                qcol[i] = int(np.sum(qcol >= 0))
         return cls(name=name, base_link=base, end_link=end,
                    joint_names=tuple(j[0] for j in movable),
                    joint_types=tuple(j[1] for j in movable),
                    link_names=tuple(j[2] for j in joints),
                    lower=np.array([j[5] for j in movable], dtype=np.float64),
                    upper=np.array([j[6] for j in movable], dtype=np.float64),
-                   params=params, qcol=qcol)
+                   params=params,
+                   movable=sum(1 << i for i, j in enumerate(joints) if j[1] in _MOVABLE),
+                   prismatic=sum(1 << i for i, j in enumerate(joints) if j[1] == "prismatic"))
 
     def tensors(self, device: torch.device | str, dtype: torch.dtype):
-        """(params [NJ, 16], qcol [NJ] int32, lower [DOF], upper [DOF]) on `device` in `dtype`,
-        made once and cached (so calls copy nothing host-to-device after the first)."""
+        """(params [NJ, 16], lower [DOF], upper [DOF]) on `device` in `dtype`, made once and
+        cached (so calls copy nothing host-to-device after the first)."""
         key = (torch.device(device), dtype)
         if key not in self._cache:
             self._cache[key] = (
                 torch.as_tensor(self.params, dtype=dtype).to(key[0]),
-                torch.as_tensor(self.qcol).to(key[0]),
                 torch.as_tensor(self.lower, dtype=dtype).to(key[0]),
                 torch.as_tensor(self.upper, dtype=dtype).to(key[0]),
             )
@@ -359,31 +357,31 @@ class Chain:
 
 # --------------------------------------------------------------------------- custom ops
 
-def _fk_impl(q: torch.Tensor, params: torch.Tensor, qcol: torch.Tensor,
+def _fk_impl(q: torch.Tensor, params: torch.Tensor, movable: int, prismatic: int,
              all_links: bool) -> torch.Tensor:
     if q.is_cuda:
         from robocache.kernels.kinematics import fk_cuda
-        return fk_cuda(q, params, qcol, all_links)
-    return fk_reference(q, params, qcol, all_links)
+        return fk_cuda(q, params, movable, prismatic, all_links)
+    return fk_reference(q, params, movable, prismatic, all_links)
 
 
-def _jacobian_impl(q: torch.Tensor, params: torch.Tensor, qcol: torch.Tensor) -> torch.Tensor:
+def _jacobian_impl(q: torch.Tensor, params: torch.Tensor, movable: int,
+                   prismatic: int) -> torch.Tensor:
     if q.is_cuda:
         from robocache.kernels.kinematics import jacobian_cuda
-        return jacobian_cuda(q, params, qcol)
-    return fk_jacobian_reference(q, params, qcol)[1]
+        return jacobian_cuda(q, params, movable, prismatic)
+    return fk_jacobian_reference(q, params, movable, prismatic)[1]
 
 
 def _ik_impl(target: torch.Tensor, q0: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
-             params: torch.Tensor, qcol: torch.Tensor, seeds: int, max_iters: int,
+             params: torch.Tensor, movable: int, prismatic: int, seeds: int, max_iters: int,
              tol_pos: float, tol_half_chord: float
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    fn = ik_reference
     if q0.is_cuda:
-        from robocache.kernels.kinematics import ik_cuda
-        return ik_cuda(target, q0, lower, upper, params, qcol, seeds, max_iters, tol_pos,
-                       tol_half_chord)
-    return ik_reference(target, q0, lower, upper, params, qcol, seeds, max_iters, tol_pos,
-                        tol_half_chord)
+        from robocache.kernels.kinematics import ik_cuda as fn
+    return fn(target, q0, lower, upper, params, movable, prismatic, seeds, max_iters, tol_pos,
+              tol_half_chord)
 
 
 _fk_op = torch.library.custom_op("robocache::kinematics_fk", _fk_impl, mutates_args=())
@@ -393,17 +391,19 @@ _ik_op = torch.library.custom_op("robocache::kinematics_ik", _ik_impl, mutates_a
 
 
 @_fk_op.register_fake
-def _(q, params, qcol, all_links):
-    return q.new_empty((q.shape[0], qcol.shape[0], 4, 4) if all_links else (q.shape[0], 4, 4))
+def _(q, params, movable, prismatic, all_links):
+    n, nj = q.shape[0], params.shape[0]
+    return q.new_empty((n, nj, 4, 4) if all_links else (n, 4, 4))
 
 
 @_jacobian_op.register_fake
-def _(q, params, qcol):
+def _(q, params, movable, prismatic):
     return q.new_empty((q.shape[0], 6, q.shape[1]))
 
 
 @_ik_op.register_fake
-def _(target, q0, lower, upper, params, qcol, seeds, max_iters, tol_pos, tol_half_chord):
+def _(target, q0, lower, upper, params, movable, prismatic, seeds, max_iters, tol_pos,
+      tol_half_chord):
     return torch.empty_like(q0), q0.new_empty(q0.shape[0]), q0.new_empty(q0.shape[0])
 
 
@@ -458,8 +458,9 @@ def fk(chain: Chain, q: torch.Tensor, *, all_links: bool = False,
     """
     lead = q.shape[:-1] if isinstance(q, torch.Tensor) else ()
     flat = _check_q("fk", chain, q, validate)
-    params, qcol, _, _ = chain.tensors(q.device, q.dtype)
-    out = _dispatch(_fk_impl, _fk_op, flat, params, qcol, bool(all_links))
+    params, _, _ = chain.tensors(q.device, q.dtype)
+    out = _dispatch(_fk_impl, _fk_op, flat, params, chain.movable, chain.prismatic,
+                    bool(all_links))
     return out.reshape(*lead, *out.shape[1:])
 
 
@@ -487,8 +488,8 @@ def jacobian(chain: Chain, q: torch.Tensor, *, validate: bool | None = None) -> 
     """
     lead = q.shape[:-1] if isinstance(q, torch.Tensor) else ()
     flat = _check_q("jacobian", chain, q, validate)
-    params, qcol, _, _ = chain.tensors(q.device, q.dtype)
-    out = _dispatch(_jacobian_impl, _jacobian_op, flat, params, qcol)
+    params, _, _ = chain.tensors(q.device, q.dtype)
+    out = _dispatch(_jacobian_impl, _jacobian_op, flat, params, chain.movable, chain.prismatic)
     return out.reshape(*lead, 6, chain.dof)
 
 
@@ -566,7 +567,7 @@ def ik(chain: Chain, target: torch.Tensor, *, q_init: torch.Tensor | None = None
     check = wants_validation(validate, target)
     if check:
         check_rotation(op, "target", tgt[:, :3, :3])
-    params, qcol, lower, upper = chain.tensors(dev, dt)
+    params, lower, upper = chain.tensors(dev, dt)
     lo = torch.where(torch.isfinite(lower), lower, -math.pi)
     hi = torch.where(torch.isfinite(upper), upper, math.pi)
     u = torch.rand((n, num_seeds, dof), generator=generator, dtype=dt,
@@ -585,7 +586,8 @@ def ik(chain: Chain, target: torch.Tensor, *, q_init: torch.Tensor | None = None
         q0[:, 0] = init
     tol_chord = math.sin(min(tol_rot, math.pi) / 2)
     q, perr, chord = _dispatch(_ik_impl, _ik_op, tgt, q0.reshape(-1, dof), lower, upper, params,
-                               qcol, num_seeds, int(max_iters), float(tol_pos), tol_chord)
+                               chain.movable, chain.prismatic, num_seeds, int(max_iters),
+                               float(tol_pos), tol_chord)
     q, perr, chord = q.reshape(n, num_seeds, dof), perr.reshape(n, -1), chord.reshape(n, -1)
     ok = (perr <= tol_pos) & (chord <= tol_chord)
     err = perr / tol_pos + chord / tol_chord

@@ -1,12 +1,14 @@
 """Pure-PyTorch forward kinematics, geometric Jacobian and damped-least-squares IK.
 
 Same signatures as the Triton launchers in `robocache.kernels.kinematics` (the CPU path of
-`robocache.kinematics` and the twin the kernel tests compare against). A serial chain is passed
-as two small tensors, one row per joint on the path from the base link to the end link:
+`robocache.kinematics` and the twin the kernel tests compare against). A serial chain of NJ
+joints, base link to end link, is passed as
 
-- ``params [NJ, 16]``: the joint's origin (rows 0-2 of the parent-to-joint transform, 12 values,
-  row-major), its unit axis in the joint frame (3), and 1.0 for prismatic / 0.0 otherwise.
-- ``qcol [NJ]`` int32: the column of ``q`` that drives the joint, -1 for fixed joints.
+- ``params [NJ, 16]``: per joint its origin (rows 0-2 of the parent-to-joint transform, 12 values,
+  row-major), its unit axis in the joint frame (3) and a zero pad (rows of 64 bytes);
+- ``movable``, ``prismatic``: int bit masks, bit j set when joint j moves / is prismatic. Moving
+  joints take the columns of ``q`` in path order. (Structure as ints lets the kernels specialize
+  at compile time and lets launches read nothing from the device.)
 
 A joint's child link pose is ``parent @ origin @ motion(q)``, motion being a rotation about the
 axis (revolute, continuous) or a translation along it (prismatic).
@@ -28,21 +30,24 @@ LM_UP = 4.0
 COS_HALF_FLOOR = 1e-6
 
 
-def _walk(q: torch.Tensor, params: torch.Tensor, qcol: torch.Tensor):
+def _walk(q: torch.Tensor, params: torch.Tensor, movable: int, prismatic: int):
     """Yield (joint frame [N,4,4], child link pose [N,4,4], column, prismatic, axis [3]) per
     path joint."""
     n = q.shape[0]
     pose = torch.eye(4, dtype=q.dtype, device=q.device).expand(n, 4, 4)
     bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=q.dtype, device=q.device)
-    for j, col in enumerate(qcol.tolist()):
+    col = 0
+    for j in range(params.shape[0]):
         row = params[j].to(q.dtype)
         origin = torch.cat((row[:12].reshape(3, 4), bottom[None]), 0)
         frame = pose @ origin
-        axis, prismatic = row[12:15], bool(row[15] != 0)
+        axis, slide = row[12:15], bool(prismatic >> j & 1)
         motion = torch.eye(4, dtype=q.dtype, device=q.device).repeat(n, 1, 1)
-        if col >= 0:
-            v = q[:, col]
-            if prismatic:
+        qcol = -1
+        if movable >> j & 1:
+            qcol, col = col, col + 1
+            v = q[:, qcol]
+            if slide:
                 motion[:, :3, 3] = v[:, None] * axis
             else:
                 k = torch.zeros(3, 3, dtype=q.dtype, device=q.device)
@@ -52,33 +57,33 @@ def _walk(q: torch.Tensor, params: torch.Tensor, qcol: torch.Tensor):
                 eye = torch.eye(3, dtype=q.dtype, device=q.device)
                 motion[:, :3, :3] = eye + s * k + (1 - c) * (k @ k)
         pose = frame @ motion
-        yield frame, pose, col, prismatic, axis
+        yield frame, pose, qcol, slide, axis
 
 
-def fk_reference(q: torch.Tensor, params: torch.Tensor, qcol: torch.Tensor,
+def fk_reference(q: torch.Tensor, params: torch.Tensor, movable: int, prismatic: int,
                  all_links: bool = False) -> torch.Tensor:
     """Poses of the end link ``[N, 4, 4]`` or of every path link ``[N, NJ, 4, 4]``, for
     ``q [N, DOF]``."""
-    poses = [pose for _, pose, _, _, _ in _walk(q, params, qcol)]
+    poses = [pose for _, pose, _, _, _ in _walk(q, params, movable, prismatic)]
     if not poses:
         eye = torch.eye(4, dtype=q.dtype, device=q.device).expand(q.shape[0], 4, 4)
         return eye[:, None].clone() if all_links else eye.clone()
     return torch.stack(poses, 1) if all_links else poses[-1].clone()
 
 
-def fk_jacobian_reference(q: torch.Tensor, params: torch.Tensor, qcol: torch.Tensor):
+def fk_jacobian_reference(q: torch.Tensor, params: torch.Tensor, movable: int, prismatic: int):
     """End pose ``[N, 4, 4]`` and geometric Jacobian ``[N, 6, DOF]`` (rows vx vy vz wx wy wz, base
     frame, linear velocity of the end link origin)."""
     n, dof = q.shape
     cols = []
-    for frame, link, col, prismatic, axis in _walk(q, params, qcol):
+    for frame, link, col, slide, axis in _walk(q, params, movable, prismatic):
         pose = link
         if col >= 0:
-            cols.append((col, frame[:, :3, :3] @ axis, frame[:, :3, 3], prismatic))
+            cols.append((col, frame[:, :3, :3] @ axis, frame[:, :3, 3], slide))
     jac = q.new_zeros(n, 6, dof)
     pe = pose[:, :3, 3]
-    for col, z, p, prismatic in cols:
-        if prismatic:
+    for col, z, p, slide in cols:
+        if slide:
             jac[:, :3, col] += z
         else:
             jac[:, :3, col] += torch.linalg.cross(z, pe - p, dim=-1)
@@ -106,7 +111,7 @@ def pose_error(pose: torch.Tensor, target: torch.Tensor):
 
 
 def ik_reference(target: torch.Tensor, q0: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
-                 params: torch.Tensor, qcol: torch.Tensor, seeds: int, max_iters: int,
+                 params: torch.Tensor, movable: int, prismatic: int, seeds: int, max_iters: int,
                  tol_pos: float, tol_half_chord: float):
     """Levenberg-Marquardt IK for ``P = T * seeds`` problems, each seed of target ``p // seeds``.
 
@@ -122,7 +127,7 @@ def ik_reference(target: torch.Tensor, q0: torch.Tensor, lower: torch.Tensor, up
     """
     tgt = target.repeat_interleave(seeds, 0)
     q = q0.clone()
-    pose, jac = fk_jacobian_reference(q, params, qcol)
+    pose, jac = fk_jacobian_reference(q, params, movable, prismatic)
     e, perr, rerr = pose_error(pose, tgt)
     cost = (e * e).sum(-1)
     lam = torch.full_like(cost, LM_LAMBDA0)
@@ -134,7 +139,7 @@ def ik_reference(target: torch.Tensor, q0: torch.Tensor, lower: torch.Tensor, up
         a = jac @ jac.transpose(-1, -2) + lam[:, None, None] * eye
         y = torch.linalg.solve(a, e.unsqueeze(-1))
         qn = torch.minimum(torch.maximum(q + (jac.transpose(-1, -2) @ y).squeeze(-1), lower), upper)
-        pose_n, jac_n = fk_jacobian_reference(qn, params, qcol)
+        pose_n, jac_n = fk_jacobian_reference(qn, params, movable, prismatic)
         e_n, perr_n, rerr_n = pose_error(pose_n, tgt)
         cost_n = (e_n * e_n).sum(-1)
         accept = active & (cost_n < cost)
