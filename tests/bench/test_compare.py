@@ -143,3 +143,15 @@ def test_committed_baseline_gates_against_itself(baseline):
     doc = gate.load_results(baseline)
     cmp = gate.compare(doc, doc)
     assert cmp.comparable and cmp.counts() == {"unchanged": len(doc["cases"])}
+
+
+def test_merge_runs_of_one_environment(make_timing, make_results, rng):
+    a = make_results([harness.case("f", "a", "robocache", make_timing(1.0, 0.01, rng))])
+    b = make_results([harness.case("g", "b", "robocache", make_timing(1.0, 0.01, rng))])
+    merged = gate.merge([a, b], ["run-a", "run-b"])
+    assert [c["family"] for c in merged["cases"]] == ["f", "g"]
+    assert [s["source"] for s in merged["meta"]["sources"]] == ["run-a", "run-b"]
+    with pytest.raises(DataError, match="fingerprint"):
+        gate.merge([a, make_results([], driver="999")], ["run-a", "other"])
+    with pytest.raises(DataError, match="distinct names"):
+        gate.merge([a, a], ["run-a", "again"])

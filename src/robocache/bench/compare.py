@@ -71,6 +71,24 @@ def fingerprint(meta: dict[str, Any]) -> dict[str, Any]:
     return {k: meta.get(k) for k in FINGERPRINT_KEYS}
 
 
+def merge(docs: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
+    """One results document from per-family runs on the same environment (e.g. each family's
+    H100 run): the first run's meta, plus ``meta.sources`` (per run: its label, date, commit,
+    families, copy ceiling); cases concatenated. Raises DataError when fingerprints differ or a
+    case appears twice."""
+    base = fingerprint(docs[0]["meta"])
+    for doc, label in zip(docs, sources, strict=True):
+        if fingerprint(doc["meta"]) != base:
+            raise DataError(f"{label} ran on {fingerprint(doc['meta'])}, not {base}; only runs "
+                            "with one environment fingerprint can be merged.")
+    meta = {**docs[0]["meta"], "sources": [
+        {"source": label, "date": d["meta"].get("date"), "commit": d["meta"].get("commit"),
+         "families": sorted({c["family"] for c in d["cases"]}),
+         "d2d_copy_GBps": d["meta"].get("d2d_copy_GBps")}
+        for d, label in zip(docs, sources, strict=True)]}
+    return validate({"meta": meta, "cases": [c for d in docs for c in d["cases"]]}, "merged")
+
+
 def _key(rec: dict[str, Any]) -> tuple[str, str, str]:
     return rec["family"], rec["name"], rec["impl"]
 

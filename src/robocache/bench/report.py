@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -35,19 +36,25 @@ def ceiling_values(meta: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _batch(rec: dict[str, Any]) -> int | None:
+# a batch-size token in a case name: "B256-S100", "fk-N4096", "mean, B=8"
+_BATCH_TOKEN = re.compile(r"[-_ ,]*(?<![A-Za-z0-9])(?:B|N|batch)=?(\d+)(?!\d)")
+
+
+def _batch(rec: dict[str, Any]) -> tuple[int, str] | None:
+    """(batch size, the case name without it) from a ``B``/``batch`` field or, failing that, a
+    batch token in the name; None when the case has no batch size."""
+    match = _BATCH_TOKEN.search(rec["name"])
+    rest = _BATCH_TOKEN.sub("", rec["name"], count=1).strip("-_ ,") or rec["name"]
     for key in BATCH_KEYS:
-        if isinstance(rec.get(key), int):
-            return rec[key]
-    return None
+        if isinstance(rec.get(key), int) and not isinstance(rec[key], bool):
+            return rec[key], rest
+    return (int(match.group(1)), rest) if match else None
 
 
-def _series(rec: dict[str, Any], types: tuple[type, ...] = (int, str)) -> str:
-    """A label of the case's parameters of `types` other than the batch size
-    (e.g. 'S=500 T=250 D=64 dtype=torch.bfloat16')."""
-    params = [f"{k}={v}".replace("torch.", "") for k, v in rec.items()
-              if k not in _MEASURED and isinstance(v, types) and not isinstance(v, bool)]
-    return " ".join(params)
+def _params(rec: dict[str, Any]) -> str:
+    """The case's string parameters as a label (e.g. 'dtype=bfloat16 time_dtype=float32')."""
+    return " ".join(f"{k}={v}".replace("torch.", "") for k, v in rec.items()
+                    if k not in _MEASURED and isinstance(v, str))
 
 
 def _label(rec: dict[str, Any]) -> str:
@@ -62,7 +69,13 @@ def _ordered(values) -> list:
 def _colours(plt, cases: list[dict[str, Any]]) -> dict[str, Any]:
     """One colour per impl across every plot; ours come first (blue)."""
     impls = sorted(_ordered(r["impl"] for r in cases), key=lambda i: not is_ours(i))
-    return {impl: plt.cm.tab10(i % 10) for i, impl in enumerate(impls)}
+    maps = (plt.cm.tab10,) if len(impls) <= 10 else (plt.cm.tab20, plt.cm.tab20b)
+    palette = [m(i) for m in maps for i in range(m.N)]
+    return {impl: palette[i % len(palette)] for i, impl in enumerate(impls)}
+
+
+def _marker(impl: str) -> dict[str, Any]:
+    return {"marker": "o", "s": 42} if is_ours(impl) else {"marker": "^", "s": 28}
 
 
 def speedups(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -114,47 +127,34 @@ def _plt():
 
 def plot_roofline(cases: list[dict[str, Any]], ceilings: dict[str, float], path: Path,
                   colours: dict[str, Any] | None = None) -> bool:
-    """Left: TFLOP/s against FLOP/byte under the measured roofs (ops that declare FLOPs).
-    Right: achieved GB/s of every case against the measured copy ceiling."""
+    """Achieved GB/s of every case against the measured copy ceiling (the memory roof, where
+    ops without FLOPs sit) and, when some cases declare FLOPs, a classic roofline beside it:
+    TFLOP/s against FLOP/byte under the measured copy slope and GEMM roofs."""
     bw = ceilings.get("d2d_copy_GBps")
     timed = [r for r in cases if r.get("GBps")]
     if not bw or not timed:
         return False
     plt = _plt()
     labels = _ordered(_label(r) for r in timed)[::-1]  # first case on top
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(16, max(5.0, 0.3 * len(labels) + 2)),
-                                 gridspec_kw={"width_ratios": [1, 1.3]})
-    colours = colours or _colours(plt, cases)
-
-    peaks = {k: ceilings[k] for k in ("gemm_bf16_TFLOPs", "gemm_fp32_TFLOPs") if ceilings.get(k)}
     placed = [r for r in timed if r.get("intensity") and r.get("TFLOPs")]
-    lo = min([r["intensity"] for r in placed] + [0.01]) / 2
-    hi = max([r["intensity"] for r in placed] + [2e3 * max(peaks.values(), default=1) / bw]) * 2
-    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    ax.plot(xs, [x * bw / 1e3 for x in xs], "k--", lw=1,
-            label=f"copy {bw:.0f} GB/s (measured)")
-    for (key, peak), style in zip(sorted(peaks.items()), ("-", ":"), strict=False):
-        ax.plot(xs, [min(peak, x * bw / 1e3) for x in xs], "k", ls=style, lw=1.5,
-                label=f"{key.split('_')[1]} GEMM {peak:.0f} TFLOP/s (measured)")
-    for r in placed:
-        ax.scatter(r["intensity"], r["TFLOPs"], color=colours[r["impl"]], s=36, zorder=3)
-        if is_ours(r["impl"]):
-            ax.annotate(_label(r), (r["intensity"], r["TFLOPs"]), fontsize=7,
-                        xytext=(4, -3), textcoords="offset points")
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / minimum byte)",
-           ylabel="TFLOP/s", title="Roofline (ops that declare FLOPs)"
-           if placed else "Roofline (no case declares FLOPs yet)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-
+    height = max(5.0, 0.3 * len(labels) + 2)
+    colours = colours or _colours(plt, cases)
+    if placed:
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(17, height),
+                                     gridspec_kw={"width_ratios": [1, 1.3]})
+        _classic_roofline(ax, placed, ceilings, colours)
+    else:
+        fig, bx = plt.subplots(figsize=(12, height))
     y = {label: i for i, label in enumerate(labels)}
     for r in timed:
-        bx.scatter(r["GBps"], y[_label(r)], color=colours[r["impl"]], s=30, zorder=3,
-                   label=r["impl"])
+        bx.scatter(r["GBps"], y[_label(r)], color=colours[r["impl"]], zorder=3, label=r["impl"],
+                   **_marker(r["impl"]))
     bx.axvline(bw, color="k", ls="--", lw=1, label=f"copy ceiling {bw:.0f} GB/s (measured)")
     bx.set_yticks(range(len(labels)), labels, fontsize=7)
     bx.set(xscale="log", xlabel="achieved GB/s (minimum bytes / median time)",
-           title="Bandwidth against the measured copy ceiling")
+           title="Bandwidth against the measured copy ceiling (memory roof)" if placed else
+           "Memory roof: achieved GB/s against the measured copy ceiling\n"
+           "(no case declares FLOPs, so every op is placed against bandwidth)")
     bx.grid(True, axis="x", which="both", alpha=0.3)
     handles = dict(zip(*bx.get_legend_handles_labels()[::-1], strict=True))
     bx.legend(handles.values(), handles.keys(), fontsize=8, loc="upper left",
@@ -165,16 +165,41 @@ def plot_roofline(cases: list[dict[str, Any]], ceilings: dict[str, float], path:
     return True
 
 
+def _classic_roofline(ax, placed: list[dict[str, Any]], ceilings: dict[str, float],
+                      colours: dict[str, Any]) -> None:
+    bw = ceilings["d2d_copy_GBps"]
+    peaks = {k: ceilings[k] for k in ("gemm_bf16_TFLOPs", "gemm_fp32_TFLOPs") if ceilings.get(k)}
+    lo = min([r["intensity"] for r in placed] + [0.01]) / 2
+    hi = max([r["intensity"] for r in placed] + [2e3 * max(peaks.values(), default=1) / bw]) * 2
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(xs, [x * bw / 1e3 for x in xs], "k--", lw=1,
+            label=f"copy {bw:.0f} GB/s (measured)")
+    for (key, peak), style in zip(sorted(peaks.items()), ("-", ":"), strict=False):
+        ax.plot(xs, [min(peak, x * bw / 1e3) for x in xs], "k", ls=style, lw=1.5,
+                label=f"{key.split('_')[1]} GEMM {peak:.0f} TFLOP/s (measured)")
+    for r in placed:
+        ax.scatter(r["intensity"], r["TFLOPs"], color=colours[r["impl"]], zorder=3,
+                   **_marker(r["impl"]))
+        if is_ours(r["impl"]):
+            ax.annotate(_label(r), (r["intensity"], r["TFLOPs"]), fontsize=7,
+                        xytext=(4, -3), textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / minimum byte)",
+           ylabel="TFLOP/s", title="Roofline (cases that declare FLOPs)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+
 def _scaling_series(cases: list[dict[str, Any]]) -> tuple[str, dict[tuple[str, str], list]]:
     """Lines of (x, median ms) per (impl, parameters) for one family: over the batch size when
     some shape was run at two batch sizes or more, else over the minimum bytes (problem size)."""
     by_batch: dict[tuple[str, str], list] = defaultdict(list)
     by_bytes: dict[tuple[str, str], list] = defaultdict(list)
     for r in cases:
-        if _batch(r) is not None:
-            by_batch[r["impl"], _series(r)].append((_batch(r), r["median_ms"]))
+        batch = _batch(r)
+        if batch is not None:
+            by_batch[r["impl"], batch[1]].append((batch[0], r["median_ms"]))
         if r.get("bytes"):
-            by_bytes[r["impl"], _series(r, (str,))].append((r["bytes"], r["median_ms"]))
+            by_bytes[r["impl"], _params(r)].append((r["bytes"], r["median_ms"]))
     for axis, lines in (("batch size", by_batch), ("minimum bytes moved", by_bytes)):
         lines = {k: sorted(v) for k, v in lines.items() if len({x for x, _ in v}) >= 2}
         if lines:
@@ -197,8 +222,12 @@ def plot_scaling(cases: list[dict[str, Any]], path: Path,
     plt = _plt()
     colours = colours or _colours(plt, cases)
     styles = ("-", "--", ":", "-.")
-    fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 6), squeeze=False)
-    for ax, (family, (axis, lines)) in zip(axes[0], panels.items(), strict=True):
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(9 * cols, 6 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (family, (axis, lines)) in zip(axes.flat, panels.items(), strict=False):
         shapes = _ordered(label for _, label in lines)
         for (impl, label), pts in sorted(lines.items()):
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
@@ -229,7 +258,7 @@ def plot_speedup(rows: list[dict[str, Any]], path: Path,
     ax.barh(range(len(rows)), [s - 1 for s in speed], left=1, height=0.75,
             color=[colours[r["alternative"]] for r in rows][::-1])
     for y, s in enumerate(speed):
-        ax.annotate(f"{s:.3g}x", (s, y), fontsize=6, va="center",
+        ax.annotate(f"{s:.3g}x" if s < 100 else f"{s:,.0f}x", (s, y), fontsize=6, va="center",
                     xytext=(2 if s >= 1 else -2, 0), ha="left" if s >= 1 else "right",
                     textcoords="offset points")
     ax.axvline(1, color="k", lw=1)
@@ -271,7 +300,8 @@ def render(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Pat
     if rows:
         written["speedup.csv"] = out / "speedup.csv"
         write_csv(written["speedup.csv"], rows)
-    colours = _colours(_plt(), cases)  # one colour per impl across the three plots
+    # one colour per impl across the three plots (host-time cases are not plotted)
+    colours = _colours(_plt(), [r for r in cases if r.get("unit", "ms") == "ms"])
     for name, ok in (("roofline.png", plot_roofline(cases, ceilings, out / "roofline.png",
                                                     colours)),
                      ("scaling.png", plot_scaling(cases, out / "scaling.png", colours)),
@@ -291,11 +321,23 @@ def render(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Pat
     ceiling_rows = [[k, v.get("value"), v.get("unit"), v.get("peak"), v.get("pct_peak"),
                      v.get("what", v.get("error"))]
                     for k, v in (meta.get("ceilings") or {}).items()]
-    if not ceiling_rows and meta.get("d2d_copy_GBps"):
-        ceiling_rows = [["d2d_copy_GBps", meta["d2d_copy_GBps"], "GB/s", None, None,
+    if not ceiling_rows and meta.get("d2d_copy_GBps"):  # a run that measured the copy only
+        from robocache.bench.doctor import datasheet
+
+        peak = (datasheet(meta.get("device")) or {}).get("memory_GBps")
+        ceiling_rows = [["d2d_copy_GBps", meta["d2d_copy_GBps"], "GB/s", peak,
+                         peak and 100 * meta["d2d_copy_GBps"] / peak,
                          "device-to-device copy, bytes read + written"]]
     md += [_md_table(["ceiling", "value", "unit", "datasheet peak", "% of peak", "what"],
                      ceiling_rows) if ceiling_rows else "None (the run had no GPU).", ""]
+    if meta.get("sources"):  # a file merged from several runs (compare.merge)
+        md += ["## Runs merged into this file", "", meta.get("note", ""), "",
+               _md_table(["run", "date", "families", "copy GB/s"],
+                         [[s["source"], s["date"], ", ".join(s["families"]),
+                           s["d2d_copy_GBps"]] for s in meta["sources"]]), ""]
+    if meta.get("errors"):
+        md += ["## Families that failed", "",
+               *[f"- `{k}`: {v}" for k, v in meta["errors"].items()], ""]
     if "roofline.png" in written:
         md += ["## Roofline", "", "![roofline](roofline.png)", ""]
     if rows:
