@@ -545,8 +545,10 @@ def ik(chain: Chain, target: torch.Tensor, *, q_init: torch.Tensor | None = None
         target rotation or a NaN in q_init.
 
     Example:
-        >>> res = ik(chain, fk(chain, q_true), num_seeds=16)
-        >>> res.q.shape, res.converged.float().mean()
+        >>> chain = Chain.from_urdf(asset_path("panda.urdf"), "panda_hand")
+        >>> res = ik(chain, fk(chain, torch.zeros(256, 7, device="cuda")))
+        >>> res.q.shape, res.converged.shape
+        (torch.Size([256, 7]), torch.Size([256]))
     """
     op = "ik"
     if not isinstance(chain, Chain):
@@ -593,7 +595,7 @@ def ik(chain: Chain, target: torch.Tensor, *, q_init: torch.Tensor | None = None
     err = perr / tol_pos + chord / tol_chord
     tie = err if q_init is None else (q - init[:, None]).square().sum(-1)
     best = torch.where(ok, tie, err + 1e30).argmin(-1, keepdim=True)
-    pick = lambda t: t.gather(1, best).squeeze(1)  # noqa: E731
+    pick = lambda t: t.gather(1, best).squeeze(1)
     q_best = q.gather(1, best[..., None].expand(n, 1, dof)).squeeze(1)
     rot = 2 * torch.asin(pick(chord).clamp(0, 1))
     return IKResult(q_best.reshape(*lead, dof), pick(ok).reshape(lead), pick(perr).reshape(lead),
