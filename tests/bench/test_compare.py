@@ -155,3 +155,16 @@ def test_merge_runs_of_one_environment(make_timing, make_results, rng):
         gate.merge([a, make_results([], driver="999")], ["run-a", "other"])
     with pytest.raises(DataError, match="distinct names"):
         gate.merge([a, a], ["run-a", "again"])
+
+
+def test_cli_summarizes_families_not_run(tmp_path, make_timing, make_results, rng):
+    t = make_timing(1.0, 0.01, rng)
+    base = make_results([harness.case("f", "a", "robocache", t),
+                         harness.case("g", "b", "robocache", t),
+                         harness.case("g", "c", "robocache", t, unit="us")])
+    new = make_results([harness.case("f", "a", "robocache", t)])
+    out = CliRunner().invoke(app, ["bench", "--compare", _write(tmp_path, "b.json", base),
+                                   "--results", _write(tmp_path, "n.json", new)])
+    assert out.exit_code == 0, out.output
+    assert "not in the results (not run): g (2 cases)" in out.output
+    assert "1 unchanged, 2 missing" in " ".join(out.output.split())

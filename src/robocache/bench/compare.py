@@ -156,7 +156,8 @@ def compare(baseline: dict[str, Any], results: dict[str, Any], *, threshold: flo
         b, n = base.get(key), new.get(key)
         if b is None or n is None:
             out.rows.append(Row(*key, status="new" if b is None else "missing",
-                                base_ms=b and b["median_ms"], new_ms=n and n["median_ms"]))
+                                unit=(b or n).get("unit", "ms"), base_ms=b and b["median_ms"],
+                                new_ms=n and n["median_ms"]))
             continue
         change = n["median_ms"] / b["median_ms"] - 1
         status, p = "unchanged", None
@@ -183,13 +184,19 @@ def print_comparison(cmp: Comparison, *, threshold: float = THRESHOLD,
             console.print(f"  {k}: baseline {b!r}, results {n!r}")
         return
     colour = {"regressed": "red", "improved": "green", "new": "cyan", "missing": "yellow"}
+    # a family absent from the results altogether is one line under the table, not a row a case
+    ran = {r.family for r in cmp.rows if r.status != "missing"}
+    absent: dict[str, int] = {}
+    for r in cmp.rows:
+        if r.family not in ran:
+            absent[r.family] = absent.get(r.family, 0) + 1
     table = Table(title=f"Regression gate: > {threshold:.0%} slower and p < {alpha:g} "
                         "(Mann-Whitney U)")
     for col in ("family", "case", "impl", "baseline", "now", "change", "p", "status"):
         table.add_column(col, justify="right" if col in ("baseline", "now", "change", "p")
                          else "left")
     order = {"regressed": 0, "improved": 1, "missing": 2, "new": 3, "unchanged": 4}
-    for r in sorted(cmp.rows, key=lambda r: order[r.status]):
+    for r in sorted((r for r in cmp.rows if r.family in ran), key=lambda r: order[r.status]):
         c = colour.get(r.status)
         table.add_row(
             r.family, r.name, r.impl,
@@ -199,4 +206,7 @@ def print_comparison(cmp: Comparison, *, threshold: float = THRESHOLD,
             f"{r.p_value:.2g}" if r.p_value is not None else "",
             f"[{c}]{r.status}[/]" if c else r.status)
     console.print(table)
+    if absent:
+        console.print("not in the results (not run): " +
+                      ", ".join(f"{f} ({n} cases)" for f, n in sorted(absent.items())))
     console.print(", ".join(f"{v} {k}" for k, v in sorted(cmp.counts().items())))
