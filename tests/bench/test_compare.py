@@ -167,4 +167,4 @@ def test_cli_summarizes_families_not_run(tmp_path, make_timing, make_results, rn
                                    "--results", _write(tmp_path, "n.json", new)])
     assert out.exit_code == 0, out.output
     assert "not in the results (not run): g (2 cases)" in out.output
-    assert "1 unchanged, 2 missing" in " ".join(out.output.split())
+    assert "2 missing, 1 unchanged" in " ".join(out.output.split())
