@@ -102,7 +102,12 @@ def _significant(slower: dict[str, Any], faster: dict[str, Any],
     """Is `slower` significantly slower than `faster`? Returns (verdict, p-value or None)."""
     a, b = _samples(slower), _samples(faster)
     if min(len(a), len(b)) >= MIN_SAMPLES:
-        from scipy.stats import mannwhitneyu
+        try:
+            from scipy.stats import mannwhitneyu
+        except ImportError as exc:
+            from robocache.errors import MissingDependencyError
+
+            raise MissingDependencyError("scipy", "dev", "The regression gate") from exc
 
         p = float(mannwhitneyu(a, b, alternative="greater").pvalue)
         return p < alpha, p
