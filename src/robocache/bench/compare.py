@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from robocache.errors import DataError
+from robocache.errors import DataError, MissingDependencyError
 
 THRESHOLD = 0.05
 ALPHA = 0.01
@@ -105,8 +105,6 @@ def _significant(slower: dict[str, Any], faster: dict[str, Any],
         try:
             from scipy.stats import mannwhitneyu
         except ImportError as exc:
-            from robocache.errors import MissingDependencyError
-
             raise MissingDependencyError("scipy", "dev", "The regression gate") from exc
 
         p = float(mannwhitneyu(a, b, alternative="greater").pvalue)
