@@ -187,6 +187,10 @@ def test_grouped_kernel_matches_reference_in_one_launch(kernel_device, monkeypat
         for name, s in streams.items():
             dt = torch.float32 if s.data is None else s.data.dtype
             rtol, atol = TOL[dt] if dt != torch.float64 else (1e-9, 1e-9)
+            if oor == "extrapolate" and s.method in ("pchip", "cubic"):
+                # a cubic evaluated s intervals past the end amplifies rounding ~s^3 (here up
+                # to ~12 intervals): 1e3 x the dtype's tolerance
+                rtol, atol = rtol * 1e3, atol * 1e3
             if s.method == "slerp":
                 v, r = got.values[name].cpu().double(), ref.values[name].double()
                 dots = (v * r).sum(-1).abs()

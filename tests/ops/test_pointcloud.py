@@ -583,12 +583,17 @@ def test_gpu_realistic_frame_matches_reference(mode):
     for c, g, a, un in zip(cpu, gpu, again, unfused, strict=True):
         if c is None:
             continue
+        # Fused vs unfused may differ only in the boundary band: the fused kernel never
+        # rounds a point to memory, so the compiler may contract its last multiply into the
+        # floor's FMA and flip a point lying within an ulp of a voxel face.
+        both = same if same is None else same & (gpu.count == unfused.count).cpu()
         if g.is_floating_point() and mode in ("sum", "mean"):  # float addition order differs
             torch.testing.assert_close(g.cpu()[same], c[same], rtol=1e-4, atol=1e-2)
             torch.testing.assert_close(g, a, rtol=1e-5, atol=1e-3)
-            torch.testing.assert_close(g, un, rtol=1e-5, atol=1e-3)
-        else:  # deterministic: bitwise across runs and paths; at most a band of flips vs CPU
-            assert torch.equal(g, a) and torch.equal(g, un)
+            torch.testing.assert_close(g.cpu()[both], un.cpu()[both], rtol=1e-5, atol=1e-3)
+        else:  # deterministic: bitwise across runs; a band of flips vs CPU and unfused
+            assert torch.equal(g, a)
+            assert (g != un).float().mean() < 1e-4
             assert (g.cpu() != c).float().mean() < 1e-3
 
 
