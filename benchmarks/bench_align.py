@@ -114,12 +114,11 @@ def run_case(label, B, seconds, copy_gbps, extras):
     compiled = torch.compile(torch_loop)
     out.append(rec("torch_compile_per_stream", H.gpu_time(lambda: compiled(streams, target))))
     if extras:
-        from robocache.kernels import interp as K
 
         g = H.graph_time(call, calls=20)
         out.append(rec("robocache_graph_replay", g, note="GPU time per call, 20 calls/graph"))
         host = H.host_time_us(call, calls=500)
-        bare = H.host_time_us(bare_launch(K, "_interp_kernel", call), calls=500)
+        bare = H.host_time_us(bare_launch(call), calls=500)
         us = lambda t, **kw: H.case(FAMILY, name, "host_" + kw.pop("impl"), t,  # noqa: E731
                                     unit="us", **kw)
         out.append(us(host, impl="robocache_eager", note="host us per call",

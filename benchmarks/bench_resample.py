@@ -103,14 +103,13 @@ def run_cuda(case, copy_gbps, time_dtype=torch.float32, alternatives=True):
 
 def launch_extras(case):
     """Graph-replay GPU time per call, and host time per eager call vs a bare Triton launch."""
-    from robocache.kernels import interp as K
 
     B, S, T, D, dtype = case
     name = _name(B, S, T, D, dtype, torch.float32)
     data, times, target = make_inputs(B, S, T, D, dtype, torch.float32, "cuda")
     out = torch.empty(B, T, D, dtype=dtype, device="cuda")
     call = lambda: robocache.resample(data, times, target, out=out)  # noqa: E731
-    bare = bare_launch(K, "_interp_kernel", call)
+    bare = bare_launch(call)
     op = lambda: torch.ops.robocache.resample(data, times, target, None, "linear",  # noqa: E731
                                               "clamp", False)
     x = torch.randn(1024, device="cuda")

@@ -3,33 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
-
-class _Recorder:
-    def __init__(self, kernel):
-        self.kernel, self.captured = kernel, None
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.captured = (grid, args, kwargs)
-            return self.kernel[grid](*args, **kwargs)
-        return launch
+from robocache.kernels._utils import CachedLaunch
 
 
-def bare_launch(module: ModuleType, kernel_name: str, call: Callable[[], Any]) -> Callable[[], Any]:
-    """Run `call` once while recording the launch of ``module.<kernel_name>``; return a
-    closure that repeats that launch bare (same grid, arguments, constexprs), the floor an
-    op's eager path is compared with."""
-    kernel = getattr(module, kernel_name)
-    recorder = _Recorder(kernel)
-    setattr(module, kernel_name, recorder)
+def bare_launch(call: Callable[[], Any]) -> Callable[[], Any]:
+    """Run `call` once while recording its (first) kernel launch; return a closure repeating
+    that launch through Triton's standard ``kernel[grid](*args)`` path (same grid, arguments,
+    constexprs): the floor an op's eager path is compared with."""
+    captured = []
+    original = CachedLaunch.__call__
+
+    def record(self, args, tensors):
+        captured.append((self, args))
+        return original(self, args, tensors)
+
+    CachedLaunch.__call__ = record
     try:
         call()
     finally:
-        setattr(module, kernel_name, kernel)
-    if recorder.captured is None:
-        raise RuntimeError(f"{module.__name__}.{kernel_name} was not launched by the call")
-    grid, args, kwargs = recorder.captured
-    return lambda: kernel[grid](*args, **kwargs)
+        CachedLaunch.__call__ = original
+    if not captured:
+        raise RuntimeError("the call launched no kernel through CachedLaunch")
+    launcher, args = captured[0]
+    return lambda: launcher.kernel[launcher.grid](*args, **launcher.kwargs)

@@ -29,3 +29,46 @@ def tile_2d(rows: int, cols: int, *, max_cols: int, elements: int, min_rows: int
 
 
 __all__ = ["cdiv", "next_pow2", "tile_2d", "triton"]
+
+
+class CachedLaunch:
+    """Relaunch one Triton kernel signature without Triton's per-call argument binding.
+
+    ``kernel[grid](*args)`` re-derives the specialization of every argument on every call:
+    for the grouped interpolation kernel (~30 arguments per stream) that is 25-60 us of host
+    time on the H100 host, the dominant cost of a launch-bound op. Within one launch plan the
+    arguments differ between calls only in tensor addresses, and the one property of an
+    address Triton specializes on is 16-byte alignment. So after a launch with every tensor
+    aligned, this keeps the compiled kernel and calls it directly while that still holds;
+    otherwise (or under TRITON_INTERPRET, where nothing is compiled) it launches the normal
+    way. Constexprs and integers must be fixed for the plan that owns this object.
+    """
+
+    __slots__ = ("kernel", "grid", "kwargs", "compiled")
+
+    def __init__(self, kernel, grid: tuple[int, ...], **kwargs):
+        self.kernel, self.grid, self.kwargs, self.compiled = kernel, grid, kwargs, None
+
+    def __call__(self, args: tuple, tensors: tuple) -> None:
+        """Launch with `args` (every kernel parameter, in order); `tensors` lists every
+        tensor among them (for the alignment check)."""
+        aligned = True
+        for t in tensors:
+            if t.data_ptr() & 15:
+                aligned = False
+                break
+        compiled = self.compiled
+        if aligned and compiled is not None:
+            from triton import knobs
+            from triton.runtime import driver
+
+            drv = driver.active
+            stream = drv.get_current_stream(drv.get_current_device())
+            grid = self.grid
+            compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata,
+                         compiled.launch_metadata(grid, stream, *args),
+                         knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+            return
+        result = self.kernel[self.grid](*args, **self.kwargs)
+        if aligned and hasattr(result, "packed_metadata"):
+            self.compiled = result

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import tile_2d
+from robocache.kernels._utils import CachedLaunch, tile_2d
 
 # Method and out-of-range codes (constexpr values).
 LINEAR, NEAREST, PREVIOUS, FRAME_INDEX, PCHIP, CUBIC, SLERP = 0, 1, 2, 3, 4, 5, 6
@@ -452,7 +452,7 @@ class InterpPlan:
     passes only the tensors — the eager path is timed against a bare Triton launch.
     """
 
-    __slots__ = ("grid", "head", "tail", "kwargs")
+    __slots__ = ("grid", "head", "tail", "launcher")
 
     def __init__(self, streams: list[StreamLaunch], target: torch.Tensor, batch: int,
                  tuning: Tuning | None = None):
@@ -485,14 +485,14 @@ class InterpPlan:
         self.grid = (starts[-1],)
         self.head = (T, *_strides2(target), tuple(starts))
         self.tail = (*cols[:14], len(streams), *cols[14:], tu.fan, tu.chunk, tu.max_scan)
-        self.kwargs = {"num_warps": tu.num_warps}
+        self.launcher = CachedLaunch(_interp_kernel, self.grid, num_warps=tu.num_warps)
 
     def launch(self, target, datas, times, lens, outs, pads, auxs, scrs) -> None:
         """Launch with per-stream tensor tuples; absent ones (no data, lengths, pad, aux or
         scratch) are passed as `target`, which the kernel never touches for them."""
         if self.grid[0]:
-            _interp_kernel[self.grid](target, *self.head, datas, times, lens, outs, pads, auxs,
-                                      scrs, *self.tail, **self.kwargs)
+            self.launcher((target, *self.head, datas, times, lens, outs, pads, auxs, scrs,
+                           *self.tail), (target, *datas, *times, *lens, *outs, *pads, *auxs, *scrs))
 
 
 def interp_cuda(streams: list[StreamLaunch], target: torch.Tensor, batch: int) -> None:
