@@ -390,10 +390,12 @@ def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux, scr,
                       FAN, CHUNK, MAX_SCAN)
 
 
-@triton.jit(do_not_specialize=["T", "starts", "S", "D", "tols", "n_levels", "stride0", "ntbs"])
+@triton.jit(do_not_specialize=["T", "starts", "S", "D", "tols", "n_levels", "stride0", "ntbs",
+                               "pad_offs", "aux_offs"])
 def _interp_kernel(tgt, T, sxb, sxt, starts,
                    datas, times, lens, outs, pads, auxs, scrs, S, D, tols,
                    sdb, sds, sdd, stb, sts, sob, sot, sod, n_levels, stride0, ntbs,
+                   pad_offs, aux_offs,
                    NUM: tl.constexpr, METHOD: tl.constexpr, OOR: tl.constexpr,
                    HAS_LEN: tl.constexpr, HAS_PAD: tl.constexpr, HAS_TOL: tl.constexpr,
                    TIME_F64: tl.constexpr, CT_F64: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -403,7 +405,8 @@ def _interp_kernel(tgt, T, sxb, sxt, starts,
     for k in tl.static_range(NUM):
         if (pid >= starts[k]) & (pid < starts[k + 1]):
             _stream_tile(pid - starts[k], tgt, T, sxb, sxt, datas[k], times[k], lens[k],
-                         outs[k], pads[k], auxs[k], scrs[k], S[k], D[k], tols[k],
+                         outs[k], pads[k] + pad_offs[k], auxs[k] + aux_offs[k], scrs[k],
+                         S[k], D[k], tols[k],
                          sdb[k], sds[k], sdd[k], stb[k], sts[k], sob[k], sot[k], sod[k],
                          n_levels[k], stride0[k], ntbs[k],
                          METHOD[k], OOR[k], HAS_LEN[k], HAS_PAD[k], HAS_TOL[k], TIME_F64[k],
@@ -431,6 +434,8 @@ class StreamLaunch:
     out_of_range: int
     tolerance_s: float | None = None
     scratch: torch.Tensor | None = None
+    pad_offset: int = 0  # element offset of this stream's rows in `pad` (stacked masks)
+    aux_offset: int = 0
 
 
 def _strides2(t: torch.Tensor) -> tuple[int, int]:
@@ -476,7 +481,7 @@ class InterpPlan:
             levels, stride0 = _levels(s.times.shape[-1], tu.fan)
             rows.append((
                 s.times.shape[-1], width, float(s.tolerance_s or 0.0), *sd, *_strides2(s.times),
-                *so, levels, stride0, ntb,
+                *so, levels, stride0, ntb, s.pad_offset, s.aux_offset,
                 s.method, s.out_of_range, s.lengths is not None, s.pad is not None,
                 s.tolerance_s is not None, tgt64 or s.times.dtype == torch.float64,
                 s.data is not None and s.data.dtype == torch.float64, bt, bd,
@@ -484,7 +489,7 @@ class InterpPlan:
         cols = tuple(zip(*rows, strict=True))
         self.grid = (starts[-1],)
         self.head = (T, *_strides2(target), tuple(starts))
-        self.tail = (*cols[:14], len(streams), *cols[14:], tu.fan, tu.chunk, tu.max_scan)
+        self.tail = (*cols[:16], len(streams), *cols[16:], tu.fan, tu.chunk, tu.max_scan)
         self.launcher = CachedLaunch(_interp_kernel, self.grid, num_warps=tu.num_warps)
 
     def launch(self, target, datas, times, lens, outs, pads, auxs, scrs) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +39,32 @@ class Stream:
     tolerance_s: float | None = None
 
 
+class StackedRows(Mapping):
+    """Read-only name -> tensor view of one stacked ``[K, ...]`` tensor (row per stream).
+
+    Masks and ages of all streams live in one allocation each (the eager path is
+    launch-bound); a view is made when a name is looked up.
+    """
+
+    __slots__ = ("_index", "_stacked", "_squeeze")
+
+    def __init__(self, index: dict[str, int], stacked: torch.Tensor | None, squeeze: bool):
+        self._index, self._stacked, self._squeeze = index, stacked, squeeze
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        row = self._stacked[self._index[name]]
+        return row[0] if self._squeeze else row
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"StackedRows({list(self._index)})"
+
+
 @dataclass
 class Aligned:
     """Result of `align`, keyed by stream name.
@@ -55,9 +81,9 @@ class Aligned:
     """
 
     values: dict[str, torch.Tensor]
-    is_pad: dict[str, torch.Tensor]
-    age: dict[str, torch.Tensor] = field(default_factory=dict)
-    offset: dict[str, torch.Tensor] = field(default_factory=dict)
+    is_pad: Mapping[str, torch.Tensor]
+    age: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    offset: Mapping[str, torch.Tensor] = field(default_factory=dict)
     concat: torch.Tensor | None = None
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -171,7 +197,8 @@ class _Plan:
     """Per-geometry facts of an align call, checked once; on CUDA also the launch plan."""
 
     __slots__ = ("B", "T", "batched", "oor", "out_shapes", "out_dtypes", "concat_dtype",
-                 "widths", "aux_index", "cubic", "launch", "order")
+                 "widths", "aux_index", "cubic", "launch", "order", "names", "pad_rows",
+                 "age_rows", "offset_rows")
 
     def __init__(self, specs, target, out_of_range, concat):
         if not isinstance(target, torch.Tensor):
@@ -224,6 +251,12 @@ class _Plan:
             self.concat_dtype = data_dtypes[0]
             for d in data_dtypes[1:]:
                 self.concat_dtype = torch.promote_types(self.concat_dtype, d)
+        self.names = [sp[0] for sp in specs]
+        self.pad_rows = {name: k for k, name in enumerate(self.names)}
+        self.age_rows = {specs[k][0]: i for k, i in self.aux_index.items()
+                         if specs[k][4] == "previous"}
+        self.offset_rows = {specs[k][0]: i for k, i in self.aux_index.items()
+                            if specs[k][4] == "frame_index"}
         # cubic rows are long serial programs: launch them first
         self.order = sorted(range(len(specs)), key=lambda k: specs[k][4] != "cubic")
         self.launch = None
@@ -255,13 +288,12 @@ def _validate_values(specs, target, B):
 
 
 def _allocate(plan, device):
-    """Outputs of one call: values (or one concatenated buffer), one pad tensor and one aux
-    tensor for all streams (fewer allocations: the eager path is launch-bound)."""
-    K = len(plan.out_shapes)
-    pads = torch.empty((K, plan.B, plan.T), dtype=torch.bool, device=device).unbind(0)
-    n_aux = len(plan.aux_index)
-    auxs = torch.empty((n_aux, plan.B, plan.T), dtype=torch.float32, device=device).unbind(0) \
-        if n_aux else ()
+    """Outputs of one call: values (or one concatenated buffer), and ONE stacked tensor each
+    for the masks ``[K, B, T]`` and the ages/offsets ``[n_aux, B, T]`` of all streams: the
+    eager path is launch-bound, and every allocation or view costs microseconds."""
+    pads = torch.empty((len(plan.out_shapes), plan.B, plan.T), dtype=torch.bool, device=device)
+    auxs = torch.empty((len(plan.aux_index), plan.B, plan.T), dtype=torch.float32,
+                       device=device) if plan.aux_index else None
     concat = None
     if plan.concat_dtype is not None:
         concat = torch.empty((plan.B, plan.T, sum(plan.widths)), dtype=plan.concat_dtype,
@@ -275,16 +307,17 @@ def _allocate(plan, device):
     return outs, pads, auxs, concat
 
 
-def _result(specs, plan, outs, pads, auxs, concat) -> Aligned:
-    squeeze = (lambda t: t[0]) if not plan.batched else (lambda t: t)
-    res = Aligned(values={}, is_pad={}, concat=None if concat is None else squeeze(concat))
-    for k, (name, _, _, _, method, _) in enumerate(specs):
-        res.values[name] = squeeze(outs[k])
-        res.is_pad[name] = squeeze(pads[k])
-        if k in plan.aux_index:
-            aux = squeeze(auxs[plan.aux_index[k]])
-            (res.age if method == "previous" else res.offset)[name] = aux
-    return res
+def _result(plan, outs, pads, auxs, concat) -> Aligned:
+    """`Aligned` over per-stream values and the stacked masks / ages / offsets."""
+    squeeze = not plan.batched
+    return Aligned(
+        values={name: (v[0] if squeeze else v) for name, v in zip(plan.names, outs,
+                                                                   strict=True)},
+        is_pad=StackedRows(plan.pad_rows, pads, squeeze),
+        age=StackedRows(plan.age_rows, auxs, squeeze),
+        offset=StackedRows(plan.offset_rows, auxs, squeeze),
+        concat=None if concat is None else (concat[0] if squeeze else concat),
+    )
 
 
 def _align_cuda(specs, target, plan, key) -> Aligned:
@@ -294,31 +327,31 @@ def _align_cuda(specs, target, plan, key) -> Aligned:
     scratch = {k: torch.empty((plan.B, specs[k][2].shape[-1], 2 * plan.widths[k] + 1),
                               dtype=compute_dtype(specs[k][1].dtype), device=target.device)
                for k in plan.cubic}
+    BT = plan.B * plan.T
     if plan.launch is None:
         plan.launch = K.InterpPlan([K.StreamLaunch(
-            specs[k][1], specs[k][2], specs[k][3], outs[k], pads[k],
-            auxs[plan.aux_index[k]] if k in plan.aux_index else None,
+            specs[k][1], specs[k][2], specs[k][3], outs[k], pads,
+            auxs if k in plan.aux_index else None,
             K.METHOD_CODES[specs[k][4]], K.OOR_CODES[plan.oor], specs[k][5],
-            scratch.get(k)) for k in plan.order], target, plan.B)
+            scratch.get(k), pad_offset=k * BT,
+            aux_offset=plan.aux_index.get(k, 0) * BT) for k in plan.order], target, plan.B)
         if key is not None:
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
             _PLANS[key] = plan
     # one pass over the streams in launch order (this path is timed against a bare launch)
-    datas, times, lens, os_, ps, xs, ss = [], [], [], [], [], [], []
-    aux_index = plan.aux_index
+    datas, times, lens, os_, ss = [], [], [], [], []
     for k in plan.order:
         _, d, t, ln, _, _ = specs[k]
         datas.append(target if d is None else d)
         times.append(t)
         lens.append(target if ln is None else ln)
         os_.append(outs[k])
-        ps.append(pads[k])
-        xs.append(auxs[aux_index[k]] if k in aux_index else target)
         ss.append(scratch.get(k, target))
-    plan.launch.launch(target, tuple(datas), tuple(times), tuple(lens), tuple(os_), tuple(ps),
-                       tuple(xs), tuple(ss))
-    return _result(specs, plan, outs, pads, auxs, concat)
+    n = len(plan.order)
+    plan.launch.launch(target, tuple(datas), tuple(times), tuple(lens), tuple(os_),
+                       (pads,) * n, (target if auxs is None else auxs,) * n, tuple(ss))
+    return _result(plan, outs, pads, auxs, concat)
 
 
 def _align_cpu(specs, target, plan) -> Aligned:
@@ -336,7 +369,12 @@ def _align_cpu(specs, target, plan) -> Aligned:
     if plan.concat_dtype is not None:
         concat = torch.cat([v.to(plan.concat_dtype)
                             for v, w in zip(outs, plan.widths, strict=True) if w], dim=-1)
-    return _result(specs, plan, outs, pads, [auxs[k] for k in plan.aux_index], concat)
+    return _result(plan, outs, torch.stack(pads), _stack([auxs[k] for k in plan.aux_index]),
+                   concat)
+
+
+def _stack(tensors):
+    return torch.stack(tensors) if tensors else None
 
 
 def _align_traced(specs, target, plan) -> Aligned:
@@ -352,7 +390,8 @@ def _align_traced(specs, target, plan) -> Aligned:
                             for v, w in zip(values, plan.widths, strict=True) if w], dim=-1)
         pieces = iter(concat.split([w for w in plan.widths if w], dim=-1))
         values = [next(pieces) if w else v for v, w in zip(values, plan.widths, strict=True)]
-    return _result(specs, plan, values, pads, [auxs[k] for k in plan.aux_index], concat)
+    return _result(plan, values, torch.stack(pads), _stack([auxs[k] for k in plan.aux_index]),
+                   concat)
 
 
 @torch.library.custom_op("robocache::align", mutates_args=())
@@ -368,9 +407,9 @@ def _align_op(target: torch.Tensor, datas: list[torch.Tensor | None],
                                                           tolerances, strict=True))}
     res = align(streams, target, out_of_range=out_of_range, validate=False)
     empty = target.new_empty((0,), dtype=torch.float32)
-    auxs = [res.age.get(k, res.offset.get(k, empty)) for k in streams]
+    auxs = [res.age[k] if k in res.age else res.offset.get(k, empty) for k in streams]
     # pads and auxes are views of one buffer each: outputs of a custom op may not alias
-    return (list(res.values.values()), [p.clone() for p in res.is_pad.values()],
+    return (list(res.values.values()), [res.is_pad[k].clone() for k in streams],
             [a.clone() for a in auxs])
 
 
