@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from robocache.observability import nvtx
 from robocache.ops import _checks as C
 from robocache.reference.interp import compute_dtype, interp_ref
 
@@ -90,6 +91,7 @@ class Aligned:
         return self.values[name]
 
 
+@nvtx.annotate("robocache.align")
 def align(
     streams: Mapping[str, Stream | tuple],
     target_times: torch.Tensor,

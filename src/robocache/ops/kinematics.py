@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from robocache.errors import DataError, ShapeError
+from robocache.observability import nvtx
 from robocache.ops._checks import check_device, check_dtype, fail, wants_validation
 from robocache.ops.geometry import check_rotation
 from robocache.reference.kinematics import fk_jacobian_reference, fk_reference, ik_reference
@@ -432,6 +433,7 @@ def _check_q(op: str, chain: Chain, q: torch.Tensor, validate: bool | None) -> t
     return q.reshape(-1, chain.dof).contiguous()
 
 
+@nvtx.annotate("robocache.fk")
 def fk(chain: Chain, q: torch.Tensor, *, all_links: bool = False,
        validate: bool | None = None) -> torch.Tensor:
     """Forward kinematics: poses of the end link (or of every link on the chain) in the base frame.
@@ -464,6 +466,7 @@ def fk(chain: Chain, q: torch.Tensor, *, all_links: bool = False,
     return out.reshape(*lead, *out.shape[1:])
 
 
+@nvtx.annotate("robocache.jacobian")
 def jacobian(chain: Chain, q: torch.Tensor, *, validate: bool | None = None) -> torch.Tensor:
     """Geometric Jacobian of the end link, in the base frame.
 
@@ -509,6 +512,7 @@ class IKResult(NamedTuple):
     rot_err: torch.Tensor
 
 
+@nvtx.annotate("robocache.ik")
 def ik(chain: Chain, target: torch.Tensor, *, q_init: torch.Tensor | None = None,
        num_seeds: int = 32, max_iters: int = 50, tol_pos: float = 1e-3, tol_rot: float = 1e-2,
        generator: torch.Generator | None = None, validate: bool | None = None) -> IKResult:

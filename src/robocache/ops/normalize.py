@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from robocache.errors import DataError, ShapeError
+from robocache.observability import nvtx
 from robocache.ops._checks import FLOAT_DTYPES, check_choice, check_dtype, fail
 from robocache.reference import normalize as ref
 
@@ -103,6 +104,7 @@ class Stats:
                    exact_quantiles=bool(d["exact_quantiles"]))
 
 
+@nvtx.annotate("robocache.compute_stats")
 def compute_stats(x: torch.Tensor, *, bins: int = DEFAULT_BINS) -> Stats:
     """Per-dimension statistics of `x` in one call: mean, std, min, max, q01, q99 (+ histogram).
 
@@ -244,6 +246,7 @@ def _apply(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: boo
     return dst
 
 
+@nvtx.annotate("robocache.normalize")
 def normalize(x: torch.Tensor, stats: Stats, mode: str = "mean_std", *, inverse: bool = False,
               eps: float = EPS, out: torch.Tensor | None = None) -> torch.Tensor:
     """Normalize `x` with per-dimension `stats` (or undo it with ``inverse=True``).

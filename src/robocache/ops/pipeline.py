@@ -47,6 +47,7 @@ import torch
 
 from robocache.errors import DeviceError, ShapeError
 from robocache.kernels.pipeline import FusedPlan
+from robocache.observability import nvtx
 from robocache.ops import augment as aug
 from robocache.ops._checks import (
     FLOAT_DTYPES,
@@ -284,6 +285,7 @@ class Pipeline:
         return (self.resample.num - 1) / self.resample.rate
 
     # ------------------------------------------------------------------ running
+    @nvtx.annotate("robocache.pipeline")
     def __call__(self, data: torch.Tensor, times: torch.Tensor, *,
                  lengths: torch.Tensor | None = None, seed: aug.Seed,
                  fused: bool | None = None) -> PipelineOutput:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from robocache.errors import DataError, ShapeError
+from robocache.observability import nvtx
 from robocache.ops._checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -316,6 +317,7 @@ def _unbatch(out, batched: bool):
 # ---------------------------------------------------------------- public ops
 
 
+@nvtx.annotate("robocache.depth_to_points")
 def depth_to_points(depth: torch.Tensor, intrinsics: torch.Tensor, *,
                     extrinsics: torch.Tensor | None = None, depth_scale: float | None = None,
                     min_depth: float = 0.0, max_depth: float = math.inf,
@@ -363,6 +365,7 @@ def depth_to_points(depth: torch.Tensor, intrinsics: torch.Tensor, *,
     return PointCloud(points, valid, colors)
 
 
+@nvtx.annotate("robocache.voxelize")
 def voxelize(points: torch.Tensor, *, features: torch.Tensor | None = None,
              lengths: torch.Tensor | None = None, mask: torch.Tensor | None = None,
              bounds_min, voxel_size, grid_size, mode: str = "occupancy", sparse: bool = False,
@@ -460,6 +463,7 @@ def voxelize(points: torch.Tensor, *, features: torch.Tensor | None = None,
     return _unbatch(_sparse(keys, dropped, features, mode, b, n, dims), batched)
 
 
+@nvtx.annotate("robocache.depth_to_voxels")
 def depth_to_voxels(depth: torch.Tensor, intrinsics: torch.Tensor, *,
                     extrinsics: torch.Tensor | None = None, rgb: torch.Tensor | None = None,
                     depth_scale: float | None = None, min_depth: float = 0.0,

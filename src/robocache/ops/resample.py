@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from robocache.observability import nvtx
 from robocache.ops import _checks as C
 from robocache.reference.interp import interp_ref
 
@@ -12,6 +13,7 @@ METHODS = ("linear", "nearest", "previous")
 OUT_OF_RANGE = ("clamp", "nan", "extrapolate")
 
 
+@nvtx.annotate("robocache.resample")
 def resample(
     data: torch.Tensor,
     times: torch.Tensor,

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import torch
 
+from robocache.observability import nvtx
 from robocache.ops import _checks as C
 from robocache.reference.windows import episode_bounds, windows_ref
 
@@ -30,6 +31,7 @@ class Windows(NamedTuple):
     horizon_is_pad: torch.Tensor
 
 
+@nvtx.annotate("robocache.windows")
 def windows(
     data: torch.Tensor,
     episode_offsets: torch.Tensor,
