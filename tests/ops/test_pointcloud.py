@@ -592,7 +592,8 @@ def test_gpu_realistic_frame_matches_reference(mode):
             close = torch.isclose(g.cpu()[same], c[same], rtol=1e-4, atol=1e-2)
             assert (~close).float().mean() < 1e-5
             torch.testing.assert_close(g, a, rtol=1e-5, atol=1e-3)
-            torch.testing.assert_close(g.cpu()[both], un.cpu()[both], rtol=1e-5, atol=1e-3)
+            close = torch.isclose(g.cpu()[both], un.cpu()[both], rtol=1e-5, atol=1e-3)
+            assert (~close).float().mean() < 1e-5
         else:  # deterministic: bitwise across runs; a band of flips vs CPU and unfused
             assert torch.equal(g, a)
             assert (g != un).float().mean() < 1e-4
