@@ -77,7 +77,7 @@ def demo(
     from rich.console import Console
     from rich.table import Table
 
-    dest = dest or Path(tempfile.gettempdir()) / "robocache-demo"
+    dest = dest or Path(tempfile.mkdtemp(prefix="robocache-demo-"))
     result = run_demo(dest, batches=batches, batch_size=batch_size, device=device,
                       workers=workers, progress=not as_json)
     if as_json:

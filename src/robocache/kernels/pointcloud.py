@@ -2,9 +2,10 @@
 
 One program handles BLOCK consecutive points (or pixels, row-major) of one cloud. Points from a
 depth image arrive in pixel order, so neighbours mostly land in the same voxel (a 6 cm voxel at
-1 m covers ~40x40 pixels): before the atomics, each program merges runs of consecutive points
-with the same voxel key by a segmented scan, and only the last point of a run issues the
-atomic. The run test recomputes the neighbours' keys (offset -1 / +1; the loads hit L1).
+1 m covers ~40x40 pixels). Optionally (MERGE_RUNS, off by default: measured no gain at block
+256) each program merges runs of consecutive points with the same voxel key by a segmented scan
+before the atomics, and only the last point of a run issues the atomic; the run test recomputes
+the neighbours' keys (offset -1 / +1; the loads hit L1).
 """
 
 from __future__ import annotations
@@ -231,8 +232,10 @@ def _finalize_kernel(val_ptr, off_cnt, nvox, f, MODE: tl.constexpr, BLOCK: tl.co
 # -> 53 us/frame, 256 -> 26 us (the scans cost more than the longer runs save). See
 # docs/pointcloud.md for the current sweep.
 MAX_BLOCK = 256
-# Merge runs of equal voxels before the atomics (see the module docstring).
-MERGE_RUNS = True
+# Merge runs of equal voxels before the atomics (see the module docstring). Off: at block 256
+# the scans cost what the saved atomics gain (H100, 640x480 -> 64^3 mean, CUDA graph, commit
+# 1627fb2: B=8 96.9 us without vs 102.4 us with; B=1 17.8 vs 17.9 us).
+MERGE_RUNS = False
 
 
 def _block(n: int) -> int:
