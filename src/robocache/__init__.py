@@ -34,7 +34,7 @@ _LAZY = {
 }
 
 # submodules loaded on first attribute access (robocache.kinematics.fk, robocache.geometry...)
-_SUBMODULES = ("kinematics", "geometry")
+_SUBMODULES = ("kinematics", "geometry", "augment", "cache")
 
 __all__ = ["__version__", *_LAZY, *_SUBMODULES]
 
