@@ -134,7 +134,9 @@ def test_normalize_modes_against_float64_formula(mode, dtype):
     if mode != "quantile":
         assert_close(normalize(y, s, mode, inverse=True), xd, scale=200)
     if mode == "min_max":
-        assert float(y.float().amin()) >= -1 - 1e-3 and float(y.float().amax()) <= 1 + 1e-3
+        # the input's own rounding (stats are float64) moves the ends by a few output ulps
+        slack = 8 * torch.finfo(dtype).eps
+        assert float(y.float().amin()) >= -1 - slack and float(y.float().amax()) <= 1 + slack
 
 
 def test_zero_variance_is_centred_not_divided():
