@@ -23,7 +23,6 @@ the record's time is per batch, ``GBps`` is batch bytes delivered per second.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 import torch
 
 from robocache.bench import harness as H
+from robocache.bench.standalone import main
 
 FAMILY = "loader"
 HISTORY, HORIZON, BATCH = 2, 16, 256
@@ -175,11 +175,4 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    out = {"meta": H.metadata(), "cases": run(quick=args.quick)}
-    H.print_table(out)
-    if args.json:
-        H.write_json(args.json, out)
+    main(run, __doc__)

@@ -18,7 +18,6 @@ data or for the host); ``busy_ideal`` = step time with batches already on the GP
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from robocache.bench import harness as H
+from robocache.bench.standalone import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_loader, when run by the CLI
 import bench_loader as L  # noqa: E402
@@ -167,11 +167,4 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    out = {"meta": H.metadata(), "cases": run(quick=args.quick)}
-    H.print_table(out)
-    if args.json:
-        H.write_json(args.json, out)
+    main(run, __doc__)

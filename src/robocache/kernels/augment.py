@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import cdiv, tile_2d
+from robocache.kernels._utils import cdiv, row_tile, tile_2d
 from robocache.reference import augment as _ref
 
 # Offsets and slots of the reference, as compile-time constants of the kernels.
@@ -96,11 +96,7 @@ def _quat_mul(aw, ax, ay, az, bw, bx, by, bz):
 @triton.jit
 def _noise_kernel(x_ptr, std_ptr, out_ptr, seed, n_rows, D,
                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = (rows < n_rows)[:, None] & cmask[None, :]
-    offs = rows[:, None] * D + cols[None, :]
+    rows, cols, cmask, mask, offs = row_tile(n_rows, D, BLOCK_R, BLOCK_D)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     std = tl.load(std_ptr + cols, mask=cmask, other=0.0)[None, :]
     y = x + std * tl.randn(seed, offs)

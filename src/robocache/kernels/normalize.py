@@ -6,18 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import cdiv, tile_2d
+from robocache.kernels._utils import cdiv, row_tile, tile_2d
 
 
 @triton.jit
 def _affine_kernel(x_ptr, offset_ptr, scale_ptr, out_ptr, n_rows, D,
                    CLIP: tl.constexpr, INVERSE: tl.constexpr,
                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = (rows < n_rows)[:, None] & cmask[None, :]
-    offs = rows[:, None] * D + cols[None, :]
+    rows, cols, cmask, mask, offs = row_tile(n_rows, D, BLOCK_R, BLOCK_D)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     acc = tl.float64 if x.dtype == tl.float64 else tl.float32
     x = x.to(acc)
