@@ -137,6 +137,18 @@ def _check_dense_fits(op: str, b: int, dims, f: int, mode: str, device: torch.de
              "sparse=True, a larger voxel_size or a smaller grid_size.", ShapeError)
 
 
+
+def _check_camera_matrix(op: str, name: str, m: torch.Tensor, n: int, b: int,
+                         device: torch.device) -> None:
+    """`m` is a float [n, n] or [B, n, n] (B = b or 1) matrix on `device`."""
+    arg = name.split()[0]
+    check_device(op, arg, m, device, "depth")
+    check_dtype(op, arg, m, FLOAT_DTYPES, "Pass a float matrix.")
+    if m.shape[-2:] != (n, n) or m.dim() not in (2, 3) or (
+            m.dim() == 3 and m.shape[0] not in (1, b)):
+        fail(op, f"`{name}` must be [{n}, {n}] or [B, {n}, {n}] with B = {b}; got shape "
+             f"{list(m.shape)}.")
+
 def _check_camera(op: str, depth: torch.Tensor, intrinsics: torch.Tensor,
                   extrinsics: torch.Tensor | None, rgb: torch.Tensor | None, depth_scale,
                   min_depth: float, max_depth: float) -> tuple[torch.Tensor, float]:
@@ -147,19 +159,9 @@ def _check_camera(op: str, depth: torch.Tensor, intrinsics: torch.Tensor,
                 "Pass metres as float or millimetres as uint16 (e.g. depth.to(torch.uint16)).")
     d = depth if depth.dim() == 3 else depth.unsqueeze(0)
     b, h, w = d.shape
-    check_device(op, "intrinsics", intrinsics, depth.device, "depth")
-    check_dtype(op, "intrinsics", intrinsics, FLOAT_DTYPES, "Pass a float matrix.")
-    if intrinsics.shape[-2:] != (3, 3) or intrinsics.dim() not in (2, 3) or (
-            intrinsics.dim() == 3 and intrinsics.shape[0] not in (1, b)):
-        fail(op, f"`intrinsics` must be [3, 3] or [B, 3, 3] with B = {b}; got shape "
-             f"{list(intrinsics.shape)}.")
+    _check_camera_matrix(op, "intrinsics", intrinsics, 3, b, depth.device)
     if extrinsics is not None:
-        check_device(op, "extrinsics", extrinsics, depth.device, "depth")
-        check_dtype(op, "extrinsics", extrinsics, FLOAT_DTYPES, "Pass a float matrix.")
-        if extrinsics.shape[-2:] != (4, 4) or extrinsics.dim() not in (2, 3) or (
-                extrinsics.dim() == 3 and extrinsics.shape[0] not in (1, b)):
-            fail(op, f"`extrinsics` (camera-to-world) must be [4, 4] or [B, 4, 4] with B = {b}; "
-                 f"got shape {list(extrinsics.shape)}.")
+        _check_camera_matrix(op, "extrinsics (camera-to-world)", extrinsics, 4, b, depth.device)
     if rgb is not None:
         check_device(op, "rgb", rgb, depth.device, "depth")
         check_dtype(op, "rgb", rgb, FEATURE_DTYPES, "Pass uint8 or float colours.")
