@@ -57,6 +57,9 @@ class CachedLaunch:
     """
 
     __slots__ = ("kernel", "grid", "kwargs", "compiled")
+    # Written against Triton 3.6's CompiledKernel.run (the version CI and the GPU image pin);
+    # turned off for the process if a launch ever fails with another signature.
+    enabled = True
 
     def __init__(self, kernel, grid: tuple[int, ...], **kwargs):
         self.kernel, self.grid, self.kwargs, self.compiled = kernel, grid, kwargs, None
@@ -71,16 +74,25 @@ class CachedLaunch:
                 break
         compiled = self.compiled
         if aligned and compiled is not None:
-            from triton import knobs
-            from triton.runtime import driver
-
-            drv = driver.active
-            stream = drv.get_current_stream(drv.get_current_device())
-            grid = self.grid
-            compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata,
-                         compiled.launch_metadata(grid, stream, *args),
-                         knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
-            return
+            try:
+                _launch_compiled(compiled, self.grid, args)
+                return
+            except (TypeError, AttributeError):  # another Triton's launcher: stop trying
+                CachedLaunch.enabled = False
+                self.compiled = None
         result = self.kernel[self.grid](*args, **self.kwargs)
-        if aligned and hasattr(result, "packed_metadata"):
+        if aligned and CachedLaunch.enabled and hasattr(result, "packed_metadata"):
             self.compiled = result
+
+
+def _launch_compiled(compiled, grid: tuple[int, ...], args: tuple) -> None:
+    """What ``JITFunction.run`` does after binding, for an already-compiled kernel."""
+    from triton import knobs
+    from triton.runtime import driver
+
+    drv = driver.active
+    stream = drv.get_current_stream(drv.get_current_device())
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                 stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *args),
+                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
