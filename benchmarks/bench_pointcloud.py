@@ -119,7 +119,8 @@ def _sweep(name, b, depth, rgb, k, nbytes, copy_gbps) -> list[dict]:
                 fn = lambda: robocache.depth_to_voxels(depth, k, rgb=rgb, mode="mean", **GRID)
                 fn()
                 t = harness.graph_time(fn, calls=20)
-                cases.append(harness.case(FAMILY, name, f"fused block={block} merge={merge}", t,
+                impl = f"robocache fused block={block} merge={merge}"
+                cases.append(harness.case(FAMILY, name, impl, t,
                                           nbytes=nbytes, copy_gbps=copy_gbps, B=b, timing="graph",
                                           per_frame_ms=t.median_ms / b))
     finally:
@@ -127,12 +128,13 @@ def _sweep(name, b, depth, rgb, k, nbytes, copy_gbps) -> list[dict]:
     occ = lambda: robocache.depth_to_voxels(depth, k, mode="occupancy", **GRID)
     occ()
     t = harness.graph_time(occ, calls=20)
-    cases.append(harness.case(FAMILY, name, "fused occupancy only", t, B=b, timing="graph",
+    cases.append(harness.case(FAMILY, name, "robocache fused occupancy only", t, B=b,
+                              timing="graph",
                               nbytes=depth.numel() * 2 + 2 * b * 64 ** 3, copy_gbps=copy_gbps,
                               per_frame_ms=t.median_ms / b))
     sparse = lambda: robocache.depth_to_voxels(depth, k, rgb=rgb, mode="mean", sparse=True, **GRID)
     sparse()
     t = harness.gpu_time(sparse)
-    cases.append(harness.case(FAMILY, name, "fused sparse (sort)", t, B=b,
+    cases.append(harness.case(FAMILY, name, "robocache fused sparse (sort)", t, B=b,
                               per_frame_ms=t.median_ms / b))
     return cases
