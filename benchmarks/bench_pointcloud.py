@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from robocache.bench import harness
+from robocache.bench.standalone import main
 
 FAMILY = "pointcloud"
 GRID = dict(bounds_min=(-2.0, -2.0, 0.0), voxel_size=4.0 / 64, grid_size=64)
@@ -138,3 +139,7 @@ def _sweep(name, b, depth, rgb, k, nbytes, copy_gbps) -> list[dict]:
     cases.append(harness.case(FAMILY, name, "robocache fused sparse (sort)", t, B=b,
                               per_frame_ms=t.median_ms / b))
     return cases
+
+
+if __name__ == "__main__":
+    main(run, __doc__)
