@@ -10,11 +10,11 @@ import torch
 
 from robocache.observability import nvtx
 from robocache.ops import _checks as C
+from robocache.ops.resample import OUT_OF_RANGE
 from robocache.reference.interp import compute_dtype, interp_ref
 
 _OP = "align"
 METHODS = ("linear", "nearest", "previous", "pchip", "cubic", "slerp", "frame_index")
-OUT_OF_RANGE = ("clamp", "nan", "extrapolate")
 _QUAT_NORM_TOL = 1e-3
 
 

@@ -31,9 +31,6 @@ from __future__ import annotations
 
 import torch
 
-METHODS = ("linear", "nearest", "previous", "frame_index", "pchip", "cubic", "slerp")
-OUT_OF_RANGE = ("clamp", "nan", "extrapolate")
-
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -55,8 +52,8 @@ def interp_ref(
         times: ``[B, S]`` float32/float64 seconds (rows may be expanded views).
         target: ``[B, T]`` float32/float64 seconds.
         lengths: ``[B]`` int in ``[1, S]`` or None (all S valid).
-        method: one of `METHODS`.
-        out_of_range: one of `OUT_OF_RANGE`.
+        method: one of `robocache.ops.align.METHODS`.
+        out_of_range: ``clamp``, ``nan`` or ``extrapolate``.
         tolerance_s: ``frame_index`` only: targets whose nearest frame is farther are padded.
 
     Returns:
