@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from robocache.errors import DataError, ShapeError
+from robocache.observability import nvtx
 from robocache.ops._checks import FLOAT_DTYPES, check_choice, check_dtype, fail, wants_validation
 from robocache.reference import augment as ref
 
@@ -94,6 +95,7 @@ def sample_rigid(shape: Sequence[int], *, max_translation: float, max_rotation: 
     return RigidParams(q.reshape(*shape, 4), t.reshape(*shape, 3))
 
 
+@nvtx.annotate("robocache.augment.rigid_transform")
 def rigid_transform(params: RigidParams, *, positions: torch.Tensor | None = None,
                     quaternions: torch.Tensor | None = None,
                     points: torch.Tensor | None = None) -> tuple[torch.Tensor | None, ...]:
@@ -176,6 +178,7 @@ def warp_phase(u: torch.Tensor, params: WarpParams) -> torch.Tensor:
     return ref.warp_phase(u.float(), params.coeffs.to(u.device), params.crop.to(u.device))
 
 
+@nvtx.annotate("robocache.augment.time_warp")
 def time_warp(data: torch.Tensor, times: torch.Tensor, params: WarpParams | None = None, *,
               time_map: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
               validate: bool | None = None) -> torch.Tensor:
@@ -224,6 +227,7 @@ def time_warp(data: torch.Tensor, times: torch.Tensor, params: WarpParams | None
     return resample(data, times, time_map, lengths=lengths, validate=validate)
 
 
+@nvtx.annotate("robocache.augment.add_noise")
 def add_noise(x: torch.Tensor, std: float | Sequence[float] | torch.Tensor, *, seed: Seed,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """``x + std * N(0, 1)`` per element; the normal of flat element e is Philox (seed, e).
@@ -280,6 +284,7 @@ def noise_std_vector(op: str, std, d: int) -> torch.Tensor:
     return sd
 
 
+@nvtx.annotate("robocache.augment.smooth")
 def smooth(x: torch.Tensor, *, method: str = "gaussian", sigma: float = 1.0,
            window: int | None = None, polyorder: int = 2, dim: int = -2) -> torch.Tensor:
     """Smooth along time (deterministic; edges extended with the edge value, 'nearest').
@@ -326,6 +331,7 @@ def sample_dropout(shape: Sequence[int], streams: int, p: float, *, seed: Seed,
     return (u < p).reshape(*shape, streams)
 
 
+@nvtx.annotate("robocache.augment.drop_streams")
 def drop_streams(x: torch.Tensor, streams: Sequence[tuple[int, int]],
                  dropped: torch.Tensor) -> torch.Tensor:
     """Zero the columns ``[start, stop)`` of each dropped stream.
