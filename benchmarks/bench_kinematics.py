@@ -18,6 +18,7 @@ import time
 import torch
 
 from robocache.bench import harness as H
+from robocache.bench.launch import bare_launch
 from robocache.kinematics import Chain, asset_path, fk, ik, jacobian
 from robocache.reference.kinematics import fk_jacobian_reference, fk_reference
 
@@ -71,24 +72,26 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         pose = fk(chain, q)
         ref = fk_reference(q.double(), params.double(), *st)
         extra = {"N": n, "max_abs_err_vs_fp64": float((pose.double() - ref).abs().max())}
-        out.append(H.case(FAMILY, f"fk-N{n}", "robocache", H.gpu_time(lambda q=q: fk(chain, q)),
-                          nbytes=fk_bytes, copy_gbps=copy_gbps, **extra))
-        out.append(H.case(FAMILY, f"fk-N{n}", "robocache (CUDA graph)",
-                          H.graph_time(lambda q=q: fk(chain, q)), nbytes=fk_bytes,
-                          copy_gbps=copy_gbps, N=n))
+        fk_eager = H.gpu_time(lambda q=q: fk(chain, q))
+        fk_graph = H.graph_time(lambda q=q: fk(chain, q))
+        out.append(H.case(FAMILY, f"fk-N{n}", "robocache", fk_eager, nbytes=fk_bytes,
+                          copy_gbps=copy_gbps, **extra))
+        out.append(H.case(FAMILY, f"fk-N{n}", "robocache (CUDA graph)", fk_graph,
+                          nbytes=fk_bytes, copy_gbps=copy_gbps, N=n))
         q64 = q.double()
         out.append(H.case(FAMILY, f"fk-N{n}", "robocache fp64",
                           H.gpu_time(lambda q64=q64: fk(chain, q64)), nbytes=2 * fk_bytes,
                           copy_gbps=copy_gbps, N=n))
         jac = jacobian(chain, q)
         jref = fk_jacobian_reference(q.double(), params.double(), *st)[1]
-        out.append(H.case(FAMILY, f"jacobian-N{n}", "robocache",
-                          H.gpu_time(lambda q=q: jacobian(chain, q)), nbytes=jac_bytes,
-                          copy_gbps=copy_gbps, N=n,
+        t = H.gpu_time(lambda q=q: jacobian(chain, q))
+        out.append(H.case(FAMILY, f"jacobian-N{n}", "robocache", t, nbytes=jac_bytes,
+                          copy_gbps=copy_gbps, N=n, x_fk=t.median_ms / fk_eager.median_ms,
                           max_abs_err_vs_fp64=float((jac.double() - jref).abs().max())))
-        out.append(H.case(FAMILY, f"jacobian-N{n}", "robocache (CUDA graph)",
-                          H.graph_time(lambda q=q: jacobian(chain, q)), nbytes=jac_bytes,
-                          copy_gbps=copy_gbps, N=n))
+        t = H.graph_time(lambda q=q: jacobian(chain, q))
+        out.append(H.case(FAMILY, f"jacobian-N{n}", "robocache (CUDA graph)", t,
+                          nbytes=jac_bytes, copy_gbps=copy_gbps, N=n,
+                          x_fk=t.median_ms / fk_graph.median_ms))
         out.append(H.case(FAMILY, f"fk-N{n}", "torch eager (reference)",
                           H.gpu_time(lambda q=q: fk_reference(q, params, *st)), nbytes=fk_bytes,
                           copy_gbps=copy_gbps, N=n))
@@ -104,8 +107,13 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                               copy_gbps=copy_gbps, N=n,
                               max_abs_diff_vs_robocache=float((pj - jac).abs().max())))
     q = _random_q(chain, 256, dev)
-    out.append(H.case(FAMILY, "fk-N256", "robocache host overhead", H.host_time_us(
-        lambda: fk(chain, q)), unit="us", note="host us per eager call"))
+    for name, fn in (("fk", fk), ("jacobian", jacobian)):
+        call = lambda fn=fn: fn(chain, q)  # noqa: E731
+        out.append(H.case(FAMILY, f"{name}-N256", "robocache host overhead",
+                          H.host_time_us(call), unit="us", note="host us per eager call"))
+        out.append(H.case(FAMILY, f"{name}-N256", "bare Triton launch host overhead",
+                          H.host_time_us(bare_launch(call)), unit="us",
+                          note="the same kernel launch through kernel[grid](...), nothing else"))
     out += _ik_cases(chain, pk, pk_chain, quick)
     return out
 

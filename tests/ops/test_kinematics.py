@@ -454,12 +454,37 @@ def test_gpu_ik_converges(dtype):
 def test_gpu_cuda_graph_and_compile():
     c = Chain.from_urdf(PANDA, "panda_hand")
     q = _random_q(c, 300, seeded(), torch.float32).cuda()
-    expect = fk(c, q)
-    fk(c, q)  # warm
+    expect, expect_jac = fk(c, q), jacobian(c, q)  # also warms both
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = fk(c, q)
+        jac = jacobian(c, q)
     g.replay()
     torch.testing.assert_close(out, expect)
+    torch.testing.assert_close(jac, expect_jac)
+    q.copy_(_random_q(c, 300, seeded(), torch.float32))  # replays read the new values
+    g.replay()
+    torch.testing.assert_close(out, fk(c, q))
+    torch.testing.assert_close(jac, jacobian(c, q))
     compiled = torch.compile(lambda x: jacobian(c, x) + 0, fullgraph=True)
     torch.testing.assert_close(compiled(q), jacobian(c, q))
+
+
+@pytest.mark.gpu
+def test_gpu_cached_launch_fresh_arguments():
+    """Eager calls relaunch a cached compiled kernel: each call must read its own q and write its
+    own output, and a q whose address is not 16-byte aligned must take the normal launch."""
+    c = Chain.from_urdf(PANDA, "panda_hand")
+    p, _, _ = c.tensors("cuda", torch.float64)
+    rng = seeded()
+    for q in (_random_q(c, 257, rng), _random_q(c, 257, rng)):
+        ref_pose, ref_jac = R.fk_jacobian_reference(q.cuda(), p, c.movable, c.prismatic)
+        q32 = q.to("cuda", torch.float32)
+        torch.testing.assert_close(fk(c, q32).double(), ref_pose, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(jacobian(c, q32).double(), ref_jac, rtol=1e-4, atol=1e-5)
+    flat = torch.empty(257 * c.dof + 1, device="cuda")
+    q_odd = flat[1:].view(257, c.dof)
+    q_odd.copy_(_random_q(c, 257, rng))
+    ref_pose, ref_jac = R.fk_jacobian_reference(q_odd.double(), p, c.movable, c.prismatic)
+    torch.testing.assert_close(fk(c, q_odd).double(), ref_pose, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(jacobian(c, q_odd).double(), ref_jac, rtol=1e-4, atol=1e-5)
