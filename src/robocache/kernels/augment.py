@@ -1,8 +1,8 @@
 """Triton pieces of trajectory augmentation: counter-based parameters and Gaussian noise.
 
-Random numbers are ``tl.rand`` / ``tl.randn`` of (seed, offset) with the offsets of
-`robocache.reference.augment` (which reproduces them in PyTorch), so the fused pipeline
-kernel, the unfused noise kernel and the CPU reference draw the same numbers.
+Random numbers are Triton's Philox (``tl.rand`` for parameters, ``tl.randint4x`` for noise)
+at the counters of `robocache.reference.augment` (which reproduces them in PyTorch), so the
+fused pipeline kernel, the unfused noise kernel and the CPU reference draw the same numbers.
 """
 
 from __future__ import annotations
@@ -40,17 +40,34 @@ def _variant_uniforms(seed, variant):
 
 
 @triton.jit
+def _sincos_turns(u):
+    """(cos, sin) of 2 pi u (u in turns, |u| < 2**29): quarter-turn reduction, then Taylor
+    polynomials on [-pi/4, pi/4] (|error| < 3e-8). libdevice's sinf/cosf carry a Payne-Hanek
+    path for huge radian arguments: inlined per element it cost the fused kernel ~80 SASS
+    instructions and a local-memory array each (sm_90, ptxas -v)."""
+    q = tl.floor(4.0 * u + 0.5)
+    a = 6.283185307179586 * (u - 0.25 * q)
+    a2 = a * a
+    s = a + a * a2 * (-0.16666666666666666 + a2 * (0.008333333333333333 + a2 * (-0.0001984126984126984 + a2 * 2.755731922398589e-06)))
+    c = 1.0 + a2 * (-0.5 + a2 * (0.041666666666666664 + a2 * (-0.001388888888888889 + a2 * 2.48015873015873e-05)))
+    k = q.to(tl.int32) & 3
+    odd = (k & 1) == 1
+    cos = tl.where(odd, s, c)
+    sin = tl.where(odd, c, s)
+    return tl.where((k == 1) | (k == 2), -cos, cos), tl.where(k >= 2, -sin, sin)
+
+
+@triton.jit
 def _rigid(u, slots, max_t, max_r):
     """(qw, qx, qy, qz, tx, ty, tz) of a variant: see reference.augment.rigid_from_uniforms."""
     z = 2.0 * _slot(u, slots, SLOT_AXIS) - 1.0
-    az = 6.283185307179586 * _slot(u, slots, SLOT_AXIS + 1)
+    ca, sa = _sincos_turns(_slot(u, slots, SLOT_AXIS + 1))
     r = tl.sqrt(tl.maximum(1.0 - z * z, 0.0))
-    half = 0.5 * max_r * _slot(u, slots, SLOT_ANGLE)
-    s = tl.sin(half)
+    ch, sh = _sincos_turns(max_r * _slot(u, slots, SLOT_ANGLE) * 0.07957747154594767)  # 1/4pi
     tx = (2.0 * _slot(u, slots, SLOT_TRANS) - 1.0) * max_t
     ty = (2.0 * _slot(u, slots, SLOT_TRANS + 1) - 1.0) * max_t
     tz = (2.0 * _slot(u, slots, SLOT_TRANS + 2) - 1.0) * max_t
-    return tl.cos(half), s * r * tl.cos(az), s * r * tl.sin(az), s * z, tx, ty, tz
+    return ch, sh * r * ca, sh * r * sa, sh * z, tx, ty, tz
 
 
 @triton.jit
@@ -59,8 +76,8 @@ def _warp(t, u, slots, amp, max_crop, TERMS: tl.constexpr, CROP: tl.constexpr):
     phi = t
     for m in tl.static_range(TERMS):
         a = (2.0 * _slot(u, slots, SLOT_WARP + m) - 1.0) * amp
-        w = 3.141592653589793 * (m + 1)
-        phi += a * tl.sin(t * w) / w
+        _, sin = _sincos_turns(t * (0.5 * (m + 1)))
+        phi += a * sin * (1.0 / (3.141592653589793 * (m + 1)))
     if CROP:
         c0 = _slot(u, slots, SLOT_CROP) * max_crop
         c1 = _slot(u, slots, SLOT_CROP + 1) * max_crop
@@ -94,21 +111,43 @@ def _quat_mul(aw, ax, ay, az, bw, bx, by, bz):
 
 
 @triton.jit
+def _box_muller(w0, w1):
+    """Two standard normals from two Philox words: see reference.augment.box_muller."""
+    u0 = tl.maximum(tl.uint_to_uniform_float(w0), 1.0e-7)
+    r = tl.sqrt(-2.0 * tl.log(u0))
+    c, s = _sincos_turns(tl.uint_to_uniform_float(w1))
+    return r * c, r * s
+
+
+@triton.jit
+def _normals(seed, rows, d0, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Standard normals [BLOCK_R, BLOCK_D] at rows (int64 [BLOCK_R]) and columns
+    d0 .. d0 + BLOCK_D (d0, BLOCK_D multiples of 4) of an [N, D] array: one Philox call per
+    4 columns (see reference.augment.normals). One call per element (`tl.randn`) made noise
+    ~45% of the fused kernel's instructions."""
+    quads = d0 // 4 + tl.arange(0, BLOCK_D // 4)
+    w0, w1, w2, w3 = tl.randint4x(seed, rows[:, None] * ((D + 3) // 4) + quads[None, :])
+    n0, n1 = _box_muller(w0, w1)
+    n2, n3 = _box_muller(w2, w3)
+    return tl.reshape(tl.join(tl.join(n0, n2), tl.join(n1, n3)), [BLOCK_R, BLOCK_D])
+
+
+@triton.jit
 def _noise_kernel(x_ptr, std_ptr, out_ptr, seed, n_rows, D,
                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     rows, cols, cmask, mask, offs = row_tile(n_rows, D, BLOCK_R, BLOCK_D)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     std = tl.load(std_ptr + cols, mask=cmask, other=0.0)[None, :]
-    y = x + std * tl.randn(seed, offs)
+    y = x + std * _normals(seed, rows, tl.program_id(1) * BLOCK_D, D, BLOCK_R, BLOCK_D)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def noise_cuda(x: torch.Tensor, std: torch.Tensor, seed: int, out: torch.Tensor) -> torch.Tensor:
-    """``out = x + std * randn(seed, flat index)`` for contiguous `x [N, D]`, std float32 [D]."""
+    """``out = x + std * normals(seed, N, D)`` for contiguous `x [N, D]`, std float32 [D]."""
     n, d = x.shape
     if n == 0 or d == 0:
         return out
-    block_r, block_d = tile_2d(n, d, max_cols=128, elements=4096)
+    block_r, block_d = tile_2d(n, max(d, 4), max_cols=128, elements=4096)
     _noise_kernel[(cdiv(n, block_r), cdiv(d, block_d))](x, std, out, seed, n, d,
                                                         BLOCK_R=block_r, BLOCK_D=block_d)
     return out

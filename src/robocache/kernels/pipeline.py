@@ -21,6 +21,7 @@ import triton.language as tl
 from robocache.kernels._utils import next_pow2, tile_2d
 from robocache.kernels.augment import (
     _dropped,
+    _normals,
     _quat_mul,
     _quat_rotate,
     _rigid,
@@ -120,15 +121,15 @@ def _pipeline_kernel(data, times, lens, out, flags, offset_p, scale_p, std_p, st
             y = (y - o) * s
             if CLIP:
                 y = tl.minimum(tl.maximum(y, -1.0), 1.0)
-        offs = out_rows[:, None] * D + cols[None, :]
         if NOISE:
             std = tl.load(std_p + cols, mask=cmask, other=0.0)[None, :]
-            y += std * tl.randn(seed, offs)
+            y += std * _normals(seed, out_rows, d0, D, BLOCK_T, BLOCK_D)
         if NS > 0:
             sid = tl.load(stream_p + cols, mask=cmask, other=-1)
             hit = (sid[:, None] == tl.arange(0, NS_P2)[None, :]) & drop[None, :]
             y = tl.where((tl.sum(hit.to(tl.int32), axis=1) > 0)[None, :], 0.0, y)
-        tl.store(out + offs, y.to(out.dtype.element_ty), mask=m2)
+        tl.store(out + out_rows[:, None] * D + cols[None, :], y.to(out.dtype.element_ty),
+                 mask=m2)
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,8 @@ def time_warp(data: torch.Tensor, times: torch.Tensor, params: WarpParams | None
 @nvtx.annotate("robocache.augment.add_noise")
 def add_noise(x: torch.Tensor, std: float | Sequence[float] | torch.Tensor, *, seed: Seed,
               out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x + std * N(0, 1)`` per element; the normal of flat element e is Philox (seed, e).
+    """``x + std * N(0, 1)`` per element; element (r, c) of the ``[N, D]`` view draws normal
+    c % 4 of Philox (seed, r * ceil(D / 4) + c // 4) (`robocache.reference.augment.normals`).
 
     Args:
         x: ``[..., D]`` float tensor (made contiguous).
@@ -266,8 +267,8 @@ def noise_apply(x: torch.Tensor, std: torch.Tensor, seed: int,
         dst = torch.empty_like(xc) if out is None else out
         noise_cuda(xc.view(-1, d), std, seed, dst.view(-1, d))
         return dst
-    idx = torch.arange(xc.numel(), dtype=torch.int64).view(xc.shape)
-    y = (xc.float() + std * ref.randn(seed, idx)).to(x.dtype)
+    z = ref.normals(seed, xc.numel() // max(d, 1), d).view(xc.shape)
+    y = (xc.float() + std * z).to(x.dtype)
     return y if out is None else out.copy_(y)
 
 

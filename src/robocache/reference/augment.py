@@ -1,13 +1,14 @@
 """Pure-PyTorch trajectory augmentation: the CPU path and the oracle of the Triton kernels.
 
 Randomness is counter-based: every random number is Triton's Philox-4x32-10
-(``tl.rand`` / ``tl.randn``) of ``(seed, offset)``, reproduced here bit for bit on the integer
-side (the float conversion of a uniform is exact too; Box-Muller's log/cos round per device).
+(``tl.randint4x``) of ``(seed, counter)``, reproduced here bit for bit on the integer side
+(the float conversion of a uniform is exact too; Box-Muller's log/cos/sin round per device).
 So a value depends only on the seed and its own index, never on the batch around it or on
 the order of launches: sample i of a batch gets the same parameters whatever B is.
 
-Offsets: noise of element e of a contiguous output is ``offset = e``; the parameters of
-variant i (= b * K + k) sit at ``PARAM_BASE + i * PARAM_STRIDE + slot`` (slots below).
+Offsets: the noise of an ``[N, D]`` array draws one Philox call per row and 4 columns
+(`normals`); the parameters of variant i (= b * K + k) sit at
+``PARAM_BASE + i * PARAM_STRIDE + slot`` (slots below).
 """
 
 from __future__ import annotations
@@ -62,12 +63,27 @@ def rand(seed: int, offsets: torch.Tensor) -> torch.Tensor:
     return _uniform(philox(seed, offsets)[0])
 
 
-def randn(seed: int, offsets: torch.Tensor) -> torch.Tensor:
-    """``tl.randn(seed, offsets)``: standard normal float32 (Box-Muller of two uniforms)."""
-    c0, c1, _, _ = philox(seed, offsets)
-    u1 = _uniform(c0).clamp_min(1.0e-7)
-    th = torch.tensor(6.283185307179586, dtype=torch.float32) * _uniform(c1)
-    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(th)
+def box_muller(w0: torch.Tensor, w1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two standard normals (float32) from two Philox words, as ``tl.randn4x`` pairs them:
+    ``r cos(2 pi u1), r sin(2 pi u1)`` with ``r = sqrt(-2 log max(u0, 1e-7))``."""
+    r = torch.sqrt(-2.0 * torch.log(_uniform(w0).clamp_min(1.0e-7)))
+    th = torch.tensor(6.283185307179586, dtype=torch.float32) * _uniform(w1)
+    return r * torch.cos(th), r * torch.sin(th)
+
+
+def normals(seed: int, rows: int, d: int, device=None) -> torch.Tensor:
+    """Standard normals ``[rows, d]`` (float32) of the noise stream of an ``[rows, d]`` array.
+
+    Element (r, c) is normal ``c % 4`` of Philox-4x32 at counter ``r * ceil(d / 4) + c // 4``:
+    words (0, 1) give normals 0 and 1, words (2, 3) normals 2 and 3 (`box_muller`). One
+    Philox call serves four columns, and a value depends only on (seed, r, c, d).
+    """
+    q = -(-d // 4)
+    ctr = (torch.arange(rows, dtype=torch.int64, device=device)[:, None] * q
+           + torch.arange(q, dtype=torch.int64, device=device))
+    w0, w1, w2, w3 = philox(seed, ctr)
+    n = torch.stack((*box_muller(w0, w1), *box_muller(w2, w3)), -1)
+    return n.reshape(rows, 4 * q)[:, :d]
 
 
 def param_uniforms(seed: int, variants: int, first: int, count: int, device=None) -> torch.Tensor:
