@@ -430,6 +430,8 @@ def _check_q(op: str, chain: Chain, q: torch.Tensor, validate: bool | None) -> t
         idx = [int(v) for v in torch.isnan(q).nonzero()[0]]
         fail(op, f"`q` has a NaN at index {idx} (joint {chain.joint_names[idx[-1]]!r}); drop or "
              "repair that configuration.", DataError)
+    if q.dim() == 2 and q.is_contiguous():  # the common case skips two torch calls (host us)
+        return q
     return q.reshape(-1, chain.dof).contiguous()
 
 
@@ -463,7 +465,7 @@ def fk(chain: Chain, q: torch.Tensor, *, all_links: bool = False,
     params, _, _ = chain.tensors(q.device, q.dtype)
     out = _dispatch(_fk_impl, _fk_op, flat, params, chain.movable, chain.prismatic,
                     bool(all_links))
-    return out.reshape(*lead, *out.shape[1:])
+    return out if q.dim() == 2 else out.reshape(*lead, *out.shape[1:])
 
 
 @nvtx.annotate("robocache.jacobian")
@@ -493,7 +495,7 @@ def jacobian(chain: Chain, q: torch.Tensor, *, validate: bool | None = None) -> 
     flat = _check_q("jacobian", chain, q, validate)
     params, _, _ = chain.tensors(q.device, q.dtype)
     out = _dispatch(_jacobian_impl, _jacobian_op, flat, params, chain.movable, chain.prismatic)
-    return out.reshape(*lead, 6, chain.dof)
+    return out if q.dim() == 2 else out.reshape(*lead, 6, chain.dof)
 
 
 class IKResult(NamedTuple):
