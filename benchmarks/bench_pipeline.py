@@ -4,6 +4,7 @@ eager vs CUDA-graph replay, against torch eager and torch.compile of the same ch
 
     $ robocache bench pipeline --json benchmarks/results/pipeline.json
     $ python benchmarks/bench_pipeline.py --quick       # CPU smoke run (reference path)
+    $ python benchmarks/bench_pipeline.py --sweep       # fused kernel: tunings and ablations
 
 Minimum bytes: data and float64 timestamps read once, the [B, K, T, D] output written once.
 """
@@ -11,11 +12,13 @@ Minimum bytes: data and float64 timestamps read once, the [B, K, T, D] output wr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 
 import torch
 
 from robocache.bench import harness as H
+from robocache.kernels.pipeline import TUNING, PipelineTuning, pipeline_cuda
 from robocache.ops.normalize import compute_stats
 from robocache.ops.pipeline import Augment, Normalize, Pipeline, Resample
 
@@ -143,6 +146,55 @@ def _cases_cpu():
                    B=4, K=2, T=100, D=D)]
 
 
+# Fused-kernel tunings timed by --sweep: (block_t, blocks, num_warps, fan, max_scan).
+# Tile rows x warps set the values per thread (8 per thread: ~72 registers, 16: ~128,
+# 32: 255 with spills; ptxas -v for sm_90).
+SWEEP = [(16, 1, 2, 64, 0), (32, 1, 4, 64, 0), (64, 1, 8, 64, 0), (128, 1, 16, 64, 0),
+         (16, 1, 1, 64, 0), (32, 1, 2, 64, 0), (64, 1, 4, 64, 0), (128, 1, 8, 64, 0),
+         (16, 1, 4, 64, 0), (32, 1, 8, 64, 0),
+         (32, 2, 4, 64, 0), (32, 4, 4, 64, 0), (64, 2, 8, 64, 0), (16, 4, 2, 64, 0),
+         (32, 1, 4, 1024, 0), (64, 1, 8, 1024, 0), (32, 1, 4, 32, 0), (32, 1, 4, 64, 256),
+         (64, 1, 8, 64, 256)]
+# Stages switched off (FusedPlan fields) at the default tuning: what each one costs.
+ABLATIONS = {"no noise": dict(noise=False), "no SE(3)": dict(pos=-1, quat=-1),
+             "no time warp": dict(terms=0), "no normalize": dict(norm=False),
+             "resample only": dict(pos=-1, quat=-1, terms=0, norm=False, noise=False)}
+
+
+def sweep(copy_gbps: float | None = None) -> list[dict]:
+    """Kernel-only GPU time of the fused kernel on the 256 x 10 case for each SWEEP tuning
+    (with its max |difference| from the default tuning's output: all must be 0) and for each
+    ablation of the chain."""
+    dev = torch.device("cuda")
+    data, times = make_inputs(256, dev)
+    B, S, _ = data.shape
+    T = int(DURATION * RATE)
+    pipe = make_pipeline(compute_stats(data), T)
+    offset, scale, std, col = pipe._params(dev, D)
+    out = torch.empty(B, K, T, D, device=dev)
+    flags = torch.empty(B, K, 0, dtype=torch.bool, device=dev)
+    kw = dict(nbytes=data.numel() * 4 + times.numel() * 8 + out.numel() * 4,
+              copy_gbps=copy_gbps, B=B, K=K, S=S, T=T, D=D, dtype="float32")
+
+    def launch(plan, tuning):
+        return pipeline_cuda(plan, data, times, None, out, flags, offset, scale, std, col, K,
+                             pipe.span, 1, *pipe._scalars, tuning=tuning)
+
+    ref = launch(pipe.plan, TUNING).clone()
+    recs = []
+    for bt, blocks, warps, fan, scan in SWEEP:
+        tu = PipelineTuning(block_t=bt, blocks=blocks, num_warps=warps, fan=fan, max_scan=scan)
+        label = f"fused kernel bt={bt} blocks={blocks} warps={warps} fan={fan} scan={scan}"
+        _measure(recs, "256x10_10s_50Hz_32D sweep", label,
+                 lambda tu=tu: H.gpu_time(lambda: launch(pipe.plan, tu), rep_ms=50), **kw)
+        recs[-1]["max_abs_diff"] = float((out - ref).abs().max())
+    for name, change in ABLATIONS.items():
+        plan = dataclasses.replace(pipe.plan, **change)
+        _measure(recs, "256x10_10s_50Hz_32D ablation", f"fused kernel, {name}",
+                 lambda plan=plan: H.gpu_time(lambda: launch(plan, TUNING), rep_ms=50), **kw)
+    return recs
+
+
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     if quick or not H.cuda_ready():
         return _cases_cpu()
@@ -152,9 +204,10 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
-    res = {"meta": H.metadata(), "cases": run(quick=a.quick)}
+    res = {"meta": H.metadata(), "cases": sweep() if a.sweep else run(quick=a.quick)}
     H.print_table(res)
     if a.json:
         H.write_json(a.json, res)

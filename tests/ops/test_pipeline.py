@@ -56,6 +56,32 @@ def test_fused_kernel_equals_unfused_composition(kernel_device, case):
     assert_close(out.data, ref.data, torch.float32, scale=30)
 
 
+@pytest.mark.parametrize("tuning", [dict(block_t=16, blocks=2, num_warps=2),
+                                    dict(block_t=16, blocks=1, fan=4, max_scan=64)])
+def test_fused_tunings_agree(kernel_device, tuning):
+    """Tile size, blocks per program and search settings change only speed (T = 23 leaves a
+    partial and, with blocks=2, an empty block)."""
+    from dataclasses import replace
+
+    from robocache.kernels.pipeline import TUNING, pipeline_cuda
+
+    rng = seeded()
+    data, times = _batch(rng)
+    pipe = _pipe(compute_stats(data))
+    data, times = data.to(kernel_device), times.to(kernel_device)
+    params = pipe._params(data.device, 9)
+    outs = []
+    for tu in (TUNING, replace(TUNING, **tuning)):
+        out = torch.full((3, 4, 23, 9), float("nan"), device=kernel_device)
+        flags = torch.zeros(3, 4, len(STREAMS), dtype=torch.bool, device=kernel_device)
+        pipeline_cuda(pipe.plan, data, times, None, out, flags, *params, 4, pipe.span, 7,
+                      *pipe._scalars, tuning=tu)
+        outs.append((out.cpu(), flags.cpu()))
+    assert torch.isfinite(outs[1][0]).all()
+    assert torch.equal(outs[0][1], outs[1][1])
+    assert_close(outs[1][0], outs[0][0], torch.float32)
+
+
 def test_fused_with_lengths_never_reads_padding(kernel_device):
     rng = seeded()
     data, times = _batch(rng, B=2, S=30, epoch=False)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import next_pow2, tile_2d
+from robocache.kernels._utils import next_pow2
 from robocache.kernels.augment import (
     _dropped,
     _normals,
@@ -28,7 +28,7 @@ from robocache.kernels.augment import (
     _variant_uniforms,
     _warp,
 )
-from robocache.kernels.interp import TUNING, _levels, _linear_weight, _segments
+from robocache.kernels.interp import _levels, _linear_weight, _segments
 
 
 @triton.jit
@@ -47,89 +47,91 @@ def _put(y, cols, col, v):
 @triton.jit(do_not_specialize=["S", "T", "seed"])
 def _pipeline_kernel(data, times, lens, out, flags, offset_p, scale_p, std_p, stream_p,
                      S, T, D, K, span, seed, max_t, max_r, warp_amp, max_crop, drop_p,
-                     sdb, sds, stb, sts, n_levels, stride0, ntb,
+                     sdb, sds, stb, sts, n_levels, stride0, ntb, chunks,
                      SEED_PTR: tl.constexpr, HAS_LEN: tl.constexpr, TIME_F64: tl.constexpr,
                      POS: tl.constexpr, QUAT: tl.constexpr, TERMS: tl.constexpr, CROP: tl.constexpr,
                      NORM: tl.constexpr, CLIP: tl.constexpr, NOISE: tl.constexpr,
                      NS: tl.constexpr, NS_P2: tl.constexpr, BLOCK_T: tl.constexpr,
-                     BLOCK_D: tl.constexpr, FAN: tl.constexpr, CHUNK: tl.constexpr,
-                     MAX_SCAN: tl.constexpr):
+                     BLOCK_D: tl.constexpr, BLOCKS: tl.constexpr, FAN: tl.constexpr,
+                     CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
     pid = tl.program_id(0)
-    variant = (pid // ntb).to(tl.int64)
+    variant = (pid // chunks).to(tl.int64)
+    first = (pid % chunks) * BLOCKS
     b = variant // K
-    offs_t = (pid % ntb) * BLOCK_T + tl.arange(0, BLOCK_T)
-    valid = offs_t < T
     if SEED_PTR:  # CUDA-graph replays read a new seed from device memory
         seed = tl.load(seed)
     u, slots = _variant_uniforms(seed, variant)
-
-    # Warped target times: t_first + span * phi(j / (T - 1)), phi in float32, sum in time dtype.
-    tn = offs_t.to(tl.float32) / tl.maximum(T - 1, 1).to(tl.float32)
-    if TERMS > 0 or CROP:
-        tn = _warp(tn, u, slots, warp_amp, max_crop, TERMS, CROP)
+    if POS >= 0 or QUAT >= 0:
+        qw, qx, qy, qz, tx, ty, tz = _rigid(u, slots, max_t, max_r)
+    if NS > 0:
+        drop = _dropped(seed, variant, drop_p, NS_P2) & (tl.arange(0, NS_P2) < NS)
+        if first == 0:
+            tl.store(flags + variant * NS + tl.arange(0, NS_P2), drop,
+                     mask=tl.arange(0, NS_P2) < NS)
     row = times + b * stb
-    if TIME_F64:
-        x = tl.load(row).to(tl.float64) + (tn * span).to(tl.float64)
-    else:
-        x = tl.load(row).to(tl.float32) + tn * span
+    t_first = tl.load(row)
     if HAS_LEN:
         n = tl.load(lens + b).to(tl.int32)
     else:
         n = S + 0
-    _, seg, seg1, t0, t1, _ = _segments(row, sts, n, x, valid, n_levels, stride0, BLOCK_T,
-                                        FAN, CHUNK, MAX_SCAN)
-    w = _linear_weight(x, t0, t1, 0, False)
     src = data + b * sdb
 
-    if POS >= 0 or QUAT >= 0:
-        qw, qx, qy, qz, tx, ty, tz = _rigid(u, slots, max_t, max_r)
-    if POS >= 0:
-        px, py, pz = _quat_rotate(qw, qx, qy, qz, _lerp_col(src, seg, seg1, w, POS, sds, valid),
-                                  _lerp_col(src, seg, seg1, w, POS + 1, sds, valid),
-                                  _lerp_col(src, seg, seg1, w, POS + 2, sds, valid))
-        px, py, pz = px + tx, py + ty, pz + tz
-    if QUAT >= 0:
-        ow, ox, oy, oz = _quat_mul(qw, qx, qy, qz,
-                                   _lerp_col(src, seg, seg1, w, QUAT, sds, valid),
-                                   _lerp_col(src, seg, seg1, w, QUAT + 1, sds, valid),
-                                   _lerp_col(src, seg, seg1, w, QUAT + 2, sds, valid),
-                                   _lerp_col(src, seg, seg1, w, QUAT + 3, sds, valid))
-    if NS > 0:
-        drop = _dropped(seed, variant, drop_p, NS_P2) & (tl.arange(0, NS_P2) < NS)
-        if pid % ntb == 0:
-            tl.store(flags + variant * NS + tl.arange(0, NS_P2), drop,
-                     mask=tl.arange(0, NS_P2) < NS)
-
-    out_rows = variant * T + offs_t.to(tl.int64)
-    for d0 in range(0, D, BLOCK_D):
-        cols = d0 + tl.arange(0, BLOCK_D)
-        cmask = cols < D
-        m2 = valid[:, None] & cmask[None, :]
-        a = tl.load(src + seg.to(tl.int64)[:, None] * sds + cols[None, :], mask=m2,
-                    other=0.0).to(tl.float32)
-        c = tl.load(src + seg1.to(tl.int64)[:, None] * sds + cols[None, :], mask=m2,
-                    other=0.0).to(tl.float32)
-        y = (1.0 - w)[:, None] * a + w[:, None] * c
+    for i in tl.static_range(BLOCKS):
+        offs_t = (first + i) * BLOCK_T + tl.arange(0, BLOCK_T)
+        valid = offs_t < T
+        # Warped target times: t_first + span * phi(j / (T - 1)), phi float32, sum in time dtype.
+        tn = offs_t.to(tl.float32) / tl.maximum(T - 1, 1).to(tl.float32)
+        if TERMS > 0 or CROP:
+            tn = _warp(tn, u, slots, warp_amp, max_crop, TERMS, CROP)
+        if TIME_F64:
+            x = t_first.to(tl.float64) + (tn * span).to(tl.float64)
+        else:
+            x = t_first.to(tl.float32) + tn * span
+        _, seg, seg1, t0, t1, _ = _segments(row, sts, n, x, valid, n_levels, stride0, BLOCK_T,
+                                            FAN, CHUNK, MAX_SCAN)
+        w = _linear_weight(x, t0, t1, 0, False)
         if POS >= 0:
-            y = _put(_put(_put(y, cols, POS, px), cols, POS + 1, py), cols, POS + 2, pz)
+            px, py, pz = _quat_rotate(qw, qx, qy, qz,
+                                      _lerp_col(src, seg, seg1, w, POS, sds, valid),
+                                      _lerp_col(src, seg, seg1, w, POS + 1, sds, valid),
+                                      _lerp_col(src, seg, seg1, w, POS + 2, sds, valid))
+            px, py, pz = px + tx, py + ty, pz + tz
         if QUAT >= 0:
-            y = _put(_put(y, cols, QUAT, ow), cols, QUAT + 1, ox)
-            y = _put(_put(y, cols, QUAT + 2, oy), cols, QUAT + 3, oz)
-        if NORM:
-            o = tl.load(offset_p + cols, mask=cmask, other=0.0)[None, :]
-            s = tl.load(scale_p + cols, mask=cmask, other=1.0)[None, :]
-            y = (y - o) * s
-            if CLIP:
-                y = tl.minimum(tl.maximum(y, -1.0), 1.0)
-        if NOISE:
-            std = tl.load(std_p + cols, mask=cmask, other=0.0)[None, :]
-            y += std * _normals(seed, out_rows, d0, D, BLOCK_T, BLOCK_D)
-        if NS > 0:
-            sid = tl.load(stream_p + cols, mask=cmask, other=-1)
-            hit = (sid[:, None] == tl.arange(0, NS_P2)[None, :]) & drop[None, :]
-            y = tl.where((tl.sum(hit.to(tl.int32), axis=1) > 0)[None, :], 0.0, y)
-        tl.store(out + out_rows[:, None] * D + cols[None, :], y.to(out.dtype.element_ty),
-                 mask=m2)
+            ow, ox, oy, oz = _quat_mul(qw, qx, qy, qz,
+                                       _lerp_col(src, seg, seg1, w, QUAT, sds, valid),
+                                       _lerp_col(src, seg, seg1, w, QUAT + 1, sds, valid),
+                                       _lerp_col(src, seg, seg1, w, QUAT + 2, sds, valid),
+                                       _lerp_col(src, seg, seg1, w, QUAT + 3, sds, valid))
+        out_rows = variant * T + offs_t.to(tl.int64)
+        for d0 in range(0, D, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            cmask = cols < D
+            m2 = valid[:, None] & cmask[None, :]
+            a = tl.load(src + seg.to(tl.int64)[:, None] * sds + cols[None, :], mask=m2,
+                        other=0.0).to(tl.float32)
+            c = tl.load(src + seg1.to(tl.int64)[:, None] * sds + cols[None, :], mask=m2,
+                        other=0.0).to(tl.float32)
+            y = (1.0 - w)[:, None] * a + w[:, None] * c
+            if POS >= 0:
+                y = _put(_put(_put(y, cols, POS, px), cols, POS + 1, py), cols, POS + 2, pz)
+            if QUAT >= 0:
+                y = _put(_put(y, cols, QUAT, ow), cols, QUAT + 1, ox)
+                y = _put(_put(y, cols, QUAT + 2, oy), cols, QUAT + 3, oz)
+            if NORM:
+                o = tl.load(offset_p + cols, mask=cmask, other=0.0)[None, :]
+                s = tl.load(scale_p + cols, mask=cmask, other=1.0)[None, :]
+                y = (y - o) * s
+                if CLIP:
+                    y = tl.minimum(tl.maximum(y, -1.0), 1.0)
+            if NOISE:
+                std = tl.load(std_p + cols, mask=cmask, other=0.0)[None, :]
+                y += std * _normals(seed, out_rows, d0, D, BLOCK_T, BLOCK_D)
+            if NS > 0:
+                sid = tl.load(stream_p + cols, mask=cmask, other=-1)
+                hit = (sid[:, None] == tl.arange(0, NS_P2)[None, :]) & drop[None, :]
+                y = tl.where((tl.sum(hit.to(tl.int32), axis=1) > 0)[None, :], 0.0, y)
+            tl.store(out + out_rows[:, None] * D + cols[None, :], y.to(out.dtype.element_ty),
+                     mask=m2)
 
 
 @dataclass(frozen=True)
@@ -146,12 +148,33 @@ class FusedPlan:
     streams: int = 0
 
 
+@dataclass(frozen=True)
+class PipelineTuning:
+    """Launch parameters of the fused kernel (`benchmarks/bench_pipeline.py --sweep` times
+    alternatives on the GPU).
+
+    A program handles `blocks` consecutive blocks of `block_t` targets of one variant, so the
+    variant's parameters, rigid transform and dropout draws are paid once per program.
+    """
+
+    block_t: int = 32      # targets per block (rows of the [block_t, D] tile)
+    blocks: int = 1        # blocks per program
+    num_warps: int = 4
+    fan: int = 64          # probes per level of the block-window search (kernels.interp)
+    chunk: int = 32
+    max_scan: int = 0      # window counted directly up to this width, else binary search
+
+
+TUNING = PipelineTuning()
+
+
 def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
                   lengths: torch.Tensor | None, out: torch.Tensor, flags: torch.Tensor,
                   offset: torch.Tensor, scale: torch.Tensor, std: torch.Tensor,
                   stream_of_col: torch.Tensor, k: int, span: float, seed: int | torch.Tensor,
                   max_translation: float, max_rotation: float, warp_amp: float,
-                  max_crop: float, drop_p: float) -> torch.Tensor:
+                  max_crop: float, drop_p: float,
+                  tuning: PipelineTuning | None = None) -> torch.Tensor:
     """Launch the fused kernel: data ``[B, S, D]`` (unit stride along D), times ``[B, S]``,
     out contiguous ``[B, K, T, D]``, flags bool ``[B, K, NS]``; per-column float32 offset,
     scale, std and int32 stream id (-1: none); seed an int or an int64 device scalar."""
@@ -159,23 +182,25 @@ def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
     T = out.shape[2]
     if B == 0 or T == 0 or k == 0:
         return out
-    # The interpolation kernel's tuned search and tile settings, for the same access pattern.
-    levels, stride0 = _levels(S, TUNING.fan)
-    bt, bd = tile_2d(T, D, max_cols=128, elements=TUNING.elements, min_rows=16, max_rows=128)
+    tu = tuning or TUNING
+    levels, stride0 = _levels(S, tu.fan)
+    bd = max(min(next_pow2(D), 128), 4)  # the noise draws 4 columns per Philox call
+    bt = min(tu.block_t, max(next_pow2(T), 16))
     ntb = -(-T // bt)
-    _pipeline_kernel[(B * k * ntb,)](
+    chunks = -(-ntb // tu.blocks)
+    _pipeline_kernel[(B * k * chunks,)](
         # absent tensors are passed as `data` (never touched): an empty tensor's null pointer
         # is rejected by the launcher
         data, times, data if lengths is None else lengths, out,
         flags if plan.streams else data, offset, scale, std,
         stream_of_col, S, T, D, k, span, seed, max_translation, max_rotation, warp_amp,
         max_crop, drop_p, data.stride(0), data.stride(1), times.stride(0), times.stride(1),
-        levels, stride0, ntb,
+        levels, stride0, ntb, chunks,
         SEED_PTR=isinstance(seed, torch.Tensor), HAS_LEN=lengths is not None,
         TIME_F64=times.dtype == torch.float64, POS=plan.pos, QUAT=plan.quat, TERMS=plan.terms,
         CROP=plan.crop, NORM=plan.norm, CLIP=plan.clip,
         NOISE=plan.noise, NS=plan.streams, NS_P2=max(next_pow2(plan.streams), 2),
-        BLOCK_T=bt, BLOCK_D=bd, FAN=TUNING.fan, CHUNK=TUNING.chunk, MAX_SCAN=TUNING.max_scan,
-        num_warps=TUNING.num_warps,
+        BLOCK_T=bt, BLOCK_D=bd, BLOCKS=tu.blocks, FAN=tu.fan, CHUNK=tu.chunk,
+        MAX_SCAN=tu.max_scan, num_warps=tu.num_warps,
     )
     return out
