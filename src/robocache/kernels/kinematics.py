@@ -434,8 +434,9 @@ _BLOCK = 32
 _WARPS = 1
 
 
-# Eager calls relaunch through a CachedLaunch per (kernel, N, q dtype/device, chain structure):
-# Triton's own argument binding is most of a small call's host time.
+# Eager calls relaunch through a CachedLaunch per (kernel, N, q dtype/device, chain structure),
+# skipping Triton's argument binding: 11.8 us of host time per FK launch against 14.3 us for
+# kernel[grid](...) on the H100 machine's host (a 10-argument kernel leaves little to skip).
 _LAUNCHES: dict[tuple, CachedLaunch] = {}
 _MAX_LAUNCHES = 1024
 
