@@ -146,15 +146,13 @@ def _cases_cpu():
                    B=4, K=2, T=100, D=D)]
 
 
-# Fused-kernel tunings timed by --sweep: (block_t, blocks, num_warps, fan, max_scan).
-# Tile rows x warps set the values per thread (8 per thread: ~72 registers, 16: ~128,
-# 32: 255 with spills; ptxas -v for sm_90).
-SWEEP = [(16, 1, 2, 64, 0), (32, 1, 4, 64, 0), (64, 1, 8, 64, 0), (128, 1, 16, 64, 0),
-         (16, 1, 1, 64, 0), (32, 1, 2, 64, 0), (64, 1, 4, 64, 0), (128, 1, 8, 64, 0),
-         (16, 1, 4, 64, 0), (32, 1, 8, 64, 0),
-         (32, 2, 4, 64, 0), (32, 4, 4, 64, 0), (64, 2, 8, 64, 0), (16, 4, 2, 64, 0),
-         (32, 1, 4, 1024, 0), (64, 1, 8, 1024, 0), (32, 1, 4, 32, 0), (32, 1, 4, 64, 256),
-         (64, 1, 8, 64, 256)]
+# Fused-kernel tunings timed by --sweep: (block_t, blocks, per_thread, fan, max_scan); with
+# D = 32 the warps are block_t / per_thread. The first H100 sweep (block_t 16-128 x 1-16 warps
+# x blocks 1-4 x fan 32/64/1024 x max_scan 0/256, commit 8a8d809) found one-warp programs
+# of 16 targets fastest; this one explores around them.
+SWEEP = [(16, 1, 16, 64, 0), (8, 1, 8, 64, 0), (16, 1, 8, 64, 0), (32, 1, 32, 64, 0),
+         (32, 1, 16, 64, 0), (16, 2, 16, 64, 0), (16, 4, 16, 64, 0), (16, 1, 16, 1024, 0),
+         (16, 1, 16, 32, 0), (16, 1, 16, 64, 64)]
 # Stages switched off (FusedPlan fields) at the default tuning: what each one costs.
 ABLATIONS = {"no noise": dict(noise=False), "no SE(3)": dict(pos=-1, quat=-1),
              "no time warp": dict(terms=0), "no normalize": dict(norm=False),
@@ -182,16 +180,21 @@ def sweep(copy_gbps: float | None = None) -> list[dict]:
 
     ref = launch(pipe.plan, TUNING).clone()
     recs = []
-    for bt, blocks, warps, fan, scan in SWEEP:
-        tu = PipelineTuning(block_t=bt, blocks=blocks, num_warps=warps, fan=fan, max_scan=scan)
-        label = f"fused kernel bt={bt} blocks={blocks} warps={warps} fan={fan} scan={scan}"
+    for bt, blocks, per_thread, fan, scan in SWEEP:
+        tu = PipelineTuning(block_t=bt, blocks=blocks, per_thread=per_thread, fan=fan,
+                            max_scan=scan)
+        label = (f"fused kernel bt={bt} blocks={blocks} per_thread={per_thread} fan={fan} "
+                 f"scan={scan}")
         _measure(recs, "256x10_10s_50Hz_32D sweep", label,
                  lambda tu=tu: H.gpu_time(lambda: launch(pipe.plan, tu), rep_ms=50), **kw)
         recs[-1]["max_abs_diff"] = float((out - ref).abs().max())
+        print(f"{label}: {recs[-1]['median_ms'] * 1e3:.1f} us, max |diff| "
+              f"{recs[-1]['max_abs_diff']:.2g}", flush=True)
     for name, change in ABLATIONS.items():
         plan = dataclasses.replace(pipe.plan, **change)
         _measure(recs, "256x10_10s_50Hz_32D ablation", f"fused kernel, {name}",
                  lambda plan=plan: H.gpu_time(lambda: launch(plan, TUNING), rep_ms=50), **kw)
+        print(f"{name}: {recs[-1]['median_ms'] * 1e3:.1f} us", flush=True)
     return recs
 
 

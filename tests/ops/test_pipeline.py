@@ -59,11 +59,11 @@ def test_fused_kernel_equals_unfused_composition(kernel_device, case):
     assert_close(out.data, ref.data, torch.float32, scale=30)
 
 
-@pytest.mark.parametrize("tuning", [dict(block_t=16, blocks=2, num_warps=2),
-                                    dict(block_t=16, blocks=1, fan=4, max_scan=64)])
+@pytest.mark.parametrize("tuning", [dict(block_t=8, blocks=2, per_thread=4),
+                                    dict(block_t=32, fan=4, max_scan=64)])
 def test_fused_tunings_agree(kernel_device, tuning):
-    """Tile size, blocks per program and search settings change only speed (T = 23 leaves a
-    partial and, with blocks=2, an empty block)."""
+    """Tile size, blocks per program, warps and search settings change only speed (T = 23
+    leaves partial blocks; with 8 x 2 an empty one)."""
     from dataclasses import replace
 
     from robocache.kernels.pipeline import TUNING, pipeline_cuda

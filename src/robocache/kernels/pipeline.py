@@ -1,9 +1,9 @@
 """The fused per-sample pipeline: time warp + resample -> SE(3) -> normalize -> noise -> dropout
 in ONE Triton kernel, no intermediate tensor in device memory.
 
-One program = one variant (b, k) x a block of BLOCK_T output times x all D columns. It draws
-its variant's parameters from Philox (`kernels.augment`), builds its warped target times in
-registers, finds them among the row's source times and interpolates with the grouped
+One program = one variant (b, k) x BLOCKS blocks of BLOCK_T output times x all D columns. It
+draws its variant's parameters from Philox (`kernels.augment`), builds its warped target times
+in registers, finds them among the row's source times and interpolates with the grouped
 interpolation kernel's helpers (`kernels.interp._segments` / `_linear_weight`), then applies
 the per-element chain and writes `[B, K, T, D]` once. Semantics: `ops.pipeline` and its
 unfused composition (`Pipeline(..., fused=False)`), which the tests compare bit-for-bit up to
@@ -150,16 +150,20 @@ class FusedPlan:
 
 @dataclass(frozen=True)
 class PipelineTuning:
-    """Launch parameters of the fused kernel (`benchmarks/bench_pipeline.py --sweep` times
-    alternatives on the GPU).
+    """Launch parameters of the fused kernel; `benchmarks/bench_pipeline.py --sweep` times
+    alternatives on the GPU.
 
-    A program handles `blocks` consecutive blocks of `block_t` targets of one variant, so the
-    variant's parameters, rigid transform and dropout draws are paid once per program.
+    Defaults: the fastest of the H100 sweep on the benchmark's 256 x 10 case (2026-11-22,
+    kernel only): 16 targets x 32 columns in one warp took 238 us; 32 x 32 in 4 warps 490 us,
+    in 2 warps 304 us. Small programs of one warp win because the per-target work (warp,
+    search, pose) is then not replicated across warps and reductions and layout conversions
+    need no barrier across warps. Values per thread set the registers (ptxas, sm_90): 8 ~72,
+    16 ~128, 32 hit the 255 limit and spill.
     """
 
-    block_t: int = 32      # targets per block (rows of the [block_t, D] tile)
-    blocks: int = 1        # blocks per program
-    num_warps: int = 4
+    block_t: int = 16      # targets per block (rows of the [block_t, BLOCK_D] tile)
+    blocks: int = 1        # blocks per program (the variant's draws are paid once per program)
+    per_thread: int = 16   # tile values per thread: num_warps = tile / (32 * per_thread)
     fan: int = 64          # probes per level of the block-window search (kernels.interp)
     chunk: int = 32
     max_scan: int = 0      # window counted directly up to this width, else binary search
@@ -185,7 +189,7 @@ def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
     tu = tuning or TUNING
     levels, stride0 = _levels(S, tu.fan)
     bd = max(min(next_pow2(D), 128), 4)  # the noise draws 4 columns per Philox call
-    bt = min(tu.block_t, max(next_pow2(T), 16))
+    bt = min(tu.block_t, max(next_pow2(T), 8))
     ntb = -(-T // bt)
     chunks = -(-ntb // tu.blocks)
     _pipeline_kernel[(B * k * chunks,)](
@@ -201,6 +205,6 @@ def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
         CROP=plan.crop, NORM=plan.norm, CLIP=plan.clip,
         NOISE=plan.noise, NS=plan.streams, NS_P2=max(next_pow2(plan.streams), 2),
         BLOCK_T=bt, BLOCK_D=bd, BLOCKS=tu.blocks, FAN=tu.fan, CHUNK=tu.chunk,
-        MAX_SCAN=tu.max_scan, num_warps=tu.num_warps,
+        MAX_SCAN=tu.max_scan, num_warps=min(max(bt * bd // (32 * tu.per_thread), 1), 16),
     )
     return out
