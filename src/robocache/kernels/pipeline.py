@@ -192,6 +192,13 @@ def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
     bt = min(tu.block_t, max(next_pow2(T), 8))
     ntb = -(-T // bt)
     chunks = -(-ntb // tu.blocks)
+    warps = bt * bd // (32 * tu.per_thread)
+    if D % 16:
+        # Triton proves 16-byte row alignment only for D % 16 == 0; otherwise it lays the tile
+        # out one column per lane with whole rows per thread, ~13 registers per row (ptxas,
+        # sm_90: D = 30, 16 rows in 1 warp: 255 + spills; in 4 warps: 96). <= 4 rows a thread.
+        warps = max(warps, bt // 4)
+    warps = min(max(warps, 1), 16)
     _pipeline_kernel[(B * k * chunks,)](
         # absent tensors are passed as `data` (never touched): an empty tensor's null pointer
         # is rejected by the launcher
@@ -205,6 +212,6 @@ def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
         CROP=plan.crop, NORM=plan.norm, CLIP=plan.clip,
         NOISE=plan.noise, NS=plan.streams, NS_P2=max(next_pow2(plan.streams), 2),
         BLOCK_T=bt, BLOCK_D=bd, BLOCKS=tu.blocks, FAN=tu.fan, CHUNK=tu.chunk,
-        MAX_SCAN=tu.max_scan, num_warps=min(max(bt * bd // (32 * tu.per_thread), 1), 16),
+        MAX_SCAN=tu.max_scan, num_warps=warps,
     )
     return out
