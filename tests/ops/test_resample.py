@@ -195,6 +195,31 @@ def test_kernel_matches_reference(kernel_device, case, method, oor):
     assert torch.equal(pad.cpu(), ref_pad)
 
 
+@pytest.mark.parametrize("layout", ("jittered", "clustered", "repeated"))
+def test_kernel_sorted_targets_search_paths(kernel_device, layout):
+    """Sorted, dense targets (the common case) across jittered, clustered and repeated sample
+    times: the block-window search and the per-target binary search inside it must agree with
+    the reference, repeated timestamps picking the last of equal samples."""
+    g = torch.Generator().manual_seed(int(seeded().integers(1 << 31)))
+    B, S, T, D = 3, 300, 700, 4
+    step = 1.0 + 0.3 * (torch.rand(B, S, generator=g, dtype=torch.float64) - 0.5)
+    if layout == "clustered":  # the middle half of the samples within 1% of the span
+        step[:, S // 4:3 * S // 4] *= 0.01
+    t = torch.cumsum(step, 1)
+    if layout == "repeated":
+        t = torch.repeat_interleave(t[:, ::3], 3, dim=1)[:, :S].contiguous()
+    x = torch.linspace(float(t.min()) - 2.0, float(t.max()) + 2.0, T, dtype=torch.float64)
+    x = x.expand(B, T).contiguous()
+    data = torch.randn(B, S, D, generator=g)
+    dev = kernel_device
+    for method in METHODS:
+        ref = robocache.resample(data, t, x, method=method, validate=False)
+        out = torch.full((B, T, D), float("nan"), device=dev)
+        K.interp_cuda([K.StreamLaunch(data.to(dev), t.to(dev), None, out, None, None,
+                                      K.METHOD_CODES[method], K.OOR_CODES["clamp"])], x.to(dev), B)
+        torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5, msg=method)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("B,S,T,D", [(256, 100, 50, 32), (64, 500, 250, 64), (16, 1000, 2000, 32)])

@@ -4,6 +4,9 @@ One program gathers BLOCK_M windows. It finds each window's episode once (a vect
 binary search over the episode offsets, or the episode ids when given), then copies its K
 rows, K unrolled so every row's load is in flight before the first store: the copy is
 latency-bound otherwise (a runtime loop issues one [BLOCK_M, D] load per round trip).
+Values are stored streaming (`.cs`): each output row is written once and never read back, and
+keeping it out of L2 leaves L2 to the source rows that overlapping windows share (H100,
+M = 65536 x 18 rows x 32-D: 101.9 vs 110.1 us in one run).
 """
 
 from __future__ import annotations
@@ -61,10 +64,11 @@ def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad
             if ZERO_PAD:
                 v = tl.where(is_pad[:, None], tl.zeros_like(v), v)
             if k < K0:
-                tl.store(out0 + (offs_m[:, None] * K0 + k) * D + offs_d[None, :], v, mask=m2)
+                tl.store(out0 + (offs_m[:, None] * K0 + k) * D + offs_d[None, :], v, mask=m2,
+                         cache_modifier=".cs")
             else:
                 tl.store(out1 + (offs_m[:, None] * K1 + (k - K0)) * D + offs_d[None, :], v,
-                         mask=m2)
+                         mask=m2, cache_modifier=".cs")
     # Masks as [BLOCK_M, K] tiles, one store each: per-k stores were K byte-strided writes.
     _store_pads(pad0, rel, r, first, last, offs_m, mm, 0, K0, KP0)
     _store_pads(pad1, rel, r, first, last, offs_m, mm, K0, K1, KP1)
