@@ -316,6 +316,7 @@ def render(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Pat
         f" · torch {meta.get('torch')} · triton {meta.get('triton')} · CUDA "
         f"{meta.get('cuda_runtime')} · driver {meta.get('driver')} · SM clock "
         f"{clocks.get('sm', '?')}/{clocks.get('sm_max', '?')} MHz · {len(cases)} cases", "",
+        *([meta["note"], ""] if meta.get("note") else []),
         "## Ceilings measured in the same run", "",
     ]
     ceiling_rows = [[k, v.get("value"), v.get("unit"), v.get("peak"), v.get("pct_peak"),
