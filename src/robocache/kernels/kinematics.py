@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from robocache._plancache import PlanCache
 from robocache.kernels._utils import CachedLaunch, cdiv
 from robocache.reference.kinematics import (
     COS_HALF_FLOOR,
@@ -437,8 +438,7 @@ _WARPS = 1
 # Eager calls relaunch through a CachedLaunch per (kernel, N, q dtype/device, chain structure),
 # skipping Triton's argument binding: 11.8 us of host time per FK launch against 14.3 us for
 # kernel[grid](...) on the H100 machine's host (a 10-argument kernel leaves little to skip).
-_LAUNCHES: dict[tuple, CachedLaunch] = {}
-_MAX_LAUNCHES = 1024
+_LAUNCHES = PlanCache()
 
 
 def _launch(kernel, q: torch.Tensor, params: torch.Tensor, out: torch.Tensor, *constexprs):
@@ -447,9 +447,7 @@ def _launch(kernel, q: torch.Tensor, params: torch.Tensor, out: torch.Tensor, *c
     key = (kernel, n, dof, params.shape[0], q.dtype, q.device, *constexprs)
     launch = _LAUNCHES.get(key)
     if launch is None:
-        if len(_LAUNCHES) >= _MAX_LAUNCHES:
-            _LAUNCHES.clear()
-        launch = _LAUNCHES[key] = CachedLaunch(kernel, (cdiv(n, _BLOCK),), num_warps=_WARPS)
+        launch = _LAUNCHES.put(key, CachedLaunch(kernel, (cdiv(n, _BLOCK),), num_warps=_WARPS))
     launch((q, params, out, n, dof, params.shape[0], *constexprs, _BLOCK), (q, params, out))
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from robocache._plancache import PlanCache
 from robocache.observability import nvtx
 from robocache.ops import _checks as C
 from robocache.ops.resample import OUT_OF_RANGE
@@ -155,8 +156,8 @@ def align(
         result = _align_cuda(specs, target_times, plan, key)
     else:
         result = _align_cpu(specs, target_times, plan)
-        if key is not None and len(_PLANS) < _MAX_PLANS:
-            _PLANS[key] = plan
+        if key is not None:
+            _PLANS.put(key, plan)
     return result
 
 
@@ -264,8 +265,7 @@ class _Plan:
         self.launch = None
 
 
-_PLANS: dict[tuple, _Plan] = {}
-_MAX_PLANS = 1024
+_PLANS = PlanCache()
 
 
 def _validate_values(specs, target, B):
@@ -338,9 +338,7 @@ def _align_cuda(specs, target, plan, key) -> Aligned:
             scratch.get(k), pad_offset=k * BT,
             aux_offset=plan.aux_index.get(k, 0) * BT) for k in plan.order], target, plan.B)
         if key is not None:
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+            _PLANS.put(key, plan)
     # one pass over the streams in launch order (this path is timed against a bare launch)
     datas, times, lens, os_, ss = [], [], [], [], []
     for k in plan.order:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from robocache._plancache import PlanCache
 from robocache.observability import nvtx
 from robocache.ops import _checks as C
 from robocache.reference.interp import interp_ref
@@ -111,9 +112,7 @@ def resample(
             plan.launch = _cuda_plan(data, times, target_times, lengths, method, out_of_range,
                                      out, mask, plan)
             if key is not None:
-                if len(_PLANS) >= _MAX_PLANS:
-                    _PLANS.clear()
-                _PLANS[key] = plan
+                _PLANS.put(key, plan)
         res = out
         plan.launch.launch(target_times, (data,), (times,),
                            (target_times if lengths is None else lengths,),
@@ -123,8 +122,8 @@ def resample(
     else:
         res, mask = _resample_cpu(data, times, target_times, lengths, method, out_of_range,
                                   return_mask, out, plan)
-        if key is not None and len(_PLANS) < _MAX_PLANS:
-            _PLANS[key] = plan
+        if key is not None:
+            _PLANS.put(key, plan)
     return (res, mask) if return_mask else res
 
 
@@ -142,8 +141,7 @@ class _Plan:
         self.launch = None
 
 
-_PLANS: dict[tuple, _Plan] = {}
-_MAX_PLANS = 1024
+_PLANS = PlanCache()
 
 
 def _check(data, times, target, lengths, method, out_of_range, out) -> None:
