@@ -4,6 +4,8 @@ and every validation rule."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.interpolate as si
@@ -195,11 +197,19 @@ def test_kernel_matches_reference(kernel_device, case, method, oor):
     assert torch.equal(pad.cpu(), ref_pad)
 
 
+# Search settings beyond the default: multi-level fans (the first level's probes are loaded
+# before the targets are known, later levels after) and the chunked window count.
+SEARCH_TUNINGS = {"default": {}, "fan8": {"fan": 8}, "fan4": {"fan": 4},
+                  "count": {"fan": 8, "max_scan": 64, "chunk": 16}}
+
+
+@pytest.mark.parametrize("tuning", SEARCH_TUNINGS)
 @pytest.mark.parametrize("layout", ("jittered", "clustered", "repeated"))
-def test_kernel_sorted_targets_search_paths(kernel_device, layout):
+def test_kernel_sorted_targets_search_paths(kernel_device, layout, tuning, monkeypatch):
     """Sorted, dense targets (the common case) across jittered, clustered and repeated sample
     times: the block-window search and the per-target binary search inside it must agree with
     the reference, repeated timestamps picking the last of equal samples."""
+    monkeypatch.setattr(K, "TUNING", dataclasses.replace(K.TUNING, **SEARCH_TUNINGS[tuning]))
     g = torch.Generator().manual_seed(int(seeded().integers(1 << 31)))
     B, S, T, D = 3, 300, 700, 4
     step = 1.0 + 0.3 * (torch.rand(B, S, generator=g, dtype=torch.float64) - 0.5)

@@ -70,21 +70,47 @@ def _to_compute(v, F64: tl.constexpr):
 
 
 @triton.jit
-def _count_le2(row, sts, n, xlo, xhi, n_levels, stride0, FAN: tl.constexpr):
+def _minmax(a0, a1, b0, b1):
+    return tl.minimum(a0, b0), tl.maximum(a1, b1)
+
+
+@triton.jit
+def _count_pair(tlo, thi, xlo, xhi):
+    """(#{tlo <= xlo}, #{thi <= xhi}) in one block reduction: both counts (<= FAN < 2^15)
+    packed into one int32, halving the reductions' barriers."""
+    both = tl.sum((tlo.to(xlo.dtype) <= xlo).to(tl.int32)
+                  + ((thi.to(xhi.dtype) <= xhi).to(tl.int32) << 16), axis=0)
+    return both & 0xFFFF, both >> 16
+
+
+@triton.jit
+def _first_probes(row, sts, n, stride0, FAN: tl.constexpr):
+    """The first search level's FAN samples (every stride0-th): their addresses do not depend
+    on the targets, so this load is issued together with the targets' load."""
+    p = (tl.arange(0, FAN) + 1) * stride0 - 1
+    return tl.load(row + p.to(tl.int64) * sts, mask=p < n, other=float("inf"),
+                   eviction_policy="evict_last")
+
+
+@triton.jit
+def _count_le2(row, sts, n, first, xlo, xhi, n_levels, stride0, FAN: tl.constexpr):
     """(#{j < n : row[j] <= xlo}, same for xhi) for scalars over a sorted row: a FAN-ary
-    search, both in one loop so each level's two loads are in flight together."""
+    search. `first` holds the first level's probes (`_first_probes`), shared by both; later
+    levels load both probe vectors together so they are in flight at once."""
     probes = tl.arange(0, FAN) + 1
-    lo = n * 0
-    hi = n * 0
     s = stride0
-    for _ in range(n_levels):
+    clo, chi = _count_pair(first, first, xlo, xhi)
+    lo = clo * s
+    hi = chi * s
+    for _ in range(1, n_levels):
+        s = s // FAN
         plo = lo + probes * s - 1
         phi = hi + probes * s - 1
         tlo = tl.load(row + plo.to(tl.int64) * sts, mask=plo < n, other=float("inf"))
         thi = tl.load(row + phi.to(tl.int64) * sts, mask=phi < n, other=float("inf"))
-        lo += tl.sum((tlo.to(xlo.dtype) <= xlo).to(tl.int32), axis=0) * s
-        hi += tl.sum((thi.to(xhi.dtype) <= xhi).to(tl.int32), axis=0) * s
-        s = s // FAN
+        clo, chi = _count_pair(tlo, thi, xlo, xhi)
+        lo += clo * s
+        hi += chi * s
     return lo, hi
 
 
@@ -92,10 +118,11 @@ def _count_le2(row, sts, n, xlo, xhi, n_levels, stride0, FAN: tl.constexpr):
 def _locate(row, sts, n, x, valid, n_levels, stride0, BLOCK_T: tl.constexpr,
             FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
     """cnt[t] = #{j < n : row[j] <= x[t]} for a block of targets (row sorted, n >= 1)."""
+    first = _first_probes(row, sts, n, stride0, FAN)
     ok = valid & (x == x)
-    xmin = tl.min(tl.where(ok, x, float("inf")), axis=0)
-    xmax = tl.max(tl.where(ok, x, float("-inf")), axis=0)
-    cmin, cmax = _count_le2(row, sts, n, xmin, xmax, n_levels, stride0, FAN)
+    xmin, xmax = tl.reduce((tl.where(ok, x, float("inf")), tl.where(ok, x, float("-inf"))), 0,
+                           _minmax)
+    cmin, cmax = _count_le2(row, sts, n, first, xmin, xmax, n_levels, stride0, FAN)
     base = tl.maximum(tl.minimum(cmin, cmax) - 1, 0)
     width = cmax - base
     cnt = tl.zeros([BLOCK_T], dtype=tl.int32) + base
@@ -110,7 +137,8 @@ def _locate(row, sts, n, x, valid, n_levels, stride0, BLOCK_T: tl.constexpr,
         while w > 0:
             active = cnt < hi
             mid = (cnt + hi) // 2
-            tm = tl.load(row + mid.to(tl.int64) * sts, mask=active, other=0.0).to(x.dtype)
+            tm = tl.load(row + mid.to(tl.int64) * sts, mask=active, other=0.0,
+                         eviction_policy="evict_last").to(x.dtype)
             right = tm <= x
             cnt = tl.where(active & right, mid + 1, cnt)
             hi = tl.where(active & ~right, mid, hi)
@@ -131,8 +159,10 @@ def _segments(row, sts, n, x, valid, n_levels, stride0, BLOCK_T: tl.constexpr,
     i = cnt - 1
     seg = tl.minimum(tl.maximum(i, 0), tl.maximum(n - 2, 0))
     seg1 = tl.minimum(seg + 1, n - 1)
-    t0 = tl.load(row + seg.to(tl.int64) * sts, mask=valid, other=0.0).to(x.dtype)
-    t1 = tl.load(row + seg1.to(tl.int64) * sts, mask=valid, other=0.0).to(x.dtype)
+    t0 = tl.load(row + seg.to(tl.int64) * sts, mask=valid, other=0.0,
+                 eviction_policy="evict_last").to(x.dtype)
+    t1 = tl.load(row + seg1.to(tl.int64) * sts, mask=valid, other=0.0,
+                 eviction_policy="evict_last").to(x.dtype)
     t_last = tl.load(row + (n - 1).to(tl.int64) * sts).to(x.dtype)
     outside = (cnt == 0) | (x > t_last) | (x != x)
     return i, seg, seg1, t0, t1, outside
@@ -261,12 +291,13 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
                   D, tol, sds, sdd, sts, sob, sot, sod, n_levels, stride0,
                   METHOD: tl.constexpr, OOR: tl.constexpr, HAS_PAD: tl.constexpr,
                   HAS_TOL: tl.constexpr, TIME_F64: tl.constexpr, CT_F64: tl.constexpr,
-                  BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, FAN: tl.constexpr,
-                  CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+                  BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, D_TILES: tl.constexpr,
+                  FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
     """One block of BLOCK_T targets of row b of one stream: locate, interpolate, store."""
     offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = offs_t < T
-    x = tl.load(tgt + b * sxb + offs_t * sxt, mask=valid, other=float("nan"))
+    x = tl.load(tgt + b * sxb + offs_t * sxt, mask=valid, other=float("nan"),
+                eviction_policy="evict_first")
     if TIME_F64:
         x = x.to(tl.float64)
     else:
@@ -309,7 +340,7 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
         tl.store(aux + flat, off, mask=valid)
     else:
         out_row = out + b * sob
-        for d0 in range(0, D, BLOCK_D):
+        for d0 in range(0, D_TILES * BLOCK_D, BLOCK_D):  # constant trip count: one tile, no loop
             offs_d = d0 + tl.arange(0, BLOCK_D)
             m2 = valid[:, None] & (offs_d < D)[None, :]
             col = offs_d[None, :] * sdd
@@ -319,7 +350,8 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
                 y1 = _to_compute(tl.load(data_row + idx1[:, None] * sds + col, mask=m2,
                                          other=0.0), CT_F64)
             if METHOD == 0:
-                y = (1.0 - w)[:, None] * y + w[:, None] * y1
+                ww = w[:, None]  # exact at both ends (w = 0 or 1), one conversion of w
+                y = tl.fma(ww, y1, tl.fma(-ww, y, y))
             elif METHOD == 6:
                 y = _slerp(y, y1, w)
             elif METHOD == 4:
@@ -368,7 +400,8 @@ def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux, scr,
                  METHOD: tl.constexpr, OOR: tl.constexpr, HAS_LEN: tl.constexpr,
                  HAS_PAD: tl.constexpr, HAS_TOL: tl.constexpr, TIME_F64: tl.constexpr,
                  CT_F64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                 FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+                 D_TILES: tl.constexpr, FAN: tl.constexpr, CHUNK: tl.constexpr,
+                 MAX_SCAN: tl.constexpr):
     """Program `pid` of one stream: a block of targets of one row (cubic: a whole row)."""
     b = (pid // ntb).to(tl.int64)
     if HAS_LEN:
@@ -384,12 +417,12 @@ def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux, scr,
             _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr_row,
                           D, tol, sds, sdd, sts, sob, sot, sod, n_levels, stride0,
                           METHOD, OOR, HAS_PAD, HAS_TOL, TIME_F64, CT_F64, BLOCK_T, BLOCK_D,
-                          FAN, CHUNK, MAX_SCAN)
+                          D_TILES, FAN, CHUNK, MAX_SCAN)
     else:
         _target_block(pid % ntb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
                       D, tol, sds, sdd, sts, sob, sot, sod, n_levels, stride0,
                       METHOD, OOR, HAS_PAD, HAS_TOL, TIME_F64, CT_F64, BLOCK_T, BLOCK_D,
-                      FAN, CHUNK, MAX_SCAN)
+                      D_TILES, FAN, CHUNK, MAX_SCAN)
 
 
 @triton.jit(do_not_specialize=["T", "starts", "S", "D", "tols", "n_levels", "stride0", "ntbs",
@@ -401,8 +434,8 @@ def _interp_kernel(tgt, T, sxb, sxt, starts,
                    NUM: tl.constexpr, METHOD: tl.constexpr, OOR: tl.constexpr,
                    HAS_LEN: tl.constexpr, HAS_PAD: tl.constexpr, HAS_TOL: tl.constexpr,
                    TIME_F64: tl.constexpr, CT_F64: tl.constexpr, BLOCK_T: tl.constexpr,
-                   BLOCK_D: tl.constexpr, FAN: tl.constexpr, CHUNK: tl.constexpr,
-                   MAX_SCAN: tl.constexpr):
+                   BLOCK_D: tl.constexpr, D_TILES: tl.constexpr, FAN: tl.constexpr,
+                   CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
     pid = tl.program_id(0)
     for k in tl.static_range(NUM):
         if (pid >= starts[k]) & (pid < starts[k + 1]):
@@ -412,7 +445,8 @@ def _interp_kernel(tgt, T, sxb, sxt, starts,
                          sdb[k], sds[k], sdd[k], stb[k], sts[k], sob[k], sot[k], sod[k],
                          n_levels[k], stride0[k], ntbs[k],
                          METHOD[k], OOR[k], HAS_LEN[k], HAS_PAD[k], HAS_TOL[k], TIME_F64[k],
-                         CT_F64[k], BLOCK_T[k], BLOCK_D[k], FAN, CHUNK, MAX_SCAN)
+                         CT_F64[k], BLOCK_T[k], BLOCK_D[k], D_TILES[k], FAN, CHUNK,
+                         MAX_SCAN)
 
 
 @dataclass
@@ -499,7 +533,7 @@ class InterpPlan:
                 *so, levels, stride0, ntb, s.pad_offset, s.aux_offset,
                 s.method, s.out_of_range, s.lengths is not None, s.pad is not None,
                 s.tolerance_s is not None, tgt64 or s.times.dtype == torch.float64,
-                s.data is not None and s.data.dtype == torch.float64, bt, bd,
+                s.data is not None and s.data.dtype == torch.float64, bt, bd, -(-width // bd),
             ))
         cols = tuple(zip(*rows, strict=True))
         self.grid = (starts[-1],)
