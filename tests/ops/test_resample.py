@@ -230,6 +230,30 @@ def test_kernel_sorted_targets_search_paths(kernel_device, layout, tuning, monke
         torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5, msg=method)
 
 
+@pytest.mark.parametrize("case", ("nan-ends", "reversed", "one-stray"))
+def test_kernel_block_end_bounds_fall_back(kernel_device, case):
+    """Linear blocks bound their search by their first and last target; blocks where those do
+    not bound the rest (NaN ends, descending or one stray target) must still be exact."""
+    g = torch.Generator().manual_seed(int(seeded().integers(1 << 31)))
+    B, S, T, D = 2, 200, 300, 3
+    t = torch.cumsum(torch.rand(B, S, generator=g, dtype=torch.float64) + 0.1, 1)
+    x = torch.linspace(float(t.min()) - 1, float(t.max()) + 1, T, dtype=torch.float64)
+    x = x.expand(B, T).contiguous()
+    if case == "nan-ends":
+        x[:, ::7] = float("nan")
+    elif case == "reversed":
+        x = x.flip(1).contiguous()
+    else:
+        x[:, 40] = float(t[0, S // 2]) + 0.05  # mid-row, far outside its block
+    data = torch.randn(B, S, D, generator=g)
+    ref = robocache.resample(data, t, x, validate=False)
+    dev = kernel_device
+    out = torch.full((B, T, D), float("nan"), device=dev)
+    K.interp_cuda([K.StreamLaunch(data.to(dev), t.to(dev), None, out, None, None,
+                                  K.METHOD_CODES["linear"], K.OOR_CODES["clamp"])], x.to(dev), B)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("B,S,T,D", [(256, 100, 50, 32), (64, 500, 250, 64), (16, 1000, 2000, 32)])

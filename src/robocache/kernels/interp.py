@@ -115,14 +115,27 @@ def _count_le2(row, sts, n, first, xlo, xhi, n_levels, stride0, FAN: tl.constexp
 
 
 @triton.jit
-def _locate(row, sts, n, x, valid, n_levels, stride0, BLOCK_T: tl.constexpr,
-            FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
-    """cnt[t] = #{j < n : row[j] <= x[t]} for a block of targets (row sorted, n >= 1)."""
+def _locate(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS: tl.constexpr,
+            BLOCK_T: tl.constexpr, FAN: tl.constexpr, CHUNK: tl.constexpr,
+            MAX_SCAN: tl.constexpr):
+    """cnt[t] = #{j < n : row[j] <= x[t]} for a block of targets (row sorted, n >= 1).
+
+    The block's search window comes from bounds on its targets. ENDS: the scalars xlo / xhi
+    (the block's first and last target, loaded up front); if any valid target lies outside
+    them (unsorted targets), the window is the whole row. Otherwise: a min/max reduction,
+    which costs more instructions (float64: twice the shuffles) but fewer live registers.
+    """
     first = _first_probes(row, sts, n, stride0, FAN)
-    ok = valid & (x == x)
-    xmin, xmax = tl.reduce((tl.where(ok, x, float("inf")), tl.where(ok, x, float("-inf"))), 0,
-                           _minmax)
-    cmin, cmax = _count_le2(row, sts, n, first, xmin, xmax, n_levels, stride0, FAN)
+    if ENDS:
+        cmin, cmax = _count_le2(row, sts, n, first, xlo, xhi, n_levels, stride0, FAN)
+        stray = tl.sum((valid & (x == x) & ~((x >= xlo) & (x <= xhi))).to(tl.int32), axis=0)
+        cmin = tl.where(stray > 0, 0, cmin)
+        cmax = tl.where(stray > 0, n, cmax)
+    else:
+        ok = valid & (x == x)
+        xmin, xmax = tl.reduce((tl.where(ok, x, float("inf")), tl.where(ok, x, float("-inf"))),
+                               0, _minmax)
+        cmin, cmax = _count_le2(row, sts, n, first, xmin, xmax, n_levels, stride0, FAN)
     base = tl.maximum(tl.minimum(cmin, cmax) - 1, 0)
     width = cmax - base
     cnt = tl.zeros([BLOCK_T], dtype=tl.int32) + base
@@ -132,30 +145,33 @@ def _locate(row, sts, n, x, valid, n_levels, stride0, BLOCK_T: tl.constexpr,
             tw = tl.load(row + j.to(tl.int64) * sts, mask=j < n, other=float("inf")).to(x.dtype)
             cnt += tl.sum((tw[None, :] <= x[:, None]).to(tl.int32), axis=1)
     else:
-        hi = tl.zeros([BLOCK_T], dtype=tl.int32) + cmax
-        w = width
-        while w > 0:
-            active = cnt < hi
-            mid = (cnt + hi) // 2
-            tm = tl.load(row + mid.to(tl.int64) * sts, mask=active, other=0.0,
+        # Branch-free halving: each count lies in [cnt, cnt + size - 1]. A step probes sample
+        # cnt + half - 1 (always inside the row, so unmasked) and keeps the half holding the
+        # count; `size` is the same for the whole block, so the loop control is scalar.
+        size = width + 1
+        before = row - sts  # before[probe] is row[probe - 1]
+        while size > 1:
+            half = size // 2
+            probe = cnt + half
+            tm = tl.load(before + probe.to(tl.int64) * sts,
                          eviction_policy="evict_last").to(x.dtype)
-            right = tm <= x
-            cnt = tl.where(active & right, mid + 1, cnt)
-            hi = tl.where(active & ~right, mid, hi)
-            w = w // 2
+            cnt = tl.where(tm <= x, probe, cnt)
+            size -= half
     return cnt
 
 
 @triton.jit
-def _segments(row, sts, n, x, valid, n_levels, stride0, BLOCK_T: tl.constexpr,
-              FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+def _segments(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS: tl.constexpr,
+              BLOCK_T: tl.constexpr, FAN: tl.constexpr, CHUNK: tl.constexpr,
+              MAX_SCAN: tl.constexpr):
     """Bracketing samples of each target: (i, seg, seg1, t0, t1, outside).
 
     i = last sample at or before x (-1 before the first); seg/seg1 = the interpolation
     segment clamped into the row; t0/t1 their times (x's dtype); outside = x < t[0],
     x > t[n-1] or NaN.
     """
-    cnt = _locate(row, sts, n, x, valid, n_levels, stride0, BLOCK_T, FAN, CHUNK, MAX_SCAN)
+    cnt = _locate(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS, BLOCK_T, FAN, CHUNK,
+                  MAX_SCAN)
     i = cnt - 1
     seg = tl.minimum(tl.maximum(i, 0), tl.maximum(n - 2, 0))
     seg1 = tl.minimum(seg + 1, n - 1)
@@ -296,14 +312,16 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
     """One block of BLOCK_T targets of row b of one stream: locate, interpolate, store."""
     offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = offs_t < T
-    x = tl.load(tgt + b * sxb + offs_t * sxt, mask=valid, other=float("nan"),
-                eviction_policy="evict_first")
-    if TIME_F64:
-        x = x.to(tl.float64)
-    else:
-        x = x.to(tl.float32)
-    i, seg, seg1, t0, t1, outside = _segments(row, sts, n, x, valid, n_levels, stride0,
-                                              BLOCK_T, FAN, CHUNK, MAX_SCAN)
+    # Linear streams bound the search by the block's end targets (`_locate`); measured on
+    # the grouped align kernel, the other methods' paths need the registers more.
+    ENDS: tl.constexpr = METHOD == 0
+    xlo = _to_compute(tl.load(tgt + b * sxb + (tb * BLOCK_T) * sxt), TIME_F64)
+    xhi = _to_compute(tl.load(tgt + b * sxb + (tl.minimum(tb * BLOCK_T + BLOCK_T, T) - 1) * sxt),
+                      TIME_F64)
+    x = _to_compute(tl.load(tgt + b * sxb + offs_t * sxt, mask=valid, other=float("nan"),
+                            eviction_policy="evict_first"), TIME_F64)
+    i, seg, seg1, t0, t1, outside = _segments(row, sts, n, x, valid, xlo, xhi, n_levels, stride0,
+                                              ENDS, BLOCK_T, FAN, CHUNK, MAX_SCAN)
     nanx = x != x
     flat = b * T + offs_t
 

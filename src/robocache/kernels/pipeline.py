@@ -87,8 +87,8 @@ def _pipeline_kernel(data, times, lens, out, flags, offset_p, scale_p, std_p, st
             x = t_first.to(tl.float64) + (tn * span).to(tl.float64)
         else:
             x = t_first.to(tl.float32) + tn * span
-        _, seg, seg1, t0, t1, _ = _segments(row, sts, n, x, valid, n_levels, stride0, BLOCK_T,
-                                            FAN, CHUNK, MAX_SCAN)
+        _, seg, seg1, t0, t1, _ = _segments(row, sts, n, x, valid, x, x, n_levels, stride0, False,
+                                            BLOCK_T, FAN, CHUNK, MAX_SCAN)
         w = _linear_weight(x, t0, t1, 0, False)
         if POS >= 0:
             px, py, pz = _quat_rotate(qw, qx, qy, qz,
