@@ -5,12 +5,12 @@ Design (per program: one stream, one row, a block of BLOCK_T targets, all D colu
 
 1. Locate. A binary search per target is a chain of log2(S) dependent loads (~7-10 global
    round trips) — it is what made the untuned probe in shared/anchors launch- and
-   latency-bound. Instead each program finds where its *block* of targets falls with two
-   FAN-ary searches (one per block extreme: 64 probes loaded as one vector per level, so
-   S <= 4096 takes two round trips), then counts, for every target at once, the source
-   times <= x inside that window, CHUNK samples at a time (one coalesced load per chunk,
-   shared by the whole block). Blocks whose window exceeds MAX_SCAN samples (strong
-   downsampling, unsorted targets) fall back to a per-target binary search inside the window.
+   latency-bound. Instead each program first finds where its *block* of targets falls: a
+   FAN-ary search (FAN probes loaded as one vector per level; the first level is loaded
+   together with the targets, S <= FAN takes that one round trip) for the block's bounds —
+   its first and last target for linear streams, its min and max otherwise. Inside that
+   window, a branch-free per-target binary search (or, up to MAX_SCAN samples, a count over
+   CHUNK-sample slices). docs/design.md has the measurements behind each choice.
 2. Interpolate. Time differences are taken in the timestamp dtype (float64 epoch seconds stay
    exact), then converted to the arithmetic dtype: float32, or float64 for float64 data.
 3. Gather rows [BLOCK_T, BLOCK_D] (contiguous along D, so loads are wide) and store.
