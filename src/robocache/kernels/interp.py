@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import CachedLaunch, tile_2d
+from robocache.kernels._utils import CachedLaunch, cdiv, tile_2d
 
 # Method and out-of-range codes (constexpr values).
 LINEAR, NEAREST, PREVIOUS, FRAME_INDEX, PCHIP, CUBIC, SLERP = 0, 1, 2, 3, 4, 5, 6
@@ -543,7 +543,7 @@ class InterpPlan:
                 sd = s.data.stride() if s.data.dim() == 3 else (0, *s.data.stride())
             so = s.out.stride() if s.out.dim() == 3 else (*s.out.stride(), 0)
             bt, bd = tile_2d(T, max(width, 1), **_tile_limits(s, tu))
-            ntb = 1 if s.method == CUBIC else -(-T // bt)  # cubic: one program per row
+            ntb = 1 if s.method == CUBIC else cdiv(T, bt)  # cubic: one program per row
             starts.append(starts[-1] + batch * ntb)
             levels, stride0 = _levels(s.times.shape[-1], tu.fan)
             rows.append((
@@ -551,7 +551,7 @@ class InterpPlan:
                 *so, levels, stride0, ntb, s.pad_offset, s.aux_offset,
                 s.method, s.out_of_range, s.lengths is not None, s.pad is not None,
                 s.tolerance_s is not None, tgt64 or s.times.dtype == torch.float64,
-                s.data is not None and s.data.dtype == torch.float64, bt, bd, -(-width // bd),
+                s.data is not None and s.data.dtype == torch.float64, bt, bd, cdiv(width, bd),
             ))
         cols = tuple(zip(*rows, strict=True))
         self.grid = (starts[-1],)

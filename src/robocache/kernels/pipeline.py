@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import next_pow2
+from robocache.kernels._utils import cdiv, next_pow2
 from robocache.kernels.augment import (
     _dropped,
     _normals,
@@ -190,8 +190,8 @@ def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
     levels, stride0 = _levels(S, tu.fan)
     bd = max(min(next_pow2(D), 128), 4)  # the noise draws 4 columns per Philox call
     bt = min(tu.block_t, max(next_pow2(T), 8))
-    ntb = -(-T // bt)
-    chunks = -(-ntb // tu.blocks)
+    ntb = cdiv(T, bt)
+    chunks = cdiv(ntb, tu.blocks)
     warps = bt * bd // (32 * tu.per_thread)
     if D % 16:
         # Triton proves 16-byte row alignment only for D % 16 == 0; otherwise it lays the tile
