@@ -13,6 +13,8 @@ from pathlib import Path
 
 import typer
 
+from robocache.cli._errors import VERBOSE_OPTION_HELP, cli_errors, exit_code
+
 
 def print_summary(manifest: dict) -> None:
     """The ingest summary table (counts reconcile: read = cached + quarantined)."""
@@ -44,19 +46,22 @@ def ingest(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     overwrite: bool = typer.Option(False, help="Delete an existing cache at DEST first."),
+    verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
 ):
-    """Align every episode to one rate and write a Lance training cache."""
-    from robocache.data.cache import build
-    from robocache.errors import RoboCacheError
+    """Align every episode to one rate and write a Lance training cache.
 
-    try:
+    Exit codes: 0 all cached; 3 completed with quarantined episodes; 4 nothing cached;
+    2 bad usage or input (one line on stderr: the problem and the fix);
+    1 internal error (--verbose shows the traceback).
+    """
+    from robocache.data.cache import build
+
+    with cli_errors(verbose):
         manifest = build(source, dest, rate_hz=rate, device=device, keys=keys or None,
                          tolerance_s=tolerance, source_options={"fps": fps} if fps else {},
                          overwrite=overwrite, progress=progress and not as_json)
-    except (RoboCacheError, FileNotFoundError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
     if as_json:
         typer.echo(json.dumps(manifest, indent=2))
     else:
         print_summary(manifest)
+    raise typer.Exit(exit_code(manifest["counts"]))

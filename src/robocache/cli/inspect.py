@@ -15,6 +15,8 @@ from pathlib import Path
 
 import typer
 
+from robocache.cli._errors import VERBOSE_OPTION_HELP, cli_errors
+
 
 def summarize(path: Path, episodes: int = 5, fps: float | None = None) -> dict:
     """The facts ``inspect`` prints, as a dict (reads at most ``episodes`` episodes)."""
@@ -52,18 +54,19 @@ def inspect(
     episodes: int = typer.Option(5, help="Episodes to read for measured rates and durations."),
     fps: float = typer.Option(None, help="Rate of sources without timestamps (zarr, HDF5)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
 ):
-    """Print what a dataset holds: episodes, streams, rates, shapes, durations."""
+    """Print what a dataset holds: episodes, streams, rates, shapes, durations.
+
+    Exit codes: 0 success;
+    2 bad usage or input (one line on stderr: the problem and the fix);
+    1 internal error (--verbose shows the traceback).
+    """
     from rich.console import Console
     from rich.table import Table
 
-    from robocache.errors import RoboCacheError
-
-    try:
+    with cli_errors(verbose):
         facts = summarize(path, episodes, fps)
-    except (RoboCacheError, FileNotFoundError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
     if as_json:
         typer.echo(json.dumps(facts, indent=2))
         return

@@ -1,0 +1,118 @@
+"""One way for every ``robocache`` command to fail: one line on stderr and a documented exit code.
+
+    error: <the problem>; <the fix>
+
+Exit codes shared by the data commands (``ingest``, ``inspect`` and the commands built on them):
+
+====  ==========================================================================
+0     success (``ingest``: every episode read is cached)
+1     internal error (a bug: the line says so; ``--verbose`` shows the traceback)
+2     bad usage or input: a missing or malformed dataset, a bad option, an unwritable or
+      busy destination, a full disk
+3     completed, but some episodes were quarantined (the summary lists them)
+4     nothing cached: every episode read was quarantined, or the source has none
+====  ==========================================================================
+
+Commands wrap their body in :func:`cli_errors`; expected failures (:class:`RoboCacheError`,
+``OSError``) become the one line, anything else is reported as an internal error. ``--verbose``
+prints the traceback before the line.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_QUARANTINED = 3
+EXIT_NOTHING_CACHED = 4
+
+VERBOSE_OPTION_HELP = "On failure, print the traceback before the one-line error."
+
+# What to do about an OSError, by errno (the rest: check the path and its permissions).
+_OS_FIXES = {
+    errno.ENOENT: "check the path",
+    errno.EACCES: "choose a location you can write to, or fix its permissions",
+    errno.EPERM: "choose a location you can write to, or fix its permissions",
+    errno.EROFS: "choose a destination on a writable file system",
+    errno.ENOSPC: "free disk space (or choose another destination), then re-run to resume",
+    errno.EFBIG: "raise the file-size limit (ulimit -f) or free space, then re-run to resume",
+    errno.EDQUOT: "free space within your quota, then re-run to resume",
+    errno.ENOTDIR: "pass a directory",
+    errno.EISDIR: "pass a file, not a directory",
+}
+
+
+class CommandError(Exception):
+    """An expected failure a command detects itself: ``problem`` and ``fix`` form the line."""
+
+    def __init__(self, problem: str, fix: str, code: int = EXIT_USAGE):
+        super().__init__(f"{problem}; {fix}")
+        self.code = code
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) collapsed to one space."""
+    return " ".join(str(text).split())
+
+
+def fail(message: str, code: int, *, verbose: bool = False) -> typer.Exit:
+    """Print ``error: <message>`` (one line) to stderr (after the traceback when ``verbose``)
+    and return the :class:`typer.Exit` to raise."""
+    if verbose and sys.exc_info()[0] is not None:
+        traceback.print_exc(file=sys.stderr)
+    typer.echo(f"error: {one_line(message)}", err=True)
+    return typer.Exit(code)
+
+
+def _os_message(e: OSError) -> str:
+    if e.strerror is None:  # raised with a message of ours
+        what = str(e).rstrip(". ")
+        code = errno.ENOENT if isinstance(e, FileNotFoundError) else e.errno
+    else:
+        what = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+        code = e.errno
+    return f"{what}; {_OS_FIXES.get(code or -1, 'check the path and its permissions')}"
+
+
+@contextmanager
+def cli_errors(verbose: bool = False) -> Iterator[None]:
+    """Turn the failures of a command body into one line on stderr and an exit code.
+
+    :class:`CommandError` → its own code; :class:`~robocache.errors.RoboCacheError` (messages
+    name the problem and the fix) and ``OSError`` → 2; ``KeyboardInterrupt`` → 130; anything
+    else → 1, reported as an internal error.
+    """
+    from robocache.errors import RoboCacheError
+
+    try:
+        yield
+    except (typer.Exit, typer.Abort):
+        raise
+    except CommandError as e:
+        raise fail(str(e), e.code, verbose=verbose) from e
+    except RoboCacheError as e:
+        raise fail(str(e), EXIT_USAGE, verbose=verbose) from e
+    except OSError as e:
+        raise fail(_os_message(e), EXIT_USAGE, verbose=verbose) from e
+    except KeyboardInterrupt as e:
+        raise fail("interrupted; re-run the same command to resume", 130,
+                   verbose=verbose) from e
+    except Exception as e:  # a bug: say so in one line, keep the traceback for --verbose
+        raise fail(f"internal error ({type(e).__name__}: {e}); re-run with --verbose and "
+                   "report the traceback", EXIT_INTERNAL, verbose=verbose) from e
+
+
+def exit_code(counts: dict) -> int:
+    """The exit code of a finished ingest from its manifest ``counts``: 0 every episode read
+    is cached, 3 some were quarantined, 4 none is cached."""
+    if counts.get("cached", 0) == 0:
+        return EXIT_NOTHING_CACHED
+    return EXIT_QUARANTINED if counts.get("quarantined", 0) else EXIT_OK
