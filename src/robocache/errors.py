@@ -12,6 +12,7 @@ __all__ = [
     "DTypeError",
     "DeviceError",
     "DataError",
+    "CacheBusyError",
     "MissingDependencyError",
 ]
 
@@ -34,6 +35,10 @@ class DeviceError(RoboCacheError, ValueError):
 
 class DataError(RoboCacheError, ValueError):
     """Values are invalid: NaN or decreasing timestamps, lengths out of range, bad episodes."""
+
+
+class CacheBusyError(RoboCacheError, RuntimeError):
+    """Another process is writing the cache (one writer per cache; the message names it)."""
 
 
 class MissingDependencyError(RoboCacheError, ImportError):

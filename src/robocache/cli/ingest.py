@@ -46,6 +46,8 @@ def ingest(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     overwrite: bool = typer.Option(False, help="Delete an existing cache at DEST first."),
+    wait: bool = typer.Option(False, "--wait",
+                              help="If another process is writing DEST, wait for it to finish."),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
 ):
     """Align every episode to one rate and write a Lance training cache.
@@ -59,7 +61,7 @@ def ingest(
     with cli_errors(verbose):
         manifest = build(source, dest, rate_hz=rate, device=device, keys=keys or None,
                          tolerance_s=tolerance, source_options={"fps": fps} if fps else {},
-                         overwrite=overwrite, progress=progress and not as_json)
+                         overwrite=overwrite, wait=wait, progress=progress and not as_json)
     if as_json:
         typer.echo(json.dumps(manifest, indent=2))
     else:

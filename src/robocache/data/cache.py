@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from robocache.data.episode import Episode, Source, StreamSpec, check_episode
+from robocache.data.lock import LOCK_NAME, CacheLock
 from robocache.errors import DataError
 
 CACHE_FORMAT = "robocache-cache/1"
@@ -59,6 +60,8 @@ class CacheConfig:
         episodes: source episode indices to ingest (default: all).
         source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer.
         overwrite: delete an existing cache at the destination instead of resuming it.
+        wait: when another process is writing the destination, wait for it to finish instead
+            of failing with :class:`~robocache.errors.CacheBusyError`.
     """
 
     rate_hz: float = 50.0
@@ -69,6 +72,7 @@ class CacheConfig:
     episodes: list[int] | None = None
     source_options: dict[str, Any] = field(default_factory=dict)
     overwrite: bool = False
+    wait: bool = False
 
 
 def column_name(stream: str) -> str:
@@ -267,7 +271,7 @@ def _claim(dest: Path, header: dict[str, Any], overwrite: bool) -> None:
                 raise DataError(f"{dest} holds a cache with a different {key} "
                                 f"({old.get(key)!r} vs {header[key]!r}); pick a new destination "
                                 "or pass overwrite=True (--overwrite).")
-    elif dest.exists() and any(dest.iterdir()):
+    elif dest.exists() and any(p.name != LOCK_NAME for p in dest.iterdir()):
         raise DataError(f"{dest} exists and is not a RoboCache cache; pick an empty or new "
                         "destination.")
     dest.mkdir(parents=True, exist_ok=True)
@@ -294,6 +298,7 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
     Raises:
         DataError: unknown format, a requested key the source lacks, a non-positive rate, or
             ``dest`` holds another cache (different source, rate or streams) or other files.
+        CacheBusyError: another process is writing ``dest`` (and ``wait`` is off).
         FileNotFoundError: ``source`` does not exist.
 
     Example:
@@ -301,7 +306,6 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
         >>> c = m["counts"]; c["read"] == c["cached"] + c["quarantined"]
         True
     """
-    import lance
     import torch
 
     from robocache.data.formats import open_source
@@ -326,6 +330,16 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
     header = {"format": CACHE_FORMAT,
               "source": {"path": str(Path(src.path).resolve()), "format": src.format},
               "rate_hz": config.rate_hz, "streams": streams}
+    dest.mkdir(parents=True, exist_ok=True)
+    with CacheLock(dest, wait=config.wait):
+        return _build_locked(src, dest, specs, header, config, device, progress)
+
+
+def _build_locked(src: Source, dest: Path, specs: dict[str, StreamSpec], header: dict[str, Any],
+                  config: CacheConfig, device, progress: bool) -> dict[str, Any]:
+    """:func:`build` once ``dest`` is locked: every read and write of the cache happens here."""
+    import lance
+
     _claim(dest, header, config.overwrite)
     uri = dest / "data.lance"
     schema = _schema(specs)
