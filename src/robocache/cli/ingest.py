@@ -31,6 +31,8 @@ def print_summary(manifest: dict) -> None:
                   str(c["quarantined"]), str(c["rows"]), f"{manifest['seconds']:.2f}")
     console = Console()
     console.print(table)
+    if manifest.get("timing"):
+        console.print(f"timing: {manifest['timing']}")
     for q in manifest["quarantined"]:
         console.print(f"[yellow]quarantined[/] episode {q['index']}: {q['reason']}")
 
@@ -45,7 +47,11 @@ def ingest(
     tolerance: float = typer.Option(None, help="Pad steps farther than this (s) from a sample."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
-    overwrite: bool = typer.Option(False, help="Delete an existing cache at DEST first."),
+    overwrite: bool = typer.Option(
+        False, help="Delete the RoboCache cache at DEST first (says what it removes; a directory "
+                    "that is not a cache is never deleted)."),
+    retry_quarantined: bool = typer.Option(
+        False, "--retry-quarantined", help="Read again the episodes an earlier run quarantined."),
     wait: bool = typer.Option(False, "--wait",
                               help="If another process is writing DEST, wait for it to finish."),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
@@ -61,7 +67,9 @@ def ingest(
     with cli_errors(verbose):
         manifest = build(source, dest, rate_hz=rate, device=device, keys=keys or None,
                          tolerance_s=tolerance, source_options={"fps": fps} if fps else {},
-                         overwrite=overwrite, wait=wait, progress=progress and not as_json)
+                         overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
+                         progress=progress and not as_json,
+                         log=lambda msg: typer.echo(msg, err=True))
     if as_json:
         typer.echo(json.dumps(manifest, indent=2))
     else:

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +61,10 @@ class CacheConfig:
         tolerance_s: steps farther than this from any source sample are padded (``None``: off).
         episodes: source episode indices to ingest (default: all).
         source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer.
-        overwrite: delete an existing cache at the destination instead of resuming it.
+        overwrite: delete the cache at the destination instead of resuming it (only a directory
+            recognised as a RoboCache cache is ever deleted).
+        retry_quarantined: read again the episodes an earlier run quarantined (by default a
+            resume leaves them quarantined).
         wait: when another process is writing the destination, wait for it to finish instead
             of failing with :class:`~robocache.errors.CacheBusyError`.
     """
@@ -72,6 +77,7 @@ class CacheConfig:
     episodes: list[int] | None = None
     source_options: dict[str, Any] = field(default_factory=dict)
     overwrite: bool = False
+    retry_quarantined: bool = False
     wait: bool = False
 
 
@@ -256,31 +262,126 @@ def _episode_summary(uri: Path) -> list[dict[str, Any]]:
             for a, b in zip(starts, ends, strict=True)]
 
 
-def _claim(dest: Path, header: dict[str, Any], overwrite: bool) -> None:
-    """Create ``dest`` or check that the cache there was built from the same source, rate and
-    streams (so a resume never mixes two configurations); write the in-progress manifest."""
+def _write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON atomically (temporary file, fsync, rename): a reader or a killed
+    writer never leaves a truncated file."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(obj, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(dest: Path) -> dict[str, Any] | None:
+    """The manifest of the cache at ``dest``; ``None`` when there is none.
+
+    Raises:
+        DataError: ``manifest.json`` exists but is not valid JSON (truncated or corrupted).
+    """
+    path = dest / "manifest.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is unreadable ({e}); if this is a RoboCache cache, rebuild it "
+                        "with --overwrite (overwrite=True).") from e
+
+
+def is_cache(dest: Path) -> bool:
+    """Whether ``dest`` is a RoboCache cache: a directory whose ``manifest.json`` declares the
+    cache format (recognised in the raw text too, so a truncated manifest still counts)."""
+    path = dest / "manifest.json"
+    if not path.is_file():
+        return False
+    text = path.read_text(errors="replace")
+    try:
+        return json.loads(text).get("format") == CACHE_FORMAT
+    except (ValueError, AttributeError):
+        return f'"format": "{CACHE_FORMAT}"' in text
+
+
+def _check_dest(source: Path, dest: Path) -> None:
+    """Refuse a destination that would write into the source or over files that are not a
+    cache (nothing outside a cache is ever deleted or written)."""
+    src, out = source.resolve(), dest.resolve()
+    if out == src or src in out.parents:
+        raise DataError(f"DEST {dest} is inside the source dataset {source}, which is never "
+                        "written; choose a destination outside the source.")
+    if out in src.parents:
+        raise DataError(f"the source {source} lies inside DEST {dest}; choose a destination "
+                        "that does not contain the source.")
+    if dest.exists() and not dest.is_dir():
+        raise DataError(f"DEST {dest} is a file, not a directory; choose a new or empty "
+                        "directory for the cache.")
+    if dest.is_dir() and not is_cache(dest) and \
+            any(p.name != LOCK_NAME for p in dest.iterdir()):
+        raise DataError(f"DEST {dest} is not empty and is not a RoboCache cache (no manifest.json "
+                        "of one), so it is neither resumed nor removed (--overwrite removes only "
+                        "caches); choose a new or empty destination.")
+
+
+def _remove_cache(dest: Path, log) -> None:
+    """Delete the cache at ``dest`` (checked by :func:`_check_dest`), keeping the held lock file;
+    says what it removes."""
     import shutil
 
-    path = dest / "manifest.json"
-    if overwrite and dest.exists():
-        shutil.rmtree(dest)
-    if path.exists():
-        old = json.loads(path.read_text())
+    try:
+        cached = (read_manifest(dest) or {}).get("counts", {}).get("cached", "unfinished")
+    except DataError:
+        cached = "unreadable manifest"
+    entries = sorted(p for p in dest.iterdir() if p.name != LOCK_NAME)
+    log(f"overwrite: removing the RoboCache cache at {dest} (episodes: {cached}): "
+        + ", ".join(p.name for p in entries))
+    for p in entries:
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
+def _claim(dest: Path, header: dict[str, Any], overwrite: bool, log) -> list[dict[str, Any]]:
+    """With ``dest`` locked: remove the old cache (``overwrite``) or check that the cache there
+    was built from the same source, rate and streams (so a resume never mixes two
+    configurations); write the in-progress manifest. Returns the quarantine list carried over."""
+    if overwrite and is_cache(dest):
+        _remove_cache(dest, log)
+    old = read_manifest(dest)
+    if old is not None and (dest / "data.lance").exists():
         for key in ("source", "rate_hz", "streams"):
             if old.get(key) != header[key]:
                 raise DataError(f"{dest} holds a cache with a different {key} "
                                 f"({old.get(key)!r} vs {header[key]!r}); pick a new destination "
                                 "or pass overwrite=True (--overwrite).")
-    elif dest.exists() and any(p.name != LOCK_NAME for p in dest.iterdir()):
-        raise DataError(f"{dest} exists and is not a RoboCache cache; pick an empty or new "
-                        "destination.")
-    dest.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        path.write_text(json.dumps({**header, "status": "building"}, indent=2) + "\n")
+    carried = old.get("quarantined", []) if old is not None and \
+        all(old.get(k) == header[k] for k in ("source", "rate_hz", "streams")) else []
+    _write_json(dest / "manifest.json", {**header, "status": "building", "quarantined": carried})
+    return carried
+
+
+def _device(name: str | None):
+    import torch
+
+    from robocache.errors import DeviceError
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise DeviceError(f"`device` (--device) {name!r} is not a device; pass cuda or cpu.") \
+            from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"`device` (--device) is {name!r} but no CUDA device is available; "
+                          "pass cpu (or leave it unset).")
+    if device.type not in ("cuda", "cpu"):
+        raise DeviceError(f"`device` (--device) {name!r} is not supported; pass cuda or cpu.")
+    return device
 
 
 def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | None = None, *,
-          progress: bool = True, **overrides: Any) -> dict[str, Any]:
+          progress: bool = True, log: Callable[[str], None] | None = None,
+          **overrides: Any) -> dict[str, Any]:
     """Ingest a dataset into a training cache at ``dest`` (see the module docstring).
 
     Args:
@@ -289,6 +390,7 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
         dest: cache directory (created; an existing cache of the same source resumes).
         config: options; keyword ``overrides`` replace its fields (``rate_hz=50.0``...).
         progress: show a rich progress bar on stderr.
+        log: where notices go (what ``overwrite`` removes); default: this module's logger.
 
     Returns:
         The manifest (also written to ``dest/manifest.json``): ``counts`` (read, cached,
@@ -306,13 +408,13 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
         >>> c = m["counts"]; c["read"] == c["cached"] + c["quarantined"]
         True
     """
-    import torch
 
     from robocache.data.formats import open_source
 
     config = CacheConfig(**{**asdict(config or CacheConfig()), **overrides})
-    if not config.rate_hz > 0:
-        raise DataError(f"`rate_hz` must be > 0 Hz; got {config.rate_hz}.")
+    if not (config.rate_hz > 0 and math.isfinite(config.rate_hz)):
+        raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz; got {config.rate_hz}.")
+    device = _device(config.device)
     src = source if hasattr(source, "read") else open_source(source, **config.source_options)
     specs = dict(src.specs)
     if config.keys is not None:
@@ -321,7 +423,6 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
             raise DataError(f"`keys` names streams the source lacks: {missing}; it has "
                             f"{sorted(specs)}.")
         specs = {k: specs[k] for k in config.keys}
-    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dest = Path(dest)
     streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
                       "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
@@ -330,22 +431,38 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
     header = {"format": CACHE_FORMAT,
               "source": {"path": str(Path(src.path).resolve()), "format": src.format},
               "rate_hz": config.rate_hz, "streams": streams}
+    _check_dest(Path(src.path), dest)
     dest.mkdir(parents=True, exist_ok=True)
     with CacheLock(dest, wait=config.wait):
-        return _build_locked(src, dest, specs, header, config, device, progress)
+        _check_dest(Path(src.path), dest)  # again: another writer may have changed it
+        return _build_locked(src, dest, specs, header, config, device, progress,
+                             log or logging.getLogger(__name__).warning)
+
+
+def _reason(src: Source, index: int, e: BaseException) -> str:
+    """A quarantine reason: where in the source (file, rows; when the reader can tell) and the
+    exception text."""
+    try:
+        where = src.locate(index) if hasattr(src, "locate") else None
+    except Exception:  # locating is a courtesy; the reason stands without it
+        where = None
+    text = f"{type(e).__name__}: {e}"
+    return f"{where}: {text}" if where and where not in str(e) else text
 
 
 def _build_locked(src: Source, dest: Path, specs: dict[str, StreamSpec], header: dict[str, Any],
-                  config: CacheConfig, device, progress: bool) -> dict[str, Any]:
+                  config: CacheConfig, device, progress: bool, log) -> dict[str, Any]:
     """:func:`build` once ``dest`` is locked: every read and write of the cache happens here."""
     import lance
 
-    _claim(dest, header, config.overwrite)
+    carried = _claim(dest, header, config.overwrite, log)
     uri = dest / "data.lance"
     schema = _schema(specs)
     done = _done_episodes(uri)
-    wanted = config.episodes if config.episodes is not None else src.episode_indices()
-    quarantined: list[dict[str, Any]] = []
+    wanted = list(dict.fromkeys(config.episodes if config.episodes is not None
+                                else src.episode_indices()))
+    quarantine = {int(q["index"]): q for q in carried}
+    running = {**header, "status": "building"}
     t0 = time.perf_counter()
     cached_now = 0
     with _progress(progress, len(wanted)) as advance:
@@ -353,12 +470,21 @@ def _build_locked(src: Source, dest: Path, specs: dict[str, StreamSpec], header:
             if index in done:
                 advance(f"episode {index} (cached)")
                 continue
+            if index in quarantine and not config.retry_quarantined:
+                advance(f"episode {index} (quarantined before)")
+                continue
             try:
+                # a reader may fail in any way on a corrupt file (codecs raise their own types):
+                # the episode is quarantined with the reason, the rest proceeds
                 episode = src.read(index)
                 check_episode(episode, specs)
                 cols = align_episode(episode, specs, config, device)
-            except (DataError, OSError, KeyError, ValueError) as e:
-                quarantined.append({"index": int(index), "reason": f"{type(e).__name__}: {e}"})
+            except MemoryError:
+                raise
+            except Exception as e:
+                quarantine[int(index)] = {"index": int(index), "reason": _reason(src, index, e)}
+                _write_json(dest / "manifest.json",
+                            {**running, "quarantined": list(quarantine.values())})
                 advance(f"episode {index} quarantined")
                 continue
             for name, spec in specs.items():
@@ -370,6 +496,9 @@ def _build_locked(src: Source, dest: Path, specs: dict[str, StreamSpec], header:
                                         mode="append" if furi.exists() else "create")
             lance.write_dataset(_table(cols, schema), str(uri),
                                 mode="append" if uri.exists() else "create")
+            if quarantine.pop(int(index), None) is not None:  # retried and now cached
+                _write_json(dest / "manifest.json",
+                            {**running, "quarantined": list(quarantine.values())})
             cached_now += 1
             advance(f"episode {index}")
     if uri.exists():
@@ -379,22 +508,24 @@ def _build_locked(src: Source, dest: Path, specs: dict[str, StreamSpec], header:
             ds.cleanup_old_versions(older_than=_dt.timedelta(0))
     episodes = _episode_summary(uri) if uri.exists() else []
     stats = _compute_stats(uri, specs) if uri.exists() else {}
-    (dest / "stats.json").write_text(json.dumps(stats) + "\n")
+    _write_json(dest / "stats.json", stats)
     cached_ids = {e["index"] for e in episodes}
     manifest = {
         **header,
         "status": "complete",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": str(device),
+        "timing": getattr(src, "timing", None),
         "counts": {"read": len(wanted), "cached": sum(i in cached_ids for i in wanted),
-                   "quarantined": len(quarantined), "skipped": len(done & set(wanted)),
-                   "new": cached_now, "rows": sum(e["rows"] for e in episodes)},
+                   "quarantined": sum(i in quarantine for i in wanted),
+                   "skipped": len(done & set(wanted)), "new": cached_now,
+                   "rows": sum(e["rows"] for e in episodes)},
         "episodes": episodes,
-        "quarantined": quarantined,
+        "quarantined": sorted(quarantine.values(), key=lambda q: q["index"]),
         "stats_path": "stats.json",
         "seconds": time.perf_counter() - t0,
     }
-    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    _write_json(dest / "manifest.json", manifest)
     return manifest
 
 
