@@ -66,7 +66,7 @@ def ingest(
 
     with cli_errors(verbose):
         manifest = build(source, dest, rate_hz=rate, device=device, keys=keys or None,
-                         tolerance_s=tolerance, source_options={"fps": fps} if fps else {},
+                         tolerance_s=tolerance, source_options={} if fps is None else {"fps": fps},
                          overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
                          progress=progress and not as_json,
                          log=lambda msg: typer.echo(msg, err=True))

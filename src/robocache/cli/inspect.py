@@ -18,19 +18,44 @@ import typer
 from robocache.cli._errors import VERBOSE_OPTION_HELP, cli_errors
 
 
+def _summarize_cache(path: Path) -> dict:
+    """A cache's manifest summary; for an unfinished one (building, or killed while building),
+    who is writing it and the episodes committed so far."""
+    import lance
+    import numpy as np
+
+    from robocache.data.cache import read_manifest
+    from robocache.data.lock import holder
+
+    manifest = read_manifest(path)
+    facts = {"cache": str(path), "status": manifest.get("status", "unknown"),
+             **{k: manifest.get(k) for k in ("source", "rate_hz", "streams", "timing")},
+             "quarantined": manifest.get("quarantined", [])}
+    if facts["status"] == "complete":
+        return {**facts, "counts": manifest["counts"]}
+    uri = path / "data.lance"
+    done = np.unique(lance.dataset(str(uri)).to_table(columns=["episode_index"]).column(0)
+                     .to_numpy()) if uri.exists() else []
+    return {**facts, "writer": holder(path), "episodes_cached": len(done)}
+
+
 def summarize(path: Path, episodes: int = 5, fps: float | None = None) -> dict:
     """The facts ``inspect`` prints, as a dict (reads at most ``episodes`` episodes)."""
     import numpy as np
 
+    from robocache.data.cache import is_cache
     from robocache.data.formats import open_source
 
-    if (path / "manifest.json").exists():
-        manifest = json.loads((path / "manifest.json").read_text())
-        return {"cache": str(path), **{k: manifest[k] for k in (
-            "source", "rate_hz", "counts", "streams", "quarantined")}}
-    src = open_source(path, **({"fps": fps} if fps else {}))
+    if is_cache(path):
+        return _summarize_cache(path)
+    src = open_source(path, **({} if fps is None else {"fps": fps}))
     indices = src.episode_indices()
-    read = [src.read(i) for i in indices[:episodes]]
+    read, unreadable = [], []
+    for i in indices[:episodes]:
+        try:
+            read.append(src.read(i))
+        except Exception as e:  # a corrupt episode is reported, the others still inspected
+            unreadable.append({"index": i, "reason": f"{type(e).__name__}: {e}"})
     streams = {}
     for name, spec in src.specs.items():
         intervals = [np.diff(ep.streams[name].times) for ep in read if name in ep.streams]
@@ -43,10 +68,32 @@ def summarize(path: Path, episodes: int = 5, fps: float | None = None) -> dict:
                                             if name in ep.streams))}
     durations = [ep.end - ep.start for ep in read]
     return {"path": str(path), "format": src.format, "episodes": len(indices),
-            "inspected": len(read), "duration_s": {
+            "timing": getattr(src, "timing", None), "inspected": len(read),
+            "unreadable": unreadable, "duration_s": {
                 "min": min(durations, default=0.0), "max": max(durations, default=0.0),
                 "mean": float(np.mean(durations)) if durations else 0.0},
             "streams": streams}
+
+
+def _print_cache(console, facts: dict) -> None:
+    from robocache.data.lock import describe_holder
+
+    source = f"{facts['source']['path']} ({facts['source']['format']})"
+    head = f"[bold]{facts['cache']}[/]: RoboCache cache of {source} at {facts['rate_hz']} Hz"
+    if facts["status"] == "complete":
+        c = facts["counts"]
+        console.print(f"{head} — {c['cached']} episodes, {c['rows']} steps, "
+                      f"{c['quarantined']} quarantined")
+    else:
+        state = (f"being built by {describe_holder(facts['writer'])}" if facts["writer"]
+                 is not None else "unfinished (the build was interrupted; re-run the same "
+                 "ingest to resume it)")
+        console.print(f"{head} — [yellow]{state}[/]: {facts['episodes_cached']} episodes cached "
+                      f"so far, {len(facts['quarantined'])} quarantined")
+    if facts.get("timing"):
+        console.print(f"timing: {facts['timing']}")
+    for q in facts["quarantined"]:
+        console.print(f"  quarantined episode {q['index']}: {q['reason']}")
 
 
 def inspect(
@@ -72,16 +119,14 @@ def inspect(
         return
     console = Console()
     if "cache" in facts:
-        c = facts["counts"]
-        console.print(f"[bold]{facts['cache']}[/]: RoboCache cache of {facts['source']['path']} "
-                      f"({facts['source']['format']}) at {facts['rate_hz']} Hz — {c['cached']} "
-                      f"episodes, {c['rows']} steps, {c['quarantined']} quarantined")
-        for q in facts["quarantined"]:
-            console.print(f"  quarantined episode {q['index']}: {q['reason']}")
+        _print_cache(console, facts)
         return
     d = facts["duration_s"]
     console.print(f"[bold]{facts['path']}[/]: {facts['format']}, {facts['episodes']} episodes "
                   f"(first {facts['inspected']} read: {d['min']:.2f}–{d['max']:.2f} s long)")
+    console.print(f"timing: {facts['timing']}")
+    for q in facts["unreadable"]:
+        console.print(f"[yellow]unreadable[/] episode {q['index']}: {q['reason']}")
     table = Table()
     for col in ("stream", "kind", "dtype", "shape", "declared Hz", "measured Hz", "samples"):
         table.add_column(col, justify="right" if "Hz" in col or col == "samples" else "left")

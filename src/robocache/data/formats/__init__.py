@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,16 @@ FORMATS = {
 def supported() -> str:
     """One line per supported format, for error messages and ``--help``."""
     return "; ".join(f"{name}: {desc}" for name, (_, _, desc) in FORMATS.items())
+
+
+def check_fps(fps: float | None, default: float, path: Path) -> tuple[float, str]:
+    """The rate that times a source without timestamps and the sentence saying where it came
+    from (for the manifest and ``inspect``)."""
+    if fps is None:
+        return default, f"no timestamps: {default:g} Hz assumed (the default; set it with --fps)"
+    if not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
+        raise DataError(f"`fps` (--fps) must be a finite rate > 0 Hz; got {fps!r} for {path}.")
+    return float(fps), f"no timestamps: {float(fps):g} Hz from --fps"
 
 
 def _module(name: str):

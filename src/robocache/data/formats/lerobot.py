@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,34 @@ def _spec(name: str, feature: dict, fps: float) -> StreamSpec:
     return StreamSpec(name, kind, dtype, shape, rate)
 
 
+def _read_info(path: Path) -> dict:
+    """``meta/info.json``, checked for what every reader needs (an object with a positive
+    ``fps`` and a ``features`` object)."""
+    try:
+        info = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is not valid JSON ({e}); fix or restore the file.") from e
+    if not isinstance(info, dict):
+        raise DataError(f"{path} must hold a JSON object; it holds {type(info).__name__}.")
+    fps = info.get("fps")
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not \
+            (math.isfinite(fps) and fps > 0):
+        raise DataError(f"{path}: 'fps' must be a finite rate > 0 Hz; got {fps!r}. Set it to the "
+                        "rate the dataset was recorded at.")
+    if not isinstance(info.get("features"), dict):
+        raise DataError(f"{path}: 'features' (stream name -> dtype, shape) is missing or not an "
+                        "object; restore it.")
+    return info
+
+
+def _json_line(path: Path, number: int, line: str) -> dict:
+    try:
+        return json.loads(line)
+    except ValueError as e:
+        raise DataError(f"{path} line {number} is not valid JSON ({e}); fix or restore the "
+                        "file.") from e
+
+
 def _column_array(col: pa.ChunkedArray | pa.Array, spec: StreamSpec) -> np.ndarray:
     """A (null-free) parquet column as ``[S, *shape]`` NumPy."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -86,31 +115,55 @@ class LeRobotSource:
 
     format = "lerobot"
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, fps: float | None = None):
         self.path = Path(path)
-        self.info = json.loads((self.path / "meta" / "info.json").read_text())
+        if fps is not None:
+            raise DataError(f"`fps` (--fps) times sources without timestamps; {self.path} is a "
+                            "LeRobot dataset, timed by its 'timestamp' column: drop --fps.")
+        self.info = _read_info(self.path / "meta" / "info.json")
         self.version = str(self.info.get("codebase_version", ""))
         if self.version not in VERSIONS:
             raise DataError(f"{self.path}: LeRobot codebase_version {self.version!r} is not "
                             f"supported; supported: {', '.join(VERSIONS)}. Convert it with "
                             "LeRobot's conversion scripts.")
+        if not isinstance(self.info.get("data_path"), str):
+            raise DataError(f"{self.path / 'meta' / 'info.json'}: 'data_path' (the data file "
+                            "template) is missing; restore it.")
         self.format = f"lerobot-{self.version}"
         self.fps = float(self.info["fps"])
-        self.specs = {k: _spec(k, f, self.fps) for k, f in self.info["features"].items()
-                      if k not in INDEX_COLUMNS}
+        self.timing = "timestamps from the 'timestamp' column"
+        try:
+            self.specs = {k: _spec(k, f, self.fps) for k, f in self.info["features"].items()
+                          if k not in INDEX_COLUMNS}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DataError(f"{self.path / 'meta' / 'info.json'}: a feature lacks a valid "
+                            f"dtype/shape/fps ({type(e).__name__}: {e}); fix its 'features'.") \
+                from e
+        self._file_cache: tuple[Path, pa.Table] | None = None
+        self._bad_files: dict[Path, str] = {}
         self._episodes = self._read_episodes()
         self._tasks = self._read_tasks()
-        self._file_cache: tuple[Path, pa.Table] | None = None
 
     def _read_episodes(self) -> dict[int, dict]:
         meta = self.path / "meta"
         if self.version == "v2.1":
-            lines = (meta / "episodes.jsonl").read_text().splitlines()
-            rows = [json.loads(line) for line in lines if line.strip()]
+            path = meta / "episodes.jsonl"
+            rows = [_json_line(path, n, line)
+                    for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
         else:
             files = sorted((meta / "episodes").glob("chunk-*/file-*.parquet"))
-            rows = pa.concat_tables([pq.read_table(f) for f in files]).to_pylist() if files else []
-        return {int(r["episode_index"]): r for r in rows}
+            rows = []
+            for f in files:
+                try:
+                    rows += pq.read_table(f).to_pylist()
+                except (pa.ArrowException, OSError) as e:
+                    raise DataError(f"{f}: the episode metadata is unreadable ({e}); check that "
+                                    "the dataset is complete (copy or download it again).") from e
+        try:
+            return {int(r["episode_index"]): r for r in rows}
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{meta}: an episode metadata row lacks a valid 'episode_index' "
+                            f"({e}); fix the episode metadata.") from e
 
     def _read_tasks(self) -> dict[int, str]:
         meta = self.path / "meta"
@@ -118,12 +171,13 @@ class LeRobotSource:
             path = meta / "tasks.jsonl"
             if not path.exists():
                 return {}
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            rows = [_json_line(path, n, line)
+                    for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
             return {int(r["task_index"]): r["task"] for r in rows}
         path = meta / "tasks.parquet"
         if not path.exists():
             return {}
-        table = pq.read_table(path)
+        table = self._read_file(path)
         names = table.column("__index_level_0__" if "__index_level_0__" in table.column_names
                               else "task").to_pylist()
         return dict(zip(table.column("task_index").to_pylist(), names, strict=True))
@@ -131,18 +185,40 @@ class LeRobotSource:
     def episode_indices(self) -> list[int]:
         return sorted(self._episodes)
 
-    def _data_table(self, index: int) -> pa.Table:
+    def _data_path(self, index: int) -> Path:
         ep = self._episodes[index]
-        chunks = int(self.info.get("chunks_size", 1000))
         if self.version == "v2.1":
-            rel = self.info["data_path"].format(episode_chunk=index // chunks,
-                                                episode_index=index)
-            return pq.read_table(self.path / rel)
-        rel = self.info["data_path"].format(chunk_index=int(ep["data/chunk_index"]),
-                                            file_index=int(ep["data/file_index"]))
-        path = self.path / rel
+            chunks = int(self.info.get("chunks_size", 1000))
+            return self.path / self.info["data_path"].format(episode_chunk=index // chunks,
+                                                             episode_index=index)
+        return self.path / self.info["data_path"].format(
+            chunk_index=int(ep["data/chunk_index"]), file_index=int(ep["data/file_index"]))
+
+    def locate(self, index: int) -> str:
+        """Where episode ``index`` lies: its data file (and, in v3.0, its rows there)."""
+        ep = self._episodes[index]
+        where = str(self._data_path(index))
+        if "dataset_from_index" in ep:
+            where += f" rows {ep['dataset_from_index']}:{ep['dataset_to_index']}"
+        return where
+
+    def _read_file(self, path: Path) -> pa.Table:
+        """A data file, read once; a file that fails to read fails every episode in it with the
+        same reason (without reading it again)."""
+        if path in self._bad_files:
+            raise DataError(self._bad_files[path])
+        try:
+            return pq.read_table(path)
+        except (pa.ArrowException, OSError) as e:
+            self._bad_files[path] = f"{path} is unreadable ({type(e).__name__}: {e})"
+            raise DataError(self._bad_files[path]) from e
+
+    def _data_table(self, index: int) -> pa.Table:
+        path = self._data_path(index)
+        if self.version == "v2.1":
+            return self._read_file(path)
         if self._file_cache is None or self._file_cache[0] != path:
-            self._file_cache = (path, pq.read_table(path))
+            self._file_cache = (path, self._read_file(path))
         table = self._file_cache[1]
         return table.filter(pc.equal(table.column("episode_index"), index))
 

@@ -1,8 +1,9 @@
 """robomimic HDF5 files: ``data/demo_<i>/{obs/<key>, actions, rewards, dones, ...}``.
 
-Datasets are sampled at the environment's control frequency, read from
+Datasets are sampled at the environment's control frequency: ``fps`` when given, else
 ``data.attrs["env_args"]["env_kwargs"]["control_freq"]`` when present (robosuite: 20 Hz), else
-from ``fps``. Streams are named ``obs.<key>`` and by their dataset name for the rest.
+20 Hz assumed (stated in ``timing``, shown by the manifest and ``inspect``). Streams are
+named ``obs.<key>`` and by their dataset name for the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from robocache.data.episode import Episode, Stream, StreamSpec
+from robocache.data.formats import check_fps
 from robocache.errors import DataError
 
 SKIP = ("states",)  # simulator state vectors: replay data, not a training stream
@@ -21,6 +23,19 @@ SKIP = ("states",)  # simulator state vectors: replay data, not a training strea
 
 def detect(path: Path) -> bool:
     return path.is_file() and path.suffix in (".hdf5", ".h5")
+
+
+def _control_freq(data, path: Path) -> float | None:
+    """robosuite's ``env_args.env_kwargs.control_freq`` (Hz), ``None`` when absent."""
+    env_args = data.attrs.get("env_args")
+    if env_args is None:
+        return None
+    try:
+        freq = json.loads(env_args).get("env_kwargs", {}).get("control_freq")
+    except (ValueError, AttributeError) as e:
+        raise DataError(f"{path}: data.attrs['env_args'] is not a JSON object ({e}); fix it, or "
+                        "pass --fps to time the episodes.") from e
+    return float(freq) if freq else None
 
 
 def _demo_number(name: str) -> int:
@@ -33,20 +48,23 @@ class RobomimicSource:
 
     format = "robomimic"
 
-    def __init__(self, path: str | Path, fps: float = 20.0):
+    def __init__(self, path: str | Path, fps: float | None = None):
         import h5py
 
         self.path = Path(path)
-        self.file = h5py.File(self.path, "r")
+        try:
+            self.file = h5py.File(self.path, "r")
+        except OSError as e:
+            raise DataError(f"{self.path} is not a readable HDF5 file ({e}); check that it is "
+                            "complete (copy or export it again).") from e
         if "data" not in self.file:
             raise DataError(f"{self.path}: a robomimic file has a 'data' group; found "
                             f"{sorted(self.file.keys())}.")
         data = self.file["data"]
-        self.fps = float(fps)
-        env_args = data.attrs.get("env_args")
-        if env_args is not None:
-            freq = json.loads(env_args).get("env_kwargs", {}).get("control_freq")
-            self.fps = float(freq) if freq else self.fps
+        self.fps, self.timing = check_fps(fps, 20.0, self.path)
+        if fps is None and _control_freq(data, self.path):
+            self.fps = _control_freq(data, self.path)
+            self.timing = f"no timestamps: {self.fps:g} Hz from env_args control_freq"
         self.demos = sorted((k for k in data if _demo_number(k) >= 0), key=_demo_number)
         if not self.demos:
             raise DataError(f"{self.path}: no 'data/demo_<i>' groups.")
@@ -73,6 +91,10 @@ class RobomimicSource:
 
     def episode_indices(self) -> list[int]:
         return [_demo_number(d) for d in self.demos]
+
+    def locate(self, index: int) -> str:
+        """Where episode ``index`` lies: the file and its group."""
+        return f"{self.path} data/demo_{index}"
 
     def read(self, index: int) -> Episode:
         demo = self.file["data"].get(f"demo_{index}")

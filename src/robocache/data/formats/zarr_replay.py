@@ -2,8 +2,11 @@
 ``meta/episode_ends`` (exclusive end row of each episode).
 
 Timestamps come from ``data/timestamp`` when present, else from ``fps`` (the rate the buffer
-was recorded at; diffusion policy's Push-T uses 10 Hz). ``.zarr`` directories and ``.zarr.zip``
-files are both read through the zarr library.
+was recorded at; default 10 Hz, as diffusion policy's Push-T; the assumption is stated in
+``timing``, which the manifest and ``inspect`` show). ``meta/episode_ends`` is validated: the
+episodes whose ranges are empty, decreasing, overlapping or past the data are quarantined with
+that reason, and rows after the last end (belonging to no episode) are an error. ``.zarr``
+directories and ``.zarr.zip`` files are both read through the zarr library.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from robocache.data.episode import Episode, Stream, StreamSpec
+from robocache.data.formats import check_fps
 from robocache.errors import DataError
 
 TIME_KEY = "timestamp"
@@ -32,21 +36,70 @@ def detect(path: Path) -> bool:
     return (path / "meta" / "episode_ends").exists()
 
 
+def episode_ranges(ends: np.ndarray, rows: int) -> list[tuple[int, int, str | None]]:
+    """``(start, stop, problem)`` of each episode from ``meta/episode_ends``; ``problem`` (the
+    quarantine reason) is set when the range is empty, decreasing, overlaps an earlier episode or
+    runs past the ``rows`` of data."""
+    out, reach = [], 0  # reach: the furthest row an earlier episode claimed
+    for i, stop in enumerate(int(e) for e in ends):
+        start = int(ends[i - 1]) if i else 0
+        problem = None
+        if stop <= start:
+            problem = (f"meta/episode_ends does not increase at episode {i} ({start} then "
+                       f"{stop}): the episode has no rows")
+        elif start < reach:
+            problem = (f"rows {start}:{stop} overlap an earlier episode (which ends at row "
+                       f"{reach}): meta/episode_ends decreases before episode {i}")
+        elif stop > rows:
+            problem = f"rows {start}:{stop} run past the data ({rows} rows)"
+        out.append((start, stop, problem))
+        reach = max(reach, stop)
+    return out
+
+
 class ZarrReplaySource:
-    """A zarr ReplayBuffer (see the module docstring); ``fps`` times buffers without timestamps."""
+    """A zarr ReplayBuffer (see the module docstring); ``fps`` times buffers without timestamps.
+
+    Raises:
+        DataError: the buffer lacks ``data`` or ``meta/episode_ends``, they cannot be read, the
+            data arrays differ in length, rows follow the last episode end, or ``fps`` is not a
+            finite rate > 0.
+    """
 
     format = "zarr-replay"
 
-    def __init__(self, path: str | Path, fps: float = 10.0):
+    def __init__(self, path: str | Path, fps: float | None = None):
         self.path = Path(path)
-        self.root = _open(self.path)
         try:
-            self.ends = np.asarray(self.root["meta"]["episode_ends"][:], dtype=np.int64)
+            self.root = _open(self.path)
+            self.ends = np.asarray(self.root["meta"]["episode_ends"][:]).reshape(-1)
             self.data = self.root["data"]
         except KeyError as e:
             raise DataError(f"{self.path}: a ReplayBuffer needs 'data/<key>' arrays and "
                             f"'meta/episode_ends'; missing {e}.") from e
-        self.fps = float(fps)
+        except Exception as e:  # zarr/numcodecs raise their own types on damaged metadata
+            raise DataError(f"{self.path}: cannot read the ReplayBuffer's meta/episode_ends "
+                            f"({type(e).__name__}: {e}); check that the dataset is complete.") \
+                from e
+        if self.ends.dtype.kind not in "iu":
+            raise DataError(f"{self.path}: meta/episode_ends must hold integers (exclusive end "
+                            f"rows); it holds {self.ends.dtype}.")
+        self.ends = self.ends.astype(np.int64)
+        self.has_time = TIME_KEY in set(self.data.array_keys())
+        self.fps, self.timing = check_fps(fps, 10.0, self.path)  # the nominal rate
+        if self.has_time:
+            self.timing = f"timestamps from data/{TIME_KEY}"
+        lengths = {k: int(self.data[k].shape[0]) for k in self.data.array_keys()}
+        if len(set(lengths.values())) > 1:
+            raise DataError(f"{self.path}: the data arrays have different lengths {lengths}; "
+                            "every data/<key> needs one row per step.")
+        rows = next(iter(lengths.values()), 0)
+        last = int(self.ends.max()) if len(self.ends) else 0
+        if last < rows:
+            raise DataError(f"{self.path}: meta/episode_ends ends at row {last} but the data has "
+                            f"{rows} rows, so {rows - last} rows belong to no episode; fix "
+                            "meta/episode_ends (its last entry is the number of rows).")
+        self.ranges = episode_ranges(self.ends, rows)
         self.specs: dict[str, StreamSpec] = {}
         for key in sorted(self.data.array_keys()):
             if key == TIME_KEY:
@@ -56,16 +109,21 @@ class ZarrReplaySource:
             dtype = np.dtype(arr.dtype)
             kind = "image" if dtype == np.uint8 and len(shape) == 3 else "numeric"
             self.specs[key] = StreamSpec(key, kind, dtype.name, shape, self.fps)
-        self.has_time = TIME_KEY in set(self.data.array_keys())
 
     def episode_indices(self) -> list[int]:
         return list(range(len(self.ends)))
 
+    def locate(self, index: int) -> str:
+        """Where episode ``index`` lies: the buffer and its rows."""
+        start, stop, _ = self.ranges[index]
+        return f"{self.path} rows {start}:{stop}"
+
     def read(self, index: int) -> Episode:
-        start = int(self.ends[index - 1]) if index > 0 else 0
-        stop = int(self.ends[index])
-        if stop < start:
-            raise DataError(f"episode {index}: meta/episode_ends decreases ({start} > {stop}).")
+        if not 0 <= index < len(self.ranges):
+            raise DataError(f"{self.path}: no episode {index} (it has {len(self.ranges)}).")
+        start, stop, problem = self.ranges[index]
+        if problem:
+            raise DataError(f"episode {index}: {problem}.")
         if self.has_time:
             times = np.asarray(self.data[TIME_KEY][start:stop], np.float64).reshape(-1)
         else:
@@ -73,5 +131,5 @@ class ZarrReplaySource:
         streams = {}
         for name, spec in self.specs.items():
             data = np.asarray(self.data[name][start:stop])
-            streams[name] = Stream(spec, times[: len(data)], data)
+            streams[name] = Stream(spec, times, data)
         return Episode(index, streams, {"length": stop - start})
