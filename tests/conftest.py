@@ -16,6 +16,15 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--seed", type=int, default=None,
+                     help="Seed of every random test (default: a fresh one per test, printed "
+                          "when a test fails).")
+    parser.addoption("--fault-table", default=None, metavar="PATH",
+                     help="Write the fault-injection cases' table into PATH (between its "
+                          "<!-- fault-table --> markers).")
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return

@@ -420,8 +420,8 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
     if config.keys is not None:
         missing = sorted(set(config.keys) - set(specs))
         if missing:
-            raise DataError(f"`keys` names streams the source lacks: {missing}; it has "
-                            f"{sorted(specs)}.")
+            raise DataError(f"`keys` (--key) names streams the source lacks: {missing}; it "
+                            f"has {sorted(specs)}.")
         specs = {k: specs[k] for k in config.keys}
     dest = Path(dest)
     streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,

@@ -1,0 +1,416 @@
+"""Fault injection on the data path: bad destinations, concurrent writers, corrupt and truncated
+files of every format, a full disk, a read-only destination, bad options.
+
+Each case checks that nothing was lost (the source's bytes are unchanged; the cache holds each
+episode once, equal to a clean build) and that the CLI failed, if at all, with one line and its
+documented exit code; it records a row of docs/reliability.md's table (see faultlib).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import faultlib as fl
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from robocache.data.lock import holder
+
+ALL = range(fl.EPISODES)
+TIMELESS = ("--fps", str(fl.FPS))  # zarr and robomimic sources
+
+
+def ingest(src, dest, *extra):
+    fps = TIMELESS if src.name.endswith((".zarr", ".hdf5")) else ()
+    return fl.cli("ingest", src, dest, "--rate", fl.RATE, "--device", "cpu", "--no-progress",
+                  *fps, *extra)
+
+
+def quarantined(dest) -> dict[int, str]:
+    m = json.loads((dest / "manifest.json").read_text())
+    c = m["counts"]
+    assert c["read"] == c["cached"] + c["quarantined"], c
+    return {q["index"]: q["reason"] for q in m["quarantined"]}
+
+
+def failed_cleanly(r: fl.Result, code: int) -> bool:
+    return r.code == code and r.one_line and not r.traceback
+
+
+# --- the destination ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", fl.FORMATS)
+def test_source_as_dest_is_refused(pristine, tmp_path, kind):
+    src = fl.copy_source(pristine[kind][0], tmp_path)
+    before = fl.tree_hash(src)
+    r = ingest(src, src, "--overwrite")
+    lost = fl.tree_hash(src) != before
+    fl.record(f"DEST is the source ({kind}), with --overwrite", f"refused, exit {r.code}",
+              lost=lost, traceback=r.traceback)
+    assert failed_cleanly(r, 2) and "inside the source" in r.stderr and not lost
+
+
+def test_dest_inside_source_is_refused(pristine, tmp_path):
+    src = fl.copy_source(pristine["lerobot-v3.0"][0], tmp_path)
+    before = fl.tree_hash(src)
+    r = ingest(src, src / "cache")
+    lost = fl.tree_hash(src) != before
+    fl.record("DEST inside the source", f"refused, exit {r.code}", lost=lost,
+              traceback=r.traceback)
+    assert failed_cleanly(r, 2) and not (src / "cache").exists() and not lost
+
+
+def test_overwrite_never_deletes_a_directory_that_is_not_a_cache(pristine, tmp_path):
+    dest = tmp_path / "mine"
+    (dest / "sub").mkdir(parents=True)
+    (dest / "notes.txt").write_text("keep me")
+    (dest / "sub" / "data.bin").write_bytes(b"\0" * 100)
+    before = fl.tree_hash(dest)
+    r = ingest(pristine["lerobot-v3.0"][0], dest, "--overwrite")
+    lost = fl.tree_hash(dest) != before
+    fl.record("--overwrite on a directory that is not a cache",
+              f"refused naming the path, nothing deleted, exit {r.code}", lost=lost,
+              traceback=r.traceback)
+    assert failed_cleanly(r, 2) and str(dest) in r.stderr and not lost
+
+
+def test_overwrite_replaces_a_cache_and_says_what_it_removes(pristine, tmp_path):
+    src, clean = pristine["lerobot-v2.1"]
+    dest = tmp_path / "cache"
+    assert ingest(src, dest, "--key", "state").code == 0
+    r = ingest(src, dest, "--overwrite")
+    ok = fl.same_as_clean(dest, clean, ALL)
+    fl.record("--overwrite on a RoboCache cache", f"removed (listed on stderr), rebuilt, exit "
+              f"{r.code}", lost=not ok, traceback=r.traceback)
+    assert r.code == 0 and "removing the RoboCache cache" in r.stderr and ok
+
+
+def test_dest_is_a_file(pristine, tmp_path):
+    dest = tmp_path / "file"
+    dest.write_text("x")
+    r = ingest(pristine["zarr"][0], dest)
+    lost = dest.read_text() != "x"
+    fl.record("DEST is a file", f"refused, exit {r.code}", lost=lost, traceback=r.traceback)
+    assert failed_cleanly(r, 2) and "is a file" in r.stderr and not lost
+
+
+def make_read_only(path) -> None:
+    """chmod 555, and for root (who ignores permission bits) the immutable attribute."""
+    os.chmod(path, 0o555)
+    if os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(path)],
+                                            capture_output=True).returncode != 0:
+        pytest.skip("running as root on a file system without chattr +i")
+
+
+def test_read_only_dest(pristine, tmp_path):
+    src = pristine["lerobot-v3.0"][0]
+    before = fl.tree_hash(src)
+    dest = tmp_path / "ro"
+    dest.mkdir()
+    make_read_only(dest)
+    try:
+        r = ingest(src, dest)
+    finally:
+        subprocess.run(["chattr", "-i", str(dest)], capture_output=True)
+        os.chmod(dest, 0o755)
+    lost = fl.tree_hash(src) != before or any(dest.iterdir())
+    fl.record("read-only DEST", f"refused, exit {r.code}", lost=lost, traceback=r.traceback)
+    assert failed_cleanly(r, 2) and str(dest) in r.stderr and not lost
+
+
+# --- writers: one at a time; kill -9; resume ------------------------------------------------
+
+SLOW_BUILD = """
+import sys, time
+from robocache.data.cache import build
+from robocache.data.formats import open_source
+src = open_source(sys.argv[1])
+read = src.read
+def slow(i):
+    time.sleep(float(sys.argv[3]))
+    return read(i)
+src.read = slow
+build(src, sys.argv[2], rate_hz=float(sys.argv[4]), progress=False, device="cpu")
+"""
+
+
+def slow_writer(src, dest, delay: float) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, str(src), str(dest), str(delay),
+                             str(fl.RATE)],
+                            env=env)
+    deadline = time.monotonic() + 60
+    while holder(dest) is None:
+        assert proc.poll() is None and time.monotonic() < deadline, "the writer did not start"
+        time.sleep(0.02)
+    return proc
+
+
+def test_concurrent_writers(pristine, tmp_path):
+    src, clean = pristine["lerobot-v3.0"]
+    before = fl.tree_hash(src)
+    dest = tmp_path / "cache"
+    proc = slow_writer(src, dest, 0.3)
+    try:
+        second = ingest(src, dest)
+        seen = fl.cli("inspect", dest)
+        waited = ingest(src, dest, "--wait")  # runs once the first is done: all cached already
+    finally:
+        proc.wait(timeout=60)
+    ok = proc.returncode == 0 and fl.same_as_clean(dest, clean, ALL) and \
+        fl.tree_hash(src) == before
+    fl.record("a second writer on the same DEST", f"fails at once naming the first (pid, host), "
+              f"exit {second.code}; with --wait runs after it, exit {waited.code}",
+              lost=not ok, traceback=second.traceback or waited.traceback)
+    assert failed_cleanly(second, 2) and f"pid {proc.pid}" in second.stderr
+    assert seen.code == 0 and "being built by" in seen.stdout
+    assert waited.code == 0 and ok
+
+
+def test_killed_writer_then_inspect_and_resume(pristine, tmp_path):
+    src, clean = pristine["zarr"]
+    dest = tmp_path / "cache"
+    proc = slow_writer(src, dest, 0.2)
+    deadline = time.monotonic() + 60
+    while len(list((dest / "data.lance" / "_versions").glob("*.manifest"))) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    seen = fl.cli("inspect", dest)
+    r = ingest(src, dest)
+    ok = fl.same_as_clean(dest, clean, ALL)
+    fl.record("kill -9 mid-ingest, then inspect and re-run",
+              f"inspect says unfinished with the episodes so far (exit {seen.code}); re-run "
+              f"resumes, exit {r.code}", lost=not ok, traceback=seen.traceback or r.traceback)
+    assert seen.code == 0 and "unfinished" in seen.stdout and "cached so far" in seen.stdout
+    assert r.code == 0 and ok
+
+
+def test_disk_full_then_resume(pristine, tmp_path):
+    src, clean = pristine["lerobot-v2.1"]
+    dest = tmp_path / "cache"
+    # bytes per file: the first episodes fit, the compacted data file does not
+    full = fl.cli_process("ingest", src, dest, "--device", "cpu", "--rate", fl.RATE,
+                          "--no-progress", fsize=40_000)
+    r = ingest(src, dest)
+    ok = fl.same_as_clean(dest, clean, ALL)
+    fl.record("disk full while writing (file-size limit)",
+              f"stops with one line, exit {full.code}; re-run resumes, exit {r.code}",
+              lost=not ok, traceback=full.traceback or r.traceback)
+    assert failed_cleanly(full, 2), full.stderr
+    assert r.code == 0 and ok
+
+
+def test_truncated_manifest(pristine, tmp_path):
+    src, clean = pristine["lerobot-v3.0"]
+    dest = tmp_path / "cache"
+    assert ingest(src, dest).code == 0
+    text = (dest / "manifest.json").read_text()
+    (dest / "manifest.json").write_text(text[: len(text) // 2])
+    seen = fl.cli("inspect", dest)
+    resumed = ingest(src, dest)
+    rebuilt = ingest(src, dest, "--overwrite")
+    ok = fl.same_as_clean(dest, clean, ALL)
+    fl.record("truncated manifest.json", f"inspect and resume refuse with the fix (exit "
+              f"{seen.code}, {resumed.code}); --overwrite rebuilds, exit {rebuilt.code}",
+              lost=not ok, traceback=seen.traceback or resumed.traceback)
+    assert failed_cleanly(seen, 2) and failed_cleanly(resumed, 2) and "--overwrite" in seen.stderr
+    assert rebuilt.code == 0 and ok
+
+
+# --- corrupt and truncated files ------------------------------------------------------------
+
+def truncate(path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_truncated_parquet_v30(pristine, tmp_path):
+    src = fl.copy_source(pristine["lerobot-v3.0"][0], tmp_path)
+    truncate(src / "data" / "chunk-000" / "file-000.parquet")
+    before = fl.tree_hash(src)
+    seen = fl.cli("inspect", src)
+    r = ingest(src, tmp_path / "cache")
+    reasons = quarantined(tmp_path / "cache")
+    ok = fl.tree_hash(src) == before and sorted(reasons) == list(ALL) and \
+        all("file-000.parquet" in v and "rows" in v for v in reasons.values())
+    fl.record("LeRobot v3.0: truncated data parquet (all episodes in it)",
+              f"each episode quarantined with file, rows and error; nothing cached, exit {r.code};"
+              f" inspect lists them, exit {seen.code}", lost=not ok,
+              traceback=r.traceback or seen.traceback)
+    assert r.code == 4 and seen.code == 0 and "unreadable" in seen.stdout and ok
+
+
+def test_truncated_parquet_v21(pristine, tmp_path):
+    src, clean = pristine["lerobot-v2.1"]
+    src = fl.copy_source(src, tmp_path)
+    truncate(src / "data" / "chunk-000" / "episode_000002.parquet")
+    r = ingest(src, tmp_path / "cache")
+    reasons = quarantined(tmp_path / "cache")
+    ok = list(reasons) == [2] and "episode_000002.parquet" in reasons[2] and \
+        fl.same_as_clean(tmp_path / "cache", clean, [0, 1, 3, 4, 5])
+    fl.record("LeRobot v2.1: one truncated episode parquet",
+              f"that episode quarantined (file, error), the rest cached, exit {r.code}",
+              lost=not ok, traceback=r.traceback)
+    assert r.code == 3 and ok
+
+
+def test_corrupt_zarr_chunk_then_retry(pristine, tmp_path):
+    src, clean = pristine["zarr"]
+    src = fl.copy_source(src, tmp_path)
+    chunk = src / "data" / "action" / "2.0"
+    good = chunk.read_bytes()
+    chunk.write_bytes(b"\xff" * len(good))
+    dest = tmp_path / "cache"
+    r = ingest(src, dest)
+    reasons = quarantined(dest)
+    partial = list(reasons) == [2] and "rows 60:90" in reasons[2] and \
+        fl.same_as_clean(dest, clean, [0, 1, 3, 4, 5])
+    again = ingest(src, dest)  # still quarantined, not retried
+    chunk.write_bytes(good)
+    retried = ingest(src, dest, "--retry-quarantined")
+    ok = partial and again.code == 3 and fl.same_as_clean(dest, clean, ALL)
+    fl.record("zarr: one corrupt chunk", f"its episode quarantined (rows, error), the rest cached,"
+              f" exit {r.code}; after repair --retry-quarantined caches it, exit {retried.code}",
+              lost=not ok, traceback=r.traceback or retried.traceback)
+    assert r.code == 3 and retried.code == 0 and ok
+
+
+@pytest.mark.parametrize("ends, bad, code", [
+    ([30, 60, 45, 120, 150, 180], [2, 3], 3),  # decreasing: empty, then overlapping
+    ([30, 60, 90, 120, 150, 200], [5], 3),  # past the data
+    ([30, 60, 90, 120, 150, 170], None, 2),  # short of the data: rows of no episode
+], ids=["decreasing", "past-the-data", "short-of-the-data"])
+def test_zarr_episode_ends(pristine, tmp_path, ends, bad, code):
+    src, clean = pristine["zarr"]
+    src = fl.copy_source(src, tmp_path)
+    meta = zarr.open_group(str(src), mode="r+")["meta"]
+    del meta["episode_ends"]
+    meta.create_array("episode_ends", data=np.array(ends))
+    r = ingest(src, tmp_path / "cache")
+    if bad is None:
+        ok = not (tmp_path / "cache").exists() and failed_cleanly(r, 2)
+        what = "refused: rows would belong to no episode"
+    else:
+        reasons = quarantined(tmp_path / "cache")
+        ok = sorted(reasons) == bad and fl.same_as_clean(
+            tmp_path / "cache", clean, [i for i in ALL if i not in bad])
+        what = "the affected episodes quarantined with the reason, the rest cached"
+    fl.record(f"zarr: meta/episode_ends {ends}", f"{what}, exit {r.code}", lost=not ok,
+              traceback=r.traceback)
+    assert r.code == code and ok
+
+
+def test_corrupt_hdf5_chunk(pristine, tmp_path):
+    import h5py
+
+    src, clean = pristine["robomimic"]
+    src = fl.copy_source(src, tmp_path)
+    with h5py.File(src, "r") as f:
+        info = f["data/demo_2/actions"].id.get_chunk_info(0)
+    with open(src, "r+b") as f:
+        f.seek(info.byte_offset)
+        f.write(b"\xff" * info.size)
+    r = ingest(src, tmp_path / "cache")
+    reasons = quarantined(tmp_path / "cache")
+    ok = list(reasons) == [2] and "demo_2" in reasons[2] and \
+        fl.same_as_clean(tmp_path / "cache", clean, [0, 1, 3, 4, 5])
+    fl.record("robomimic HDF5: one corrupt chunk", f"its episode quarantined (group, error), the "
+              f"rest cached, exit {r.code}", lost=not ok, traceback=r.traceback)
+    assert r.code == 3 and ok
+
+
+@pytest.mark.parametrize("damage", ["junk", "truncated"])
+def test_unreadable_hdf5(pristine, tmp_path, damage):
+    src = fl.copy_source(pristine["robomimic"][0], tmp_path)
+    if damage == "junk":
+        src.write_bytes(b"this is not an HDF5 file" * 10)
+    else:
+        truncate(src, 0.3)
+    r = ingest(src, tmp_path / "cache")
+    fl.record(f"robomimic HDF5: {damage} file", f"one line, exit {r.code}",
+              traceback=r.traceback)
+    assert failed_cleanly(r, 2) and "HDF5" in r.stderr
+
+
+INFOS = {"malformed JSON": "{not json", "no fps": json.dumps({"codebase_version": "v3.0"}),
+         "fps 0": "fps0"}
+
+
+@pytest.mark.parametrize("what", INFOS)
+def test_bad_info_json(pristine, tmp_path, what):
+    info = INFOS[what]
+    src = fl.copy_source(pristine["lerobot-v3.0"][0], tmp_path)
+    path = src / "meta" / "info.json"
+    if info == "fps0":
+        info = json.dumps({**json.loads(path.read_text()), "fps": 0})
+    path.write_text(info)
+    results = [ingest(src, tmp_path / "cache"), fl.cli("inspect", src)]
+    fl.record(f"LeRobot meta/info.json: {what}", "ingest and inspect: one line naming "
+              f"meta/info.json, exit {results[0].code}",
+              traceback=any(r.traceback for r in results))
+    for r in results:
+        assert failed_cleanly(r, 2) and "meta/info.json" in r.stderr
+
+
+def test_bad_episode_metadata_line(pristine, tmp_path):
+    src = fl.copy_source(pristine["lerobot-v2.1"][0], tmp_path)
+    with open(src / "meta" / "episodes.jsonl", "a") as f:
+        f.write("{truncated\n")
+    r = ingest(src, tmp_path / "cache")
+    fl.record("LeRobot v2.1: a malformed episodes.jsonl line", f"one line naming the file and "
+              f"line, exit {r.code}", traceback=r.traceback)
+    assert failed_cleanly(r, 2) and "episodes.jsonl line 7" in r.stderr
+
+
+# --- options --------------------------------------------------------------------------------
+
+OPTIONS = [
+    ("--rate inf", ("--rate", "inf"), "--rate"),
+    ("--rate 0", ("--rate", "0"), "--rate"),
+    ("--fps 0 on a source without timestamps", ("--fps", "0"), "--fps"),
+    ("--device cuda without CUDA", ("--device", "cuda"), "--device"),
+    ("--device tpu", ("--device", "tpu"), "--device"),
+    ("--key naming a missing stream", ("--key", "nope"), "--key"),
+]
+
+
+@pytest.mark.parametrize("what, args, named", OPTIONS, ids=[o[0] for o in OPTIONS])
+def test_bad_options(pristine, tmp_path, what, args, named):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("CUDA is available")
+    src = pristine["zarr"][0]
+    dest = tmp_path / "cache"
+    r = fl.cli("ingest", src, dest, "--no-progress", "--device", "cpu", *args)
+    after = ingest(src, dest)  # a refused run leaves nothing that refuses the next one
+    fl.record(what, f"one line naming {named}, exit {r.code}; nothing left behind",
+              lost=after.code != 0, traceback=r.traceback)
+    assert failed_cleanly(r, 2) and named in r.stderr and after.code == 0
+
+
+def test_missing_source_and_lerobot_fps(pristine, tmp_path):
+    missing = ingest(tmp_path / "nope", tmp_path / "cache")
+    fps = fl.cli("ingest", pristine["lerobot-v3.0"][0], tmp_path / "c", "--fps", "10")
+    fl.record("SOURCE missing", f"one line, exit {missing.code}", traceback=missing.traceback)
+    fl.record("--fps on a timestamped LeRobot dataset", f"one line, exit {fps.code}",
+              traceback=fps.traceback)
+    assert failed_cleanly(missing, 2) and failed_cleanly(fps, 2)
+
+
+def test_timing_assumed_is_stated(pristine, tmp_path):
+    src = pristine["zarr"][0]
+    r = fl.cli("ingest", src, tmp_path / "cache", "--device", "cpu", "--no-progress")
+    seen = fl.cli("inspect", src)
+    m = json.loads((tmp_path / "cache" / "manifest.json").read_text())
+    fl.record("zarr without timestamps, no --fps", "10 Hz assumed, stated in the summary, the "
+              f"manifest and inspect, exit {r.code}", traceback=r.traceback)
+    assert r.code == 0 and "10 Hz assumed" in m["timing"]
+    assert "10 Hz assumed" in r.stdout and "10 Hz assumed" in seen.stdout
