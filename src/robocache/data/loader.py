@@ -243,6 +243,11 @@ class RobotLoader:
         return _merge(done, self.mixed)
 
     def __iter__(self) -> Iterator[Batch]:
+        if len(self.sampler) == 0:
+            warnings.warn(f"RobotLoader: this epoch has no batch: batch_size "
+                          f"{self.sampler.batch_size} exceeds the {len(self.sampler.data)} "
+                          "samples and drop_last=True; lower batch_size or pass drop_last=False.",
+                          stacklevel=2)
         if self.graphed is not None:
             yield from self._iter_graphed()
             return

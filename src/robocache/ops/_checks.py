@@ -35,6 +35,21 @@ def wants_validation(validate: bool | None, tensor: torch.Tensor) -> bool:
     return validate
 
 
+def memory_bytes(device: torch.device) -> int:
+    """Total memory of ``device`` in bytes (the GPU's, or the host's physical memory)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(op: str, what: str, need: int, device: torch.device, fix: str) -> None:
+    """Refuse, before allocating, ``need`` bytes for ``what`` that exceed all of ``device``."""
+    have = memory_bytes(device)
+    if need > have:
+        fail(op, f"{what} needs {need:,} bytes, more than the {have:,} bytes of {device}; {fix}",
+             ShapeError)
+
+
 def check_choice(op: str, name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         fail(op, f"`{name}` must be one of {', '.join(map(repr, choices))}; got {value!r}.",

@@ -201,6 +201,7 @@ def time_warp(data: torch.Tensor, times: torch.Tensor, params: WarpParams | None
 
     Raises:
         ValueError: neither or both of params / time_map.
+        ShapeError: data not ``[B, S, D]``, times, params or lengths not matching it.
         DataError: (when validating) a decreasing time_map.
     """
     from robocache.ops.resample import resample
@@ -209,6 +210,23 @@ def time_warp(data: torch.Tensor, times: torch.Tensor, params: WarpParams | None
     if (params is None) == (time_map is None):
         fail(op, "pass exactly one of `params` (sampled warps) and `time_map` (your own "
              "target times).", ValueError)
+    for name, t in (("data", data), ("times", times)):
+        if not isinstance(t, torch.Tensor):
+            fail(op, f"`{name}` must be a torch.Tensor; got {type(t).__name__}.", TypeError)
+    if data.dim() != 3:
+        fail(op, f"`data` must be [B, S, D]; got shape {list(data.shape)}.")
+    B, S, _ = data.shape
+    if times.shape not in ((B, S), (S,)):
+        fail(op, f"`times` must be [B, S] = [{B}, {S}] or [S]; got {list(times.shape)}.")
+    if params is not None and (params.coeffs.shape[:-1] != (B,) or
+                               params.crop.shape != (B, 2)):
+        fail(op, f"`params` must hold one warp per row (coeffs [B, M], crop [B, 2] with B = "
+             f"{B}); got coeffs {list(params.coeffs.shape)}, crop {list(params.crop.shape)}. "
+             "Sample them with sample_time_warp((B,), ...).")
+    if lengths is not None and (not isinstance(lengths, torch.Tensor) or
+                                lengths.shape != (B,)):
+        fail(op, f"`lengths` must be an integer tensor [B] = [{B}]; got "
+             f"{getattr(lengths, 'shape', type(lengths).__name__)}.")
     if time_map is None:
         t = times if times.dim() == 2 else times.expand(data.shape[0], -1)
         last = t[:, -1] if lengths is None else t.gather(1, (lengths.long() - 1)[:, None])[:, 0]
@@ -303,11 +321,17 @@ def smooth(x: torch.Tensor, *, method: str = "gaussian", sigma: float = 1.0,
         Tensor like `x` (a 1-D convolution with PyTorch on any device).
 
     Raises:
-        ValueError: bad method, sigma, window or polyorder.
+        ValueError: bad method, sigma, window or polyorder. ShapeError: `dim` out of range.
+        DTypeError: x not floating point.
     """
     op = "smooth"
     check_choice(op, "method", method, ("gaussian", "savgol"))
+    if not isinstance(x, torch.Tensor):
+        fail(op, f"`x` must be a torch.Tensor; got {type(x).__name__}.", TypeError)
     check_dtype(op, "x", x, FLOAT_DTYPES, "Convert with x.float().")
+    if not isinstance(dim, int) or not -x.dim() <= dim < max(x.dim(), 1):
+        fail(op, f"`dim` (the time dimension) must index one of x's {x.dim()} dimensions; got "
+             f"{dim!r} for shape {list(x.shape)}.")
     if method == "gaussian":
         if not sigma > 0:
             fail(op, f"`sigma` must be > 0 samples; got {sigma!r}.", ValueError)
@@ -317,6 +341,8 @@ def smooth(x: torch.Tensor, *, method: str = "gaussian", sigma: float = 1.0,
             fail(op, f"`window` must be odd and > polyorder >= 0; got window={window!r}, "
                  f"polyorder={polyorder!r}.", ValueError)
         taps = ref.savgol_taps(window, polyorder)
+    if x.numel() == 0:  # no step (or no column) to smooth
+        return x.clone()
     return ref.smooth_reference(x, taps, dim)
 
 

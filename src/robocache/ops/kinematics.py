@@ -21,7 +21,7 @@ import torch
 
 from robocache.errors import DataError, ShapeError
 from robocache.observability import nvtx
-from robocache.ops._checks import check_device, check_dtype, fail, wants_validation
+from robocache.ops._checks import check_device, check_dtype, check_fits, fail, wants_validation
 from robocache.ops.geometry import check_rotation
 from robocache.reference.kinematics import fk_jacobian_reference, fk_reference, ik_reference
 
@@ -575,6 +575,13 @@ def ik(chain: Chain, target: torch.Tensor, *, q_init: torch.Tensor | None = None
     check = wants_validation(validate, target)
     if check:
         check_rotation(op, "target", tgt[:, :3, :3])
+    if n == 0:  # no target: nothing to solve
+        empty = target.new_empty(lead)
+        return IKResult(target.new_empty(*lead, dof), torch.zeros(lead, dtype=torch.bool,
+                        device=dev), empty, empty.clone())
+    # the seeds' joint values, their solver state (q, a step, the Jacobian) and errors
+    check_fits(op, f"{n} targets x {num_seeds} seeds", n * num_seeds * (dof * (3 + 6) + 2)
+               * target.element_size(), dev, "lower num_seeds or solve fewer targets per call.")
     params, lower, upper = chain.tensors(dev, dt)
     lo = torch.where(torch.isfinite(lower), lower, -math.pi)
     hi = torch.where(torch.isfinite(upper), upper, math.pi)

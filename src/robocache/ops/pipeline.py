@@ -54,8 +54,11 @@ from robocache.ops._checks import (
     TIME_DTYPES,
     check_device,
     check_dtype,
+    check_fits,
     check_lengths,
+    check_timestamps,
     fail,
+    wants_validation,
 )
 from robocache.ops.normalize import EPS, Stats, affine_params
 from robocache.reference import augment as ref
@@ -288,7 +291,7 @@ class Pipeline:
     @nvtx.annotate("robocache.pipeline")
     def __call__(self, data: torch.Tensor, times: torch.Tensor, *,
                  lengths: torch.Tensor | None = None, seed: aug.Seed,
-                 fused: bool | None = None) -> PipelineOutput:
+                 fused: bool | None = None, validate: bool | None = None) -> PipelineOutput:
         """Run the pipeline on a batch.
 
         Args:
@@ -297,15 +300,35 @@ class Pipeline:
             lengths: int ``[B]`` valid samples per row (in [1, S]).
             seed: int or torch.Generator: all randomness of this call.
             fused: CUDA only: the fused kernel (default) or the composition of single ops.
+            validate: data-dependent checks, as :func:`robocache.resample` (finite,
+                non-decreasing timestamps; lengths in [1, S]): default on CPU tensors, on CUDA
+                when ``True`` or ``ROBOCACHE_VALIDATE=1``.
 
         Returns:
-            `PipelineOutput(data [B, K, T, D] in data's dtype, dropped bool [B, K, NS])`.
+            `PipelineOutput(data [B, K, T, D] in data's dtype, dropped bool [B, K, NS])`;
+            ``B == 0`` gives empty tensors of those shapes.
 
         Raises:
             ShapeError / DTypeError / DeviceError: inputs that do not fit the steps.
+            DataError: (when validating) NaN/infinite or decreasing timestamps, lengths outside
+                ``[1, S]``.
         """
         tb = self._check(data, times, lengths)
         s = aug.as_seed(_OP, seed)
+        if wants_validation(validate, data):
+            if lengths is not None:
+                check_lengths(_OP, lengths, data.shape[0], data.shape[1], data.device,
+                              values=True)
+            check_timestamps(_OP, "times", tb, lengths)
+        B, _, D = data.shape
+        check_fits(_OP, f"the output [B, K, T, D] = [{B}, {self.augment.k}, {self.resample.num}, "
+                   f"{D}]", B * self.augment.k * self.resample.num * D * data.element_size(),
+                   data.device, "lower Resample.num, Augment.k or the batch size.")
+        if B == 0:
+            k, d = self.augment.k, D
+            return PipelineOutput(data.new_empty(0, k, self.resample.num, d),
+                                  torch.empty(0, k, len(self.augment.streams), dtype=torch.bool,
+                                              device=data.device))
         if data.device.type != "cuda" or fused is False:
             return self._compose(data, tb, lengths, s)
         g = self._graph_for(data, tb) if self._graphs else None

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
-from robocache.errors import DataError, ShapeError
+from robocache.errors import DataError
 from robocache.observability import nvtx
 from robocache.ops._checks import (
     FLOAT_DTYPES,
@@ -25,6 +24,7 @@ from robocache.ops._checks import (
     check_choice,
     check_device,
     check_dtype,
+    check_fits,
     fail,
     wants_validation,
 )
@@ -109,12 +109,6 @@ def _grid_spec(op: str, bounds_min, voxel_size, grid_size):
 
 
 @functools.cache
-def _memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def _check_mode(op: str, mode: str, features: torch.Tensor | None, name: str) -> None:
     check_choice(op, "mode", mode, ref.MODES)
     if mode in ref.FEATURE_MODES and features is None:
@@ -130,11 +124,9 @@ def _check_dense_fits(op: str, b: int, dims, f: int, mode: str, device: torch.de
         return
     nvox = b * dims[0] * dims[1] * dims[2]
     per_voxel = 1 if mode == "occupancy" else 4 * (1 + (f if mode in ref.FEATURE_MODES else 0))
-    need, have = nvox * per_voxel, _memory_bytes(device)
-    if need > have:
-        fail(op, f"a dense grid of {b} x {dims[0]} x {dims[1]} x {dims[2]} voxels in mode "
-             f"{mode!r} needs {need:,} bytes, more than the {have:,} bytes of {device}; use "
-             "sparse=True, a larger voxel_size or a smaller grid_size.", ShapeError)
+    check_fits(op, f"a dense grid of {b} x {dims[0]} x {dims[1]} x {dims[2]} voxels in mode "
+               f"{mode!r}", nvox * per_voxel, device,
+               "use sparse=True, a larger voxel_size or a smaller grid_size.")
 
 
 
@@ -151,8 +143,10 @@ def _check_camera_matrix(op: str, name: str, m: torch.Tensor, n: int, b: int,
 
 def _check_camera(op: str, depth: torch.Tensor, intrinsics: torch.Tensor,
                   extrinsics: torch.Tensor | None, rgb: torch.Tensor | None, depth_scale,
-                  min_depth: float, max_depth: float) -> tuple[torch.Tensor, float]:
-    """Validate the camera inputs; returns depth as [B, H, W] and the resolved depth scale."""
+                  min_depth: float, max_depth: float,
+                  validate: bool | None) -> tuple[torch.Tensor, float]:
+    """Validate the camera inputs; returns depth as [B, H, W] and the resolved depth scale.
+    With validation (default on CPU): fx, fy finite and > 0, cx, cy finite (one sync)."""
     if depth.dim() not in (2, 3):
         fail(op, f"`depth` must be [H, W] or [B, H, W]; got shape {list(depth.shape)}.")
     check_dtype(op, "depth", depth, DEPTH_DTYPES,
@@ -160,6 +154,17 @@ def _check_camera(op: str, depth: torch.Tensor, intrinsics: torch.Tensor,
     d = depth if depth.dim() == 3 else depth.unsqueeze(0)
     b, h, w = d.shape
     _check_camera_matrix(op, "intrinsics", intrinsics, 3, b, depth.device)
+    if wants_validation(validate, intrinsics):
+        k = intrinsics.reshape(-1, 3, 3).double()
+        focal, centre = k[:, [0, 1], [0, 1]], k[:, [0, 1], [2, 2]]
+        bad = ~(torch.isfinite(focal) & (focal > 0)).all(1) | ~torch.isfinite(centre).all(1)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            fail(op, f"`intrinsics` of camera {i} has fx = {float(k[i, 0, 0])!r}, fy = "
+                 f"{float(k[i, 1, 1])!r}, cx = {float(k[i, 0, 2])!r}, cy = "
+                 f"{float(k[i, 1, 2])!r}; the focal lengths must be finite and > 0 pixels and "
+                 "the principal point finite: pass the camera matrix [[fx, 0, cx], [0, fy, cy], "
+                 "[0, 0, 1]].", DataError)
     if extrinsics is not None:
         _check_camera_matrix(op, "extrinsics (camera-to-world)", extrinsics, 4, b, depth.device)
     if rgb is not None:
@@ -323,7 +328,8 @@ def _unbatch(out, batched: bool):
 def depth_to_points(depth: torch.Tensor, intrinsics: torch.Tensor, *,
                     extrinsics: torch.Tensor | None = None, depth_scale: float | None = None,
                     min_depth: float = 0.0, max_depth: float = math.inf,
-                    rgb: torch.Tensor | None = None) -> PointCloud:
+                    rgb: torch.Tensor | None = None,
+                    validate: bool | None = None) -> PointCloud:
     """Backproject depth images to point clouds (pinhole model).
 
     ``z = depth * depth_scale``, ``x = (u - cx) * z / fx``, ``y = (v - cy) * z / fy`` with u the
@@ -338,6 +344,8 @@ def depth_to_points(depth: torch.Tensor, intrinsics: torch.Tensor, *,
         depth_scale: metres per depth unit; default 0.001 for uint16, 1.0 for float.
         min_depth, max_depth: valid range of z in metres.
         rgb: optional ``[B, H, W, C]`` colours, returned as ``colors [B, H*W, C]``.
+        validate: check the intrinsics' values (fx, fy finite and > 0; cx, cy finite; one
+            sync): default on CPU tensors, on CUDA when ``True`` or ``ROBOCACHE_VALIDATE=1``.
 
     Returns:
         `PointCloud` (points ``[B, H*W, 3]`` float32, valid ``[B, H*W]`` bool, colors); without
@@ -345,6 +353,8 @@ def depth_to_points(depth: torch.Tensor, intrinsics: torch.Tensor, *,
 
     Raises:
         ShapeError, DTypeError, DeviceError: malformed inputs. ValueError: bad scale or range.
+        DataError: (when validating) a focal length that is not finite and > 0, or a principal
+        point that is not finite.
 
     Example:
         >>> k = torch.tensor([[500., 0, 320], [0, 500., 240], [0, 0, 1]])
@@ -354,7 +364,7 @@ def depth_to_points(depth: torch.Tensor, intrinsics: torch.Tensor, *,
     """
     op = "depth_to_points"
     d, scale = _check_camera(op, depth, intrinsics, extrinsics, rgb, depth_scale, min_depth,
-                             max_depth)
+                             max_depth, validate)
     d, k, e = _camera_tensors(d, intrinsics, extrinsics)
     if d.is_cuda:
         launch = _pick(_depth_to_points_op, _depth_to_points_cuda)
@@ -470,7 +480,8 @@ def depth_to_voxels(depth: torch.Tensor, intrinsics: torch.Tensor, *,
                     extrinsics: torch.Tensor | None = None, rgb: torch.Tensor | None = None,
                     depth_scale: float | None = None, min_depth: float = 0.0,
                     max_depth: float = math.inf, bounds_min, voxel_size, grid_size,
-                    mode: str = "occupancy", sparse: bool = False) -> VoxelGrid | SparseVoxels:
+                    mode: str = "occupancy", sparse: bool = False,
+                    validate: bool | None = None) -> VoxelGrid | SparseVoxels:
     """Depth (+ rgb) straight to voxels in one kernel, without materializing the point cloud.
 
     Equal to ``voxelize(*depth_to_points(...)[:1], features=colors, mask=valid, ...)`` (same
@@ -478,7 +489,8 @@ def depth_to_voxels(depth: torch.Tensor, intrinsics: torch.Tensor, *,
     skipped, valid points outside the grid are counted in ``dropped``.
 
     Args:
-        depth, intrinsics, extrinsics, depth_scale, min_depth, max_depth: as `depth_to_points`.
+        depth, intrinsics, extrinsics, depth_scale, min_depth, max_depth, validate: as
+            `depth_to_points`.
         rgb: ``[B, H, W, C]`` uint8 or float per-pixel features (colours) for modes sum, mean,
             max; reduced in float32 in the input's units (uint8 stays 0..255).
         bounds_min, voxel_size, grid_size, mode, sparse: as `voxelize`.
@@ -502,7 +514,7 @@ def depth_to_voxels(depth: torch.Tensor, intrinsics: torch.Tensor, *,
     lo, size, dims = _grid_spec(op, bounds_min, voxel_size, grid_size)
     _check_mode(op, mode, rgb, "rgb")
     d, scale = _check_camera(op, depth, intrinsics, extrinsics, rgb, depth_scale, min_depth,
-                             max_depth)
+                             max_depth, validate)
     b, h, w = d.shape
     feats = None if rgb is None else rgb.reshape(b, h, w, -1).contiguous()
     if not sparse:
