@@ -37,13 +37,21 @@ def print_summary(manifest: dict) -> None:
         console.print(f"[yellow]quarantined[/] episode {q['index']}: {q['reason']}")
 
 
+def source_options(**options) -> dict:
+    """The reader options given on the command line (unset ones left to the reader)."""
+    return {k: v for k, v in options.items() if v}
+
+
 def ingest(
-    source: Path = typer.Argument(..., help="Dataset: LeRobot dir, zarr ReplayBuffer, HDF5."),
+    source: Path = typer.Argument(..., help="Dataset: LeRobot dir, zarr ReplayBuffer, HDF5, "
+                                  "RLDS/TFDS folder."),
     dest: Path = typer.Argument(..., help="Cache directory (created or resumed)."),
     rate: float = typer.Option(50.0, "--rate", help="Target rate in Hz."),
     device: str = typer.Option(None, help="cuda or cpu (default: cuda when available)."),
     keys: list[str] = typer.Option(None, "--key", help="Stream to cache (repeat; default all)."),
-    fps: float = typer.Option(None, help="Rate of sources without timestamps (zarr, HDF5)."),
+    fps: float = typer.Option(None, help="Rate of sources without timestamps (zarr, HDF5, "
+                              "RLDS)."),
+    split: str = typer.Option(None, help="RLDS split: train, val, train[:95%], train[:10]+val."),
     tolerance: float = typer.Option(None, help="Pad steps farther than this (s) from a sample."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
@@ -66,7 +74,7 @@ def ingest(
 
     with cli_errors(verbose):
         manifest = build(source, dest, rate_hz=rate, device=device, keys=keys or None,
-                         tolerance_s=tolerance, source_options={} if fps is None else {"fps": fps},
+                         tolerance_s=tolerance, source_options=source_options(fps=fps, split=split),
                          overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
                          progress=progress and not as_json,
                          log=lambda msg: typer.echo(msg, err=True))

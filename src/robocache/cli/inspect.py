@@ -39,16 +39,18 @@ def _summarize_cache(path: Path) -> dict:
     return {**facts, "writer": holder(path), "episodes_cached": len(done)}
 
 
-def summarize(path: Path, episodes: int = 5, fps: float | None = None) -> dict:
+def summarize(path: Path, episodes: int = 5, fps: float | None = None,
+              split: str | None = None) -> dict:
     """The facts ``inspect`` prints, as a dict (reads at most ``episodes`` episodes)."""
     import numpy as np
 
+    from robocache.cli.ingest import source_options
     from robocache.data.cache import is_cache
     from robocache.data.formats import open_source
 
     if is_cache(path):
         return _summarize_cache(path)
-    src = open_source(path, **({} if fps is None else {"fps": fps}))
+    src = open_source(path, **source_options(fps=fps, split=split))
     indices = src.episode_indices()
     read, unreadable = [], []
     for i in indices[:episodes]:
@@ -72,7 +74,9 @@ def summarize(path: Path, episodes: int = 5, fps: float | None = None) -> dict:
             "unreadable": unreadable, "duration_s": {
                 "min": min(durations, default=0.0), "max": max(durations, default=0.0),
                 "mean": float(np.mean(durations)) if durations else 0.0},
-            "streams": streams}
+            "steps_inspected": sum(int(ep.meta.get("length", 0)) for ep in read),
+            "tasks": sorted({t for ep in read for t in ep.meta.get("tasks", [])}),
+            "streams": streams, **(src.describe() if hasattr(src, "describe") else {})}
 
 
 def _print_cache(console, facts: dict) -> None:
@@ -99,7 +103,9 @@ def _print_cache(console, facts: dict) -> None:
 def inspect(
     path: Path = typer.Argument(..., help="Dataset directory/file, or a RoboCache cache."),
     episodes: int = typer.Option(5, help="Episodes to read for measured rates and durations."),
-    fps: float = typer.Option(None, help="Rate of sources without timestamps (zarr, HDF5)."),
+    fps: float = typer.Option(None, help="Rate of sources without timestamps (zarr, HDF5, "
+                              "RLDS)."),
+    split: str = typer.Option(None, help="RLDS split: train, val, train[:95%], train[:10]+val."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
 ):
@@ -113,7 +119,7 @@ def inspect(
     from rich.table import Table
 
     with cli_errors(verbose):
-        facts = summarize(path, episodes, fps)
+        facts = summarize(path, episodes, fps, split)
     if as_json:
         typer.echo(json.dumps(facts, indent=2))
         return
@@ -135,3 +141,12 @@ def inspect(
         table.add_row(name, s["kind"], s["dtype"], str(tuple(s["shape"])), fmt(s["rate_hz"]),
                       fmt(s["measured_hz"]), str(s["samples"]))
     console.print(table)
+    if "splits" in facts:  # RLDS / TFDS: the feature tree, splits and shards
+        console.print(f"rate {facts['rate_hz']:g} Hz (from {facts['rate_origin']}); split "
+                      f"{facts['split']!r}: {facts['selected_episodes']} episodes; "
+                      f"{facts['steps_inspected']} steps in the {facts['inspected']} read")
+        for name, sp in facts["splits"].items():
+            console.print(f"  split {name}: {sp['episodes']} episodes, {len(sp['shards'])} "
+                          f"shards, {sp['bytes'] / 1e6:.1f} MB ({', '.join(sp['shards'][:3])}"
+                          f"{', ...' if len(sp['shards']) > 3 else ''})")
+        console.print_json(json.dumps({"features": facts["features"]}))

@@ -6,7 +6,8 @@ Layout of a cache directory::
 
     data.lance/         one row per (episode, step): episode_index, step, timestamp, task,
                         one column per stream (see below) and its `<column>_is_pad` mask
-    frames/<col>.lance  image streams: one row per source frame (episode_index, frame, pixels)
+    frames/<col>.lance  image streams: one row per source frame (episode_index, frame, pixels;
+                        or ``encoded`` bytes as the source stored them, for JPEG/PNG sources)
     stats.json          per-dimension mean, std, min, max, q01, q99 of every numeric stream
     manifest.json       source, rate, streams, episodes, quarantined episodes with reasons
 
@@ -205,10 +206,13 @@ def _frames_table(episode: Episode, name: str, spec: StreamSpec):
 
     s = episode.streams[name]
     n = len(s)
-    pixels = pa.FixedSizeListArray.from_arrays(pa.array(s.data.reshape(-1)), spec.dim)
+    if spec.encoding is not None:  # compressed frames are kept as they came: no re-encode
+        pixels = pa.array(s.data.tolist(), pa.binary())
+    else:
+        pixels = pa.FixedSizeListArray.from_arrays(pa.array(s.data.reshape(-1)), spec.dim)
     return pa.table({"episode_index": np.full(n, episode.index, np.int64),
                      "frame": np.arange(n, dtype=np.int64), "timestamp": s.times,
-                     "pixels": pixels})
+                     "encoded" if spec.encoding is not None else "pixels": pixels})
 
 
 def _done_episodes(uri: Path) -> set[int]:
@@ -426,7 +430,8 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
     dest = Path(dest)
     streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
                       "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
-                      "method": config.methods.get(name, default_method(s))}
+                      "method": config.methods.get(name, default_method(s)),
+                      **({"encoding": s.encoding} if s.encoding else {})}
                for name, s in specs.items()}
     header = {"format": CACHE_FORMAT,
               "source": {"path": str(Path(src.path).resolve()), "format": src.format},

@@ -52,6 +52,17 @@ class _Group:
         return out
 
 
+def _decode(data: bytes, shape: list[int]) -> np.ndarray:
+    """One JPEG/PNG frame as uint8 ``[H, W, C]`` (Pillow)."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        frame = np.asarray(im.convert("RGB") if shape[-1] == 3 else im)
+    return frame.reshape(shape)
+
+
 class RobotDataset(torch.utils.data.Dataset):
     """Windows over a RoboCache cache (see :func:`robocache.cache.build`).
 
@@ -167,7 +178,10 @@ class RobotDataset(torch.utils.data.Dataset):
         fep = table.column("episode_index").to_numpy()
         order = np.lexsort((table.column("frame").to_numpy(), fep))
         shape = self.manifest["streams"][key]["shape"]
-        pixels = table.column("pixels").combine_chunks().flatten().to_numpy()
+        if "encoded" in table.column_names:  # JPEG/PNG bytes: decoded once, here
+            pixels = np.stack([_decode(b, shape) for b in table.column("encoded").to_pylist()])
+        else:
+            pixels = table.column("pixels").combine_chunks().flatten().to_numpy()
         self.frames[key] = torch.from_numpy(pixels.reshape(len(fep), *shape)[order].copy())
         fep = fep[order]
         first = {int(e): int(i) for e, i in zip(*np.unique(fep, return_index=True), strict=True)}

@@ -29,6 +29,9 @@ class StreamSpec:
         dtype: NumPy dtype name of one sample (``"float32"``, ``"uint8"``, ``"str"``).
         shape: shape of one sample, e.g. ``(7,)`` or ``(3, 16, 16)``.
         rate_hz: nominal sampling rate in Hz, ``None`` for irregular/sparse streams.
+        encoding: image streams whose frames stay compressed: ``"jpeg"`` or ``"png"``; the
+            stream's data is then an object array of ``bytes`` ``[S]`` (``shape`` is the
+            decoded frame's).
     """
 
     name: str
@@ -36,6 +39,7 @@ class StreamSpec:
     dtype: str
     shape: tuple[int, ...]
     rate_hz: float | None = None
+    encoding: str | None = None
 
     @property
     def dim(self) -> int:
@@ -133,7 +137,12 @@ def check_episode(episode: Episode, specs: dict[str, StreamSpec]) -> None:
         if stream.data.shape[0] != len(t):
             raise DataError(f"episode {episode.index}: stream {name!r} has {stream.data.shape[0]} "
                             f"samples but {len(t)} timestamps.")
-        if spec.kind != "event" and tuple(stream.data.shape[1:]) != spec.shape:
+        if spec.encoding is not None:
+            if stream.data.ndim != 1 or not all(isinstance(b, bytes) and b
+                                                for b in stream.data):
+                raise DataError(f"episode {episode.index}: stream {name!r} must hold one "
+                                f"non-empty {spec.encoding} byte string per sample.")
+        elif spec.kind != "event" and tuple(stream.data.shape[1:]) != spec.shape:
             raise DataError(f"episode {episode.index}: stream {name!r} samples have shape "
                             f"{tuple(stream.data.shape[1:])}, expected {spec.shape}.")
         if spec.kind == "numeric" and not np.all(np.isfinite(stream.data)):

@@ -19,6 +19,8 @@ FORMATS = {
     "zarr-replay": ("zarr_replay", "ZarrReplaySource",
                     "zarr ReplayBuffer (data/<key>, meta/episode_ends; .zarr dir or .zarr.zip)"),
     "robomimic": ("robomimic", "RobomimicSource", "robomimic HDF5 (data/demo_<i>/...; .hdf5)"),
+    "rlds": ("rlds", "RldsSource",
+             "RLDS / TFDS builder folder (features.json, *.tfrecord-XXXXX-of-YYYYY shards)"),
 }
 
 
@@ -48,8 +50,10 @@ def open_source(path: str | Path, format: str | None = None, **options: Any) -> 
 
     Args:
         path: dataset directory or file.
-        format: ``"lerobot"``, ``"zarr-replay"`` or ``"robomimic"``; ``None`` detects.
-        **options: reader options, e.g. ``fps=10.0`` for ReplayBuffers without timestamps.
+        format: ``"lerobot"``, ``"zarr-replay"``, ``"robomimic"`` or ``"rlds"``; ``None``
+            detects.
+        **options: reader options, e.g. ``fps=10.0`` for sources without timestamps (zarr,
+            HDF5, RLDS), ``split="train[:95%]"`` for RLDS.
 
     Returns:
         The reader (``specs``, ``episode_indices()``, ``read(index)``).
