@@ -123,8 +123,8 @@ def test_mixed_caches_weighted_and_padded(tmp_path, rng, cache):
     assert 0.6 < share_b < 0.9  # expected 0.75
     only_a = RobotLoader(MixedDataset([a, b], weights=[1.0, 0.0]), 32, device="cpu", seed=2)
     assert all(int(x["source"].max()) == 0 for x in only_a)
-    with pytest.raises(DataError, match="same keys"):
-        MixedDataset([a, RobotDataset(cache, keys=["observation.state"])])
+    with pytest.raises(DataError, match="an action in one dataset"):
+        MixedDataset([a, RobotDataset(cache, history=1, horizon=3, keys=keys, action_keys=[])])
     with pytest.raises(DataError, match="weights"):
         MixedDataset([a, b], weights=[1.0, -1.0])
 

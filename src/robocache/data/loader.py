@@ -20,6 +20,7 @@ or per batch after the copy.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -30,74 +31,144 @@ from robocache.errors import DataError
 
 
 class MixedDataset:
-    """Several caches (different robots, rates) sampled with weights into one batch stream.
+    """Several caches (robots with different rates and dimensions) sampled with weights.
 
     Each batch element picks its source with probability ``weights[i] / sum(weights)`` and a
-    step uniformly inside it. Sources must serve the same key names; feature widths may differ
-    (each source is normalized with its own stats, then zero-padded to the widest). A batch has
-    ``source`` (int64 ``[B]``), and is grouped by source.
+    step uniformly inside it (with replacement), as Octo / Open X-Embodiment mixtures do. Each
+    source is normalized with its own stats (on the batch's device), then the batch is merged:
+
+    - ``source``: int64 ``[B]``, the dataset id (an index into ``names``); a batch is grouped by
+      source.
+    - a key whose feature width differs between sources is zero-padded to the widest, with
+      ``<key>_dim_mask`` (bool ``[B, D]``, True on the sample's own dimensions);
+    - a key some sources lack is zeros there, with ``<key>_is_pad`` all True.
 
     Args:
         datasets: the sources.
-        weights: non-negative sampling weights, one per source (default: by size).
+        weights: non-negative sampling weights, one per source; default ``size ** temperature``
+            (sizes in samples).
+        temperature: exponent on sizes when ``weights`` is not given: 1 samples by size, 0
+            uniformly over sources, in between flattens the mixture.
+        names: one name per source (default: each cache's folder name).
 
     Raises:
-        DataError: no datasets, different keys, or bad weights.
+        DataError: no datasets, a key that is an action in one source and an observation in
+            another, image keys of different shapes, or weights that are negative, not finite,
+            all zero or of the wrong length.
     """
 
-    def __init__(self, datasets: Sequence[RobotDataset], weights: Sequence[float] | None = None):
+    def __init__(self, datasets: Sequence[RobotDataset], weights: Sequence[float] | None = None,
+                 *, temperature: float = 1.0, names: Sequence[str] | None = None):
         self.datasets = list(datasets)
         if not self.datasets:
             raise DataError("`datasets` is empty; pass at least one RobotDataset.")
-        keys = [sorted(d.keys) for d in self.datasets]
-        if any(k != keys[0] for k in keys):
-            raise DataError(f"every dataset must serve the same keys; got {keys}. Pick common "
-                            "keys with RobotDataset(..., keys=...).")
-        w = torch.tensor([float(len(d)) for d in self.datasets] if weights is None
-                         else [float(x) for x in weights], dtype=torch.float64)
-        if w.shape != (len(self.datasets),) or bool((w < 0).any()) or float(w.sum()) <= 0:
-            raise DataError(f"`weights` must be {len(self.datasets)} non-negative numbers with a "
-                            f"positive sum; got {list(map(float, w))}.")
-        self.weights = w / w.sum()
+        roles = {}
+        for d in self.datasets:
+            for k in d.keys:
+                role = "action" if k in d.action_keys else "observation"
+                if roles.setdefault(k, role) != role:
+                    raise DataError(f"key {k!r} is an action in one dataset and an observation "
+                                    "in another; pass the same `action_keys` to each.")
+        windows = {(d.history, d.horizon if d.action_keys else None) for d in self.datasets}
+        if len({w[0] for w in windows}) > 1 or len({w[1] for w in windows} - {None}) > 1:
+            raise DataError("every dataset must use the same `history` and `horizon`; got "
+                            f"{sorted(windows, key=str)}.")
+        history = self.datasets[0].history
+        horizon = max(d.horizon for d in self.datasets)
+        # per key: (window length, *feature shape at its widest), dtype
+        self.shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        dims = [d.describe()["dims"] for d in self.datasets]
+        for d, dim in zip(self.datasets, dims, strict=True):
+            for k in d.keys:
+                steps = horizon if roles[k] == "action" else history
+                if k in d.image_keys:
+                    shape = (steps, *d.frames[k].shape[1:])
+                    if self.shapes.setdefault(k, (shape, torch.uint8))[0] != shape:
+                        raise DataError(f"image key {k!r} has frames of shape "
+                                        f"{self.shapes[k][0][1:]} in one dataset and "
+                                        f"{shape[1:]} in another; resize them to one shape.")
+                    continue
+                width = max(dim[k], self.shapes.get(k, ((0,), None))[0][-1])
+                self.shapes[k] = ((steps, width), torch.float32)
+        # numeric keys whose width differs between sources (or that some lack) get a dim mask
+        self.dim_masked = {k for k, (_, dtype) in self.shapes.items() if dtype != torch.uint8
+                           and len({dim.get(k) for dim in dims}) > 1}
+        self.keys = list(roles)
+        self.action_keys = [k for k, r in roles.items() if r == "action"]
+        self.names = list(names) if names is not None else [d.path.name for d in self.datasets]
+        if len(self.names) != len(self.datasets):
+            raise DataError(f"`names` must have {len(self.datasets)} entries; got "
+                            f"{len(self.names)}.")
+        if weights is None:
+            if not math.isfinite(temperature) or temperature < 0:
+                raise DataError(f"`temperature` must be a finite number >= 0; got "
+                                f"{temperature}.")
+            weights = [float(len(d)) ** temperature for d in self.datasets]
+        w = [float(x) for x in weights]
+        if len(w) != len(self.datasets) or not all(math.isfinite(x) and x >= 0 for x in w) \
+                or sum(w) <= 0:
+            raise DataError(f"`weights` must be {len(self.datasets)} finite non-negative numbers "
+                            f"with a positive sum; got {w}.")
+        self.weights = torch.tensor(w, dtype=torch.float64) / sum(w)
 
     def __len__(self) -> int:
         return sum(len(d) for d in self.datasets)
 
 
+def _generator(*key: int) -> torch.Generator:
+    """A generator seeded by integers (int tuples hash the same in every process)."""
+    return torch.Generator().manual_seed(hash(key) & ((1 << 63) - 1))
+
+
 class _Sampler(torch.utils.data.Sampler):
-    """Batches of (source, indices) parts: an epoch permutation for one source; weighted draws
-    (with replacement, ``len // batch_size`` batches per epoch) for a mixture."""
+    """Batches of (source, indices) parts for one rank of ``world_size``.
+
+    One source: an epoch is a permutation seeded by ``(seed, epoch)``, dealt round-robin to the
+    ranks. A mixture: batch ``b`` of an epoch draws the global batch (``batch_size *
+    world_size`` sources and steps) from a generator seeded by ``(seed, epoch, b)``; each rank
+    takes its slice, so any batch can be rebuilt without replaying the ones before it.
+    ``epoch`` and ``start`` (the first batch to yield) are where iteration resumes."""
 
     def __init__(self, data: RobotDataset | MixedDataset, batch_size: int, shuffle: bool,
-                 drop_last: bool, seed: int):
+                 drop_last: bool, seed: int, rank: int = 0, world_size: int = 1):
         self.data, self.batch_size = data, batch_size
-        self.shuffle, self.drop_last = shuffle, drop_last
-        self.generator = torch.Generator().manual_seed(seed)
+        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start = 0, 0
 
     def __len__(self) -> int:
-        n = len(self.data)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        n = len(self.data) // self.world_size
+        if isinstance(self.data, MixedDataset) or self.drop_last:
+            return n // self.batch_size
+        return -(-n // self.batch_size)
 
     def order(self) -> torch.Tensor:
-        """One source: this epoch's order of all samples (advances the generator)."""
+        """One source: this rank's order of the epoch's samples."""
         n = len(self.data)
-        return torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        order = torch.randperm(n, generator=_generator(self.seed, self.epoch)) \
+            if self.shuffle else torch.arange(n)
+        return order[: n - n % self.world_size][self.rank::self.world_size].contiguous()
 
     def batches(self, order: torch.Tensor) -> Iterator[list[tuple[int, torch.Tensor]]]:
-        for b in range(len(self)):
+        for b in range(self.start, len(self)):
             yield [(0, order[b * self.batch_size:(b + 1) * self.batch_size])]
+
+    def mixed_batch(self, b: int) -> list[tuple[int, torch.Tensor]]:
+        g = _generator(self.seed, self.epoch, b)
+        total = self.batch_size * self.world_size
+        src = torch.multinomial(self.data.weights, total, replacement=True, generator=g)
+        sizes = torch.tensor([len(d) for d in self.data.datasets], dtype=torch.float64)
+        steps = (torch.rand(total, generator=g, dtype=torch.float64) * sizes[src]).long()
+        mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+        src, steps = src[mine], steps[mine]
+        return [(i, steps[src == i]) for i in range(len(sizes)) if bool((src == i).any())]
 
     def __iter__(self) -> Iterator[list[tuple[int, torch.Tensor]]]:
         if isinstance(self.data, RobotDataset):
             yield from self.batches(self.order())
             return
-        sizes = torch.tensor([len(d) for d in self.data.datasets])
-        for _ in range(len(self)):
-            src = torch.multinomial(self.data.weights, self.batch_size, replacement=True,
-                                    generator=self.generator)
-            counts = torch.bincount(src, minlength=len(sizes))
-            yield [(i, (torch.rand(int(c), generator=self.generator) * sizes[i]).long())
-                   for i, c in enumerate(counts.tolist()) if c]
+        for b in range(self.start, len(self)):
+            yield self.mixed_batch(b)
 
 
 class _Parts(torch.utils.data.Dataset):
@@ -113,20 +184,37 @@ class _Parts(torch.utils.data.Dataset):
         return sum(len(d) for d in self.datasets)
 
 
-def _merge(parts: list[tuple[int, Batch]], mixed: bool) -> Batch:
-    """Concatenate per-source batches along B, zero-padding feature dims to the widest."""
-    if not mixed:
+def _merge(parts: list[tuple[int, Batch]], mixed: MixedDataset | None) -> Batch:
+    """Concatenate per-source batches along B (see :class:`MixedDataset`): numeric keys
+    zero-padded to their widest width with ``<key>_dim_mask``, keys a source lacks zero-filled
+    and padded, ``source`` ids."""
+    if mixed is None:
         return parts[0][1]
-    out: Batch = {}
-    for key in parts[0][1]:
-        tensors = [b[key] for _, b in parts]
-        if tensors[0].dim() >= 3 and tensors[0].is_floating_point():
-            width = max(t.shape[-1] for t in tensors)
-            tensors = [torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in tensors]
-        out[key] = torch.cat(tensors)
-    dev = out[next(iter(out))].device
-    out["source"] = torch.cat([torch.full((b["index"].shape[0],), i, dtype=torch.int64,
-                                          device=dev) for i, b in parts])
+    dev = parts[0][1]["index"].device
+    sizes = [b["index"].shape[0] for _, b in parts]
+    out: Batch = {k: torch.cat([b[k] for _, b in parts])
+                  for k in ("index", "episode_index", "timestamp")}
+    for key, (shape, dtype) in mixed.shapes.items():
+        values, pads, masks = [], [], []
+        for (_, b), n in zip(parts, sizes, strict=True):
+            v = b.get(key)
+            if v is None:  # this source lacks the key: zeros, padded everywhere
+                values.append(torch.zeros((n, *shape), dtype=dtype, device=dev))
+                pads.append(torch.ones((n, shape[0]), dtype=torch.bool, device=dev))
+                masks.append(torch.zeros((n, shape[-1]), dtype=torch.bool, device=dev))
+                continue
+            pads.append(b[f"{key}_is_pad"])
+            if key in mixed.dim_masked:
+                masks.append((torch.arange(shape[-1], device=dev) < v.shape[-1])
+                             .expand(n, shape[-1]))
+                v = torch.nn.functional.pad(v, (0, shape[-1] - v.shape[-1]))
+            values.append(v)
+        out[key] = torch.cat(values)
+        out[f"{key}_is_pad"] = torch.cat(pads)
+        if key in mixed.dim_masked:
+            out[f"{key}_dim_mask"] = torch.cat(masks)
+    out["source"] = torch.cat([torch.full((n,), i, dtype=torch.int64, device=dev)
+                               for (i, _), n in zip(parts, sizes, strict=True)])
     return out
 
 
@@ -179,16 +267,26 @@ class RobotLoader:
         cuda_graph: resident path, one source, ``drop_last``: replay each batch's gather from
             a CUDA graph (the host cost per batch drops to a copy and a replay). The batch's
             tensors are graph buffers, rewritten 3 batches later: ``clone()`` what you keep.
+        rank, world_size: this process's share of a data-parallel job: every rank builds the
+            same sequence from ``seed`` and takes its part (one source: every
+            ``world_size``-th sample of the epoch's permutation; a mixture: its slice of each
+            global batch of ``batch_size * world_size`` draws), so ranks never overlap.
+
+    Iteration resumes: :meth:`state_dict` / :meth:`load_state_dict` save and restore the
+    position (epoch, batch), and breaking out of a loop then calling ``iter`` again continues
+    the same epoch.
 
     Raises:
-        DataError: ``batch_size`` < 1, or the workers path with datasets not on the CPU.
+        DataError: ``batch_size`` < 1, ``rank`` outside ``[0, world_size)``, or the workers
+            path with datasets not on the CPU.
     """
 
     def __init__(self, data: RobotDataset | MixedDataset, batch_size: int = 256, *,
                  device: str | torch.device | None = None, shuffle: bool = True,
                  drop_last: bool = True, num_workers: int = 0, resident: bool | None = None,
                  normalize: str | Mapping[str, str] | None = "mean_std", seed: int = 0,
-                 prefetch_factor: int = 4, cuda_graph: bool = True):
+                 prefetch_factor: int = 4, cuda_graph: bool = True, rank: int = 0,
+                 world_size: int = 1):
         from robocache.ops.normalize import Normalizer
 
         if batch_size < 1:
@@ -196,9 +294,14 @@ class RobotLoader:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         cuda = self.device.type == "cuda"
         self.resident = num_workers == 0 if resident is None else resident
+        if not 0 <= rank < world_size:
+            raise DataError(f"`rank` must be in [0, world_size); got rank={rank}, "
+                            f"world_size={world_size}.")
         self.mixed = isinstance(data, MixedDataset)
+        self.mixture = data if self.mixed else None
         self.datasets = data.datasets if self.mixed else [data]
-        self.sampler = _Sampler(data, batch_size, shuffle, drop_last, seed)
+        self.sampler = _Sampler(data, batch_size, shuffle, drop_last, seed, rank, world_size)
+        self.epoch, self.batch = 0, 0  # where iteration resumes (see state_dict)
         self.normalizers = [None if normalize is None else
                             Normalizer(d.stats, normalize if isinstance(normalize, str) else
                                        {k: m for k, m in normalize.items() if k in d.stats})
@@ -240,14 +343,47 @@ class RobotLoader:
             batch = self.datasets[i].finish(raw, *self.meta[i])
             norm = self.normalizers[i]
             done.append((i, norm(batch) if norm is not None else batch))
-        return _merge(done, self.mixed)
+        return _merge(done, self.mixture)
+
+    def state_dict(self) -> dict[str, int]:
+        """Where iteration stands: ``epoch`` and ``batch`` (batches of it already yielded),
+        with the ``seed``, ``rank`` and ``world_size`` they hold for. Save it with the model;
+        :meth:`load_state_dict` makes the next ``iter(loader)`` continue with the batch after
+        the last one yielded, as if never interrupted."""
+        return {"epoch": self.epoch, "batch": self.batch, "seed": self.sampler.seed,
+                "rank": self.sampler.rank, "world_size": self.sampler.world_size}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resume from :meth:`state_dict`'s output.
+
+        Raises:
+            DataError: the state was saved with another seed or world size, or its batch is
+                past the end of an epoch.
+        """
+        for key in ("seed", "world_size"):
+            if state[key] != getattr(self.sampler, key):
+                raise DataError(f"the loader state was saved with {key}={state[key]}, this "
+                                f"loader has {getattr(self.sampler, key)}; build the loader "
+                                "with the same value to resume.")
+        if not 0 <= state["batch"] <= len(self):
+            raise DataError(f"the loader state's batch {state['batch']} is outside an epoch of "
+                            f"{len(self)} batches.")
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
 
     def __iter__(self) -> Iterator[Batch]:
+        """This epoch's remaining batches (all of them unless resumed mid-epoch)."""
         if len(self.sampler) == 0:
             warnings.warn(f"RobotLoader: this epoch has no batch: batch_size "
                           f"{self.sampler.batch_size} exceeds the {len(self.sampler.data)} "
                           "samples and drop_last=True; lower batch_size or pass drop_last=False.",
                           stacklevel=2)
+        self.sampler.epoch, self.sampler.start = self.epoch, self.batch
+        for batch in self._batches():
+            self.batch += 1
+            yield batch
+        self.epoch, self.batch = self.epoch + 1, 0
+
+    def _batches(self) -> Iterator[Batch]:
         if self.graphed is not None:
             yield from self._iter_graphed()
             return
@@ -310,9 +446,9 @@ class RobotLoader:
             event.record(self.stream)
             return batch, event
 
-        n = len(self.sampler)
-        ready = launch(0) if n else None
-        for b in range(n):
+        n, first = len(self.sampler), self.sampler.start
+        ready = launch(first) if first < n else None
+        for b in range(first, n):
             batch, event = ready
             main.wait_event(event)
             if b + 1 < n:
