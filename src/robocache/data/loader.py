@@ -20,13 +20,15 @@ or per batch after the copy.
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 
-from robocache.data.dataset import Batch, RobotDataset
+from robocache.data.dataset import Batch, RobotDataset, _Group
 from robocache.errors import DataError
 
 
@@ -163,6 +165,13 @@ class _Sampler(torch.utils.data.Sampler):
         src, steps = src[mine], steps[mine]
         return [(i, steps[src == i]) for i in range(len(sizes)) if bool((src == i).any())]
 
+    def packed_indices(self, b: int) -> torch.Tensor:
+        """A mixture's batch ``b`` as rows of the sources stacked in order (see ``_pack``)."""
+        base = [0]
+        for d in self.data.datasets[:-1]:
+            base.append(base[-1] + len(d))
+        return torch.cat([idx + base[i] for i, idx in self.mixed_batch(b)])
+
     def __iter__(self) -> Iterator[list[tuple[int, torch.Tensor]]]:
         if isinstance(self.data, RobotDataset):
             yield from self.batches(self.order())
@@ -215,6 +224,84 @@ def _merge(parts: list[tuple[int, Batch]], mixed: MixedDataset | None) -> Batch:
             out[f"{key}_dim_mask"] = torch.cat(masks)
     out["source"] = torch.cat([torch.full((n,), i, dtype=torch.int64, device=dev)
                                for (i, _), n in zip(parts, sizes, strict=True)])
+    return out
+
+
+class _Packed(RobotDataset):
+    """A mixture's sources (normalized, on one device) stacked into one packed cache: each
+    group's columns at the widest width (zeros beyond a source's own, alignment-pad column set
+    where a source lacks the key), frames concatenated (plus one zero frame for sources without
+    the camera). A mixed batch is then one gather, like a single cache's (and graph-replayable);
+    :meth:`fetch` adds ``source``, ``<key>_dim_mask`` and turns ``index`` back into the
+    source's own."""
+
+    row_source: torch.Tensor
+    row_base: torch.Tensor
+    dim_tables: dict[str, torch.Tensor]
+
+    def fetch(self, indices: torch.Tensor) -> Batch:
+        batch = super().fetch(indices)
+        source = self.row_source[indices]
+        batch["index"] = indices - self.row_base[source]
+        batch["source"] = source
+        for k, table in self.dim_tables.items():
+            batch[f"{k}_dim_mask"] = table[source]
+        return batch
+
+
+def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
+    """Stack ``datasets`` (the mixture's sources, already normalized and moved) into a
+    :class:`_Packed` on their device."""
+    dev = datasets[0].device
+    images = {k for d in datasets for k in d.image_keys}
+    out = copy.copy(datasets[0])
+    out.__class__ = _Packed
+    sizes = torch.tensor([len(d) for d in datasets], device=dev)
+    base = torch.cumsum(sizes, 0) - sizes
+    out.frames, frame_base = {}, {}
+    for k in images:
+        have = [d.frames[k] for d in datasets if k in d.image_keys]
+        counts = [d.frames[k].shape[0] if k in d.image_keys else 0 for d in datasets]
+        frame_base[k] = np.cumsum([0] + counts[:-1]).tolist()
+        out.frames[k] = torch.cat(have + [torch.zeros_like(have[0][:1])])  # last: zero frame
+    out.groups = {}
+    for name in ("obs", "act"):
+        keys = [k for k in mixture.keys if (k in mixture.action_keys) == (name == "act")]
+        if not keys:
+            continue
+        dims = [1 if k in images else mixture.shapes[k][0][-1] for k in keys]
+        width = sum(dims)
+        blocks = []
+        for i, d in enumerate(datasets):
+            block = torch.zeros(len(d), width + len(keys), device=dev)
+            g = d.groups.get(name)
+            for j, k in enumerate(keys):
+                at = sum(dims[:j])
+                if g is None or k not in g.keys:
+                    block[:, width + j] = 1.0  # a key this source lacks: padded
+                    if k in images:
+                        block[:, at] = out.frames[k].shape[0] - 1
+                    continue
+                c, w = g.column(k), g.dims[g.keys.index(k)]
+                block[:, at:at + w] = g.data[:, c:c + w] + (frame_base[k][i] if k in images
+                                                             else 0)
+                block[:, width + j] = g.data[:, sum(g.dims) + g.keys.index(k)]
+            blocks.append(block)
+        out.groups[name] = _Group(keys, dims, torch.cat(blocks))
+    out.obs_keys = [k for k in mixture.keys if k not in mixture.action_keys]
+    out.action_keys = list(mixture.action_keys)
+    out.image_keys = [k for k in out.obs_keys if k in images]
+    out.horizon = max(d.horizon for d in datasets)
+    out.offsets = torch.cat([d.offsets[:-1] + base[i] for i, d in enumerate(datasets)]
+                            + [sizes.sum()[None]])
+    out.episode_index = torch.cat([d.episode_index for d in datasets])
+    out.episode_ids = torch.cat([d.episode_ids.to(dev) for d in datasets])
+    out.timestamp = torch.cat([d.timestamp for d in datasets])
+    out.row_source = torch.repeat_interleave(torch.arange(len(datasets), device=dev), sizes)
+    out.row_base = base
+    out.dim_tables = {k: torch.stack([torch.arange(mixture.shapes[k][0][-1], device=dev)
+                                      < d.describe()["dims"].get(k, 0) for d in datasets])
+                      for k in mixture.dim_masked}
     return out
 
 
@@ -312,8 +399,10 @@ class RobotLoader:
                              d.to(self.device).normalized(n)
                              for d, n in zip(self.datasets, self.normalizers, strict=True)]
             self.loader = None
-            self.graphed = _Graphed(self.datasets[0], batch_size, self.device) \
-                if cuda and cuda_graph and drop_last and not self.mixed else None
+            # a mixture is stacked into one packed cache: a batch is one gather
+            self.packed = _pack(data, self.datasets) if self.mixed else self.datasets[0]
+            self.graphed = _Graphed(self.packed, batch_size, self.device) \
+                if cuda and cuda_graph and (drop_last or self.mixed) else None
         else:
             self.graphed = None
             # workers send few tensors (the raw windows); keys and masks are split here
@@ -335,10 +424,9 @@ class RobotLoader:
     def _prepare(self, parts) -> Batch:
         """Fetch (resident) or copy (workers) the parts, normalize, merge: on the side stream."""
         done = []
+        if self.resident:  # already normalized (and a mixture stacked): one gather
+            return self.packed.fetch(parts[0][1].to(self.device, non_blocking=True))
         for i, part in parts:
-            if self.resident:  # already normalized
-                done.append((i, self.datasets[i].fetch(part.to(self.device, non_blocking=True))))
-                continue
             raw = {k: v.to(self.device, non_blocking=True) for k, v in part.items()}
             batch = self.datasets[i].finish(raw, *self.meta[i])
             norm = self.normalizers[i]
@@ -393,7 +481,8 @@ class RobotLoader:
                 order.record_stream(self.stream)  # read there while the caller iterates
             source = self.sampler.batches(order)
         elif self.resident:
-            source = iter(self.sampler)
+            source = ([(-1, self.sampler.packed_indices(b))]
+                      for b in range(self.sampler.start, len(self.sampler)))
         else:
             with warnings.catch_warnings():
                 # workers fork after Lance was used in this process; they never call Lance
@@ -431,8 +520,9 @@ class RobotLoader:
         slot is refilled only after the main stream has passed the work queued on its
         previous batch (recorded when the caller asked for the batch after it)."""
         main = torch.cuda.current_stream(self.device)
-        order = self.sampler.order().to(self.device)
-        order.record_stream(self.stream)
+        order = None if self.mixed else self.sampler.order().to(self.device)
+        if order is not None:
+            order.record_stream(self.stream)
         self.stream.wait_stream(main)
         size, slots = self.sampler.batch_size, len(self.graphed.graphs)
         released: list[torch.cuda.Event | None] = [None] * slots
@@ -441,7 +531,8 @@ class RobotLoader:
             with torch.cuda.stream(self.stream):
                 if released[b % slots] is not None:
                     self.stream.wait_event(released[b % slots])
-                batch = self.graphed(b % slots, order[b * size:(b + 1) * size])
+                batch = self.graphed(b % slots, self.sampler.packed_indices(b) if order is None
+                                     else order[b * size:(b + 1) * size])
             event = torch.cuda.Event()
             event.record(self.stream)
             return batch, event

@@ -1,0 +1,123 @@
+"""Benchmark a weighted mixture of caches against one cache of the same total size.
+
+    $ robocache bench mixture --json benchmarks/results/mixture.json
+    $ python benchmarks/bench_mixture.py --quick        # CPU smoke run
+
+Three caches of different robots, as an Open X-Embodiment mixture: ``arm`` (24-D state, 16-D
+action, 50 Hz, a 32x32 RGB camera), ``mobile`` (14-D state, 7-D action, 10 Hz), ``hand``
+(8-D state, 7-D action, 20 Hz), sampled with weights 0.5 / 0.3 / 0.2 by
+:class:`robocache.MixedDataset`; each normalized with its own stats on the GPU, padded to
+24 / 16 dims with ``_dim_mask``, ``source`` per sample. Against it, one cache with the same
+total number of steps and the widest shapes (24-D state, 16-D action, the camera) served by
+the same :class:`robocache.RobotLoader`. Batch 256, observation history 2, action horizon 16,
+resident on the device (the mixture gathers each source's part, then merges).
+
+Timing: wall clock over ``batches`` batches after warm-up, one device sync at the end, repeated
+(as the ``loader`` family); ``ratio_vs_single`` = mixture samples/s over single-cache samples/s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from robocache.bench import harness as H
+from robocache.bench.standalone import main
+
+FAMILY = "mixture"
+HISTORY, HORIZON, BATCH = 2, 16, 256
+CAM = (32, 32, 3)
+# name: (state dim, action dim, rate Hz, camera, share of the steps, sampling weight)
+ROBOTS = {"arm": (24, 16, 50.0, True, 0.4, 0.5), "mobile": (14, 7, 10.0, False, 0.35, 0.3),
+          "hand": (8, 7, 20.0, False, 0.25, 0.2)}
+FULL = {"steps": 100_000, "length": 500, "batches": 60, "repeats": 5}
+QUICK = {"steps": 3_000, "length": 100, "batches": 4, "repeats": 2}
+
+
+def _loader_bench():
+    """The ``loader`` family's timing helper (benchmarks are files, not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "robocache_bench_loader", Path(__file__).with_name("bench_loader.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Synthetic:
+    """An in-memory source of random-walk episodes (a reader without files)."""
+
+    format = "synthetic"
+
+    def __init__(self, path: Path, state: int, action: int, fps: float, camera: bool,
+                 episodes: int, length: int, seed: int):
+        from robocache.data.episode import StreamSpec
+
+        self.path, self.fps, self.length, self.seed = path, fps, length, seed
+        self.count = episodes
+        self.specs = {"observation.state": StreamSpec("observation.state", "numeric", "float32",
+                                                      (state,), fps),
+                      "action": StreamSpec("action", "numeric", "float32", (action,), fps)}
+        if camera:
+            self.specs["observation.image"] = StreamSpec("observation.image", "image", "uint8",
+                                                         CAM, fps)
+
+    def episode_indices(self) -> list[int]:
+        return list(range(self.count))
+
+    def read(self, index: int):
+        from robocache.data.episode import Episode, Stream
+
+        rng = np.random.default_rng([self.seed, index])
+        t = np.arange(self.length) / self.fps
+        streams = {}
+        for k, s in self.specs.items():
+            data = rng.integers(0, 255, (self.length, *s.shape), np.uint8) if s.kind == "image" \
+                else rng.normal(size=(self.length, *s.shape)).cumsum(0).astype(np.float32)
+            streams[k] = Stream(s, t, data)
+        return Episode(index, streams, {"tasks": ["benchmark"]})
+
+
+def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+    from robocache.data import MixedDataset, RobotDataset, RobotLoader
+    from robocache.data.cache import build
+
+    cfg = QUICK if quick else FULL
+    bench = _loader_bench()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+
+        def cache(name, state, action, fps, camera, steps, seed):
+            (tmp / f"{name}-src").mkdir()
+            src = _Synthetic(tmp / f"{name}-src", state, action, fps, camera,
+                             max(1, steps // cfg["length"]), cfg["length"], seed)
+            build(src, tmp / name, rate_hz=fps, progress=False)
+            return RobotDataset(tmp / name, history=HISTORY, horizon=HORIZON)
+
+        parts = [cache(n, s, a, f, c, int(cfg["steps"] * share), i)
+                 for i, (n, (s, a, f, c, share, _)) in enumerate(ROBOTS.items())]
+        single = cache("single", 24, 16, 50.0, True, cfg["steps"], 9)
+        mixed = MixedDataset(parts, weights=[w for *_, w in ROBOTS.values()])
+        name = f"b{BATCH}-h{HISTORY}-H{HORIZON}-{len(single)}steps"
+        for impl, data in (("single-cache", single), ("mixture-3", mixed)):
+            loader = RobotLoader(data, BATCH, device=device)
+            batches = (b for _ in iter(int, 1) for b in loader)
+            timing, nbytes = bench._measure(batches, cfg["batches"], cfg["repeats"], device)
+            records.append(H.case(FAMILY, name, impl, timing, nbytes=nbytes,
+                                  samples_per_s=BATCH / (timing.median_ms * 1e-3),
+                                  steps=len(data), sources=len(getattr(data, "datasets", [0]))))
+            del loader, batches
+    single_rate = records[0]["samples_per_s"]
+    for r in records:
+        r["ratio_vs_single"] = r["samples_per_s"] / single_rate
+        r["note"] = f"{r['samples_per_s']:,.0f} samples/s, {r['ratio_vs_single']:.2f}x single"
+    return records
+
+
+if __name__ == "__main__":
+    main(run, __doc__)
