@@ -104,20 +104,20 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         single = cache("single", 24, 16, 50.0, True, cfg["steps"], 9)
         mixed = MixedDataset(parts, weights=[w for *_, w in ROBOTS.values()])
         name = f"b{BATCH}-h{HISTORY}-H{HORIZON}-{len(single)}steps"
+        single_rate = None
         for impl, data in (("single-cache", single), ("mixture-3", mixed)):
             loader = RobotLoader(data, BATCH, device=device)
-            batches = (b for _ in iter(int, 1) for b in loader)
-            timing, nbytes = bench._measure(batches, cfg["batches"], cfg["repeats"], device)
-            records.append(H.case(FAMILY, name, impl, timing, nbytes=nbytes,
-                                  samples_per_s=BATCH / (timing.median_ms * 1e-3),
-                                  steps=len(data), sources=len(getattr(data, "datasets", [0]))))
-            del loader, batches
-    single_rate = records[0]["samples_per_s"]
-    for r in records:
-        r["ratio_vs_single"] = r["samples_per_s"] / single_rate
-        r["note"] = f"{r['samples_per_s']:,.0f} samples/s, {r['ratio_vs_single']:.2f}x single"
+            timing, nbytes = bench._measure(bench._robocache_batches(loader), cfg["batches"],
+                                            cfg["repeats"], device)
+            rate = BATCH / (timing.median_ms * 1e-3)
+            single_rate = single_rate or rate
+            records.append(H.case(
+                FAMILY, name, impl, timing, nbytes=nbytes, samples_per_s=rate,
+                ratio_vs_single=rate / single_rate, steps=len(data),
+                sources=len(getattr(data, "datasets", [0])),
+                note=f"{rate:,.0f} samples/s, {rate / single_rate:.2f}x single"))
+            del loader
     return records
-
 
 if __name__ == "__main__":
     main(run, __doc__)

@@ -186,19 +186,24 @@ def feature_values(feature) -> np.ndarray | list[bytes]:
     return np.zeros(0, np.float32)  # an empty Feature: no values
 
 
+def _parse(name: str, data: bytes):
+    from google.protobuf.message import DecodeError
+
+    message = classes()[name]()
+    try:
+        message.ParseFromString(data)
+    except DecodeError as e:
+        raise DataError(f"a record is not a tf.train.{name} ({e}).") from e
+    return message
+
+
 def parse_example(data: bytes) -> dict[str, np.ndarray | list[bytes]]:
     """Parse a serialized ``tf.train.Example`` into ``{key: values}``.
 
     Raises:
         DataError: the bytes are not an Example.
     """
-    from google.protobuf.message import DecodeError
-
-    example = classes()["Example"]()
-    try:
-        example.ParseFromString(data)
-    except DecodeError as e:
-        raise DataError(f"a record is not a tf.train.Example ({e}).") from e
+    example = _parse("Example", data)
     return {k: feature_values(v) for k, v in example.features.feature.items()}
 
 
@@ -209,13 +214,7 @@ def parse_sequence_example(data: bytes) -> tuple[dict, dict]:
     Raises:
         DataError: the bytes are not a SequenceExample.
     """
-    from google.protobuf.message import DecodeError
-
-    example = classes()["SequenceExample"]()
-    try:
-        example.ParseFromString(data)
-    except DecodeError as e:
-        raise DataError(f"a record is not a tf.train.SequenceExample ({e}).") from e
+    example = _parse("SequenceExample", data)
     context = {k: feature_values(v) for k, v in example.context.feature.items()}
     lists = {k: [feature_values(f) for f in v.feature]
              for k, v in example.feature_lists.feature_list.items()}
