@@ -103,7 +103,7 @@ def test_inspect_shows_features_splits_and_rate():
     assert facts["splits"]["train"]["episodes"] == 3 and facts["selected_episodes"] == 2
     assert facts["splits"]["val"]["shards"] == ["toy_rlds-val.tfrecord-00000-of-00001"]
     assert facts["features"]["steps[]"]["observation"]["image"] == "image uint8[16, 12, 3] png"
-    assert facts["rate_hz"] == 15.0 and facts["rate_origin"] == "the fps option"
+    assert facts["rate_hz"] == 15.0 and facts["timing"] == "no timestamps: 15 Hz from --fps"
     assert facts["tasks"] and facts["steps_inspected"] > 0
 
 
@@ -115,7 +115,8 @@ def test_ingest_keeps_encoded_frames_and_tasks(tmp_path):
 
     m = build(version("jpeg"), tmp_path / "cache", rate_hz=10.0, device="cpu", progress=False,
               source_options={"fps": 10.0, "split": "train"})
-    assert m["counts"]["cached"] == 4 and m["source"]["format"] == "rlds split=train fps=10"
+    assert m["counts"]["cached"] == 4 and m["source"]["format"] == "rlds split=train"
+    assert m["timing"] == "no timestamps: 10 Hz from --fps"
     assert m["streams"]["observation.image"]["encoding"] == "jpeg"
     src = RldsSource(version("jpeg"), fps=10.0)
     frames = lance.dataset(str(tmp_path / "cache/frames/observation.image.lance")).to_table()

@@ -39,7 +39,7 @@ def print_summary(manifest: dict) -> None:
 
 def source_options(**options) -> dict:
     """The reader options given on the command line (unset ones left to the reader)."""
-    return {k: v for k, v in options.items() if v}
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def ingest(

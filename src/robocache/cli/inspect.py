@@ -142,8 +142,7 @@ def inspect(
                       fmt(s["measured_hz"]), str(s["samples"]))
     console.print(table)
     if "splits" in facts:  # RLDS / TFDS: the feature tree, splits and shards
-        console.print(f"rate {facts['rate_hz']:g} Hz (from {facts['rate_origin']}); split "
-                      f"{facts['split']!r}: {facts['selected_episodes']} episodes; "
+        console.print(f"split {facts['split']!r}: {facts['selected_episodes']} episodes; "
                       f"{facts['steps_inspected']} steps in the {facts['inspected']} read")
         for name, sp in facts["splits"].items():
             console.print(f"  split {name}: {sp['episodes']} episodes, {len(sp['shards'])} "

@@ -17,7 +17,8 @@ Streams: every step feature becomes a stream named by its path inside ``steps`` 
 
 RLDS has no timestamps: step ``k`` is at ``k / fps`` seconds, ``fps`` from the reader option
 (``--fps``) or else from :data:`CONTROL_HZ` (control rates of Open X-Embodiment datasets by
-dataset name); ``rate_origin`` says which. Episode-level features go to ``Episode.meta``.
+dataset name); ``timing`` says which (the manifest and ``inspect`` show it). Episode-level
+features go to ``Episode.meta``.
 
 Splits: ``split="train"`` (default: the first split), ``"val"``, slices ``"train[:95%]"``,
 ``"train[10:20]"``, unions ``"train[:10]+val"``; episode ``i`` is the ``i``-th record of the
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from robocache.data.episode import Episode, Stream, StreamSpec
-from robocache.data.formats import tfrecord
+from robocache.data.formats import check_fps, tfrecord
 from robocache.errors import DataError
 
 # Control rates (Hz) of Open X-Embodiment datasets, from its dataset overview; RLDS stores none.
@@ -211,17 +212,18 @@ class RldsSource:
         self.split = split or next(iter(self.shards), "train")
         self.selection = self._select(self.split)
         if fps is not None:
-            self.fps, self.rate_origin = float(fps), "the fps option"
+            self.fps, self.timing = check_fps(fps, 0.0, self.path)
         else:
             key = next((k for k in (self.name, version.parent.name, version.parent.parent.name)
                         if k in CONTROL_HZ), None)
             if key is None:
                 raise DataError(f"{version}: RLDS stores no timestamps and {self.name!r} is not "
                                 "in the table of control rates; pass fps=<Hz> (--fps).")
-            self.fps, self.rate_origin = CONTROL_HZ[key], f"the control-rate table ({key})"
-        # the cache manifest records the format: it states the split and rate, and a resume
-        # with another split or rate is refused
-        self.format = f"rlds split={self.split} fps={self.fps:g}"
+            self.fps = CONTROL_HZ[key]
+            self.timing = (f"no timestamps: {self.fps:g} Hz, the control rate of {key} (set it "
+                           "with --fps)")
+        # the cache manifest records the format: a resume with another split is refused
+        self.format = f"rlds split={self.split}"
         self.specs: dict[str, StreamSpec] = {}
         for leaf in self.steps.leaves():
             name = self._stream(leaf)
@@ -363,7 +365,7 @@ class RldsSource:
         raise DataError(f"episode {index}: the record holds no step feature.")
 
     def describe(self) -> dict[str, Any]:
-        """The facts ``inspect`` shows: features, splits (episodes, shards), rate and origin."""
+        """The facts ``inspect`` shows: features, splits (episodes, shards), the rate."""
         splits = {}
         for name, shards in self.shards.items():
             splits[name] = {"episodes": sum(self._count(s) for s in shards),
@@ -372,7 +374,7 @@ class RldsSource:
                                          if s.path.exists())}
         return {"name": self.name, "version": self.root.name, "split": self.split,
                 "selected_episodes": len(self.selection), "rate_hz": self.fps,
-                "rate_origin": self.rate_origin, "features": self.features.describe(),
+                "features": self.features.describe(),
                 "splits": splits}
 
     def close(self) -> None:
