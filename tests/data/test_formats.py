@@ -150,7 +150,7 @@ def test_unknown_format_lists_supported(tmp_path):
     for name in FORMATS:
         assert name in str(e.value)
     with pytest.raises(DataError, match="not supported"):
-        open_source(tmp_path / "x.txt", format="rlds")
+        open_source(tmp_path / "x.txt", format="petastorm")
     with pytest.raises(FileNotFoundError):
         open_source(tmp_path / "missing")
 

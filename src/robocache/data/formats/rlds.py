@@ -150,6 +150,8 @@ def parse_features(tree: dict, path: str = "") -> Feature:
 
 def _version_dir(path: Path) -> Path | None:
     """``path`` if it is a version folder, else its newest version subfolder."""
+    if not path.is_dir():
+        return None
     if (path / "features.json").exists() or (path / "dataset_info.json").exists() or \
             any(_SHARD.match(p.name) for p in path.glob("*.tfrecord-*")):
         return path
