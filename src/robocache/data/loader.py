@@ -395,12 +395,14 @@ class RobotLoader:
                             for d in self.datasets]
         if self.resident:
             # normalize the packed cache once on the device: per batch only the gather remains
-            self.datasets = [d.to(self.device) if n is None else
-                             d.to(self.device).normalized(n)
-                             for d, n in zip(self.datasets, self.normalizers, strict=True)]
+            moved = [d.to(self.device) if n is None else d.to(self.device).normalized(n)
+                     for d, n in zip(self.datasets, self.normalizers, strict=True)]
             self.loader = None
-            # a mixture is stacked into one packed cache: a batch is one gather
-            self.packed = _pack(data, self.datasets) if self.mixed else self.datasets[0]
+            # a mixture is stacked into one packed cache: a batch is one gather (the moved
+            # per-source copies are dropped once stacked)
+            self.packed = _pack(data, moved) if self.mixed else moved[0]
+            if not self.mixed:
+                self.datasets = moved
             self.graphed = _Graphed(self.packed, batch_size, self.device) \
                 if cuda and cuda_graph and (drop_last or self.mixed) else None
         else:
