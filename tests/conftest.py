@@ -1,13 +1,22 @@
-"""Test configuration: GPU marker, and Triton's CPU interpreter when there is no CUDA device.
+"""Test configuration: GPU marker, Triton's CPU interpreter when there is no CUDA device, and
+one seed per test.
 
 Kernel tests run the Triton launchers on ``kernel_device``: CUDA when present, otherwise CPU
 tensors through ``TRITON_INTERPRET=1`` (set here before any kernel module is imported).
+
+Every test gets a seed (fresh per test, or ``--seed N`` for all): it seeds torch, NumPy's and
+Python's global generators and ``helpers.seeded()``; a failing test prints it with the command
+that replays it.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import secrets
 
+import helpers
+import numpy as np
 import pytest
 import torch
 
@@ -38,3 +47,27 @@ def pytest_collection_modifyitems(config, items):
 def kernel_device() -> str:
     """Where Triton kernels run in this session: 'cuda', or 'cpu' through the interpreter."""
     return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def seed(request) -> int:
+    """This test's seed: ``--seed`` or a fresh one; all the test's randomness derives from it."""
+    value = request.config.getoption("--seed")
+    value = secrets.randbits(32) if value is None else value
+    request.node.user_properties.append(("seed", value))
+    helpers.use_seed(value)
+    torch.manual_seed(value)
+    np.random.seed(value)
+    random.seed(value)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        value = dict(item.user_properties).get("seed")
+        if value is not None:
+            report.sections.append(("seed", f"seed {value}: replay with "
+                                            f"pytest --seed {value} '{item.nodeid}'"))
+    return report

@@ -22,6 +22,18 @@ def assert_close(actual: torch.Tensor, expected, dtype: torch.dtype | None = Non
     torch.testing.assert_close(act, exp, rtol=rtol, atol=atol * scale, equal_nan=True)
 
 
+_SEED = {"value": 0, "calls": 0}
+
+
+def use_seed(value: int) -> None:
+    """Set the current test's seed (called by the autouse ``seed`` fixture of conftest.py)."""
+    _SEED.update(value=value, calls=0)
+
+
 def seeded(seed: int | None = None) -> np.random.Generator:
-    """A fresh generator per test: a new seed each run unless one is given (printed on failure)."""
-    return np.random.default_rng(seed)
+    """A generator derived from the test's seed (``--seed``; printed when the test fails): each
+    call in a test gives the next independent stream; an explicit ``seed`` overrides."""
+    if seed is not None:
+        return np.random.default_rng(seed)
+    _SEED["calls"] += 1
+    return np.random.default_rng([_SEED["value"], _SEED["calls"]])

@@ -39,8 +39,9 @@ def make_episode(index: int, rng: np.random.Generator, duration: float | None = 
 
 
 @pytest.fixture
-def rng():
-    return np.random.default_rng()
+def rng(seed):
+    """NumPy generator from the test's seed (tests/conftest.py; ``--seed`` replays)."""
+    return np.random.default_rng(seed)
 
 
 @pytest.fixture
