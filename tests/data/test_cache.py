@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import SPECS, make_episode
+from data_episodes import SPECS, make_episode
 
 from robocache.data.cache import build, column_name
 from robocache.data.formats.lerobot import write_lerobot

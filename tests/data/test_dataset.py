@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import SPECS, make_episode
+from data_episodes import SPECS, make_episode
 
 from robocache.data import MixedDataset, RobotDataset, RobotLoader
 from robocache.data.cache import build

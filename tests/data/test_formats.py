@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zarr
-from conftest import SPECS, make_episode
+from data_episodes import SPECS, make_episode
 
 from robocache.data.episode import check_episode
 from robocache.data.formats import FORMATS, open_source
