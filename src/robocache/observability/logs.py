@@ -71,6 +71,16 @@ def configure(fmt: str = "text", level: int = logging.INFO, stream=None) -> None
     LOGGER.propagate = False
 
 
+def reset() -> None:
+    """Undo :func:`configure`: events go to the application's logging setup again."""
+    global _handler
+    if _handler is not None:
+        LOGGER.removeHandler(_handler)
+        _handler = None
+    LOGGER.setLevel(logging.NOTSET)
+    LOGGER.propagate = True
+
+
 def event(name: str, level: int = logging.INFO, message: str | None = None,
           **fields: Any) -> None:
     """Log event ``name`` with ``fields`` (free when the level is off). ``message``, a sentence

@@ -357,7 +357,7 @@ def _gpu_samples() -> Iterator[tuple[str, str, float]]:
         yield "copy_ceiling_bytes_per_second", gpu, value
 
 
-_GPU_HELP = {
+GPU_METRICS = {
     "memory_used_bytes": "GPU memory in use (NVML, all processes).",
     "memory_total_bytes": "GPU memory installed (NVML).",
     "utilization_ratio": "Fraction of the last sample period a kernel ran (NVML).",
@@ -435,7 +435,7 @@ class _Collector:
         yield calls
         yield nbytes
         gpu = {k: GaugeMetricFamily(f"robocache_gpu_{k}", h, labels=["gpu"])
-               for k, h in _GPU_HELP.items()}
+               for k, h in GPU_METRICS.items()}
         for key, index, value in _gpu_samples():
             gpu[key].add_metric([index], value)
         yield from (g for g in gpu.values() if g.samples)
