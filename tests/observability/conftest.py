@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("prometheus_client", reason="metrics need the `metrics` extra")
 
 
-@pytest.fixture
-def sample_source(tmp_path):
-    """The bundled sample, written under a name unique to this test (its ``dataset`` label)."""
+@pytest.fixture(scope="session")
+def _sample(tmp_path_factory):
     from robocache.data.sample import write_sample
 
-    return write_sample(tmp_path / f"sample_{uuid.uuid4().hex[:8]}")
+    return write_sample(tmp_path_factory.mktemp("sample") / "panda")
+
+
+@pytest.fixture
+def sample_source(_sample, tmp_path):
+    """The bundled sample, copied under a name unique to this test (its ``dataset`` label)."""
+    return Path(shutil.copytree(_sample, tmp_path / f"sample_{uuid.uuid4().hex[:8]}"))
 
 
 @pytest.fixture

@@ -14,31 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from promhelpers import sample_key, scrape
+from promhelpers import run_observed, sample_key, scrape
 
 import robocache
-from robocache.data import RobotDataset, RobotLoader
 from robocache.data.cache import build
 from robocache.errors import DataError
 from robocache.observability import Pusher, logs, metrics, nvtx, observe
-from robocache.observability.metrics import GPU_METRICS, loader_summary
+from robocache.observability.metrics import GPU_METRICS
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "observability"
 NAME = re.compile(r"\brobocache_[a-z0-9_]+")
-
-
-def run_observed(source, dest, workers: int, batches_per_scrape=None, port=None):
-    """Ingest ``source`` (plus a missing episode: one quarantine), serve one epoch; returns the
-    manifest, the loader summary and the scrapes taken while iterating."""
-    manifest = build(source, dest, rate_hz=50, device="cpu", progress=False,
-                     episodes=[0, 1, 2, 3, 4, 5, 99])
-    loader = RobotLoader(RobotDataset(dest, history=2, horizon=16), 64, device="cpu",
-                         num_workers=workers)
-    scrapes = []
-    for i, _batch in enumerate(loader):
-        if port is not None and i % batches_per_scrape == 0:
-            scrapes.append(scrape(port))
-    return manifest, loader_summary(source.name)[f"{source.name}/0"], scrapes
 
 
 def test_scraped_values_equal_the_run(exporter, sample_source, tmp_path):
