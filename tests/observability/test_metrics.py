@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from promhelpers import run_observed, sample_key, scrape
@@ -201,3 +202,18 @@ def test_promtool_checks_rules_and_config():
         r = subprocess.run(["promtool", *args], cwd=DEPLOY, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_wait_buckets_follow_le_and_survive_flushes():
+    from robocache.observability.metrics import WAIT_BUCKETS, LoaderStats
+
+    zeros = np.zeros(len(WAIT_BUCKETS) + 1, np.int64)
+    counts, total = LoaderStats._bucketed(zeros, 0.0, [1e-4, 1.0001e-4, 10.0, 11.0])
+    assert counts.nonzero()[0].tolist() == [1, 2, len(WAIT_BUCKETS) - 1, len(WAIT_BUCKETS)]
+    assert total == pytest.approx(21.0002)
+    stats = LoaderStats("d", "0")
+    stats.FLUSH_WAITS = 3
+    batch = {"index": torch.zeros(5)}
+    assert sum(1 for _ in stats.watch(iter([batch] * 10), None)) == 10
+    counts, total = stats.waits()
+    assert counts.sum() == 10 and stats.samples == 50 and 0 < total <= stats.step_sum

@@ -26,14 +26,16 @@ How each part records:
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
+import math
 import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from robocache.observability import logs
 
@@ -215,14 +217,21 @@ def ingest(source, planned: int) -> IngestRecorder:
 # -------------------------------------------------------------------------------------- loader
 
 class LoaderStats:
-    """Loader numbers of one (dataset, rank), updated by the consuming process per batch."""
+    """Loader numbers of one (dataset, rank), updated by the consuming process per batch.
+
+    Per batch the hot path reads the clock twice and appends the wait to a list; every
+    ``FLUSH_WAITS`` batches the waits are bucketed with NumPy. ``_waits`` (bucket counts, sum,
+    pending waits) is replaced whole, so a collecting thread always reads a consistent triple.
+    """
+
+    FLUSH_WAITS = 4096
 
     def __init__(self, dataset: str, rank: str):
         self.labels = (dataset, rank)
-        self.batches = self.samples = self.h2d_bytes = 0
-        self.bytes_per_sample = 0.0
-        self.wait_sum = self.step_sum = 0.0
-        self.wait_counts = [0] * (len(WAIT_BUCKETS) + 1)
+        self.samples = self.h2d_bytes = 0
+        self.bytes_per_sample = self.step_sum = 0.0
+        self._waits: tuple[np.ndarray, float, list[float]] = (
+            np.zeros(len(WAIT_BUCKETS) + 1, np.int64), 0.0, [])
         self.first_batch_s = float("nan")
         self.prefetch = 0
 
@@ -230,26 +239,43 @@ class LoaderStats:
         """Host-to-device copy of ``tensors`` (the workers path)."""
         self.h2d_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
 
-    def watch(self, batches: Iterator[dict]) -> Iterator[dict]:
+    @staticmethod
+    def _bucketed(counts: np.ndarray, total: float, waits: list[float]):
+        hist = np.bincount(np.searchsorted(WAIT_BUCKETS, waits, side="left"),
+                           minlength=len(counts))
+        return counts + hist, total + math.fsum(waits)
+
+    def waits(self) -> tuple[np.ndarray, float]:
+        """Per-bucket counts (``le`` bounds ``WAIT_BUCKETS`` then +Inf, not cumulative) and the
+        sum of the consumer's waits, seconds."""
+        counts, total, pending = self._waits
+        return self._bucketed(counts, total, list(pending))
+
+    def _flush(self) -> list[float]:
+        counts, total, pending = self._waits
+        self._waits = (*self._bucketed(counts, total, pending), [])
+        return self._waits[2]
+
+    def watch(self, batches: Iterator[dict], batch_size: int | None) -> Iterator[dict]:
         """Yield ``batches``, timing the consumer's wait in ``next()`` and the interval between
-        deliveries (their ratio is the stall ratio)."""
-        clock, counts, bounds = time.perf_counter, self.wait_counts, WAIT_BUCKETS
+        deliveries (their ratio is the stall ratio). ``batch_size``: every batch's size when
+        fixed (else read from each batch's ``index``)."""
+        clock, pending, flush_at = time.perf_counter, self._waits[2], self.FLUSH_WAITS
         start = last = clock()
         first = True
         for batch in batches:
             got = clock()
-            wait = got - start
             if first:
-                first, self.first_batch_s = False, wait
+                first, self.first_batch_s = False, got - start
                 if not self.bytes_per_sample:
-                    n = next(iter(batch.values())).shape[0]
+                    n = batch["index"].shape[0]
                     self.bytes_per_sample = sum(v.numel() * v.element_size()
                                                 for v in batch.values()) / max(n, 1)
-            self.wait_sum += wait
+            pending.append(got - start)
             self.step_sum += got - last
-            counts[bisect.bisect_left(bounds, wait)] += 1
-            self.batches += 1
-            self.samples += batch["index"].shape[0]
+            self.samples += batch_size or batch["index"].shape[0]
+            if len(pending) >= flush_at:
+                pending = self._flush()
             last = got
             yield batch
             start = clock()
@@ -278,16 +304,21 @@ def watch_loader(loader, batches: Iterator[dict]) -> Iterator[dict]:
     stats.prefetch = (inner.num_workers * (inner.prefetch_factor or 0) if inner is not None
                       and inner.num_workers else int(getattr(loader, "stream", None) is not None))
     loader._metrics = stats
-    return stats.watch(batches)
+    fixed = loader.sampler.drop_last or loader.mixed
+    return stats.watch(batches, loader.sampler.batch_size if fixed else None)
 
 
 def loader_summary(dataset: str | None = None) -> dict[str, dict[str, float]]:
     """The loader numbers of this process by ``dataset/rank`` (what a scrape reports)."""
-    return {f"{d}/{r}": {"batches": s.batches, "samples": s.samples,
-                         "wait_seconds": s.wait_sum, "step_seconds": s.step_sum,
-                         "h2d_bytes": s.h2d_bytes, "first_batch_seconds": s.first_batch_s,
-                         "stall_ratio": s.wait_sum / s.step_sum if s.step_sum else 0.0}
-            for (d, r), s in list(_loaders.items()) if dataset in (None, d)}
+    out = {}
+    for (d, r), s in list(_loaders.items()):
+        if dataset in (None, d):
+            counts, wait = s.waits()
+            out[f"{d}/{r}"] = {"batches": int(counts.sum()), "samples": s.samples,
+                               "wait_seconds": wait, "step_seconds": s.step_sum,
+                               "h2d_bytes": s.h2d_bytes, "first_batch_seconds": s.first_batch_s,
+                               "stall_ratio": wait / s.step_sum if s.step_sum else 0.0}
+    return out
 
 
 # ----------------------------------------------------------------------------------------- ops
@@ -408,18 +439,16 @@ class _Collector:
         }
         for labels, s in list(_loaders.items()):
             labels = list(labels)
-            counts = list(s.wait_counts)
-            fam["batches"].add_metric(labels, s.batches)
+            counts, wait = s.waits()
+            fam["batches"].add_metric(labels, int(counts.sum()))
             fam["samples"].add_metric(labels, s.samples)
             fam["bytes"].add_metric(labels, s.samples * s.bytes_per_sample)
             fam["h2d"].add_metric(labels, s.h2d_bytes)
             fam["step"].add_metric(labels, s.step_sum)
-            cum, buckets = 0, []
-            for bound, n in zip((*WAIT_BUCKETS, float("inf")), counts, strict=True):
-                cum += n
-                buckets.append((str(bound) if bound != float("inf") else "+Inf", cum))
-            fam["wait"].add_metric(labels, buckets, s.wait_sum)
-            fam["stall"].add_metric(labels, s.wait_sum / s.step_sum if s.step_sum else 0.0)
+            bounds = [str(b) for b in WAIT_BUCKETS] + ["+Inf"]
+            fam["wait"].add_metric(labels, list(zip(bounds, np.cumsum(counts).tolist(),
+                                                    strict=True)), wait)
+            fam["stall"].add_metric(labels, wait / s.step_sum if s.step_sum else 0.0)
             if s.first_batch_s == s.first_batch_s:
                 fam["first"].add_metric(labels, s.first_batch_s)
             fam["prefetch"].add_metric(labels, s.prefetch)
