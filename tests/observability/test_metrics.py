@@ -194,6 +194,17 @@ def test_dashboard_and_rules_name_exported_metrics(exporter, sample_source, tmp_
     assert all(p["datasource"]["uid"] == "robocache-prometheus" for p in panels)
 
 
+def test_dashboard_is_generated_from_code():
+    pytest.importorskip("grafana_foundation_sdk", reason="the dev extra builds the dashboard")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dashboard", DEPLOY / "dashboard.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    committed = json.loads((DEPLOY / "grafana" / "dashboards" / "robocache.json").read_text())
+    assert module.build() == committed, "regenerate: python deploy/observability/dashboard.py"
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None,
                     reason="promtool not installed (Debian: apt-get install prometheus)")
 def test_promtool_checks_rules_and_config():
