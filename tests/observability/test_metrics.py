@@ -228,3 +228,45 @@ def test_wait_buckets_follow_le_and_survive_flushes():
     assert sum(1 for _ in stats.watch(iter([batch] * 10), None)) == 10
     counts, total = stats.waits()
     assert counts.sum() == 10 and stats.samples == 50 and 0 < total <= stats.step_sum
+
+
+def test_cli_options(sample_source, tmp_path):
+    """``--log-format json`` gives JSON events on stderr; a bad ``--pushgateway`` is one line and
+    exit code 2 before anything runs; an unreachable one warns and the ingest succeeds."""
+    from typer.testing import CliRunner
+
+    from robocache.cli import app
+
+    run = CliRunner().invoke
+    bad = run(app, ["ingest", str(sample_source), str(tmp_path / "a"), "--pushgateway", "x"])
+    assert bad.exit_code == 2 and not (tmp_path / "a").exists()
+    assert bad.stderr.strip().count("\n") == 0 and "--pushgateway" in bad.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    try:
+        ok = run(app, ["ingest", str(sample_source), str(tmp_path / "b"), "--no-progress",
+                       "--device", "cpu", "--log-format", "json", "--pushgateway", url])
+    finally:
+        logs.reset()
+        metrics.disable()
+    assert ok.exit_code == 0, ok.output
+    events = [json.loads(line) for line in ok.stderr.splitlines()]
+    assert [e["event"] for e in events].count("ingest.episode") == 6
+    assert [e["event"] for e in events if e["level"] == "warning"] == ["pushgateway.unreachable"]
+
+
+@pytest.mark.gpu
+def test_cuda_loaders_and_gpu_series(exporter, sample_source, tmp_path):
+    from robocache.data import RobotDataset, RobotLoader
+
+    build(sample_source, tmp_path / "c", rate_hz=50, progress=False)
+    ds = RobotDataset(tmp_path / "c", history=2, horizon=16)
+    served = [sum(1 for _ in RobotLoader(ds, 64, device="cuda", num_workers=w)) for w in (0, 2)]
+    values = scrape(exporter.server_port)
+    lab = {"dataset": sample_source.name, "rank": "0"}
+    assert values[sample_key("robocache_loader_batches_total", lab)] == sum(served)
+    assert values[sample_key("robocache_loader_h2d_bytes_total", lab)] > 0  # workers path
+    assert values[sample_key("robocache_loader_prefetch_depth", lab)] == 8  # 2 workers x 4
+    assert values[sample_key("robocache_gpu_memory_used_bytes", {"gpu": "0"})] > 0
+    assert values[sample_key("robocache_gpu_torch_allocated_bytes", {"gpu": "0"})] > 0
