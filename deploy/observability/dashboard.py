@@ -44,6 +44,12 @@ def panel(kind, title: str, unit: str, pos: tuple[int, int, int, int],
     return p
 
 
+def per_dataset(*counters: tuple[str, str]) -> list[tuple[str, str]]:
+    """(query, legend) of the per-dataset rate of each (counter, legend prefix)."""
+    return [(f"sum by (dataset) (rate({c}{RATE}))", f"{legend} {{{{dataset}}}}")
+            for c, legend in counters]
+
+
 def build() -> dict:
     ts = timeseries
     panels = [
@@ -86,10 +92,8 @@ def build() -> dict:
                "{{instance}} GPU {{gpu}} utilisation"))
         .min(0).max(1),
         panel(ts, "Ingest: episodes/s", "none", (0, 24, 12, 8),
-              (f"sum by (dataset) (rate(robocache_ingest_episodes_cached_total{RATE}))",
-               "cached {{dataset}}"),
-              (f"sum by (dataset) (rate(robocache_ingest_episodes_read_total{RATE}))",
-               "read {{dataset}}")),
+              *per_dataset(("robocache_ingest_episodes_cached_total", "cached"),
+                           ("robocache_ingest_episodes_read_total", "read"))),
         panel(barchart, "Ingest: episodes quarantined by reason", "none", (12, 24, 12, 8),
               ("sum by (dataset, reason) "
                "(increase(robocache_ingest_episodes_quarantined_total[$__range]))",
@@ -99,10 +103,8 @@ def build() -> dict:
               description="Seconds spent per second of wall time in each stage "
                           "(read, align, write)."),
         panel(ts, "Ingest: bytes/s", "Bps", (12, 32, 12, 8),
-              (f"sum by (dataset) (rate(robocache_ingest_read_bytes_total{RATE}))",
-               "read {{dataset}}"),
-              (f"sum by (dataset) (rate(robocache_ingest_written_bytes_total{RATE}))",
-               "written {{dataset}}")),
+              *per_dataset(("robocache_ingest_read_bytes_total", "read"),
+                           ("robocache_ingest_written_bytes_total", "written"))),
         panel(ts, "Op calls/s", "none", (0, 40, 24, 8),
               (f"sum by (op) (rate(robocache_op_calls_total{{{JOB}}}{RATE}))", "{{op}}")),
     ]
