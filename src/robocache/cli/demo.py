@@ -86,18 +86,14 @@ def demo(
     from rich.console import Console
     from rich.table import Table
 
-    from robocache.errors import RoboCacheError
+    from robocache.cli._errors import cli_errors
     from robocache.observability import observe
 
     dest = dest or Path(tempfile.mkdtemp(prefix="robocache-demo-"))
-    try:
-        with observe("robocache_demo", metrics_port=metrics_port, pushgateway=pushgateway,
-                     log_format=log_format):
-            result = run_demo(dest, batches=batches, batch_size=batch_size, device=device,
-                              workers=workers, progress=not as_json)
-    except RoboCacheError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+    with cli_errors(), observe("robocache_demo", metrics_port=metrics_port,
+                               pushgateway=pushgateway, log_format=log_format):
+        result = run_demo(dest, batches=batches, batch_size=batch_size, device=device,
+                          workers=workers, progress=not as_json)
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return
