@@ -13,8 +13,11 @@ pytest.importorskip("prometheus_client", reason="metrics need the `metrics` extr
 
 @pytest.fixture(scope="session")
 def _sample(tmp_path_factory):
-    from robocache.data.sample import write_sample
+    from robocache.data.sample import sample_path, write_sample
 
+    bundled = sample_path()
+    if (bundled / "meta" / "info.json").exists():
+        return bundled
     return write_sample(tmp_path_factory.mktemp("sample") / "panda")
 
 
