@@ -50,7 +50,6 @@ _ceilings: dict[str, float] = {}
 WAIT_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
                 0.5, 1.0, 2.5, 5.0, 10.0)
 STAGE_BUCKETS = (1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-STAGES = ("read", "align", "write")
 
 
 def enabled() -> bool:
