@@ -270,3 +270,18 @@ def test_cuda_loaders_and_gpu_series(exporter, sample_source, tmp_path):
     assert values[sample_key("robocache_loader_prefetch_depth", lab)] == 8  # 2 workers x 4
     assert values[sample_key("robocache_gpu_memory_used_bytes", {"gpu": "0"})] > 0
     assert values[sample_key("robocache_gpu_torch_allocated_bytes", {"gpu": "0"})] > 0
+
+
+def test_failure_is_an_error_event_only_when_logging_is_configured(capsys):
+    with pytest.raises(DataError), observe("j"):
+        raise DataError("boom.")
+    assert capsys.readouterr().err == ""
+    out = io.StringIO()
+    try:
+        with pytest.raises(DataError), observe("j", log_format="json"):
+            logs.configure("json", stream=out)
+            raise DataError("boom.")
+    finally:
+        logs.reset()
+    event = json.loads(out.getvalue())
+    assert event["event"] == "error" and event["error"] == "DataError: boom."

@@ -168,8 +168,8 @@ def observe(job: str, *, metrics_port: int | None = None, pushgateway: str | Non
             log_format: str | None = None) -> Iterator[None]:
     """What a long-running command does with ``--metrics-port``, ``--pushgateway`` (default
     ``$PROMETHEUS_PUSHGATEWAY``) and ``--log-format``: serve, push (final push also on failure)
-    and log for the duration of the block. A failure inside is logged as an ``error`` event and
-    re-raised.
+    and log for the duration of the block. A failure inside is re-raised (and logged as an
+    ``error`` event when a log format was configured).
 
         with observe("robocache_preprocess", metrics_port=port, pushgateway=url,
                      log_format=fmt):
@@ -193,7 +193,8 @@ def observe(job: str, *, metrics_port: int | None = None, pushgateway: str | Non
     except Exception as e:
         import click
 
-        if not isinstance(e, click.exceptions.Exit):  # a command's exit code is no error
+        # with --log-format the failure is an event too (the command still prints its line)
+        if logs.configured() and not isinstance(e, click.exceptions.Exit):
             logs.event("error", logging.ERROR, job=job, error=f"{type(e).__name__}: {e}")
         raise
     finally:

@@ -71,6 +71,11 @@ def configure(fmt: str = "text", level: int = logging.INFO, stream=None) -> None
     LOGGER.propagate = False
 
 
+def configured() -> bool:
+    """Whether :func:`configure` installed RoboCache's handler."""
+    return _handler is not None
+
+
 def reset() -> None:
     """Undo :func:`configure`: events go to the application's logging setup again."""
     global _handler
