@@ -11,6 +11,9 @@ on the GPU, delivered as CUDA tensors. The dataset is a LeRobot v3.0 directory w
   at the dataset's own rate, then ``robocache.windows`` gathers on the device), each batch's
   gather replayed from a CUDA graph; ``-eager``: the same ops launched one by one.
 - ``robocache-workers<N>``: ``RobotLoader`` gathering in N DataLoader workers, pinned copies.
+- ``<first robocache impl>+metrics-off`` / ``+metrics-on``: the same loader with
+  :mod:`robocache.observability.metrics` off and on, measured alternately (``METRICS`` batches
+  per sample) so the record ``metrics_overhead_pct`` compares them within one run.
 - ``torch-dataloader-w<N>``: what a user writes without RoboCache (LeRobot's delta_timestamps
   logic): a map-style Dataset over the parquet columns computing each window's clamped indices
   and pad masks per item, ``DataLoader(batch_size=256, shuffle, num_workers=N, pin_memory)``,
@@ -36,8 +39,10 @@ from robocache.bench.standalone import main
 FAMILY = "loader"
 HISTORY, HORIZON, BATCH = 2, 16, 256
 OBS_DIM, ACT_DIM, FPS = 24, 16, 50.0
-FULL = {"episodes": 200, "length": 500, "batches": 60, "repeats": 5, "workers": (4, 8, 15)}
-QUICK = {"episodes": 8, "length": 120, "batches": 4, "repeats": 2, "workers": (0,)}
+FULL = {"episodes": 200, "length": 500, "batches": 60, "repeats": 5, "workers": (4, 8, 15),
+        "metrics_batches": 2000, "metrics_repeats": 9}
+QUICK = {"episodes": 8, "length": 120, "batches": 4, "repeats": 2, "workers": (0,),
+         "metrics_batches": 4, "metrics_repeats": 2}
 
 
 def make_dataset(root: Path, episodes: int, length: int, seed: int = 0) -> Path:
@@ -126,6 +131,23 @@ def _measure(batches, n: int, repeats: int, device) -> tuple[H.Timing, int]:
     return H.summarize(samples), nbytes
 
 
+def _metrics_overhead(loader, cfg, device) -> dict[bool, H.Timing]:
+    """Per-batch ms of ``loader`` with metrics off and on, alternating samples."""
+    from robocache.observability import metrics
+
+    samples: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        for _ in range(cfg["metrics_repeats"]):
+            for on in (False, True):
+                metrics.enable() if on else metrics.disable()
+                timing, _ = _measure(_robocache_batches(loader), cfg["metrics_batches"], 1,
+                                     device)
+                samples[on].append(timing.median_ms)
+    finally:
+        metrics.disable()
+    return {on: H.summarize(v) for on, v in samples.items()}
+
+
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     from robocache.data import RobotDataset, RobotLoader
     from robocache.data.cache import build
@@ -159,6 +181,12 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
             timing, nbytes = _measure(_robocache_batches(loader), cfg["batches"],
                                       cfg["repeats"], device)
             record(impl, timing, nbytes, workers=workers, ingest_s=ingest_s)
+            if impl == runs[0][0]:
+                both = _metrics_overhead(loader, cfg, device)
+                pct = (both[True].median_ms / both[False].median_ms - 1) * 100
+                for on, t in both.items():
+                    record(f"{impl}+metrics-{'on' if on else 'off'}", t, nbytes,
+                           workers=workers, metrics_overhead_pct=pct)
             del loader
         plain = ParquetWindows(root)
         normalizer = Normalizer(RobotDataset(Path(tmp) / "cache").stats)
@@ -171,6 +199,8 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     for r in records:
         r["speedup_vs_best_plain"] = r["samples_per_s"] / best_plain
         r["note"] = f"{r['samples_per_s']:,.0f} samples/s, ×{r['speedup_vs_best_plain']:.1f}"
+        if "metrics_overhead_pct" in r:
+            r["note"] += f", metrics on {r['metrics_overhead_pct']:+.1f}%"
     return records
 
 

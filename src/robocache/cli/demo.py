@@ -17,6 +17,12 @@ from pathlib import Path
 
 import typer
 
+from robocache.observability.exporter import (
+    LOG_FORMAT_OPTION,
+    METRICS_PORT_OPTION,
+    PUSHGATEWAY_OPTION,
+)
+
 
 def run_demo(dest: Path, *, batches: int = 100, batch_size: int = 256, device: str | None = None,
              workers: int = 0, rate: float = 50.0, progress: bool = True) -> dict:
@@ -72,14 +78,22 @@ def demo(
     device: str = typer.Option(None, help="cuda or cpu (default: cuda when available)."),
     workers: int = typer.Option(0, help="DataLoader workers (0 on CUDA: GPU-resident cache)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    metrics_port: int = METRICS_PORT_OPTION,
+    pushgateway: str = PUSHGATEWAY_OPTION,
+    log_format: str = LOG_FORMAT_OPTION,
 ):
     """Ingest the bundled sample, build the cache, serve batches, print the throughput."""
     from rich.console import Console
     from rich.table import Table
 
+    from robocache.cli._errors import cli_errors
+    from robocache.observability import observe
+
     dest = dest or Path(tempfile.mkdtemp(prefix="robocache-demo-"))
-    result = run_demo(dest, batches=batches, batch_size=batch_size, device=device,
-                      workers=workers, progress=not as_json)
+    with cli_errors(), observe("robocache_demo", metrics_port=metrics_port,
+                               pushgateway=pushgateway, log_format=log_format):
+        result = run_demo(dest, batches=batches, batch_size=batch_size, device=device,
+                          workers=workers, progress=not as_json)
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return

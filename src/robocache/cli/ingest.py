@@ -14,6 +14,11 @@ from pathlib import Path
 import typer
 
 from robocache.cli._errors import VERBOSE_OPTION_HELP, cli_errors, exit_code
+from robocache.observability.exporter import (
+    LOG_FORMAT_OPTION,
+    METRICS_PORT_OPTION,
+    PUSHGATEWAY_OPTION,
+)
 
 
 def print_summary(manifest: dict) -> None:
@@ -63,6 +68,9 @@ def ingest(
     wait: bool = typer.Option(False, "--wait",
                               help="If another process is writing DEST, wait for it to finish."),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
+    metrics_port: int = METRICS_PORT_OPTION,
+    pushgateway: str = PUSHGATEWAY_OPTION,
+    log_format: str = LOG_FORMAT_OPTION,
 ):
     """Align every episode to one rate and write a Lance training cache.
 
@@ -71,8 +79,10 @@ def ingest(
     1 internal error (--verbose shows the traceback).
     """
     from robocache.data.cache import build
+    from robocache.observability import observe
 
-    with cli_errors(verbose):
+    with cli_errors(verbose), observe("robocache_ingest", metrics_port=metrics_port,
+                                      pushgateway=pushgateway, log_format=log_format):
         manifest = build(source, dest, rate_hz=rate, device=device, keys=keys or None,
                          tolerance_s=tolerance, source_options=source_options(fps=fps, split=split),
                          overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,

@@ -45,6 +45,7 @@ import numpy as np
 from robocache.data.episode import Episode, Source, StreamSpec, check_episode
 from robocache.data.lock import LOCK_NAME, CacheLock
 from robocache.errors import DataError
+from robocache.observability import metrics
 
 CACHE_FORMAT = "robocache-cache/1"
 STATS_BATCH_ROWS = 1 << 20
@@ -468,28 +469,35 @@ def _build_locked(src: Source, dest: Path, specs: dict[str, StreamSpec], header:
                                 else src.episode_indices()))
     quarantine = {int(q["index"]): q for q in carried}
     running = {**header, "status": "building"}
+    obs = metrics.ingest(src.path, len(wanted))
     t0 = time.perf_counter()
     cached_now = 0
     with _progress(progress, len(wanted)) as advance:
         for index in wanted:
             if index in done:
+                obs.skipped(index)
                 advance(f"episode {index} (cached)")
                 continue
             if index in quarantine and not config.retry_quarantined:
+                obs.quarantined(index, None)
                 advance(f"episode {index} (quarantined before)")
                 continue
+            obs.start()
             try:
                 # a reader may fail in any way on a corrupt file (codecs raise their own types):
                 # the episode is quarantined with the reason, the rest proceeds
                 episode = src.read(index)
+                obs.lap("read")
                 check_episode(episode, specs)
                 cols = align_episode(episode, specs, config, device)
+                obs.lap("align")
             except MemoryError:
                 raise
             except Exception as e:
                 quarantine[int(index)] = {"index": int(index), "reason": _reason(src, index, e)}
                 _write_json(dest / "manifest.json",
                             {**running, "quarantined": list(quarantine.values())})
+                obs.quarantined(index, e)
                 advance(f"episode {index} quarantined")
                 continue
             for name, spec in specs.items():
@@ -505,6 +513,7 @@ def _build_locked(src: Source, dest: Path, specs: dict[str, StreamSpec], header:
                 _write_json(dest / "manifest.json",
                             {**running, "quarantined": list(quarantine.values())})
             cached_now += 1
+            obs.cached(index, episode, cols)
             advance(f"episode {index}")
     if uri.exists():
         ds = lance.dataset(str(uri))
@@ -531,6 +540,7 @@ def _build_locked(src: Source, dest: Path, specs: dict[str, StreamSpec], header:
         "seconds": time.perf_counter() - t0,
     }
     _write_json(dest / "manifest.json", manifest)
+    obs.done(manifest)
     return manifest
 
 

@@ -30,6 +30,7 @@ import torch
 
 from robocache.data.dataset import Batch, RobotDataset, _Group
 from robocache.errors import DataError
+from robocache.observability import metrics
 
 
 class MixedDataset:
@@ -419,6 +420,7 @@ class RobotLoader:
                 persistent_workers=num_workers > 0,
                 prefetch_factor=prefetch_factor if num_workers > 0 else None)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
+        self._metrics = None  # robocache.observability.metrics.LoaderStats while metrics are on
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -430,6 +432,8 @@ class RobotLoader:
             return self.packed.fetch(parts[0][1].to(self.device, non_blocking=True))
         for i, part in parts:
             raw = {k: v.to(self.device, non_blocking=True) for k, v in part.items()}
+            if self._metrics is not None and self.stream is not None:
+                self._metrics.h2d(part)
             batch = self.datasets[i].finish(raw, *self.meta[i])
             norm = self.normalizers[i]
             done.append((i, norm(batch) if norm is not None else batch))
@@ -467,6 +471,9 @@ class RobotLoader:
                           f"{self.sampler.batch_size} exceeds the {len(self.sampler.data)} "
                           "samples and drop_last=True; lower batch_size or pass drop_last=False.",
                           stacklevel=2)
+        return metrics.watch_loader(self, self._epoch())
+
+    def _epoch(self) -> Iterator[Batch]:
         self.sampler.epoch, self.sampler.start = self.epoch, self.batch
         for batch in self._batches():
             self.batch += 1

@@ -30,6 +30,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _enabled = os.environ.get("ROBOCACHE_NVTX", "") not in ("", "0")
 _NULL = contextlib.nullcontext()
+# (op, args, kwargs, result) -> None, set while metrics are on (robocache.observability.metrics)
+_count: Callable[[str, tuple, dict, Any], None] | None = None
 
 
 def enable(on: bool = True) -> None:
@@ -40,6 +42,12 @@ def enable(on: bool = True) -> None:
 
 def enabled() -> bool:
     return _enabled
+
+
+def count_ops(counter: Callable[[str, tuple, dict, Any], None] | None) -> None:
+    """Call ``counter(op, args, kwargs, result)`` after every annotated op (None: stop)."""
+    global _count
+    _count = counter
 
 
 @contextlib.contextmanager
@@ -69,15 +77,20 @@ def range(name: str) -> contextlib.AbstractContextManager:
 
 
 def annotate(name: str) -> Callable[[F], F]:
-    """Decorator form of :func:`range`."""
+    """Decorator form of :func:`range`; also where op metrics count calls (see
+    :func:`count_ops`), under the name without its ``robocache.`` prefix."""
+    op = name.removeprefix("robocache.")
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(*args, **kwargs):
-            if not _enabled:
+            if not (_enabled or _count):
                 return fn(*args, **kwargs)
             with range(name):
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
+            if _count is not None:
+                _count(op, args, kwargs, out)
+            return out
 
         return inner  # type: ignore[return-value]
 
