@@ -40,7 +40,24 @@ def tile_2d(rows: int, cols: int, *, max_cols: int, elements: int, min_rows: int
     return block_rows, block_cols
 
 
-__all__ = ["cdiv", "next_pow2", "tile_2d", "triton"]
+__all__ = ["VERIFIED_TRITON", "CachedLaunch", "cdiv", "fast_launch_supported", "next_pow2",
+           "tile_2d", "triton"]
+
+
+# Triton releases whose ``CompiledKernel.run`` signature `_launch_compiled` was written and
+# measured against (the CI and the GPU image pin Triton 3.6); any other release launches every
+# call through ``kernel[grid](...)``.
+VERIFIED_TRITON = ((3, 6),)
+
+
+def fast_launch_supported(version: str) -> bool:
+    """Whether Triton `version` (e.g. ``"3.6.0"``) is one `CachedLaunch` may bypass binding on."""
+    parts = version.split(".")
+    try:
+        major_minor = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        return False
+    return major_minor in VERIFIED_TRITON
 
 
 class CachedLaunch:
@@ -52,14 +69,14 @@ class CachedLaunch:
     arguments differ between calls only in tensor addresses, and the one property of an
     address Triton specializes on is 16-byte alignment. So after a launch with every tensor
     aligned, this keeps the compiled kernel and calls it directly while that still holds;
-    otherwise (or under TRITON_INTERPRET, where nothing is compiled) it launches the normal
-    way. Constexprs and integers must be fixed for the plan that owns this object.
+    otherwise (or under TRITON_INTERPRET, where nothing is compiled, or on a Triton release
+    outside `VERIFIED_TRITON`) it launches the normal way. Constexprs and integers must be
+    fixed for the plan that owns this object.
     """
 
     __slots__ = ("kernel", "grid", "kwargs", "compiled")
-    # Written against Triton 3.6's CompiledKernel.run (the version CI and the GPU image pin);
-    # turned off for the process if a launch ever fails with another signature.
-    enabled = True
+    # Decided once, at import, from the installed Triton's version.
+    enabled = fast_launch_supported(triton.__version__)
 
     def __init__(self, kernel, grid: tuple[int, ...], **kwargs):
         self.kernel, self.grid, self.kwargs, self.compiled = kernel, grid, kwargs, None
@@ -74,12 +91,8 @@ class CachedLaunch:
                 break
         compiled = self.compiled
         if aligned and compiled is not None:
-            try:
-                _launch_compiled(compiled, self.grid, args)
-                return
-            except (TypeError, AttributeError):  # another Triton's launcher: stop trying
-                CachedLaunch.enabled = False
-                self.compiled = None
+            _launch_compiled(compiled, self.grid, args)
+            return
         result = self.kernel[self.grid](*args, **self.kwargs)
         if aligned and CachedLaunch.enabled and hasattr(result, "packed_metadata"):
             self.compiled = result

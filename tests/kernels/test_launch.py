@@ -1,0 +1,68 @@
+"""`CachedLaunch`: the direct relaunch runs only on verified Triton releases; any other release
+(simulated here) takes ``kernel[grid](...)`` on every call."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from robocache.kernels import _utils
+from robocache.kernels._utils import CachedLaunch, fast_launch_supported
+
+
+@pytest.mark.parametrize(("version", "ok"), [
+    ("3.6.0", True), ("3.6.1+git8a2b", True), ("3.2.0", False), ("3.7.0", False),
+    ("4.0", False), ("unknown", False), ("3", False),
+])
+def test_fast_launch_supported(version, ok):
+    assert fast_launch_supported(version) is ok
+
+
+class _Compiled:
+    packed_metadata = ()
+
+
+class _Kernel:
+    """Stands in for a JITFunction: counts bound launches, returns a compiled-kernel stand-in."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls += 1
+            return _Compiled()
+        return launch
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["verified", "unverified"])
+def test_relaunch_only_when_enabled(monkeypatch, enabled):
+    direct = []
+    monkeypatch.setattr(CachedLaunch, "enabled", enabled)
+    monkeypatch.setattr(_utils, "_launch_compiled", lambda c, g, a: direct.append(a))
+    kernel, t = _Kernel(), torch.zeros(4)
+    launch = CachedLaunch(kernel, (1,), num_warps=1)
+    for _ in range(3):
+        launch((t, 4), (t,))
+    assert (kernel.calls, len(direct)) == ((1, 2) if enabled else (3, 0))
+
+
+def test_misaligned_tensor_takes_the_bound_path(monkeypatch):
+    direct = []
+    monkeypatch.setattr(CachedLaunch, "enabled", True)
+    monkeypatch.setattr(_utils, "_launch_compiled", lambda c, g, a: direct.append(a))
+    kernel, t = _Kernel(), torch.zeros(8)
+    launch = CachedLaunch(kernel, (1,))
+    launch((t, 8), (t,))
+    launch((t[1:], 7), (t[1:],))  # 4-byte offset: not 16-byte aligned
+    assert (kernel.calls, len(direct)) == (2, 0)
+
+
+def test_unverified_release_is_decided_at_import():
+    code = ("import triton; triton.__version__ = '3.2.0'\n"
+            "from robocache.kernels._utils import CachedLaunch\n"
+            "assert CachedLaunch.enabled is False")
+    subprocess.run([sys.executable, "-c", code], check=True)
