@@ -106,26 +106,24 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 
 
 def _sweep(name, b, depth, rgb, k, nbytes, copy_gbps) -> list[dict]:
-    """Fused kernel variants (CUDA-graph time per call): points per program x run merging, the
-    occupancy-only grid, and the sparse output (sort-based, eager time)."""
+    """Fused kernel variants (CUDA-graph time per call): points per program, the occupancy-only
+    grid, and the sparse output (sort-based, eager time)."""
     import robocache
     from robocache.kernels import pointcloud as kernels
 
     cases = []
-    default = kernels.MAX_BLOCK, kernels.MERGE_RUNS
+    default = kernels.MAX_BLOCK
     try:
         for block in (128, 256, 512, 1024):
-            for merge in (True, False):
-                kernels.MAX_BLOCK, kernels.MERGE_RUNS = block, merge
-                fn = lambda: robocache.depth_to_voxels(depth, k, rgb=rgb, mode="mean", **GRID)
-                fn()
-                t = harness.graph_time(fn, calls=20)
-                impl = f"robocache fused block={block} merge={merge}"
-                cases.append(harness.case(FAMILY, name, impl, t,
-                                          nbytes=nbytes, copy_gbps=copy_gbps, B=b, timing="graph",
-                                          per_frame_ms=t.median_ms / b))
+            kernels.MAX_BLOCK = block
+            fn = lambda: robocache.depth_to_voxels(depth, k, rgb=rgb, mode="mean", **GRID)
+            fn()
+            t = harness.graph_time(fn, calls=20)
+            cases.append(harness.case(FAMILY, name, f"robocache fused block={block}", t,
+                                      nbytes=nbytes, copy_gbps=copy_gbps, B=b, timing="graph",
+                                      per_frame_ms=t.median_ms / b))
     finally:
-        kernels.MAX_BLOCK, kernels.MERGE_RUNS = default
+        kernels.MAX_BLOCK = default
     occ = lambda: robocache.depth_to_voxels(depth, k, mode="occupancy", **GRID)
     occ()
     t = harness.graph_time(occ, calls=20)

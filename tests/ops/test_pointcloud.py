@@ -172,13 +172,8 @@ def test_voxelize_kernel_vs_numpy(kernel_device, mode, padding):
     check_dense(grid, count, dropped, points, valid_of(b, n, lengths, mask), feats.numpy(), mode)
 
 
-@pytest.mark.parametrize("merge", [True, False])
-def test_voxelize_kernel_crosses_blocks_and_merges_runs(kernel_device, monkeypatch, merge):
-    """Sorted clouds (long runs of one voxel) across block boundaries, with and without the
-    run merge."""
-    from robocache.kernels import pointcloud as kernels
-
-    monkeypatch.setattr(kernels, "MERGE_RUNS", merge)
+def test_voxelize_kernel_crosses_blocks_with_long_runs(kernel_device):
+    """Sorted clouds (long runs of one voxel) across block boundaries."""
     rng = seeded()
     points, feats = random_cloud(rng, 2, 1100, f=2, spread=0.0)
     order = torch.argsort(points[..., 0], dim=1)

@@ -2,10 +2,11 @@
 
 One program handles BLOCK consecutive points (or pixels, row-major) of one cloud. Points from a
 depth image arrive in pixel order, so neighbours mostly land in the same voxel (a 6 cm voxel at
-1 m covers ~40x40 pixels). Optionally (MERGE_RUNS, off by default: measured no gain at block
-256) each program merges runs of consecutive points with the same voxel key by a segmented scan
-before the atomics, and only the last point of a run issues the atomic; the run test recomputes
-the neighbours' keys (offset -1 / +1; the loads hit L1).
+1 m covers ~40x40 pixels), and the atomics of one warp to one address mostly hit L2 together.
+Merging runs of equal keys by a segmented scan before the atomics was measured and dropped: at
+256 points per program the scans cost what the saved atomics gain (H100, 640x480 -> 64^3 mean,
+CUDA graph, 8 frames: 96.9 us without vs 102.3 us with;
+benchmarks/results/pointcloud-h100-2026-11-22.json).
 """
 
 from __future__ import annotations
@@ -20,17 +21,6 @@ from robocache.kernels._utils import cdiv, next_pow2
 
 MODE_IDS = {"occupancy": 0, "count": 1, "sum": 2, "mean": 3, "max": 4}
 FLT_MAX = 3.4028234663852886e38
-
-
-@triton.jit
-def _seg_add(f1, a1, f2, a2):
-    # segmented sum: a set flag starts a new run
-    return f1 | f2, tl.where(f2, a2, a1 + a2)
-
-
-@triton.jit
-def _seg_max(f1, a1, f2, a2):
-    return f1 | f2, tl.where(f2, a2, tl.maximum(a1, a2))
 
 
 @triton.jit
@@ -90,17 +80,12 @@ def _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs, hw, w, scale, min_z, max_z,
 
 
 @triton.jit
-def _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, buf_ptr, off_cnt, off_drop,
-          nvox, MODE: tl.constexpr, KEYS: tl.constexpr, MERGE: tl.constexpr,
-          BLOCK: tl.constexpr, FP: tl.constexpr):
+def _emit(key, ok, b, offs, n, feat_ptr, f, buf_ptr, off_cnt, off_drop, nvox,
+          MODE: tl.constexpr, KEYS: tl.constexpr, BLOCK: tl.constexpr, FP: tl.constexpr):
     """Count dropped points, then write keys (sparse path) or reduce into the dense grid.
 
     `buf_ptr` is the launcher's one buffer (`buffer_layout`): keys, occupancy flags or values
     at offset 0, int32 counts at `off_cnt` and dropped counts at `off_drop` (its elements).
-
-    With MERGE, a run of equal keys issues one atomic from its last point, carrying the run's
-    segmented-scan reduction. For sum/mean the count rides in feature column f (exact in float32
-    up to 2^24 points), so one scan serves both.
     """
     hit = key >= 0
     drop_ptr = (buf_ptr + off_drop).to(tl.pointer_type(tl.int32), bitcast=True)
@@ -110,61 +95,34 @@ def _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, buf_ptr, off_cnt
     if KEYS:
         tl.store(buf_ptr + row, tl.where(hit, b * nvox + key, -1), mask=offs < n)
     else:
-        lane = tl.arange(0, BLOCK)
-        if MERGE:
-            start = (key != key_prev) | (lane == 0)
-            emit = hit & ((key != key_next) | (lane == BLOCK - 1))
-        else:
-            start = lane >= 0
-            emit = hit
         vox = b * nvox + tl.where(hit, key, 0)
         if MODE == 0:
-            tl.store(buf_ptr + vox, tl.full([BLOCK], 1, tl.uint8), mask=emit)
-        elif MODE == 1 or MODE == 4:
-            run = hit.to(tl.int32)
-            if MERGE:
-                _, run = tl.associative_scan((start, run), 0, _seg_add)
-            tl.atomic_add(cnt_ptr + vox, run, mask=emit, sem="relaxed")
+            tl.store(buf_ptr + vox, tl.full([BLOCK], 1, tl.uint8), mask=hit)
+        else:
+            tl.atomic_add(cnt_ptr + vox, hit.to(tl.int32), mask=hit, sem="relaxed")
         if MODE >= 2:
             cols = tl.arange(0, FP)[None, :]
-            vals = tl.load(feat_ptr + row[:, None] * f + cols, mask=hit[:, None] & (cols < f),
-                           other=0).to(tl.float32)
-            start2 = tl.broadcast_to(start[:, None], (BLOCK, FP))
+            m = hit[:, None] & (cols < f)
+            vals = tl.load(feat_ptr + row[:, None] * f + cols, mask=m, other=0).to(tl.float32)
             dst = buf_ptr + vox[:, None] * f + cols
-            emit2 = emit[:, None] & (cols < f)
             if MODE == 4:
-                if MERGE:
-                    _, vals = tl.associative_scan((start2, vals), 0, _seg_max)
-                tl.atomic_max(dst, vals, mask=emit2, sem="relaxed")
+                tl.atomic_max(dst, vals, mask=m, sem="relaxed")
             else:
-                vals = tl.where(cols == f, hit[:, None].to(tl.float32), vals)
-                if MERGE:
-                    _, vals = tl.associative_scan((start2, vals), 0, _seg_add)
-                tl.atomic_add(dst, vals, mask=emit2, sem="relaxed")
-                run = tl.sum(tl.where(cols == f, vals, 0.0), 1).to(tl.int32)
-                tl.atomic_add(cnt_ptr + vox, run, mask=emit, sem="relaxed")
+                tl.atomic_add(dst, vals, mask=m, sem="relaxed")
 
 
 @triton.jit
 def _voxelize_kernel(pts_ptr, feat_ptr, len_ptr, mask_ptr, buf_ptr, off_cnt, off_drop, n, f,
                      lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz,
                      HAS_LEN: tl.constexpr, HAS_MASK: tl.constexpr, MODE: tl.constexpr,
-                     KEYS: tl.constexpr, MERGE: tl.constexpr, BLOCK: tl.constexpr,
-                     FP: tl.constexpr):
+                     KEYS: tl.constexpr, BLOCK: tl.constexpr, FP: tl.constexpr):
     b = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_valid = tl.minimum(tl.load(len_ptr + b).to(tl.int32), n) if HAS_LEN else n
     x, y, z, ok = _point_at(pts_ptr, mask_ptr, b, offs, n, n_valid, HAS_MASK)
     key, _ = _voxel_key(x, y, z, ok, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
-    key_prev = key
-    key_next = key
-    if MERGE and not KEYS:
-        x, y, z, okp = _point_at(pts_ptr, mask_ptr, b, offs - 1, n, n_valid, HAS_MASK)
-        key_prev, _ = _voxel_key(x, y, z, okp, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
-        x, y, z, okn = _point_at(pts_ptr, mask_ptr, b, offs + 1, n, n_valid, HAS_MASK)
-        key_next, _ = _voxel_key(x, y, z, okn, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
-    _emit(key, key_prev, key_next, ok, b, offs, n, feat_ptr, f, buf_ptr, off_cnt, off_drop,
-          gx.to(tl.int64) * gy * gz, MODE, KEYS, MERGE, BLOCK, FP)
+    _emit(key, ok, b, offs, n, feat_ptr, f, buf_ptr, off_cnt, off_drop,
+          gx.to(tl.int64) * gy * gz, MODE, KEYS, BLOCK, FP)
 
 
 @triton.jit
@@ -172,24 +130,14 @@ def _depth_voxelize_kernel(depth_ptr, k_ptr, e_ptr, feat_ptr, buf_ptr, off_cnt, 
                            w, f, scale, min_z, max_z, lo_x, lo_y, lo_z,
                            iv_x, iv_y, iv_z, gx, gy, gz, K_STRIDE: tl.constexpr,
                            E_STRIDE: tl.constexpr, HAS_EXT: tl.constexpr, MODE: tl.constexpr,
-                           KEYS: tl.constexpr, MERGE: tl.constexpr, BLOCK: tl.constexpr,
-                           FP: tl.constexpr):
+                           KEYS: tl.constexpr, BLOCK: tl.constexpr, FP: tl.constexpr):
     b = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x, y, z, ok = _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs, hw, w, scale, min_z, max_z,
                             K_STRIDE, E_STRIDE, HAS_EXT)
     key, _ = _voxel_key(x, y, z, ok, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
-    key_prev = key
-    key_next = key
-    if MERGE and not KEYS:
-        x, y, z, okp = _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs - 1, hw, w, scale, min_z,
-                                 max_z, K_STRIDE, E_STRIDE, HAS_EXT)
-        key_prev, _ = _voxel_key(x, y, z, okp, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
-        x, y, z, okn = _pixel_at(depth_ptr, k_ptr, e_ptr, b, offs + 1, hw, w, scale, min_z,
-                                 max_z, K_STRIDE, E_STRIDE, HAS_EXT)
-        key_next, _ = _voxel_key(x, y, z, okn, lo_x, lo_y, lo_z, iv_x, iv_y, iv_z, gx, gy, gz)
-    _emit(key, key_prev, key_next, ok, b, offs, hw, feat_ptr, f, buf_ptr, off_cnt, off_drop,
-          gx.to(tl.int64) * gy * gz, MODE, KEYS, MERGE, BLOCK, FP)
+    _emit(key, ok, b, offs, hw, feat_ptr, f, buf_ptr, off_cnt, off_drop,
+          gx.to(tl.int64) * gy * gz, MODE, KEYS, BLOCK, FP)
 
 
 @triton.jit
@@ -228,14 +176,10 @@ def _finalize_kernel(val_ptr, off_cnt, nvox, f, MODE: tl.constexpr, BLOCK: tl.co
 
 
 # Points per program (at most; small clouds get a smaller block instead of mostly-masked
-# programs). H100, 640x480 uint16 depth + rgb -> 64^3 mean, before the reciprocal change: 1024
-# -> 53 us/frame, 256 -> 26 us (the scans cost more than the longer runs save). See
-# docs/pointcloud.md for the current sweep.
+# programs). H100, 640x480 uint16 depth + rgb -> 64^3 mean, CUDA graph, 8 frames: block
+# 128 / 256 / 512 / 1024 -> 101.5 / 96.9 / 97.5 / 109.4 us
+# (benchmarks/results/pointcloud-h100-2026-11-22.json; docs/pointcloud.md).
 MAX_BLOCK = 256
-# Merge runs of equal voxels before the atomics (see the module docstring). Off: at block 256
-# the scans cost what the saved atomics gain (H100, 640x480 -> 64^3 mean, CUDA graph, commit
-# 1627fb2: B=8 96.9 us without vs 102.4 us with; B=1 17.8 vs 17.9 us).
-MERGE_RUNS = False
 
 
 def _block(n: int) -> int:
@@ -310,11 +254,6 @@ def _finalize(buf: torch.Tensor, off_cnt: int, off_drop: int, f: int, mode: str)
                                                BLOCK=block, FP=next_pow2(f))
 
 
-def _feature_cols(f: int, mode: str) -> int:
-    """Columns a program loads: sum/mean add the count column f."""
-    return next_pow2(f + 1 if mode in ("sum", "mean") else f)
-
-
 def voxelize_cuda(points: torch.Tensor, features: torch.Tensor | None,
                   lengths: torch.Tensor | None, mask: torch.Tensor | None, bounds_min,
                   voxel_size, grid_size, mode: str, keys: bool) -> torch.Tensor:
@@ -329,7 +268,7 @@ def voxelize_cuda(points: torch.Tensor, features: torch.Tensor | None,
             lengths if lengths is not None else buf, mask if mask is not None else buf, buf,
             off_cnt, off_drop, n, f, *_grid_args(bounds_min, voxel_size, grid_size),
             HAS_LEN=lengths is not None, HAS_MASK=mask is not None, MODE=MODE_IDS[mode],
-            KEYS=keys, MERGE=MERGE_RUNS, BLOCK=block, FP=_feature_cols(f, mode), num_warps=4)
+            KEYS=keys, BLOCK=block, FP=next_pow2(f), num_warps=4)
     if not keys:
         _finalize(buf, off_cnt, off_drop, f, mode)
     return buf
@@ -352,7 +291,7 @@ def depth_to_voxels_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
             h * w, w, f, depth_scale, min_depth, min(max_depth, FLT_MAX),
             *_grid_args(bounds_min, voxel_size, grid_size), K_STRIDE=k_stride,
             E_STRIDE=e_stride, HAS_EXT=extrinsics is not None, MODE=MODE_IDS[mode], KEYS=keys,
-            MERGE=MERGE_RUNS, BLOCK=block, FP=_feature_cols(f, mode), num_warps=4)
+            BLOCK=block, FP=next_pow2(f), num_warps=4)
     if not keys:
         _finalize(buf, off_cnt, off_drop, f, mode)
     return buf

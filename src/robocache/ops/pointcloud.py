@@ -1,7 +1,7 @@
 """RGB-D to point clouds to voxel grids: `depth_to_points`, `voxelize` and the fused
 `depth_to_voxels`, batched, without host syncs (semantics: ``reference/pointcloud.py``).
 
-Dense grids come from one Triton kernel that merges runs of neighbouring points before its
+Dense grids come from one Triton kernel that reduces each point into its voxel with relaxed
 atomics; the sparse output numbers occupied voxels on the device (torch.sort) into outputs sized
 by an upper bound, with the real count as a device scalar: `SparseVoxels.trim` is the one place
 that reads it back (the only host sync, and the caller decides when).
