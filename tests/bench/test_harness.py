@@ -131,3 +131,9 @@ def test_nvtx_enabled_marks_profiler_ranges():
     finally:
         nvtx.enable(False)
     assert any(e.key == "robocache.test_range" for e in prof.key_averages())
+
+
+def test_extra_read_is_off_unless_asked(monkeypatch):
+    monkeypatch.delenv(harness.EXTRA_READ_ENV, raising=False)
+    fn = lambda: 1  # noqa: E731
+    assert harness.with_extra_read(fn, 1 << 20) is fn

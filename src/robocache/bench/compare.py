@@ -1,13 +1,27 @@
 """The regression gate: compare a results file with a baseline, case by case.
 
-A case (same family, name and impl) is **regressed** only when all three hold:
-1. its median is more than `threshold` (5%) slower than the baseline's;
-2. the difference is significant: a one-sided Mann-Whitney U test on the stored samples
-   (scipy.stats.mannwhitneyu) gives p < `alpha` — or, when either side has fewer than
-   ``MIN_SAMPLES`` samples, the interquartile ranges do not overlap;
-3. the environment fingerprint (device, SMs, driver, torch, triton, CUDA) of the two files
-   matches. When it differs nothing is compared: the mismatch is reported instead.
-**Improved** is the mirror image; anything else is unchanged.
+Not every case can gate. Each case (same family, name and impl) gets a **gate** (`gate_of`):
+
+- ``device``: the time is GPU time: CUDA-graph replays, and eager calls of our kernels that are
+  bandwidth-bound (at least `BANDWIDTH_PCT` % of the copy ceiling, at least `DEVICE_MIN_MS`
+  long, and within `EAGER_GRAPH_RATIO` of their graph time when that was measured). Such a
+  case is **regressed** only when all three hold:
+  1. its median is more than the threshold slower than the baseline's: `threshold` (5%), or the
+     baseline's own relative interquartile range when that is wider;
+  2. the difference is significant: a one-sided Mann-Whitney U test on the stored samples
+     (scipy.stats.mannwhitneyu) gives p < `alpha` — or, when either side has fewer than
+     ``MIN_SAMPLES`` samples, the interquartile ranges do not overlap;
+  3. the environment fingerprint (device, SMs, driver, torch, triton, CUDA) of the two files
+     matches. When it differs nothing is compared: the mismatch is reported instead.
+- ``host``: host time of one of our calls (unit ``us``). The host CPU is not in the fingerprint,
+  so such a case gates only as a ratio to the bare Triton launch of the same family and name,
+  measured in the same run: regressed when that ratio grows more than `HOST_THRESHOLD`.
+  Without such a reference it informs only.
+- ``info``: everything else (the alternatives we compare against, CPU paths, eager calls whose
+  GPU time hides host time, end-to-end loops): the change is shown, never gated.
+
+A case may state its gate itself (``"gate": "device" | "host" | "info"``).
+**Improved** is the mirror image of regressed; anything else is unchanged.
 """
 
 from __future__ import annotations
@@ -23,6 +37,15 @@ from robocache.errors import DataError, MissingDependencyError
 THRESHOLD = 0.05
 ALPHA = 0.01
 MIN_SAMPLES = 5
+# Gate classification (see the module docstring). An eager call's host cost on the H100 host is
+# 10-110 us (the host rows of the baseline); below DEVICE_MIN_MS of GPU time do_bench's time can
+# be the host's, and a host 3x slower moved such rows by 1.3-5x in a rerun of one commit.
+GATES = ("device", "host", "info")
+DEVICE_MIN_MS = 0.05
+BANDWIDTH_PCT = 20.0
+EAGER_GRAPH_RATIO = 1.25
+HOST_THRESHOLD = 0.25
+HOST_REFERENCE = "bare triton launch"  # in the reference's impl (any case, "_" for spaces)
 FINGERPRINT_KEYS = ("device", "sm_count", "gpu_count", "driver", "cuda_runtime", "torch",
                     "triton")
 # The results format (``robocache bench --json``): required fields and their types.
@@ -93,6 +116,35 @@ def _key(rec: dict[str, Any]) -> tuple[str, str, str]:
     return rec["family"], rec["name"], rec["impl"]
 
 
+def gate_of(rec: dict[str, Any]) -> str:
+    """The gate a case goes through: 'device', 'host' or 'info' (module docstring)."""
+    if rec.get("gate") in GATES:
+        return rec["gate"]
+    impl = rec["impl"].lower()
+    if "robocache" not in impl or "cpu" in impl:
+        return "info"
+    if rec.get("unit", "ms") == "us" and "gpu" not in impl:
+        return "host"
+    if rec.get("timing") == "graph" or "graph" in impl or "gpu" in impl:
+        return "device"
+    graph = rec.get("graph_ms")
+    if (rec["median_ms"] >= DEVICE_MIN_MS and (rec.get("pct_copy") or 0.0) >= BANDWIDTH_PCT
+            and (graph is None or rec["median_ms"] <= EAGER_GRAPH_RATIO * graph)):
+        return "device"
+    return "info"
+
+
+def _host_references(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(family, name) -> that case's bare Triton launch (host time)."""
+    return {(r["family"], r["name"]): r for r in doc["cases"]
+            if HOST_REFERENCE in r["impl"].lower().replace("_", " ") and r["median_ms"] > 0}
+
+
+def _spread(rec: dict[str, Any]) -> float:
+    """Interquartile range relative to the median."""
+    return (rec["q75_ms"] - rec["q25_ms"]) / rec["median_ms"]
+
+
 def _samples(rec: dict[str, Any]) -> list[float]:
     return rec.get("samples_ms") or [rec["median_ms"]]
 
@@ -117,8 +169,9 @@ class Row:
     family: str
     name: str
     impl: str
-    status: str  # improved | unchanged | regressed | new | missing
+    status: str  # improved | unchanged | regressed | info | new | missing
     unit: str = "ms"
+    gate: str = "info"  # device | host (as a ratio to the bare launch) | info
     base_ms: float | None = None
     new_ms: float | None = None
     change: float | None = None  # new / base - 1
@@ -155,24 +208,46 @@ def compare(baseline: dict[str, Any], results: dict[str, Any], *, threshold: flo
         return out
     base = {_key(r): r for r in baseline["cases"]}
     new = {_key(r): r for r in results["cases"]}
+    refs = _host_references(baseline), _host_references(results)
     for key in sorted(base.keys() | new.keys()):
         b, n = base.get(key), new.get(key)
         if b is None or n is None:
             out.rows.append(Row(*key, status="new" if b is None else "missing",
-                                unit=(b or n).get("unit", "ms"), base_ms=b and b["median_ms"],
-                                new_ms=n and n["median_ms"]))
+                                unit=(b or n).get("unit", "ms"), gate=gate_of(b or n),
+                                base_ms=b and b["median_ms"], new_ms=n and n["median_ms"]))
             continue
-        change = n["median_ms"] / b["median_ms"] - 1
-        status, p = "unchanged", None
-        if change > threshold:
-            worse, p = _significant(n, b, alpha)
-            status = "regressed" if worse else status
-        elif change < -threshold:
-            better, p = _significant(b, n, alpha)
-            status = "improved" if better else status
-        out.rows.append(Row(*key, status=status, unit=n.get("unit", "ms"), base_ms=b["median_ms"],
-                            new_ms=n["median_ms"], change=change, p_value=p))
+        out.rows.append(_verdict(key, b, n, refs, threshold, alpha))
     return out
+
+
+def _verdict(key, b: dict[str, Any], n: dict[str, Any], refs, threshold: float,
+             alpha: float) -> Row:
+    """One case present on both sides, judged by the gate of its baseline record."""
+    row = Row(*key, status="info", unit=n.get("unit", "ms"), gate=gate_of(b),
+              base_ms=b["median_ms"], new_ms=n["median_ms"],
+              change=n["median_ms"] / b["median_ms"] - 1)
+    if row.gate == "host":
+        ref_b, ref_n = (r.get(key[:2]) for r in refs)
+        if ref_b is None or ref_n is None:
+            row.gate = "info"
+            return row
+        # how much more host time than the bare launch, now against then; a case (or
+        # reference) that spreads widely within a run needs a larger change
+        row.change = ((n["median_ms"] / ref_n["median_ms"])
+                      / (b["median_ms"] / ref_b["median_ms"]) - 1)
+        limit = max(HOST_THRESHOLD, _spread(b) + _spread(ref_b))
+        row.status = ("regressed" if row.change > limit else
+                      "improved" if row.change < -limit else "unchanged")
+    elif row.gate == "device":
+        limit = max(threshold, _spread(b))
+        row.status = "unchanged"
+        if row.change > limit:
+            worse, row.p_value = _significant(n, b, alpha)
+            row.status = "regressed" if worse else row.status
+        elif row.change < -limit:
+            better, row.p_value = _significant(b, n, alpha)
+            row.status = "improved" if better else row.status
+    return row
 
 
 def print_comparison(cmp: Comparison, *, threshold: float = THRESHOLD,
@@ -193,16 +268,17 @@ def print_comparison(cmp: Comparison, *, threshold: float = THRESHOLD,
     for r in cmp.rows:
         if r.family not in ran:
             absent[r.family] = absent.get(r.family, 0) + 1
-    table = Table(title=f"Regression gate: > {threshold:.0%} slower and p < {alpha:g} "
-                        "(Mann-Whitney U)")
-    for col in ("family", "case", "impl", "baseline", "now", "change", "p", "status"):
+    table = Table(title=f"Regression gate: device cases > {threshold:.0%} (or their IQR) slower "
+                        f"and p < {alpha:g} (Mann-Whitney U); host cases > "
+                        f"{HOST_THRESHOLD:.0%} more than the bare launch; info cases not gated")
+    for col in ("family", "case", "impl", "gate", "baseline", "now", "change", "p", "status"):
         table.add_column(col, justify="right" if col in ("baseline", "now", "change", "p")
                          else "left")
-    order = {"regressed": 0, "improved": 1, "missing": 2, "new": 3, "unchanged": 4}
+    order = {"regressed": 0, "improved": 1, "missing": 2, "new": 3, "unchanged": 4, "info": 5}
     for r in sorted((r for r in cmp.rows if r.family in ran), key=lambda r: order[r.status]):
         c = colour.get(r.status)
         table.add_row(
-            r.family, r.name, r.impl,
+            r.family, r.name, r.impl, "÷ bare launch" if r.gate == "host" else r.gate,
             f"{r.base_ms:.4g} {r.unit}" if r.base_ms is not None else "",
             f"{r.new_ms:.4g} {r.unit}" if r.new_ms is not None else "",
             f"{100 * r.change:+.1f}%" if r.change is not None else "",

@@ -84,6 +84,24 @@ def gpu_time(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 20
     return summarize(samples)
 
 
+EXTRA_READ_ENV = "ROBOCACHE_BENCH_EXTRA_READ"
+
+
+def with_extra_read(fn: Callable[[], Any], nbytes: int) -> Callable[[], Any]:
+    """`fn`, or, when ``ROBOCACHE_BENCH_EXTRA_READ`` is a fraction (``0.1``), `fn` preceded by
+    a full read of a buffer of that fraction of `nbytes`: a known slowdown of a bandwidth-bound
+    case, to check that the regression gate catches it (docs/bench.md)."""
+    fraction = float(os.environ.get(EXTRA_READ_ENV) or 0)
+    if fraction <= 0:
+        return fn
+    scratch = torch.ones(max(1, int(fraction * nbytes) // 4), device="cuda")
+
+    def slowed(*args, **kwargs):
+        scratch.sum()
+        return fn(*args, **kwargs)
+    return slowed
+
+
 def rotating(fns: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
     """Cycle through closures over different input copies, one per call."""
     state = {"i": 0}
