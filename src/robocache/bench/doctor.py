@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -19,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from robocache import _env
 from robocache.bench import nvml
 
 SCHEMA = "robocache.doctor/1"
@@ -73,47 +73,11 @@ def busbw(algbw: float, world: int) -> float:
 # What is installed
 # ---------------------------------------------------------------------------------------------
 
-def cpu_model() -> str:
-    """The CPU's marketing name (/proc/cpuinfo on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def host_info() -> dict[str, Any]:
-    return {
-        "hostname": platform.node(),
-        "platform": platform.platform(),
-        "cpu_model": cpu_model(),
-        "logical_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        if hasattr(os, "sysconf") else None,
-    }
-
-
 def software() -> dict[str, Any]:
-    import importlib.metadata as md
-
     import torch
 
-    def version(dist):
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            return None
-
-    import robocache
-
     nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
-    return {"python": platform.python_version(), "robocache": robocache.__version__,
-            "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
-            "triton": version("triton"), "nvidia-ml-py": version("nvidia-ml-py"),
+    return {**_env.versions(), "nvidia-ml-py": _env.dist_version("nvidia-ml-py"),
             "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl}
 
 
@@ -368,7 +332,7 @@ def snapshot(*, measure: bool = True, quick: bool = False,
         "schema": SCHEMA,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "software": software(),
-        "host": host_info(),
+        "host": _env.host(),
         "nvml": state,
         "gpu_available": torch.cuda.is_available(),
     }

@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -159,19 +158,6 @@ def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
 
 
-def git_commit() -> str | None:
-    """The checkout's commit; ``ROBOCACHE_COMMIT`` names it where the tree was copied without
-    its history (a remote GPU machine)."""
-    if os.environ.get("ROBOCACHE_COMMIT"):
-        return os.environ["ROBOCACHE_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5, cwd=Path(__file__).resolve().parent)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
 def gpu_state() -> dict[str, Any] | None:
     """GPU 0's clocks, throttle reasons and temperature now (NVML), or None without NVML."""
     from robocache.bench import nvml
@@ -185,22 +171,20 @@ def gpu_state() -> dict[str, Any] | None:
 
 def metadata() -> dict[str, Any]:
     """Run metadata: date, versions, commit, device, driver and clocks (NVML, when present)."""
-    import triton
-
-    import robocache
+    from robocache import _env
     from robocache.bench import nvml
-    from robocache.bench.doctor import cpu_model
 
+    v = _env.versions()
     meta: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "robocache": robocache.__version__,
-        "commit": git_commit(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda_runtime": torch.version.cuda,
+        "robocache": v["robocache"],
+        "commit": _env.git_commit(),
+        "python": v["python"],
+        "torch": v["torch"],
+        "triton": v["triton"],
+        "cuda_runtime": v["cuda_runtime"],
         "host": platform.node(),
-        "cpu": cpu_model(),
+        "cpu": _env.cpu_model(),
         "cpu_count": os.cpu_count(),
     }
     if torch.cuda.is_available():

@@ -6,41 +6,32 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
-import platform
 
 import typer
 
-
-def _version(dist: str) -> str | None:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
+from robocache import _env
 
 
 def collect() -> dict:
     """What is installed and which device RoboCache would run on."""
     import torch  # the one heavy import: needed to see the CUDA device
 
+    v = _env.versions()
     cuda = torch.cuda.is_available()
-    info = {
-        "robocache": _version("robocache"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "triton": _version("triton"),
+    return {
+        "robocache": v["robocache"],
+        "python": v["python"],
+        "platform": _env.host()["platform"],
+        "torch": v["torch"],
+        "torch_cuda": v["cuda_runtime"],
+        "triton": v["triton"],
         "cuda_available": cuda,
         "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if cuda else [],
-        "kernels": "triton (CUDA)" if cuda and _version("triton") else "pytorch reference (CPU)",
-        "extras": {name: _version(name) for name in
-                   ("pyarrow", "pylance", "zarr", "h5py", "ray", "prometheus-client",
-                    "nvidia-ml-py", "matplotlib", "scipy")},
+        "kernels": "triton (CUDA)" if cuda and v["triton"] else "pytorch reference (CPU)",
+        "extras": {name: _env.dist_version(name) for name in _env.OPTIONAL},
     }
-    return info
 
 
 def info(json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
