@@ -252,10 +252,12 @@ def _verdict(key, b: dict[str, Any], n: dict[str, Any], refs, threshold: float,
 
 def print_comparison(cmp: Comparison, *, threshold: float = THRESHOLD,
                      alpha: float = ALPHA) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from robocache._console import console as make_console
+    from robocache._console import print_table
+
+    console = make_console()
     if not cmp.comparable:
         console.print("[bold yellow]Environment fingerprints differ; nothing was compared:[/]")
         for k, (b, n) in cmp.fingerprint_diff.items():
@@ -284,7 +286,7 @@ def print_comparison(cmp: Comparison, *, threshold: float = THRESHOLD,
             f"{100 * r.change:+.1f}%" if r.change is not None else "",
             f"{r.p_value:.2g}" if r.p_value is not None else "",
             f"[{c}]{r.status}[/]" if c else r.status)
-    console.print(table)
+    print_table(table, console)
     if absent:
         console.print("not in the results (not run): " +
                       ", ".join(f"{f} ({n} cases)" for f, n in sorted(absent.items())))

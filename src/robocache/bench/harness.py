@@ -279,8 +279,9 @@ def roofline(rec: dict[str, Any], ceilings: dict[str, float]) -> dict[str, Any]:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from robocache._console import print_table
 
     meta = results["meta"]
     title = f"{meta.get('device')} · torch {meta.get('torch')} · triton {meta.get('triton')}"
@@ -299,4 +300,4 @@ def print_table(results: dict[str, Any]) -> None:
             f"{r['pct_copy']:.1f}" if r.get("pct_copy") else "",
             str(r.get("note", "")),
         )
-    Console().print(table)
+    print_table(table)

@@ -83,9 +83,10 @@ def demo(
     log_format: str = LOG_FORMAT_OPTION,
 ):
     """Ingest the bundled sample, build the cache, serve batches, print the throughput."""
-    from rich.console import Console
     from rich.table import Table
 
+    from robocache._console import console as make_console
+    from robocache._console import print_table
     from robocache.cli._errors import cli_errors
     from robocache.observability import observe
 
@@ -97,7 +98,7 @@ def demo(
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return
-    console = Console()
+    console = make_console()
     d = result["dataset"]
     table = Table(title=f"batches on {result['device']} ({result['mode']}): {d['samples']} "
                         f"samples from {d['episodes']} episodes at {d['rate_hz']} Hz")
@@ -105,7 +106,7 @@ def demo(
     table.add_column("shape", justify="right")
     for k, shape in result["shapes"].items():
         table.add_row(k, str(tuple(shape)))
-    console.print(table)
+    print_table(table, console)
     console.print(f"[bold]{result['samples_per_s']:,.0f} samples/s[/], "
                   f"{result['MB_per_s']:,.0f} MB/s over {result['batches']} batches of "
                   f"{result['batch_size']} (history 2, horizon 16, normalized) — cache at "

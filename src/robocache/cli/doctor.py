@@ -15,10 +15,12 @@ import typer
 
 
 def _print(snap: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from robocache._console import console as make_console
+    from robocache._console import print_table
+
+    console = make_console()
     sw = snap["software"]
     console.print(f"[bold]robocache doctor[/] · {snap['date']} · python {sw['python']} · "
                   f"torch {sw['torch']} (CUDA {sw['cuda_runtime']}) · triton {sw['triton']}")
@@ -50,7 +52,7 @@ def _print(snap: dict) -> None:
                          ", ".join(g["throttle_reasons"] or []) or "none",
                          f"gen{pcie['current_generation']} x{pcie['current_width']}",
                          f"{g['nvlink']['links_active']} links")
-        console.print(gpus)
+        print_table(gpus, console)
     else:
         console.print(f"[yellow]NVML unavailable: {state.get('error')}[/]")
     if snap.get("topology"):
@@ -70,7 +72,7 @@ def _print(snap: dict) -> None:
             table.add_row(key, f"{rec['value']:.1f} {rec['unit']}",
                           f"{rec['peak']:.4g}" if rec.get("peak") else "",
                           f"{rec['pct_peak']:.0f}%" if rec.get("pct_peak") else "", rec["what"])
-        console.print(table)
+        print_table(table, console)
         for source, keys in sources.items():
             console.print(f"peak of {', '.join(keys)}: {source}")
         sweep = snap["ceilings"].get("nccl_allreduce_busbw_GBps", {}).get("sweep")
@@ -82,7 +84,7 @@ def _print(snap: dict) -> None:
             for r in sweep["rows"]:
                 t.add_row(f"{r['bytes']:,}", f"{r['time_us']:.1f}", f"{r['algbw_GBps']:.1f}",
                           f"{r['busbw_GBps']:.1f}")
-            console.print(t)
+            print_table(t, console)
     for w in snap.get("warnings", []):
         console.print(f"[yellow]warning:[/] {w}")
 

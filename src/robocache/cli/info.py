@@ -40,8 +40,9 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON instead
     if json_out:
         typer.echo(json.dumps(data, indent=1))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from robocache._console import print_table
 
     table = Table(title="RoboCache", show_header=False)
     for key, value in data.items():
@@ -50,4 +51,4 @@ def info(json_out: bool = typer.Option(False, "--json", help="Print JSON instead
         elif key == "devices":
             value = ", ".join(value) or "none"
         table.add_row(key, str(value))
-    Console().print(table)
+    print_table(table)

@@ -23,8 +23,10 @@ from robocache.observability.exporter import (
 
 def print_summary(manifest: dict) -> None:
     """The ingest summary table (counts reconcile: read = cached + quarantined)."""
-    from rich.console import Console
     from rich.table import Table
+
+    from robocache._console import console as make_console
+    from robocache._console import print_table
 
     c = manifest["counts"]
     table = Table(title=f"{manifest['source']['path']} ({manifest['source']['format']}) → "
@@ -34,8 +36,8 @@ def print_summary(manifest: dict) -> None:
         table.add_column(col, justify="right")
     table.add_row(str(c["read"]), str(c["cached"]), str(c["new"]), str(c["skipped"]),
                   str(c["quarantined"]), str(c["rows"]), f"{manifest['seconds']:.2f}")
-    console = Console()
-    console.print(table)
+    console = make_console()
+    print_table(table, console)
     if manifest.get("timing"):
         console.print(f"timing: {manifest['timing']}")
     for q in manifest["quarantined"]:

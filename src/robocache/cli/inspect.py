@@ -115,15 +115,17 @@ def inspect(
     2 bad usage or input (one line on stderr: the problem and the fix);
     1 internal error (--verbose shows the traceback).
     """
-    from rich.console import Console
     from rich.table import Table
+
+    from robocache._console import console as make_console
+    from robocache._console import print_table
 
     with cli_errors(verbose):
         facts = summarize(path, episodes, fps, split)
     if as_json:
         typer.echo(json.dumps(facts, indent=2))
         return
-    console = Console()
+    console = make_console()
     if "cache" in facts:
         _print_cache(console, facts)
         return
@@ -140,7 +142,7 @@ def inspect(
         fmt = lambda v: "—" if v is None else f"{v:.1f}"
         table.add_row(name, s["kind"], s["dtype"], str(tuple(s["shape"])), fmt(s["rate_hz"]),
                       fmt(s["measured_hz"]), str(s["samples"]))
-    console.print(table)
+    print_table(table, console)
     if "splits" in facts:  # RLDS / TFDS: the feature tree, splits and shards
         console.print(f"split {facts['split']!r}: {facts['selected_episodes']} episodes; "
                       f"{facts['steps_inspected']} steps in the {facts['inspected']} read")
