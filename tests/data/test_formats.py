@@ -214,6 +214,20 @@ def test_lerobot_png_image_feature(tmp_path, rng):
     np.testing.assert_array_equal(ep.streams["observation.image"].data, frames)
 
 
+@pytest.mark.parametrize(("module", "fmt", "name"), [("zarr", "zarr-replay", "rb.zarr"),
+                                                   ("h5py", "robomimic", "low_dim.hdf5")])
+def test_reader_without_its_package_names_the_extra(monkeypatch, tmp_path, module, fmt, name):
+    import sys
+
+    from robocache.errors import MissingDependencyError
+
+    (tmp_path / name).mkdir()
+    monkeypatch.setitem(sys.modules, module, None)
+    need = rf"'{module}'.*pip install 'robocache\[data\]'"
+    with pytest.raises(MissingDependencyError, match=need):
+        open_source(tmp_path / name, format=fmt).episode_indices()
+
+
 def test_video_decoding_needs_an_extra(monkeypatch, tmp_path):
     import sys
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from robocache.data.episode import Episode, Stream, StreamSpec
 from robocache.data.formats import check_fps
-from robocache.errors import DataError
+from robocache.errors import DataError, MissingDependencyError
 
 SKIP = ("states",)  # simulator state vectors: replay data, not a training stream
 
@@ -49,7 +49,10 @@ class RobomimicSource:
     format = "robomimic"
 
     def __init__(self, path: str | Path, fps: float | None = None):
-        import h5py
+        try:
+            import h5py
+        except ImportError as e:
+            raise MissingDependencyError("h5py", "data", "Reading robomimic HDF5 files") from e
 
         self.path = Path(path)
         try:

@@ -17,13 +17,16 @@ import numpy as np
 
 from robocache.data.episode import Episode, Stream, StreamSpec
 from robocache.data.formats import check_fps
-from robocache.errors import DataError
+from robocache.errors import DataError, MissingDependencyError
 
 TIME_KEY = "timestamp"
 
 
 def _open(path: Path):
-    import zarr
+    try:
+        import zarr
+    except ImportError as e:
+        raise MissingDependencyError("zarr", "data", "Reading zarr ReplayBuffers") from e
 
     if path.suffix == ".zip":
         return zarr.open_group(zarr.storage.ZipStore(path, mode="r"), mode="r")
