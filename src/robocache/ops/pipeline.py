@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 import torch
 
+from robocache._plancache import PlanCache
 from robocache.errors import DeviceError, ShapeError
 from robocache.kernels.pipeline import FusedPlan
 from robocache.observability import nvtx
@@ -188,7 +189,7 @@ class Pipeline:
         self.max_graphs = max_graphs
         self._graphs: dict[tuple, _Graph] = {}
         self._warned = False
-        self._checked: set[tuple] = set()
+        self._checked = PlanCache()  # geometries whose metadata passed `_check_meta`
         self._device_params: dict[torch.device, tuple] = {}
 
     # ------------------------------------------------------------------ configuration
@@ -242,7 +243,7 @@ class Pipeline:
             self._check_meta(data, times, lengths)
         elif key not in self._checked:
             self._check_meta(data, times, lengths)
-            self._checked.add(key)
+            self._checked.put(key, True)
         return times if times.dim() == 2 else times.expand(data.shape[0], -1)
 
     def _check_meta(self, data, times, lengths) -> None:
