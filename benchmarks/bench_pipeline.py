@@ -146,13 +146,12 @@ def _cases_cpu():
                    B=4, K=2, T=100, D=D)]
 
 
-# Fused-kernel tunings timed by --sweep: (block_t, blocks, per_thread, fan, max_scan); with
-# D = 32 the warps are block_t / per_thread. The first H100 sweep (block_t 16-128 x 1-16 warps
-# x blocks 1-4 x fan 32/64/1024 x max_scan 0/256, commit 8a8d809) found one-warp programs
-# of 16 targets fastest; this one explores around them.
-SWEEP = [(16, 1, 16, 64, 0), (8, 1, 8, 64, 0), (16, 1, 8, 64, 0), (32, 1, 32, 64, 0),
-         (32, 1, 16, 64, 0), (16, 2, 16, 64, 0), (16, 4, 16, 64, 0), (16, 1, 16, 1024, 0),
-         (16, 1, 16, 32, 0), (16, 1, 16, 64, 64)]
+# Fused-kernel tunings timed by --sweep: (block_t, blocks, per_thread, fan); with D = 32 the
+# warps are block_t / per_thread. The first H100 sweep (block_t 16-128 x 1-16 warps x blocks
+# 1-4 x fan 32/64/1024 x window count off/256 wide, commit 8a8d809) found one-warp programs
+# of 16 targets fastest, without the count (since removed); this one explores around them.
+SWEEP = [(16, 1, 16, 64), (8, 1, 8, 64), (16, 1, 8, 64), (32, 1, 32, 64), (32, 1, 16, 64),
+         (16, 2, 16, 64), (16, 4, 16, 64), (16, 1, 16, 1024), (16, 1, 16, 32)]
 # Stages switched off (FusedPlan fields) at the default tuning: what each one costs.
 ABLATIONS = {"no noise": dict(noise=False), "no SE(3)": dict(pos=-1, quat=-1),
              "no time warp": dict(terms=0), "no normalize": dict(norm=False),
@@ -180,11 +179,9 @@ def sweep(copy_gbps: float | None = None) -> list[dict]:
 
     ref = launch(pipe.plan, TUNING).clone()
     recs = []
-    for bt, blocks, per_thread, fan, scan in SWEEP:
-        tu = PipelineTuning(block_t=bt, blocks=blocks, per_thread=per_thread, fan=fan,
-                            max_scan=scan)
-        label = (f"fused kernel bt={bt} blocks={blocks} per_thread={per_thread} fan={fan} "
-                 f"scan={scan}")
+    for bt, blocks, per_thread, fan in SWEEP:
+        tu = PipelineTuning(block_t=bt, blocks=blocks, per_thread=per_thread, fan=fan)
+        label = f"fused kernel bt={bt} blocks={blocks} per_thread={per_thread} fan={fan}"
         _measure(recs, "256x10_10s_50Hz_32D sweep", label,
                  lambda tu=tu: H.gpu_time(lambda: launch(pipe.plan, tu), rep_ms=50), **kw)
         recs[-1]["max_abs_diff"] = float((out - ref).abs().max())

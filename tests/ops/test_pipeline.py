@@ -60,7 +60,7 @@ def test_fused_kernel_equals_unfused_composition(kernel_device, case):
 
 
 @pytest.mark.parametrize("tuning", [dict(block_t=8, blocks=2, per_thread=4),
-                                    dict(block_t=32, fan=4, max_scan=64)])
+                                    dict(block_t=32, fan=4)])
 def test_fused_tunings_agree(kernel_device, tuning):
     """Tile size, blocks per program, warps and search settings change only speed (T = 23
     leaves partial blocks; with 8 x 2 an empty one)."""

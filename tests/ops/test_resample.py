@@ -198,9 +198,8 @@ def test_kernel_matches_reference(kernel_device, case, method, oor):
 
 
 # Search settings beyond the default: multi-level fans (the first level's probes are loaded
-# before the targets are known, later levels after) and the chunked window count.
-SEARCH_TUNINGS = {"default": {}, "fan8": {"fan": 8}, "fan4": {"fan": 4},
-                  "count": {"fan": 8, "max_scan": 64, "chunk": 16}}
+# before the targets are known, later levels after).
+SEARCH_TUNINGS = {"default": {}, "fan8": {"fan": 8}, "fan4": {"fan": 4}}
 
 
 @pytest.mark.parametrize("tuning", SEARCH_TUNINGS)

@@ -4,13 +4,13 @@
 Design (per program: one stream, one row, a block of BLOCK_T targets, all D columns):
 
 1. Locate. A binary search per target is a chain of log2(S) dependent loads (~7-10 global
-   round trips) — it is what made the untuned probe in shared/anchors launch- and
-   latency-bound. Instead each program first finds where its *block* of targets falls: a
+   round trips) — it is what made the first, untuned kernel launch- and latency-bound.
+   Instead each program first finds where its *block* of targets falls: a
    FAN-ary search (FAN probes loaded as one vector per level; the first level is loaded
    together with the targets, S <= FAN takes that one round trip) for the block's bounds —
    its first and last target for linear streams, its min and max otherwise. Inside that
-   window, a branch-free per-target binary search (or, up to MAX_SCAN samples, a count over
-   CHUNK-sample slices). docs/design.md has the measurements behind each choice.
+   window, a branch-free per-target binary search. docs/design.md has the measurements
+   behind each choice.
 2. Interpolate. Time differences are taken in the timestamp dtype (float64 epoch seconds stay
    exact), then converted to the arithmetic dtype: float32, or float64 for float64 data.
 3. Gather rows [BLOCK_T, BLOCK_D] (contiguous along D, so loads are wide) and store.
@@ -45,13 +45,11 @@ class Tuning:
     Defaults: best geometric mean over the resample benchmark's three bf16 shapes in a
     24-point sweep (2026-11-22, on an H200: benchmarks/results/tune_interp-h200-*.json).
     A 1024-wide first level finds a block's window in one round trip for S <= 1024; inside
-    the window a per-target binary search beat counting chunks of 32 (e.g. 124 vs 140 us at
-    4096x500->250x64), so counting is off (max_scan=0) but kept as an option.
+    the window a per-target binary search beat counting it in chunks of 32 samples (e.g. 124
+    vs 140 us at 4096x500->250x64), so the count was removed.
     """
 
     fan: int = 1024        # probes per level of the block-extreme search
-    chunk: int = 32        # samples compared per step of the window count (64: 196 registers)
-    max_scan: int = 0      # widest window counted directly; wider: per-target binary search
     elements: int = 4096   # values per [BLOCK_T, BLOCK_D] tile of 2-byte data
     pchip_cols: int = 8    # PCHIP tiles: narrow columns, see _tile_limits
     pchip_elements: int = 512
@@ -116,8 +114,7 @@ def _count_le2(row, sts, n, first, xlo, xhi, n_levels, stride0, FAN: tl.constexp
 
 @triton.jit
 def _locate(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS: tl.constexpr,
-            BLOCK_T: tl.constexpr, FAN: tl.constexpr, CHUNK: tl.constexpr,
-            MAX_SCAN: tl.constexpr):
+            BLOCK_T: tl.constexpr, FAN: tl.constexpr):
     """cnt[t] = #{j < n : row[j] <= x[t]} for a block of targets (row sorted, n >= 1).
 
     The block's search window comes from bounds on its targets. ENDS: the scalars xlo / xhi
@@ -139,39 +136,31 @@ def _locate(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS: tl.constex
     base = tl.maximum(tl.minimum(cmin, cmax) - 1, 0)
     width = cmax - base
     cnt = tl.zeros([BLOCK_T], dtype=tl.int32) + base
-    if width <= MAX_SCAN:
-        for c in range(0, width, CHUNK):
-            j = base + c + tl.arange(0, CHUNK)
-            tw = tl.load(row + j.to(tl.int64) * sts, mask=j < n, other=float("inf")).to(x.dtype)
-            cnt += tl.sum((tw[None, :] <= x[:, None]).to(tl.int32), axis=1)
-    else:
-        # Branch-free halving: each count lies in [cnt, cnt + size - 1]. A step probes sample
-        # cnt + half - 1 (always inside the row, so unmasked) and keeps the half holding the
-        # count; `size` is the same for the whole block, so the loop control is scalar.
-        size = width + 1
-        before = row - sts  # before[probe] is row[probe - 1]
-        while size > 1:
-            half = size // 2
-            probe = cnt + half
-            tm = tl.load(before + probe.to(tl.int64) * sts,
-                         eviction_policy="evict_last").to(x.dtype)
-            cnt = tl.where(tm <= x, probe, cnt)
-            size -= half
+    # Branch-free halving: each count lies in [cnt, cnt + size - 1]. A step probes sample
+    # cnt + half - 1 (always inside the row, so unmasked) and keeps the half holding the
+    # count; `size` is the same for the whole block, so the loop control is scalar.
+    size = width + 1
+    before = row - sts  # before[probe] is row[probe - 1]
+    while size > 1:
+        half = size // 2
+        probe = cnt + half
+        tm = tl.load(before + probe.to(tl.int64) * sts,
+                     eviction_policy="evict_last").to(x.dtype)
+        cnt = tl.where(tm <= x, probe, cnt)
+        size -= half
     return cnt
 
 
 @triton.jit
 def _segments(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS: tl.constexpr,
-              BLOCK_T: tl.constexpr, FAN: tl.constexpr, CHUNK: tl.constexpr,
-              MAX_SCAN: tl.constexpr):
+              BLOCK_T: tl.constexpr, FAN: tl.constexpr):
     """Bracketing samples of each target: (i, seg, seg1, t0, t1, outside).
 
     i = last sample at or before x (-1 before the first); seg/seg1 = the interpolation
     segment clamped into the row; t0/t1 their times (x's dtype); outside = x < t[0],
     x > t[n-1] or NaN.
     """
-    cnt = _locate(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS, BLOCK_T, FAN, CHUNK,
-                  MAX_SCAN)
+    cnt = _locate(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS, BLOCK_T, FAN)
     i = cnt - 1
     seg = tl.minimum(tl.maximum(i, 0), tl.maximum(n - 2, 0))
     seg1 = tl.minimum(seg + 1, n - 1)
@@ -308,7 +297,7 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
                   METHOD: tl.constexpr, OOR: tl.constexpr, HAS_PAD: tl.constexpr,
                   HAS_TOL: tl.constexpr, TIME_F64: tl.constexpr, CT_F64: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, D_TILES: tl.constexpr,
-                  FAN: tl.constexpr, CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+                  FAN: tl.constexpr):
     """One block of BLOCK_T targets of row b of one stream: locate, interpolate, store."""
     offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = offs_t < T
@@ -321,7 +310,7 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
     x = _to_compute(tl.load(tgt + b * sxb + offs_t * sxt, mask=valid, other=float("nan"),
                             eviction_policy="evict_first"), TIME_F64)
     i, seg, seg1, t0, t1, outside = _segments(row, sts, n, x, valid, xlo, xhi, n_levels, stride0,
-                                              ENDS, BLOCK_T, FAN, CHUNK, MAX_SCAN)
+                                              ENDS, BLOCK_T, FAN)
     nanx = x != x
     flat = b * T + offs_t
 
@@ -418,8 +407,7 @@ def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux, scr,
                  METHOD: tl.constexpr, OOR: tl.constexpr, HAS_LEN: tl.constexpr,
                  HAS_PAD: tl.constexpr, HAS_TOL: tl.constexpr, TIME_F64: tl.constexpr,
                  CT_F64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                 D_TILES: tl.constexpr, FAN: tl.constexpr, CHUNK: tl.constexpr,
-                 MAX_SCAN: tl.constexpr):
+                 D_TILES: tl.constexpr, FAN: tl.constexpr):
     """Program `pid` of one stream: a block of targets of one row (cubic: a whole row)."""
     b = (pid // ntb).to(tl.int64)
     if HAS_LEN:
@@ -435,12 +423,12 @@ def _stream_tile(pid, tgt, T, sxb, sxt, data, times, lens, out, pad, aux, scr,
             _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr_row,
                           D, tol, sds, sdd, sts, sob, sot, sod, n_levels, stride0,
                           METHOD, OOR, HAS_PAD, HAS_TOL, TIME_F64, CT_F64, BLOCK_T, BLOCK_D,
-                          D_TILES, FAN, CHUNK, MAX_SCAN)
+                          D_TILES, FAN)
     else:
         _target_block(pid % ntb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
                       D, tol, sds, sdd, sts, sob, sot, sod, n_levels, stride0,
                       METHOD, OOR, HAS_PAD, HAS_TOL, TIME_F64, CT_F64, BLOCK_T, BLOCK_D,
-                      D_TILES, FAN, CHUNK, MAX_SCAN)
+                      D_TILES, FAN)
 
 
 @triton.jit(do_not_specialize=["T", "starts", "S", "D", "tols", "n_levels", "stride0", "ntbs",
@@ -452,8 +440,7 @@ def _interp_kernel(tgt, T, sxb, sxt, starts,
                    NUM: tl.constexpr, METHOD: tl.constexpr, OOR: tl.constexpr,
                    HAS_LEN: tl.constexpr, HAS_PAD: tl.constexpr, HAS_TOL: tl.constexpr,
                    TIME_F64: tl.constexpr, CT_F64: tl.constexpr, BLOCK_T: tl.constexpr,
-                   BLOCK_D: tl.constexpr, D_TILES: tl.constexpr, FAN: tl.constexpr,
-                   CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+                   BLOCK_D: tl.constexpr, D_TILES: tl.constexpr, FAN: tl.constexpr):
     pid = tl.program_id(0)
     for k in tl.static_range(NUM):
         if (pid >= starts[k]) & (pid < starts[k + 1]):
@@ -463,8 +450,7 @@ def _interp_kernel(tgt, T, sxb, sxt, starts,
                          sdb[k], sds[k], sdd[k], stb[k], sts[k], sob[k], sot[k], sod[k],
                          n_levels[k], stride0[k], ntbs[k],
                          METHOD[k], OOR[k], HAS_LEN[k], HAS_PAD[k], HAS_TOL[k], TIME_F64[k],
-                         CT_F64[k], BLOCK_T[k], BLOCK_D[k], D_TILES[k], FAN, CHUNK,
-                         MAX_SCAN)
+                         CT_F64[k], BLOCK_T[k], BLOCK_D[k], D_TILES[k], FAN)
 
 
 @dataclass
@@ -556,7 +542,7 @@ class InterpPlan:
         cols = tuple(zip(*rows, strict=True))
         self.grid = (starts[-1],)
         self.head = (T, *_strides2(target), tuple(starts))
-        self.tail = (*cols[:16], len(streams), *cols[16:], tu.fan, tu.chunk, tu.max_scan)
+        self.tail = (*cols[:16], len(streams), *cols[16:], tu.fan)
         self.launcher = CachedLaunch(_interp_kernel, self.grid, num_warps=tu.num_warps)
 
     def launch(self, target, datas, times, lens, outs, pads, auxs, scrs) -> None:

@@ -52,8 +52,7 @@ def _pipeline_kernel(data, times, lens, out, flags, offset_p, scale_p, std_p, st
                      POS: tl.constexpr, QUAT: tl.constexpr, TERMS: tl.constexpr, CROP: tl.constexpr,
                      NORM: tl.constexpr, CLIP: tl.constexpr, NOISE: tl.constexpr,
                      NS: tl.constexpr, NS_P2: tl.constexpr, BLOCK_T: tl.constexpr,
-                     BLOCK_D: tl.constexpr, BLOCKS: tl.constexpr, FAN: tl.constexpr,
-                     CHUNK: tl.constexpr, MAX_SCAN: tl.constexpr):
+                     BLOCK_D: tl.constexpr, BLOCKS: tl.constexpr, FAN: tl.constexpr):
     pid = tl.program_id(0)
     variant = (pid // chunks).to(tl.int64)
     first = (pid % chunks) * BLOCKS
@@ -88,7 +87,7 @@ def _pipeline_kernel(data, times, lens, out, flags, offset_p, scale_p, std_p, st
         else:
             x = t_first.to(tl.float32) + tn * span
         _, seg, seg1, t0, t1, _ = _segments(row, sts, n, x, valid, x, x, n_levels, stride0, False,
-                                            BLOCK_T, FAN, CHUNK, MAX_SCAN)
+                                            BLOCK_T, FAN)
         w = _linear_weight(x, t0, t1, 0, False)
         if POS >= 0:
             px, py, pz = _quat_rotate(qw, qx, qy, qz,
@@ -165,8 +164,6 @@ class PipelineTuning:
     blocks: int = 1        # blocks per program (the variant's draws are paid once per program)
     per_thread: int = 16   # tile values per thread: num_warps = tile / (32 * per_thread)
     fan: int = 64          # probes per level of the block-window search (kernels.interp)
-    chunk: int = 32
-    max_scan: int = 0      # window counted directly up to this width, else binary search
 
 
 TUNING = PipelineTuning()
@@ -211,7 +208,7 @@ def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
         TIME_F64=times.dtype == torch.float64, POS=plan.pos, QUAT=plan.quat, TERMS=plan.terms,
         CROP=plan.crop, NORM=plan.norm, CLIP=plan.clip,
         NOISE=plan.noise, NS=plan.streams, NS_P2=max(next_pow2(plan.streams), 2),
-        BLOCK_T=bt, BLOCK_D=bd, BLOCKS=tu.blocks, FAN=tu.fan, CHUNK=tu.chunk,
-        MAX_SCAN=tu.max_scan, num_warps=warps,
+        BLOCK_T=bt, BLOCK_D=bd, BLOCKS=tu.blocks, FAN=tu.fan,
+        num_warps=warps,
     )
     return out
