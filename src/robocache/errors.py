@@ -12,6 +12,7 @@ __all__ = [
     "DTypeError",
     "DeviceError",
     "DataError",
+    "URDFError",
     "CacheBusyError",
     "MissingDependencyError",
 ]
@@ -35,6 +36,10 @@ class DeviceError(RoboCacheError, ValueError):
 
 class DataError(RoboCacheError, ValueError):
     """Values are invalid: NaN or decreasing timestamps, lengths out of range, bad episodes."""
+
+
+class URDFError(DataError):
+    """A robot description that cannot be turned into a kinematic chain."""
 
 
 class CacheBusyError(RoboCacheError, RuntimeError):
