@@ -43,6 +43,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_make_parametrize_id(config, val, argname):
+    """Readable test ids: dtypes by name (``float32``), shapes and tensors as ``3x5``, keyword
+    dicts as ``k=v,...``, argument tuples by their parts; anything else as pytest writes it."""
+    return _id(val)
+
+
+def _id(val, depth: int = 0) -> str | None:
+    if isinstance(val, torch.dtype):
+        return str(val).removeprefix("torch.")
+    if isinstance(val, torch.Tensor):
+        return "x".join(map(str, val.shape)) or "scalar"
+    if isinstance(val, (tuple, list, torch.Size)) and depth < 2:
+        if val and all(isinstance(v, int) and not isinstance(v, bool) for v in val):
+            return "x".join(map(str, val))
+        parts = [_id(v, depth + 1) or _plain(v) for v in val]
+        return ",".join(parts) if parts else "none"
+    if isinstance(val, dict) and depth < 2:
+        return ",".join(f"{k}={_id(v, depth + 1) or _plain(v)}" for k, v in val.items()) or "none"
+    return None
+
+
+def _plain(val) -> str:
+    if callable(val):
+        return getattr(val, "__name__", type(val).__name__)
+    text = str(val)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
 @pytest.fixture
 def kernel_device() -> str:
     """Where Triton kernels run in this session: 'cuda', or 'cpu' through the interpreter."""

@@ -68,6 +68,7 @@ def test_cli_report(tmp_path, report_results):
     assert (tmp_path / "results-report" / "report.md").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("baseline", BASELINES, ids=lambda p: p.name)
 def test_committed_baseline_renders(baseline, tmp_path):
     from robocache.bench.compare import load_results

@@ -262,6 +262,7 @@ def _ik_targets(c: Chain, n: int, rng, dtype=torch.float64, device="cpu"):
     return fk(c, _random_q(c, n, rng, dtype).to(device))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("urdf,end", ROBOTS[:2], ids=["panda", "iiwa"])
 def test_ik_converges_on_reachable_targets(urdf, end):
     c = Chain.from_urdf(urdf, end)

@@ -59,6 +59,7 @@ def test_fused_kernel_equals_unfused_composition(kernel_device, case):
     assert_close(out.data, ref.data, torch.float32, scale=30)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tuning", [dict(block_t=8, blocks=2, per_thread=4),
                                     dict(block_t=32, fan=4)])
 def test_fused_tunings_agree(kernel_device, tuning):
@@ -128,6 +129,7 @@ def test_pipeline_without_augment_equals_resample_then_normalize():
     assert_close(out[:, 0], exp.numpy(), torch.float32, scale=10)
 
 
+@pytest.mark.slow
 def test_fused_custom_op_registration(kernel_device):
     from dataclasses import astuple
 
