@@ -80,6 +80,8 @@ class ZarrReplaySource:
         except KeyError as e:
             raise DataError(f"{self.path}: a ReplayBuffer needs 'data/<key>' arrays and "
                             f"'meta/episode_ends'; missing {e}.") from e
+        except MissingDependencyError:  # zarr itself is missing: not damaged data
+            raise
         except Exception as e:  # zarr/numcodecs raise their own types on damaged metadata
             raise DataError(f"{self.path}: cannot read the ReplayBuffer's meta/episode_ends "
                             f"({type(e).__name__}: {e}); check that the dataset is complete.") \
