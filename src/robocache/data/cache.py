@@ -547,12 +547,18 @@ class Run:
         self.quarantine[int(index)] = {"index": int(index), "reason": reason}
         self._write_running()
 
-    def cached(self, index: int, written: list[tuple[str, Any, list]]) -> None:
-        """Commit the files :func:`write_episode` wrote for episode ``index``."""
-        commit(self.dest, [index], written)
-        if self.quarantine.pop(int(index), None) is not None:  # retried and now cached
+    def cached(self, written: dict[int, list[tuple[str, Any, list]]]) -> None:
+        """Commit the files :func:`write_episode` wrote, for one or several episodes (index ->
+        its files): one Lance commit per table for all of them."""
+        tables: dict[str, tuple[Any, list]] = {}
+        for files in written.values():
+            for rel, schema, fragments in files:
+                tables.setdefault(rel, (schema, []))[1].extend(fragments)
+        commit(self.dest, list(written), [(rel, *t) for rel, t in tables.items()])
+        retried = [i for i in written if self.quarantine.pop(int(i), None) is not None]
+        if retried:  # retried and now cached
             self._write_running()
-        self.new += 1
+        self.new += len(written)
 
     def _write_running(self) -> None:
         _write_json(self.dest / "manifest.json", {**self.header, "status": "building",
@@ -651,20 +657,20 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
                     run.quarantined(index, _reason(run.src, index, e))
                     advance(f"episode {index} quarantined")
                     continue
-                run.cached(index, write_episode(run.dest, episode, cols, run.specs))
+                run.cached({index: write_episode(run.dest, episode, cols, run.specs)})
                 advance(f"episode {index}")
         return run.finish()
 
 
 class _progress:
-    """Context manager yielding ``advance(description)``; a rich bar when enabled."""
+    """Context manager yielding ``advance(description, n=1)``; a rich bar when enabled."""
 
     def __init__(self, enabled: bool, total: int, label: str = "ingest"):
         self.enabled, self.total, self.label, self.bar = enabled, total, label, None
 
     def __enter__(self):
         if not self.enabled:
-            return lambda _desc: None
+            return lambda _desc, n=1: None
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -678,7 +684,7 @@ class _progress:
                             transient=False)
         self.bar.start()
         task = self.bar.add_task("", total=self.total)
-        return lambda desc: self.bar.update(task, advance=1, description=desc)
+        return lambda desc, n=1: self.bar.update(task, advance=n, description=desc)
 
     def __exit__(self, *exc):
         if self.bar is not None:
