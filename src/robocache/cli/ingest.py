@@ -64,17 +64,30 @@ def print_summary(manifest: dict) -> None:
         console.print(f"[yellow]quarantined[/] episode {q['index']}: {q['reason']}")
 
 
-def run(job: Callable[..., dict], *, as_json: bool, progress: bool, verbose: bool,
-        **kwargs) -> None:
-    """Run a cache job; print its manifest (``--json``) or summary; exit with the shared codes
-    (bad input: one line on stderr)."""
-    with cli_errors(verbose):
-        manifest = job(progress=progress and not as_json, **kwargs)
-    if as_json:
-        typer.echo(json.dumps(manifest, indent=2))
-    else:
-        print_summary(manifest)
-    raise typer.Exit(exit_code(manifest["counts"]))
+# The flags every cache-building command shares, appended to its own (see `cache_command`).
+SHARED = {"keys": (KeysOpt, None), "fps": (FpsOpt, None), "split": (SplitOpt, None),
+          "tolerance": (ToleranceOpt, None),
+          "shard": (ShardOpt, None), "as_json": (JsonOpt, False), "progress": (ProgressOpt, True),
+          "overwrite": (OverwriteOpt, False), "retry_quarantined": (RetryOpt, False),
+          "wait": (WaitOpt, False), "verbose": (VerboseOpt, False)}
+
+
+def cache_command(fn: Callable) -> Callable:
+    """Give a command (``source, dest, rate`` and its own options, then ``**options``) the
+    shared flags of :data:`SHARED`: typer reads them from the signature set here."""
+    import inspect
+    import typing
+
+    hints = typing.get_type_hints(fn, include_extras=True)
+    sig = inspect.signature(fn)
+    own = [p.replace(annotation=hints[p.name]) for p in sig.parameters.values()
+           if p.kind is not p.VAR_KEYWORD]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                annotation=annotation)
+              for name, (annotation, default) in SHARED.items()]
+    fn.__signature__ = sig.replace(parameters=[*own, *shared])
+    fn.__annotations__ = {p.name: p.annotation for p in fn.__signature__.parameters.values()}
+    return fn
 
 
 def source_options(**options) -> dict:
@@ -82,32 +95,36 @@ def source_options(**options) -> dict:
     return {k: v for k, v in options.items() if v is not None}
 
 
-def config_kwargs(rate, keys, fps, split, tolerance, shard, overwrite, retry_quarantined,
-                  wait) -> dict:
-    """The keyword arguments of ``build`` (and ``preprocess``) the shared flags set."""
-    return {"rate_hz": rate, "keys": keys or None, "tolerance_s": tolerance,
-            "source_options": source_options(fps=fps, split=split), "overwrite": overwrite,
-            "retry_quarantined": retry_quarantined, "wait": wait, "shard": shard,
-            "log": lambda msg: typer.echo(msg, err=True)}
+def run(job: Callable[..., dict], *, rate, keys, fps, split, tolerance, shard, as_json,
+        progress, overwrite, retry_quarantined, wait, verbose, **kwargs) -> None:
+    """Run a cache job with the shared flags; print its manifest (``--json``) or summary; exit
+    with the shared codes (bad input: one line on stderr)."""
+    with cli_errors(verbose):
+        manifest = job(rate_hz=rate, keys=keys or None, tolerance_s=tolerance,
+                       source_options=source_options(fps=fps, split=split), shard=shard,
+                       overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
+                       progress=progress and not as_json,
+                       log=lambda msg: typer.echo(msg, err=True), **kwargs)
+    report(manifest, as_json)
 
 
+def report(manifest: dict, as_json: bool) -> None:
+    """Print the manifest (``--json``) or the summary, and exit with the shared code."""
+    if as_json:
+        typer.echo(json.dumps(manifest, indent=2))
+    else:
+        print_summary(manifest)
+    raise typer.Exit(exit_code(manifest["counts"]))
+
+
+@cache_command
 def ingest(
     source: SourceArg,
     dest: DestArg,
     rate: RateOpt = 50.0,
     device: Annotated[str, typer.Option(help="cuda or cpu (default: cuda when available).")]
     = None,
-    keys: KeysOpt = None,
-    fps: FpsOpt = None,
-    split: SplitOpt = None,
-    tolerance: ToleranceOpt = None,
-    shard: ShardOpt = None,
-    as_json: JsonOpt = False,
-    progress: ProgressOpt = True,
-    overwrite: OverwriteOpt = False,
-    retry_quarantined: RetryOpt = False,
-    wait: WaitOpt = False,
-    verbose: VerboseOpt = False,
+    **options,
 ):
     """Align every episode to one rate and write a Lance training cache.
 
@@ -117,6 +134,4 @@ def ingest(
     """
     from robocache.data.cache import build
 
-    run(build, as_json=as_json, progress=progress, verbose=verbose, source=source, dest=dest,
-        device=device, **config_kwargs(rate, keys, fps, split, tolerance, shard, overwrite,
-                                       retry_quarantined, wait))
+    run(build, source=source, dest=dest, rate=rate, device=device, **options)

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from robocache.cli._errors import CommandError, cli_errors
-from robocache.cli.ingest import JsonOpt, OverwriteOpt, ProgressOpt, VerboseOpt, WaitOpt, run
+from robocache.cli.ingest import JsonOpt, OverwriteOpt, ProgressOpt, VerboseOpt, WaitOpt, report
 
 
 def merge(
@@ -28,10 +28,11 @@ def merge(
     """Join shard caches into one cache with exactly merged statistics."""
     from robocache.distributed.merge import merge as job
 
-    if len(paths) < 2:
-        with cli_errors(verbose):
+    with cli_errors(verbose):
+        if len(paths) < 2:
             raise CommandError("merge needs shard caches and a destination",
                                "pass robocache merge SHARD... DEST")
-    run(job, as_json=as_json, progress=progress, verbose=verbose, shards=paths[:-1],
-        dest=paths[-1], overwrite=overwrite, wait=wait,
-        log=lambda msg: typer.echo(msg, err=True))
+        manifest = job(paths[:-1], paths[-1], overwrite=overwrite, wait=wait,
+                       progress=progress and not as_json,
+                       log=lambda msg: typer.echo(msg, err=True))
+    report(manifest, as_json)

@@ -13,26 +13,10 @@ from typing import Annotated
 
 import typer
 
-from robocache.cli.ingest import (
-    DestArg,
-    FpsOpt,
-    JsonOpt,
-    KeysOpt,
-    OverwriteOpt,
-    ProgressOpt,
-    RateOpt,
-    RetryOpt,
-    ShardOpt,
-    SourceArg,
-    SplitOpt,
-    ToleranceOpt,
-    VerboseOpt,
-    WaitOpt,
-    config_kwargs,
-    run,
-)
+from robocache.cli.ingest import DestArg, RateOpt, SourceArg, cache_command, run
 
 
+@cache_command
 def preprocess(
     source: SourceArg,
     dest: DestArg,
@@ -43,17 +27,7 @@ def preprocess(
                                                "of the cluster; 0: CPU actors).")] = None,
     workers: Annotated[int, typer.Option(help="CPU actors when --num-gpus is 0 (default: half "
                                               "the cluster's CPUs).")] = None,
-    keys: KeysOpt = None,
-    fps: FpsOpt = None,
-    split: SplitOpt = None,
-    tolerance: ToleranceOpt = None,
-    shard: ShardOpt = None,
-    as_json: JsonOpt = False,
-    progress: ProgressOpt = True,
-    overwrite: OverwriteOpt = False,
-    retry_quarantined: RetryOpt = False,
-    wait: WaitOpt = False,
-    verbose: VerboseOpt = False,
+    **options,
 ):
     """Build the ingest cache with a Ray Data pipeline (local, on a cluster, in a RayJob).
 
@@ -63,7 +37,5 @@ def preprocess(
     """
     from robocache.distributed.preprocess import preprocess as job
 
-    run(job, as_json=as_json, progress=progress, verbose=verbose, source=source, dest=dest,
-        address=address, num_gpus=num_gpus, workers=workers,
-        **config_kwargs(rate, keys, fps, split, tolerance, shard, overwrite, retry_quarantined,
-                         wait))
+    run(job, source=source, dest=dest, rate=rate, address=address, num_gpus=num_gpus,
+        workers=workers, **options)
