@@ -246,12 +246,25 @@ def write_episode(dest: Path, episode: Episode, cols: dict[str, Any],
     until :func:`commit` adds them; a writer killed here leaves no rows). Returns
     ``(table path relative to dest, schema, fragments)``: image frames first, the aligned rows
     last. Safe to run in parallel processes (each writes its own files)."""
-    from lance.fragment import write_fragments
-
     tables = [(f"frames/{name}.lance", _frames_table(episode, name, spec))
               for name, spec in specs.items() if spec.kind == "image"]
     tables.append(("data.lance", _table(cols, _schema(specs))))
-    return [(rel, t.schema, write_fragments(t, str(dest / rel), t.schema)) for rel, t in tables]
+    return [(rel, t.schema, write_files(t, dest / rel)) for rel, t in tables]
+
+
+def write_files(data, uri: Path) -> list:
+    """Lance data files of ``data`` (a table or a record batch reader) for the dataset at
+    ``uri``, uncommitted; returns their fragments for :func:`commit`."""
+    from lance.fragment import write_fragments
+
+    schema = data.schema
+    if not _committed(uri):  # mode "create" (not "append"): Lance warns of no dataset otherwise
+        try:
+            return write_fragments(data, str(uri), schema, mode="create")
+        except OSError:
+            if not _committed(uri):  # not the race with the first commit: a real failure
+                raise
+    return write_fragments(data, str(uri), schema, mode="append")
 
 
 def commit(dest: Path, episodes: list[int], written: list[tuple[str, Any, list]]) -> None:

@@ -30,6 +30,7 @@ from robocache.data.cache import (
     commit,
     finish,
     is_cache,
+    write_files,
 )
 from robocache.data.lock import CacheLock
 from robocache.errors import DataError
@@ -128,7 +129,6 @@ def merge(shards: list[str | Path], dest: str | Path, *, overwrite: bool = False
 def _merge_locked(shards: list[Path], manifests: list[dict[str, Any]], dest: Path,
                   header: dict[str, Any], progress: bool) -> dict[str, Any]:
     import lance
-    from lance.fragment import write_fragments
 
     done = _done_episodes(dest / "data.lance")
     tables = ["data.lance"] + [f"frames/{name}.lance" for name, s in header["streams"].items()
@@ -144,8 +144,8 @@ def _merge_locked(shards: list[Path], manifests: list[dict[str, Any]], dest: Pat
             written = []
             for rel in sorted(tables, key=lambda r: r == "data.lance"):  # rows last
                 ds = lance.dataset(str(shard / rel))
-                written.append((rel, ds.schema, write_fragments(ds.scanner().to_reader(),
-                                                                str(dest / rel), ds.schema)))
+                written.append((rel, ds.schema, write_files(ds.scanner().to_reader(),
+                                                            dest / rel)))
             commit(dest, episodes, written)
             new += len(episodes)
             advance(str(shard))

@@ -186,7 +186,7 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
         ray.data.DataContext.get_current().enable_progress_bars = False
         logging.getLogger("ray.data").setLevel(logging.ERROR)  # our bar and summary say it
         todo = run.todo
-        where = {"path": str(Path(source).resolve()), "options":
+        where = {"path": str(Path(run.src.path).resolve()), "options":
                  json.dumps(run.config.source_options),
                  "keys": tuple(run.specs) if run.config.keys is not None else None}
         with _progress(progress, len(run.wanted), "preprocess") as advance:
