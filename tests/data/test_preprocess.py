@@ -97,6 +97,16 @@ def test_preprocess_equals_ingest_and_resumes(tmp_path, source, local_ray):
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
 
 
+@pytest.mark.gpu
+def test_gpu_actors_match_ingest_on_cuda(tmp_path, source, local_ray):
+    from robocache.distributed import preprocess
+
+    build(source, tmp_path / "ingest", rate_hz=RATE, device="cuda", progress=False)
+    m = preprocess(source, tmp_path / "ray", rate_hz=RATE, num_gpus=1, progress=False)
+    assert m["device"] == "cuda x1 (ray)"
+    assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
+
+
 def test_shards_merge_into_the_ingest_cache(tmp_path, source):
     from robocache.distributed import merge
 
