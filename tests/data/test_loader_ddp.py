@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import SPECS, make_episode
+from data_episodes import SPECS, make_episode
 from torch.utils.data.distributed import DistributedSampler
 
 from robocache.data import RobotDataset, RobotLoader

@@ -10,7 +10,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import SPECS, make_episode
+from data_episodes import SPECS, make_episode
 from test_cache import corrupt
 from typer.testing import CliRunner
 

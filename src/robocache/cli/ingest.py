@@ -17,6 +17,11 @@ from typing import Annotated
 import typer
 
 from robocache.cli._errors import VERBOSE_OPTION_HELP, cli_errors, exit_code
+from robocache.observability.exporter import (
+    LOG_FORMAT_OPTION,
+    METRICS_PORT_OPTION,
+    PUSHGATEWAY_OPTION,
+)
 
 # Arguments shared by the commands that build a cache (`ingest`, `preprocess`, `merge`).
 SourceArg = Annotated[Path, typer.Argument(help="Dataset: LeRobot dir, zarr ReplayBuffer, HDF5, "
@@ -69,7 +74,9 @@ SHARED = {"keys": (KeysOpt, None), "fps": (FpsOpt, None), "split": (SplitOpt, No
           "tolerance": (ToleranceOpt, None),
           "shard": (ShardOpt, None), "as_json": (JsonOpt, False), "progress": (ProgressOpt, True),
           "overwrite": (OverwriteOpt, False), "retry_quarantined": (RetryOpt, False),
-          "wait": (WaitOpt, False), "verbose": (VerboseOpt, False)}
+          "wait": (WaitOpt, False), "verbose": (VerboseOpt, False),
+          "metrics_port": (int, METRICS_PORT_OPTION), "pushgateway": (str, PUSHGATEWAY_OPTION),
+          "log_format": (str, LOG_FORMAT_OPTION)}
 
 
 def cache_command(fn: Callable) -> Callable:
@@ -95,11 +102,16 @@ def source_options(**options) -> dict:
     return {k: v for k, v in options.items() if v is not None}
 
 
-def run(job: Callable[..., dict], *, rate, keys, fps, split, tolerance, shard, as_json,
-        progress, overwrite, retry_quarantined, wait, verbose, **kwargs) -> None:
-    """Run a cache job with the shared flags; print its manifest (``--json``) or summary; exit
-    with the shared codes (bad input: one line on stderr)."""
-    with cli_errors(verbose):
+def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, tolerance, shard,
+        as_json, progress, overwrite, retry_quarantined, wait, verbose, metrics_port,
+        pushgateway, log_format, **kwargs) -> None:
+    """Run a cache job with the shared flags, observed as ``name`` (metrics, pushgateway,
+    logs); print its manifest (``--json``) or summary; exit with the shared codes (bad input:
+    one line on stderr)."""
+    from robocache.observability import observe
+
+    with cli_errors(verbose), observe(name, metrics_port=metrics_port,
+                                      pushgateway=pushgateway, log_format=log_format):
         manifest = job(rate_hz=rate, keys=keys or None, tolerance_s=tolerance,
                        source_options=source_options(fps=fps, split=split), shard=shard,
                        overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
@@ -134,4 +146,5 @@ def ingest(
     """
     from robocache.data.cache import build
 
-    run(build, source=source, dest=dest, rate=rate, device=device, **options)
+    run(build, "robocache_ingest", source=source, dest=dest, rate=rate, device=device,
+        **options)

@@ -37,5 +37,5 @@ def preprocess(
     """
     from robocache.distributed.preprocess import preprocess as job
 
-    run(job, source=source, dest=dest, rate=rate, address=address, num_gpus=num_gpus,
-        workers=workers, **options)
+    run(job, "robocache_preprocess", source=source, dest=dest, rate=rate, address=address,
+        num_gpus=num_gpus, workers=workers, **options)

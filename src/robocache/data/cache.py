@@ -46,6 +46,7 @@ import numpy as np
 from robocache.data.episode import Episode, Source, StreamSpec, check_episode
 from robocache.data.lock import LOCK_NAME, CacheLock
 from robocache.errors import DataError
+from robocache.observability import metrics
 
 CACHE_FORMAT = "robocache-cache/1"
 STATS_BATCH_ROWS = 1 << 20
@@ -543,6 +544,7 @@ class Run:
         self.done = _done_episodes(dest / "data.lance")
         self.quarantine = {int(q["index"]): q for q in carried}
         self.new, self.t0 = 0, time.perf_counter()
+        self.obs = metrics.ingest(src, len(wanted))  # metrics and log events per episode
 
     def skip(self, index: int) -> str | None:
         """Why episode ``index`` is not read again (``"cached"``, ``"quarantined before"``)."""
@@ -556,9 +558,17 @@ class Run:
     def todo(self) -> list[int]:
         return [i for i in self.wanted if self.skip(i) is None]
 
-    def quarantined(self, index: int, reason: str) -> None:
+    def passed(self, index: int, why: str) -> None:
+        """Episode ``index`` is not read again, for ``why`` (from :meth:`skip`)."""
+        if why == "cached":
+            self.obs.skipped(index)
+        else:
+            self.obs.quarantined(index, None)
+
+    def quarantined(self, index: int, reason: str, error: BaseException) -> None:
         self.quarantine[int(index)] = {"index": int(index), "reason": reason}
         self._write_running()
+        self.obs.quarantined(index, error)
 
     def cached(self, written: dict[int, list[tuple[str, Any, list]]]) -> None:
         """Commit the files :func:`write_episode` wrote, for one or several episodes (index ->
@@ -578,10 +588,12 @@ class Run:
                                                   "quarantined": list(self.quarantine.values())})
 
     def finish(self, device: str | None = None) -> dict[str, Any]:
-        return finish(self.dest, self.header, wanted=self.wanted, done=self.done,
-                      quarantine=self.quarantine, new=self.new, device=device or self.device,
-                      seconds=time.perf_counter() - self.t0, specs=self.specs,
-                      timing=getattr(self.src, "timing", None))
+        manifest = finish(self.dest, self.header, wanted=self.wanted, done=self.done,
+                          quarantine=self.quarantine, new=self.new,
+                          device=device or self.device, seconds=time.perf_counter() - self.t0,
+                          specs=self.specs, timing=getattr(self.src, "timing", None))
+        self.obs.done(manifest)
+        return manifest
 
 
 def finish(dest: Path, header: dict[str, Any], *, wanted: list[int], done: set[int],
@@ -657,20 +669,25 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
             for index in run.wanted:
                 why = run.skip(index)
                 if why is not None:
+                    run.passed(index, why)
                     advance(f"episode {index} ({why})")
                     continue
+                run.obs.start()
                 try:
                     # a reader may fail in any way on a corrupt file (codecs raise their own
                     # types): the episode is quarantined with the reason, the rest proceeds
                     episode = load_episode(run.src, index, run.specs)
+                    run.obs.lap("read")
                     cols = align_episode(episode, run.specs, run.config, run.device)
+                    run.obs.lap("align")
                 except MemoryError:
                     raise
                 except Exception as e:
-                    run.quarantined(index, _reason(run.src, index, e))
+                    run.quarantined(index, _reason(run.src, index, e), e)
                     advance(f"episode {index} quarantined")
                     continue
                 run.cached({index: write_episode(run.dest, episode, cols, run.specs)})
+                run.obs.cached(index, episode, cols)
                 advance(f"episode {index}")
         return run.finish()
 

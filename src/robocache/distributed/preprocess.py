@@ -42,7 +42,8 @@ from robocache.data.cache import (
     open_specs,
     write_episode,
 )
-from robocache.errors import ClusterError, DeviceError, MissingDependencyError
+from robocache.errors import ClusterError, DataError, DeviceError, MissingDependencyError
+from robocache.observability import metrics
 
 # The driver commits finished episodes in groups (a Lance commit costs ~10-20 ms whatever its
 # size, so one per episode would cap a job near 60 episodes/s); a killed job loses at most the
@@ -96,16 +97,26 @@ def _source(path: str, options: str, keys: tuple[str, ...] | None):
     return open_specs(path, config)
 
 
+def _quarantine_row(src, index: int, error: Exception) -> dict[str, Any]:
+    """The row of a quarantined episode: the reason, and the exception for the metrics."""
+    try:
+        payload = pickle.dumps(error)
+        pickle.loads(payload)
+    except Exception:  # an exception that does not survive pickling: its text does
+        payload = pickle.dumps(DataError(f"{type(error).__name__}: {error}"))
+    return {"index": index, "payload": payload, "reason": _reason(src, index, error)}
+
+
 def _read(row: dict[str, Any], *, path: str, options: str, keys) -> dict[str, Any]:
     index = int(row["index"])
     src, specs = _source(path, options, keys)
     try:
-        payload, reason = pickle.dumps(load_episode(src, index, specs), protocol=5), ""
+        episode = load_episode(src, index, specs)
     except MemoryError:
         raise
     except Exception as e:  # quarantined with the reason, as by ingest
-        payload, reason = b"", _reason(src, index, e)
-    return {"index": index, "payload": payload, "reason": reason}
+        return _quarantine_row(src, index, e)
+    return {"index": index, "payload": pickle.dumps(episode, protocol=5), "reason": ""}
 
 
 class _AlignWrite:
@@ -129,9 +140,18 @@ class _AlignWrite:
         except MemoryError:
             raise
         except Exception as e:
-            return {"index": index, "payload": b"", "reason": _reason(self.src, index, e)}
+            return _quarantine_row(self.src, index, e)
         written = write_episode(self.dest, episode, cols, self.specs)
-        return {"index": index, "payload": pickle.dumps(written), "reason": ""}
+        return {"index": index, "reason": "",
+                "payload": pickle.dumps((written, metrics.episode_sizes(episode, cols)))}
+
+
+def _commit_group(run, pending: dict[int, tuple], advance) -> None:
+    """Commit finished episodes (index -> (files, sizes)) in one Lance commit per table."""
+    run.cached({i: files for i, (files, _) in pending.items()})
+    for i, (_, sizes) in pending.items():
+        run.obs.cached_sizes(i, sizes)
+    advance(f"episodes {min(pending)}..{max(pending)}", len(pending))
 
 
 def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None = None, *,
@@ -193,6 +213,7 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
             for index in run.wanted:
                 why = run.skip(index)
                 if why is not None:
+                    run.passed(index, why)
                     advance(f"episode {index} ({why})")
             if todo:
                 ds = ray.data.from_items([{"index": i} for i in todo],
@@ -207,16 +228,14 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                 for row in ds.iter_rows():
                     index = int(row["index"])
                     if row["reason"]:
-                        run.quarantined(index, row["reason"])
+                        run.quarantined(index, row["reason"], pickle.loads(row["payload"]))
                         advance(f"episode {index} quarantined")
                         continue
                     pending[index] = pickle.loads(row["payload"])
                     if len(pending) >= COMMIT_EPISODES or \
                             time.perf_counter() - since > COMMIT_SECONDS:
-                        run.cached(pending)
-                        advance(f"episodes {min(pending)}..{max(pending)}", len(pending))
+                        _commit_group(run, pending, advance)
                         pending, since = {}, time.perf_counter()
                 if pending:
-                    run.cached(pending)
-                    advance(f"episodes {min(pending)}..{max(pending)}", len(pending))
+                    _commit_group(run, pending, advance)
         return run.finish(device=f"{device} x{actors} (ray)")
