@@ -25,6 +25,7 @@ from robocache.data.cache import (
 )
 from robocache.data.formats.lerobot import write_lerobot
 from robocache.errors import DataError, MissingDependencyError
+from robocache.observability import metrics
 
 ray = pytest.importorskip("ray")
 RATE = 40.0
@@ -87,8 +88,27 @@ def test_preprocess_equals_ingest_and_resumes(tmp_path, source, local_ray):
     episode = load_episode(src, 0, specs)
     write_episode(tmp_path / "ray", episode,
                   align_episode(episode, specs, CacheConfig(rate_hz=RATE), "cpu"), specs)
-    m = preprocess(source, tmp_path / "ray", rate_hz=RATE, progress=False)
+    prometheus_client = pytest.importorskip("prometheus_client")
+    metrics.enable()
+
+    def count(name, **labels):
+        return prometheus_client.REGISTRY.get_sample_value(
+            f"robocache_ingest_{name}_total", {"dataset": source.name, **labels}) or 0.0
+
+    before = {k: count(k) for k in ("episodes_cached", "episodes_skipped", "steps_written")}
+    bad = count("episodes_quarantined", reason="DataError")
+    try:
+        m = preprocess(source, tmp_path / "ray", rate_hz=RATE, progress=False)
+    finally:
+        metrics.disable()
     assert (m["counts"]["skipped"], m["counts"]["new"]) == (2, 3)
+    # the metrics of ingest, reported by the driver (sizes measured in the actors)
+    assert count("episodes_cached") - before["episodes_cached"] == 3
+    assert count("episodes_skipped") - before["episodes_skipped"] == 2
+    # the broken episodes, labelled with the exception raised in the Ray task
+    assert count("episodes_quarantined", reason="DataError") - bad == len(DEFECTS)
+    new_rows = sum(e["rows"] for e in m["episodes"] if e["index"] not in (2, 3))
+    assert count("steps_written") - before["steps_written"] == new_rows
     assert first["counts"]["cached"] == 2
     assert m["device"] == "cpu x1 (ray)"
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
