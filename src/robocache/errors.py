@@ -15,6 +15,7 @@ __all__ = [
     "URDFError",
     "CacheBusyError",
     "MissingDependencyError",
+    "ClusterError",
 ]
 
 
@@ -54,3 +55,7 @@ class MissingDependencyError(RoboCacheError, ImportError):
             f"{feature} needs the optional package '{package}', which is not installed. "
             f"Install it with: pip install 'robocache[{extra}]'"
         )
+
+
+class ClusterError(RoboCacheError, ConnectionError):
+    """A compute cluster (Ray) does not answer at the address given."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from robocache.cli import bench, demo, doctor, info, ingest, inspect, report
+from robocache.cli import bench, demo, doctor, info, ingest, inspect, merge, preprocess, report
 
 app = typer.Typer(
     name="robocache",
@@ -22,6 +22,8 @@ app.command("doctor")(doctor.doctor)
 app.command("report")(report.report)
 app.command("inspect")(inspect.inspect)
 app.command("ingest")(ingest.ingest)
+app.command("preprocess")(preprocess.preprocess)
+app.command("merge")(merge.merge)
 app.command("demo")(demo.demo)
 
 

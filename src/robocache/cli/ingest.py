@@ -2,6 +2,7 @@
 
     $ robocache ingest data/sample/panda_multirate /tmp/panda.cache --rate 50
     $ robocache ingest pusht.zarr /tmp/pusht.cache --rate 10 --fps 10 --json
+    $ robocache ingest SRC /shared/part-3 --shard 3/8     # one of 8 independent jobs
 
 Re-running resumes: episodes already in the cache are skipped.
 """
@@ -9,7 +10,9 @@ Re-running resumes: episodes already in the cache are skipped.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -19,6 +22,30 @@ from robocache.observability.exporter import (
     METRICS_PORT_OPTION,
     PUSHGATEWAY_OPTION,
 )
+
+# Arguments shared by the commands that build a cache (`ingest`, `preprocess`, `merge`).
+SourceArg = Annotated[Path, typer.Argument(help="Dataset: LeRobot dir, zarr ReplayBuffer, HDF5, "
+                                                "RLDS/TFDS folder.")]
+DestArg = Annotated[Path, typer.Argument(help="Cache directory (created or resumed).")]
+RateOpt = Annotated[float, typer.Option("--rate", help="Target rate in Hz.")]
+KeysOpt = Annotated[list[str], typer.Option("--key", help="Stream to cache (repeat; default all).")]
+FpsOpt = Annotated[float, typer.Option(help="Rate of sources without timestamps (zarr, HDF5, "
+                                             "RLDS).")]
+SplitOpt = Annotated[str, typer.Option(help="RLDS split: train, val, train[:95%], "
+                                            "train[:10]+val.")]
+ToleranceOpt = Annotated[float, typer.Option(help="Pad steps farther than this (s) from a sample.")]
+ShardOpt = Annotated[str, typer.Option(help="Cache only shard i/n of the episodes (e.g. 0/4); "
+                                            "`robocache merge` joins the shards.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")]
+ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
+OverwriteOpt = Annotated[bool, typer.Option(
+    help="Delete the RoboCache cache at DEST first (says what it removes; a directory that is "
+         "not a cache is never deleted).")]
+RetryOpt = Annotated[bool, typer.Option(
+    "--retry-quarantined", help="Read again the episodes an earlier run quarantined.")]
+WaitOpt = Annotated[bool, typer.Option(
+    "--wait", help="If another process is writing DEST, wait for it to finish.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", help=VERBOSE_OPTION_HELP)]
 
 
 def print_summary(manifest: dict) -> None:
@@ -44,35 +71,74 @@ def print_summary(manifest: dict) -> None:
         console.print(f"[yellow]quarantined[/] episode {q['index']}: {q['reason']}")
 
 
+# The flags every cache-building command shares, appended to its own (see `cache_command`).
+SHARED = {"keys": (KeysOpt, None), "fps": (FpsOpt, None), "split": (SplitOpt, None),
+          "tolerance": (ToleranceOpt, None),
+          "shard": (ShardOpt, None), "as_json": (JsonOpt, False), "progress": (ProgressOpt, True),
+          "overwrite": (OverwriteOpt, False), "retry_quarantined": (RetryOpt, False),
+          "wait": (WaitOpt, False), "verbose": (VerboseOpt, False),
+          "metrics_port": (int, METRICS_PORT_OPTION), "pushgateway": (str, PUSHGATEWAY_OPTION),
+          "log_format": (str, LOG_FORMAT_OPTION)}
+
+
+def cache_command(fn: Callable) -> Callable:
+    """Give a command (``source, dest, rate`` and its own options, then ``**options``) the
+    shared flags of :data:`SHARED`: typer reads them from the signature set here."""
+    import inspect
+    import typing
+
+    hints = typing.get_type_hints(fn, include_extras=True)
+    sig = inspect.signature(fn)
+    own = [p.replace(annotation=hints[p.name]) for p in sig.parameters.values()
+           if p.kind is not p.VAR_KEYWORD]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                annotation=annotation)
+              for name, (annotation, default) in SHARED.items()]
+    fn.__signature__ = sig.replace(parameters=[*own, *shared])
+    fn.__annotations__ = {p.name: p.annotation for p in fn.__signature__.parameters.values()}
+    return fn
+
+
 def source_options(**options) -> dict:
     """The reader options given on the command line (unset ones left to the reader)."""
     return {k: v for k, v in options.items() if v is not None}
 
 
+def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, tolerance, shard,
+        as_json, progress, overwrite, retry_quarantined, wait, verbose, metrics_port,
+        pushgateway, log_format, **kwargs) -> None:
+    """Run a cache job with the shared flags, observed as ``name`` (metrics, pushgateway,
+    logs); print its manifest (``--json``) or summary; exit with the shared codes (bad input:
+    one line on stderr)."""
+    from robocache.observability import observe
+
+    with cli_errors(verbose), observe(name, metrics_port=metrics_port,
+                                      pushgateway=pushgateway, log_format=log_format):
+        manifest = job(rate_hz=rate, keys=keys or None, tolerance_s=tolerance,
+                       source_options=source_options(fps=fps, split=split), shard=shard,
+                       overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
+                       progress=progress and not as_json,
+                       log=lambda msg: typer.echo(msg, err=True), **kwargs)
+    report(manifest, as_json)
+
+
+def report(manifest: dict, as_json: bool) -> None:
+    """Print the manifest (``--json``) or the summary, and exit with the shared code."""
+    if as_json:
+        typer.echo(json.dumps(manifest, indent=2))
+    else:
+        print_summary(manifest)
+    raise typer.Exit(exit_code(manifest["counts"]))
+
+
+@cache_command
 def ingest(
-    source: Path = typer.Argument(..., help="Dataset: LeRobot dir, zarr ReplayBuffer, HDF5, "
-                                  "RLDS/TFDS folder."),
-    dest: Path = typer.Argument(..., help="Cache directory (created or resumed)."),
-    rate: float = typer.Option(50.0, "--rate", help="Target rate in Hz."),
-    device: str = typer.Option(None, help="cuda or cpu (default: cuda when available)."),
-    keys: list[str] = typer.Option(None, "--key", help="Stream to cache (repeat; default all)."),
-    fps: float = typer.Option(None, help="Rate of sources without timestamps (zarr, HDF5, "
-                              "RLDS)."),
-    split: str = typer.Option(None, help="RLDS split: train, val, train[:95%], train[:10]+val."),
-    tolerance: float = typer.Option(None, help="Pad steps farther than this (s) from a sample."),
-    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
-    progress: bool = typer.Option(True, help="Show a progress bar."),
-    overwrite: bool = typer.Option(
-        False, help="Delete the RoboCache cache at DEST first (says what it removes; a directory "
-                    "that is not a cache is never deleted)."),
-    retry_quarantined: bool = typer.Option(
-        False, "--retry-quarantined", help="Read again the episodes an earlier run quarantined."),
-    wait: bool = typer.Option(False, "--wait",
-                              help="If another process is writing DEST, wait for it to finish."),
-    verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
-    metrics_port: int = METRICS_PORT_OPTION,
-    pushgateway: str = PUSHGATEWAY_OPTION,
-    log_format: str = LOG_FORMAT_OPTION,
+    source: SourceArg,
+    dest: DestArg,
+    rate: RateOpt = 50.0,
+    device: Annotated[str, typer.Option(help="cuda or cpu (default: cuda when available).")]
+    = None,
+    **options,
 ):
     """Align every episode to one rate and write a Lance training cache.
 
@@ -81,17 +147,6 @@ def ingest(
     1 internal error (--verbose shows the traceback).
     """
     from robocache.data.cache import build
-    from robocache.observability import observe
 
-    with cli_errors(verbose), observe("robocache_ingest", metrics_port=metrics_port,
-                                      pushgateway=pushgateway, log_format=log_format):
-        manifest = build(source, dest, rate_hz=rate, device=device, keys=keys or None,
-                         tolerance_s=tolerance, source_options=source_options(fps=fps, split=split),
-                         overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
-                         progress=progress and not as_json,
-                         log=lambda msg: typer.echo(msg, err=True))
-    if as_json:
-        typer.echo(json.dumps(manifest, indent=2))
-    else:
-        print_summary(manifest)
-    raise typer.Exit(exit_code(manifest["counts"]))
+    run(build, "robocache_ingest", source=source, dest=dest, rate=rate, device=device,
+        **options)

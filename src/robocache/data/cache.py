@@ -35,7 +35,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,9 @@ class CacheConfig:
             resume leaves them quarantined).
         wait: when another process is writing the destination, wait for it to finish instead
             of failing with :class:`~robocache.errors.CacheBusyError`.
+        shard: ``(i, n)`` or ``"i/n"``: cache only the episodes at positions ``p`` of the
+            wanted list with ``p % n == i`` (see :func:`parse_shard`), so ``n`` independent
+            jobs split a dataset; ``robocache merge`` joins their caches.
     """
 
     rate_hz: float = 50.0
@@ -81,6 +85,20 @@ class CacheConfig:
     overwrite: bool = False
     retry_quarantined: bool = False
     wait: bool = False
+    shard: tuple[int, int] | str | None = None
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` -> ``(i, n)`` with ``0 <= i < n``.
+
+    Raises:
+        DataError: anything else (the message shows the form expected).
+    """
+    i, sep, n = str(text).partition("/")
+    if sep and i.strip().isdigit() and n.strip().isdigit() and int(i) < int(n):
+        return int(i), int(n)
+    raise DataError(f"`shard` (--shard) must be i/n with 0 <= i < n (shard i of n, e.g. 0/4); "
+                    f"got {text!r}.")
 
 
 def column_name(stream: str) -> str:
@@ -128,6 +146,13 @@ def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float)
     steps = int(math.floor((end - start) * rate_hz + 1e-6)) + 1
     # the 1e-6 absorbs rounding in the span; clamping keeps the last step inside every stream
     return np.minimum(start + np.arange(steps, dtype=np.float64) / rate_hz, end)
+
+
+def load_episode(src: Source, index: int, specs: dict[str, StreamSpec]) -> Episode:
+    """Read episode ``index`` and check it against ``specs`` (a bad episode raises)."""
+    episode = src.read(index)
+    check_episode(episode, specs)
+    return episode
 
 
 def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheConfig,
@@ -216,10 +241,61 @@ def _frames_table(episode: Episode, name: str, spec: StreamSpec):
                      "encoded" if spec.encoding is not None else "pixels": pixels})
 
 
+def write_episode(dest: Path, episode: Episode, cols: dict[str, Any],
+                  specs: dict[str, StreamSpec]) -> list[tuple[str, Any, list]]:
+    """Write one aligned episode's Lance data files under ``dest``, uncommitted (invisible
+    until :func:`commit` adds them; a writer killed here leaves no rows). Returns
+    ``(table path relative to dest, schema, fragments)``: image frames first, the aligned rows
+    last. Safe to run in parallel processes (each writes its own files)."""
+    tables = [(f"frames/{name}.lance", _frames_table(episode, name, spec))
+              for name, spec in specs.items() if spec.kind == "image"]
+    tables.append(("data.lance", _table(cols, _schema(specs))))
+    return [(rel, t.schema, write_files(t, dest / rel)) for rel, t in tables]
+
+
+def write_files(data, uri: Path) -> list:
+    """Lance data files of ``data`` (a table or a record batch reader) for the dataset at
+    ``uri``, uncommitted; returns their fragments for :func:`commit`."""
+    from lance.fragment import write_fragments
+
+    schema = data.schema
+    if not _committed(uri):  # mode "create" (not "append"): Lance warns of no dataset otherwise
+        try:
+            return write_fragments(data, str(uri), schema, mode="create")
+        except OSError:
+            if not _committed(uri):  # not the race with the first commit: a real failure
+                raise
+    return write_fragments(data, str(uri), schema, mode="append")
+
+
+def commit(dest: Path, episodes: list[int], written: list[tuple[str, Any, list]]) -> None:
+    """Add the fragments of :func:`write_episode` (for ``episodes``) to the cache, one Lance
+    commit per table, rows last: an episode is cached once its rows are. Image frames a killed
+    run left for these episodes are dropped first, so nothing is ever duplicated."""
+    import lance
+
+    for rel, schema, fragments in written:
+        uri = str(dest / rel)
+        if not _committed(dest / rel):
+            lance.LanceDataset.commit(uri, lance.LanceOperation.Overwrite(schema, fragments))
+            continue
+        ds = lance.dataset(uri)
+        if rel != "data.lance":
+            ds.delete(f"episode_index IN ({', '.join(map(str, episodes))})")
+            ds = lance.dataset(uri)
+        lance.LanceDataset.commit(uri, lance.LanceOperation.Append(fragments),
+                                  read_version=ds.version)
+
+
+def _committed(uri: Path) -> bool:
+    """Whether a Lance dataset has a version at ``uri`` (uncommitted files may precede one)."""
+    return (uri / "_versions").is_dir()
+
+
 def _done_episodes(uri: Path) -> set[int]:
     import lance
 
-    if not uri.exists():
+    if not _committed(uri):
         return set()
     table = lance.dataset(str(uri)).to_table(columns=["episode_index"])
     return set(np.unique(table.column(0).to_numpy()).tolist())
@@ -384,6 +460,180 @@ def _device(name: str | None):
     return device
 
 
+def open_specs(source: str | Path | Source, config: CacheConfig) -> tuple[Source, dict]:
+    """Open ``source`` (unless already open) and pick the streams ``config.keys`` names."""
+    from robocache.data.formats import open_source
+
+    src = source if hasattr(source, "read") else open_source(source, **config.source_options)
+    specs = dict(src.specs)
+    if config.keys is not None:
+        missing = sorted(set(config.keys) - set(specs))
+        if missing:
+            raise DataError(f"`keys` (--key) names streams the source lacks: {missing}; it "
+                            f"has {sorted(specs)}.")
+        specs = {k: specs[k] for k in config.keys}
+    return src, specs
+
+
+@contextmanager
+def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfig | None = None,
+               *, log: Callable[[str], None] | None = None, **overrides: Any) -> Iterator[Run]:
+    """Validate the options, open the source, lock and claim ``dest``: the first half of
+    :func:`build`, shared by the drivers that build the same cache another way (Ray). Yields
+    the :class:`Run`; the lock is held until the block exits."""
+    config = CacheConfig(**{**asdict(config or CacheConfig()), **overrides})
+    if not (config.rate_hz > 0 and math.isfinite(config.rate_hz)):
+        raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz; got {config.rate_hz}.")
+    if config.shard is not None:
+        config.shard = parse_shard(config.shard if isinstance(config.shard, str)
+                                   else "/".join(map(str, config.shard)))
+    device = _device(config.device)
+    src, specs = open_specs(source, config)
+    dest = Path(dest)
+    streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
+                      "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
+                      "method": config.methods.get(name, default_method(s)),
+                      **({"encoding": s.encoding} if s.encoding else {})}
+               for name, s in specs.items()}
+    header = {"format": CACHE_FORMAT,
+              "source": {"path": str(Path(src.path).resolve()), "format": src.format},
+              "rate_hz": config.rate_hz, "streams": streams}
+    if config.shard is not None:
+        header["shard"] = list(config.shard)
+    _check_dest(Path(src.path), dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    with CacheLock(dest, wait=config.wait):
+        _check_dest(Path(src.path), dest)  # again: another writer may have changed it
+        carried = _claim(dest, header, config.overwrite,
+                         log or logging.getLogger(__name__).warning)
+        yield Run(src, specs, config, device, dest, header, carried)
+
+
+def _reason(src: Source, index: int, e: BaseException) -> str:
+    """A quarantine reason: where in the source (file, rows; when the reader can tell) and the
+    exception text."""
+    try:
+        where = src.locate(index) if hasattr(src, "locate") else None
+    except Exception:  # locating is a courtesy; the reason stands without it
+        where = None
+    text = f"{type(e).__name__}: {e}"
+    return f"{where}: {text}" if where and where not in str(e) else text
+
+
+class Run:
+    """One locked build of ``dest`` (from :func:`locked_run`): the episodes to do and the
+    bookkeeping every driver shares (quarantine kept in the manifest as it grows, commits,
+    the final manifest).
+
+    Attributes:
+        src, specs, config, device, dest, header: the source, streams, options, alignment
+            device, cache directory and the manifest fields that identify the cache.
+        wanted: the source episodes this build covers (after ``episodes`` and ``shard``).
+        done: those already cached; quarantine: index -> entry (carried from earlier runs).
+    """
+
+    def __init__(self, src: Source, specs: dict[str, StreamSpec], config: CacheConfig, device,
+                 dest: Path, header: dict[str, Any], carried: list[dict[str, Any]]):
+        self.src, self.specs, self.config, self.device = src, specs, config, device
+        self.dest, self.header = dest, header
+        wanted = list(dict.fromkeys(config.episodes if config.episodes is not None
+                                    else src.episode_indices()))
+        if config.shard is not None:
+            wanted = wanted[config.shard[0]::config.shard[1]]
+        self.wanted = wanted
+        self.done = _done_episodes(dest / "data.lance")
+        self.quarantine = {int(q["index"]): q for q in carried}
+        self.new, self.t0 = 0, time.perf_counter()
+        self.obs = metrics.ingest(src, len(wanted))  # metrics and log events per episode
+
+    def skip(self, index: int) -> str | None:
+        """Why episode ``index`` is not read again (``"cached"``, ``"quarantined before"``)."""
+        if index in self.done:
+            return "cached"
+        if index in self.quarantine and not self.config.retry_quarantined:
+            return "quarantined before"
+        return None
+
+    @property
+    def todo(self) -> list[int]:
+        return [i for i in self.wanted if self.skip(i) is None]
+
+    def passed(self, index: int, why: str) -> None:
+        """Episode ``index`` is not read again, for ``why`` (from :meth:`skip`)."""
+        if why == "cached":
+            self.obs.skipped(index)
+        else:
+            self.obs.quarantined(index, None)
+
+    def quarantined(self, index: int, reason: str, error: BaseException) -> None:
+        self.quarantine[int(index)] = {"index": int(index), "reason": reason}
+        self._write_running()
+        self.obs.quarantined(index, error)
+
+    def cached(self, written: dict[int, list[tuple[str, Any, list]]]) -> None:
+        """Commit the files :func:`write_episode` wrote, for one or several episodes (index ->
+        its files): one Lance commit per table for all of them."""
+        tables: dict[str, tuple[Any, list]] = {}
+        for files in written.values():
+            for rel, schema, fragments in files:
+                tables.setdefault(rel, (schema, []))[1].extend(fragments)
+        commit(self.dest, list(written), [(rel, *t) for rel, t in tables.items()])
+        retried = [i for i in written if self.quarantine.pop(int(i), None) is not None]
+        if retried:  # retried and now cached
+            self._write_running()
+        self.new += len(written)
+
+    def _write_running(self) -> None:
+        _write_json(self.dest / "manifest.json", {**self.header, "status": "building",
+                                                  "quarantined": list(self.quarantine.values())})
+
+    def finish(self, device: str | None = None) -> dict[str, Any]:
+        manifest = finish(self.dest, self.header, wanted=self.wanted, done=self.done,
+                          quarantine=self.quarantine, new=self.new,
+                          device=device or self.device, seconds=time.perf_counter() - self.t0,
+                          specs=self.specs, timing=getattr(self.src, "timing", None))
+        self.obs.done(manifest)
+        return manifest
+
+
+def finish(dest: Path, header: dict[str, Any], *, wanted: list[int], done: set[int],
+           quarantine: dict[int, dict[str, Any]], new: int, device: Any, seconds: float,
+           timing: str | None, specs: dict[str, StreamSpec] | None = None,
+           stats: dict[str, dict] | None = None) -> dict[str, Any]:
+    """Compact ``data.lance``, write ``stats.json`` (computed over the rows for ``specs``, or
+    ``stats`` as given) and the complete manifest; returns the manifest."""
+    import lance
+
+    uri = dest / "data.lance"
+    if _committed(uri):
+        ds = lance.dataset(str(uri))
+        if len(ds.get_fragments()) > 1:
+            ds.optimize.compact_files()
+            ds.cleanup_old_versions(older_than=_dt.timedelta(0))
+    episodes = _episode_summary(uri) if _committed(uri) else []
+    if stats is None:
+        stats = _compute_stats(uri, specs) if _committed(uri) else {}
+    _write_json(dest / "stats.json", stats)
+    cached_ids = {e["index"] for e in episodes}
+    manifest = {
+        **header,
+        "status": "complete",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": str(device),
+        "timing": timing,
+        "counts": {"read": len(wanted), "cached": sum(i in cached_ids for i in wanted),
+                   "quarantined": sum(i in quarantine for i in wanted),
+                   "skipped": len(done & set(wanted)), "new": new,
+                   "rows": sum(e["rows"] for e in episodes)},
+        "episodes": episodes,
+        "quarantined": sorted(quarantine.values(), key=lambda q: q["index"]),
+        "stats_path": "stats.json",
+        "seconds": seconds,
+    }
+    _write_json(dest / "manifest.json", manifest)
+    return manifest
+
+
 def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | None = None, *,
           progress: bool = True, log: Callable[[str], None] | None = None,
           **overrides: Any) -> dict[str, Any]:
@@ -403,8 +653,9 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
         ``stats_path``, ``seconds``.
 
     Raises:
-        DataError: unknown format, a requested key the source lacks, a non-positive rate, or
-            ``dest`` holds another cache (different source, rate or streams) or other files.
+        DataError: unknown format, a requested key the source lacks, a non-positive rate, a bad
+            ``shard``, or ``dest`` holds another cache (different source, rate or streams) or
+            other files.
         CacheBusyError: another process is writing ``dest`` (and ``wait`` is off).
         FileNotFoundError: ``source`` does not exist.
 
@@ -413,146 +664,43 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
         >>> c = m["counts"]; c["read"] == c["cached"] + c["quarantined"]
         True
     """
-
-    from robocache.data.formats import open_source
-
-    config = CacheConfig(**{**asdict(config or CacheConfig()), **overrides})
-    if not (config.rate_hz > 0 and math.isfinite(config.rate_hz)):
-        raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz; got {config.rate_hz}.")
-    device = _device(config.device)
-    src = source if hasattr(source, "read") else open_source(source, **config.source_options)
-    specs = dict(src.specs)
-    if config.keys is not None:
-        missing = sorted(set(config.keys) - set(specs))
-        if missing:
-            raise DataError(f"`keys` (--key) names streams the source lacks: {missing}; it "
-                            f"has {sorted(specs)}.")
-        specs = {k: specs[k] for k in config.keys}
-    dest = Path(dest)
-    streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
-                      "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
-                      "method": config.methods.get(name, default_method(s)),
-                      **({"encoding": s.encoding} if s.encoding else {})}
-               for name, s in specs.items()}
-    header = {"format": CACHE_FORMAT,
-              "source": {"path": str(Path(src.path).resolve()), "format": src.format},
-              "rate_hz": config.rate_hz, "streams": streams}
-    _check_dest(Path(src.path), dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    with CacheLock(dest, wait=config.wait):
-        _check_dest(Path(src.path), dest)  # again: another writer may have changed it
-        return _build_locked(src, dest, specs, header, config, device, progress,
-                             log or logging.getLogger(__name__).warning)
-
-
-def _reason(src: Source, index: int, e: BaseException) -> str:
-    """A quarantine reason: where in the source (file, rows; when the reader can tell) and the
-    exception text."""
-    try:
-        where = src.locate(index) if hasattr(src, "locate") else None
-    except Exception:  # locating is a courtesy; the reason stands without it
-        where = None
-    text = f"{type(e).__name__}: {e}"
-    return f"{where}: {text}" if where and where not in str(e) else text
-
-
-def _build_locked(src: Source, dest: Path, specs: dict[str, StreamSpec], header: dict[str, Any],
-                  config: CacheConfig, device, progress: bool, log) -> dict[str, Any]:
-    """:func:`build` once ``dest`` is locked: every read and write of the cache happens here."""
-    import lance
-
-    carried = _claim(dest, header, config.overwrite, log)
-    uri = dest / "data.lance"
-    schema = _schema(specs)
-    done = _done_episodes(uri)
-    wanted = list(dict.fromkeys(config.episodes if config.episodes is not None
-                                else src.episode_indices()))
-    quarantine = {int(q["index"]): q for q in carried}
-    running = {**header, "status": "building"}
-    obs = metrics.ingest(src.path, len(wanted))
-    t0 = time.perf_counter()
-    cached_now = 0
-    with _progress(progress, len(wanted)) as advance:
-        for index in wanted:
-            if index in done:
-                obs.skipped(index)
-                advance(f"episode {index} (cached)")
-                continue
-            if index in quarantine and not config.retry_quarantined:
-                obs.quarantined(index, None)
-                advance(f"episode {index} (quarantined before)")
-                continue
-            obs.start()
-            try:
-                # a reader may fail in any way on a corrupt file (codecs raise their own types):
-                # the episode is quarantined with the reason, the rest proceeds
-                episode = src.read(index)
-                obs.lap("read")
-                check_episode(episode, specs)
-                cols = align_episode(episode, specs, config, device)
-                obs.lap("align")
-            except MemoryError:
-                raise
-            except Exception as e:
-                quarantine[int(index)] = {"index": int(index), "reason": _reason(src, index, e)}
-                _write_json(dest / "manifest.json",
-                            {**running, "quarantined": list(quarantine.values())})
-                obs.quarantined(index, e)
-                advance(f"episode {index} quarantined")
-                continue
-            for name, spec in specs.items():
-                if spec.kind == "image":
-                    furi = dest / "frames" / f"{name}.lance"
-                    if furi.exists():  # drop frames a killed run left for this episode
-                        lance.dataset(str(furi)).delete(f"episode_index = {index}")
-                    lance.write_dataset(_frames_table(episode, name, spec), str(furi),
-                                        mode="append" if furi.exists() else "create")
-            lance.write_dataset(_table(cols, schema), str(uri),
-                                mode="append" if uri.exists() else "create")
-            if quarantine.pop(int(index), None) is not None:  # retried and now cached
-                _write_json(dest / "manifest.json",
-                            {**running, "quarantined": list(quarantine.values())})
-            cached_now += 1
-            obs.cached(index, episode, cols)
-            advance(f"episode {index}")
-    if uri.exists():
-        ds = lance.dataset(str(uri))
-        if len(ds.get_fragments()) > 1:
-            ds.optimize.compact_files()
-            ds.cleanup_old_versions(older_than=_dt.timedelta(0))
-    episodes = _episode_summary(uri) if uri.exists() else []
-    stats = _compute_stats(uri, specs) if uri.exists() else {}
-    _write_json(dest / "stats.json", stats)
-    cached_ids = {e["index"] for e in episodes}
-    manifest = {
-        **header,
-        "status": "complete",
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": str(device),
-        "timing": getattr(src, "timing", None),
-        "counts": {"read": len(wanted), "cached": sum(i in cached_ids for i in wanted),
-                   "quarantined": sum(i in quarantine for i in wanted),
-                   "skipped": len(done & set(wanted)), "new": cached_now,
-                   "rows": sum(e["rows"] for e in episodes)},
-        "episodes": episodes,
-        "quarantined": sorted(quarantine.values(), key=lambda q: q["index"]),
-        "stats_path": "stats.json",
-        "seconds": time.perf_counter() - t0,
-    }
-    _write_json(dest / "manifest.json", manifest)
-    obs.done(manifest)
-    return manifest
+    with locked_run(source, dest, config, log=log, **overrides) as run:
+        with _progress(progress, len(run.wanted)) as advance:
+            for index in run.wanted:
+                why = run.skip(index)
+                if why is not None:
+                    run.passed(index, why)
+                    advance(f"episode {index} ({why})")
+                    continue
+                run.obs.start()
+                try:
+                    # a reader may fail in any way on a corrupt file (codecs raise their own
+                    # types): the episode is quarantined with the reason, the rest proceeds
+                    episode = load_episode(run.src, index, run.specs)
+                    run.obs.lap("read")
+                    cols = align_episode(episode, run.specs, run.config, run.device)
+                    run.obs.lap("align")
+                except MemoryError:
+                    raise
+                except Exception as e:
+                    run.quarantined(index, _reason(run.src, index, e), e)
+                    advance(f"episode {index} quarantined")
+                    continue
+                run.cached({index: write_episode(run.dest, episode, cols, run.specs)})
+                run.obs.cached(index, episode, cols)
+                advance(f"episode {index}")
+        return run.finish()
 
 
 class _progress:
-    """Context manager yielding ``advance(description)``; a rich bar when enabled."""
+    """Context manager yielding ``advance(description, n=1)``; a rich bar when enabled."""
 
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total, self.bar = enabled, total, None
+    def __init__(self, enabled: bool, total: int, label: str = "ingest"):
+        self.enabled, self.total, self.label, self.bar = enabled, total, label, None
 
     def __enter__(self):
         if not self.enabled:
-            return lambda _desc: None
+            return lambda _desc, n=1: None
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -561,12 +709,12 @@ class _progress:
             TimeRemainingColumn,
         )
 
-        self.bar = Progress(TextColumn("ingest"), BarColumn(), MofNCompleteColumn(),
+        self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(),
                             TimeRemainingColumn(), TextColumn("{task.description}"),
                             transient=False)
         self.bar.start()
         task = self.bar.add_task("", total=self.total)
-        return lambda desc: self.bar.update(task, advance=1, description=desc)
+        return lambda desc, n=1: self.bar.update(task, advance=n, description=desc)
 
     def __exit__(self, *exc):
         if self.bar is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -126,11 +127,14 @@ def _generator(*key: int) -> torch.Generator:
 class _Sampler(torch.utils.data.Sampler):
     """Batches of (source, indices) parts for one rank of ``world_size``.
 
-    One source: an epoch is a permutation seeded by ``(seed, epoch)``, dealt round-robin to the
-    ranks. A mixture: batch ``b`` of an epoch draws the global batch (``batch_size *
-    world_size`` sources and steps) from a generator seeded by ``(seed, epoch, b)``; each rank
-    takes its slice, so any batch can be rebuilt without replaying the ones before it.
-    ``epoch`` and ``start`` (the first batch to yield) are where iteration resumes."""
+    One source: an epoch is a permutation seeded by ``seed + epoch``, dealt round-robin to the
+    ranks exactly as ``torch.utils.data.DistributedSampler`` does (``drop_last``: the tail that
+    does not divide evenly among the ranks is dropped; otherwise it is padded by repeating the
+    start, so every sample is served and only the padding twice). A mixture: batch ``b`` of an
+    epoch draws the global batch (``batch_size * world_size`` sources and steps) from a
+    generator seeded by ``(seed, epoch, b)``; each rank takes its slice, so any batch can be
+    rebuilt without replaying the ones before it. ``epoch`` and ``start`` (the first batch to
+    yield) are where iteration resumes."""
 
     def __init__(self, data: RobotDataset | MixedDataset, batch_size: int, shuffle: bool,
                  drop_last: bool, seed: int, rank: int = 0, world_size: int = 1):
@@ -139,8 +143,14 @@ class _Sampler(torch.utils.data.Sampler):
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
 
+    @property
+    def num_samples(self) -> int:
+        """Samples this rank serves per epoch."""
+        n, w = len(self.data), self.world_size
+        return n // w if self.drop_last or isinstance(self.data, MixedDataset) else -(-n // w)
+
     def __len__(self) -> int:
-        n = len(self.data) // self.world_size
+        n = self.num_samples
         if isinstance(self.data, MixedDataset) or self.drop_last:
             return n // self.batch_size
         return -(-n // self.batch_size)
@@ -148,9 +158,12 @@ class _Sampler(torch.utils.data.Sampler):
     def order(self) -> torch.Tensor:
         """One source: this rank's order of the epoch's samples."""
         n = len(self.data)
-        order = torch.randperm(n, generator=_generator(self.seed, self.epoch)) \
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)) \
             if self.shuffle else torch.arange(n)
-        return order[: n - n % self.world_size][self.rank::self.world_size].contiguous()
+        total = self.num_samples * self.world_size
+        if total > n:  # pad by repeating the start (as often as needed for tiny datasets)
+            order = order.repeat(-(-total // max(n, 1)))
+        return order[:total][self.rank::self.world_size].contiguous()
 
     def batches(self, order: torch.Tensor) -> Iterator[list[tuple[int, torch.Tensor]]]:
         for b in range(self.start, len(self)):
@@ -335,6 +348,16 @@ class _Graphed:
         return dict(self.outputs[slot])
 
 
+def _default_device(distributed: bool) -> torch.device:
+    """CUDA when available: under DDP this process's GPU (``LOCAL_RANK``), else the current."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local = os.environ.get("LOCAL_RANK")
+    if distributed and local is not None and int(local) < torch.cuda.device_count():
+        return torch.device("cuda", int(local))
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 class RobotLoader:
     """Iterate normalized batches of windows on ``device`` (see the module docstring).
 
@@ -355,10 +378,15 @@ class RobotLoader:
         cuda_graph: resident path, one source, ``drop_last``: replay each batch's gather from
             a CUDA graph (the host cost per batch drops to a copy and a replay). The batch's
             tensors are graph buffers, rewritten 3 batches later: ``clone()`` what you keep.
-        rank, world_size: this process's share of a data-parallel job: every rank builds the
-            same sequence from ``seed`` and takes its part (one source: every
-            ``world_size``-th sample of the epoch's permutation; a mixture: its slice of each
-            global batch of ``batch_size * world_size`` draws), so ranks never overlap.
+        rank, world_size: this process's share of a data-parallel job (``torchrun``/DDP:
+            default from the initialized ``torch.distributed`` process group, else 0 and 1):
+            every rank builds the same sequence from ``seed`` and takes its part (one source:
+            every ``world_size``-th sample of the epoch's permutation, as
+            ``DistributedSampler``; a mixture: its slice of each global batch of
+            ``batch_size * world_size`` draws), so ranks never overlap. Call
+            :meth:`set_epoch` each epoch (or let the epoch advance after each full pass, the
+            same on every rank). The default device under DDP is ``cuda:LOCAL_RANK``, so each
+            rank's resident cache sits on its own GPU.
 
     Iteration resumes: :meth:`state_dict` / :meth:`load_state_dict` save and restore the
     position (epoch, batch), and breaking out of a loop then calling ``iter`` again continues
@@ -373,13 +401,17 @@ class RobotLoader:
                  device: str | torch.device | None = None, shuffle: bool = True,
                  drop_last: bool = True, num_workers: int = 0, resident: bool | None = None,
                  normalize: str | Mapping[str, str] | None = "mean_std", seed: int = 0,
-                 prefetch_factor: int = 4, cuda_graph: bool = True, rank: int = 0,
-                 world_size: int = 1):
+                 prefetch_factor: int = 4, cuda_graph: bool = True, rank: int | None = None,
+                 world_size: int | None = None):
         from robocache.ops.normalize import Normalizer
 
         if batch_size < 1:
             raise DataError(f"`batch_size` must be >= 1; got {batch_size}.")
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank = (torch.distributed.get_rank() if dist else 0) if rank is None else rank
+        world_size = (torch.distributed.get_world_size() if dist else 1) \
+            if world_size is None else world_size
+        self.device = torch.device(device or _default_device(dist))
         cuda = self.device.type == "cuda"
         self.resident = num_workers == 0 if resident is None else resident
         if not 0 <= rank < world_size:
@@ -439,6 +471,12 @@ class RobotLoader:
             done.append((i, norm(batch) if norm is not None else batch))
         return _merge(done, self.mixture)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Serve epoch ``epoch`` next (the same order on every rank); a position restored by
+        :meth:`load_state_dict` in that epoch is kept."""
+        if int(epoch) != self.epoch:
+            self.epoch, self.batch = int(epoch), 0
+
     def state_dict(self) -> dict[str, int]:
         """Where iteration stands: ``epoch`` and ``batch`` (batches of it already yielded),
         with the ``seed``, ``rank`` and ``world_size`` they hold for. Save it with the model;
@@ -468,8 +506,9 @@ class RobotLoader:
         """This epoch's remaining batches (all of them unless resumed mid-epoch)."""
         if len(self.sampler) == 0:
             warnings.warn(f"RobotLoader: this epoch has no batch: batch_size "
-                          f"{self.sampler.batch_size} exceeds the {len(self.sampler.data)} "
-                          "samples and drop_last=True; lower batch_size or pass drop_last=False.",
+                          f"{self.sampler.batch_size} exceeds the {self.sampler.num_samples} "
+                          "samples (of this rank) and drop_last=True; lower batch_size or pass "
+                          "drop_last=False.",
                           stacklevel=2)
         return metrics.watch_loader(self, self._epoch())
 

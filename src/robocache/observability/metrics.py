@@ -185,26 +185,35 @@ class IngestRecorder:
     def cached(self, index: int, episode, cols: Mapping[str, Any]) -> None:
         """Episode written: ``episode`` as read, ``cols`` the aligned columns."""
         self.lap("write")
-        streams = episode.streams.values()
-        images = [s for s in streams if s.spec.kind == "image"]
-        bytes_in = sum(_nbytes(s.data) + _nbytes(s.times) for s in streams)
-        bytes_out = sum(_nbytes(v) for v in cols.values()) + sum(_nbytes(s.data) for s in images)
-        steps = len(cols["step"])
+        self.cached_sizes(index, episode_sizes(episode, cols))
+
+    def cached_sizes(self, index: int, sizes: Mapping[str, int]) -> None:
+        """Episode written, given its :func:`episode_sizes` (computed where it was aligned)."""
         self._count("read")
         self._count("cached")
-        self._count("samples", sum(len(s) for s in streams))
-        self._count("steps", steps)
-        self._count("frames", sum(len(s) for s in images))
-        self._count("bytes_in", bytes_in)
-        self._count("bytes_out", bytes_out)
+        for key in ("samples", "steps", "frames", "bytes_in", "bytes_out"):
+            self._count(key, sizes[key])
         logs.event("ingest.episode", status="cached", dataset=self.dataset, episode=index,
-                   steps=steps, bytes_read=bytes_in, bytes_written=bytes_out,
+                   steps=sizes["steps"], bytes_read=sizes["bytes_in"],
+                   bytes_written=sizes["bytes_out"],
                    seconds={k: round(v, 6) for k, v in self.seconds.items()},
                    metric="robocache_ingest_episodes_cached_total")
 
     def done(self, manifest: Mapping[str, Any]) -> None:
         logs.event("ingest.summary", dataset=self.dataset, **manifest["counts"],
                    seconds=round(manifest["seconds"], 6))
+
+
+def episode_sizes(episode, cols: Mapping[str, Any]) -> dict[str, int]:
+    """What a cached episode counts for: source samples, aligned steps, image frames, bytes
+    read (data and timestamps) and written (aligned columns and frames)."""
+    streams = episode.streams.values()
+    images = [s for s in streams if s.spec.kind == "image"]
+    return {"samples": sum(len(s) for s in streams), "steps": len(cols["step"]),
+            "frames": sum(len(s) for s in images),
+            "bytes_in": sum(_nbytes(s.data) + _nbytes(s.times) for s in streams),
+            "bytes_out": sum(_nbytes(v) for v in cols.values())
+            + sum(_nbytes(s.data) for s in images)}
 
 
 def ingest(source, planned: int) -> IngestRecorder:

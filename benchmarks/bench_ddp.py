@@ -1,0 +1,157 @@
+"""DDP training benchmark: the training benchmark's policy under torchrun on 1..N GPUs, each
+rank fed by its own RobotLoader shard (the packed cache resident on its GPU).
+
+    $ robocache bench ddp --json benchmarks/results/ddp.json
+    $ python benchmarks/bench_ddp.py --quick        # CPU: gloo, 1 and 2 processes, tiny model
+
+For each world size (1, 2, 4, ... every visible GPU) the benchmark launches ``torchrun
+--standalone --nproc-per-node W`` on this file; each rank trains the ACT-like policy of
+``bench_train`` (DistributedDataParallel, NCCL, bf16 autocast, AdamW; eager: gradients are
+all-reduced during backward) on batches of 256 windows from ``RobotLoader`` with
+``set_epoch`` per pass. Reported: samples/s over all ranks, the speedup over one GPU (target
+>= 1.9x on two), and per rank the GPU busy fraction (CUDA events bracketing each step on the
+training stream, over the span of all steps; target >= 95 %). Keep NCCL's NVLink multicast off
+where the machine asks for it (``NCCL_NVLS_ENABLE=0``; the environment is passed through).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+FAMILY = "ddp"
+FULL = {"episodes": 400, "length": 500, "steps": 200, "warmup": 20, "d_model": 512,
+        "layers": 8}
+QUICK = {"episodes": 8, "length": 120, "steps": 4, "warmup": 1, "d_model": 32, "layers": 1}
+
+
+def worker(cache: str, out: str, cfg: dict) -> None:
+    """One rank (started by torchrun): train ``cfg['steps']`` steps, write its numbers."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_loader as L
+    from bench_train import Policy
+
+    from robocache.data import RobotDataset, RobotLoader
+
+    cuda = torch.cuda.is_available()
+    local = int(os.environ["LOCAL_RANK"])
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    loader = RobotLoader(RobotDataset(cache, history=L.HISTORY, horizon=L.HORIZON), L.BATCH)
+    assert loader.device == device, (loader.device, device)
+    torch.manual_seed(0)
+    model = Policy(L.OBS_DIM, L.ACT_DIM, L.HISTORY, L.HORIZON, cfg["d_model"],
+                   cfg["layers"]).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[local] if cuda else None)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+
+    def batches():
+        epoch = 0
+        while True:
+            loader.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+
+    def step(batch):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, torch.bfloat16, enabled=cuda):
+            pred = ddp(batch["observation.state"])
+        err = (pred.float() - batch["action"]) ** 2
+        ((err * (~batch["action_is_pad"])[..., None]).mean()).backward()
+        opt.step()
+
+    source = batches()
+    for _ in range(cfg["warmup"]):
+        step(next(source))
+    marks = []
+    if cuda:
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(cfg["steps"]):
+        batch = next(source)
+        if cuda:
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            step(batch)
+            end.record()
+            marks.append((start, end))
+        else:
+            step(batch)
+    if cuda:
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - t0
+    busy = (sum(s.elapsed_time(e) for s, e in marks) / marks[0][0].elapsed_time(marks[-1][1])
+            if marks else None)
+    numbers = [None] * world
+    dist.all_gather_object(numbers, {"rank": rank, "wall_s": wall, "busy": busy,
+                                     "device": str(device)})
+    if rank == 0:
+        Path(out).write_text(json.dumps(numbers))
+    dist.destroy_process_group()
+
+
+def world_sizes(gpus: int) -> list[int]:
+    sizes, w = [], 1
+    while w < gpus:
+        sizes.append(w)
+        w *= 2
+    return [*sizes, gpus] if gpus else [1, 2]
+
+
+def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_loader as L
+
+    from robocache.bench import harness as H
+    from robocache.data.cache import build
+
+    cfg = QUICK if quick else FULL
+    gpus = torch.cuda.device_count()
+    name = f"policy-d{cfg['d_model']}x{cfg['layers']}-b{L.BATCH}-per-rank"
+    records, base = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        root = L.make_dataset(Path(tmp) / "lerobot", cfg["episodes"], cfg["length"])
+        build(root, Path(tmp) / "cache", rate_hz=L.FPS, progress=False)
+        for world in world_sizes(gpus):
+            out = Path(tmp) / f"ranks-{world}.json"
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            f"--nproc-per-node={world}", __file__, "--worker",
+                            str(Path(tmp) / "cache"), str(out), json.dumps(cfg)],
+                           check=True, env=env)
+            ranks = json.loads(out.read_text())
+            wall = max(r["wall_s"] for r in ranks)
+            rate = world * L.BATCH * cfg["steps"] / wall
+            base = base or rate
+            busy = [r["busy"] for r in ranks]
+            records.append(H.case(
+                FAMILY, name, f"{world} GPU" if gpus else f"{world} CPU process",
+                H.summarize([wall * 1e3 / cfg["steps"]]), batch=world, world=world,
+                samples_per_s=rate, speedup=rate / base, busy_per_rank=busy,
+                devices=[r["device"] for r in ranks],
+                note=f"{rate:.0f} samples/s, x{rate / base:.2f}"
+                     + (", busy " + "/".join(f"{100 * b:.1f}%" for b in busy) if gpus else "")))
+    return records
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        worker(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))
+    else:
+        from robocache.bench.standalone import main
+
+        main(run, __doc__)
