@@ -153,45 +153,34 @@ def slow_writer(src, dest, delay: float) -> subprocess.Popen:
     return proc
 
 
-def test_concurrent_writers(pristine, tmp_path):
+def test_second_writer_then_kill_then_resume(pristine, tmp_path):
     src, clean = pristine["lerobot-v3.0"]
     before = fl.tree_hash(src)
     dest = tmp_path / "cache"
     proc = slow_writer(src, dest, 0.3)
     try:
         second = ingest(src, dest)
-        seen = fl.cli("inspect", dest)
-        waited = ingest(src, dest, "--wait")  # runs once the first is done: all cached already
+        busy = fl.cli("inspect", dest)
+        deadline = time.monotonic() + 60
+        while len(list((dest / "data.lance" / "_versions").glob("*.manifest"))) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
     finally:
-        proc.wait(timeout=60)
-    ok = proc.returncode == 0 and fl.same_as_clean(dest, clean, ALL) and \
-        fl.tree_hash(src) == before
-    fl.record("a second writer on the same DEST", f"fails at once naming the first (pid, host), "
-              f"exit {second.code}; with --wait runs after it, exit {waited.code}",
-              lost=not ok, traceback=second.traceback or waited.traceback)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed = fl.cli("inspect", dest)
+    resumed = ingest(src, dest, "--wait")
+    ok = fl.same_as_clean(dest, clean, ALL) and fl.tree_hash(src) == before
+    fl.record("a second writer on the same DEST", "fails at once naming the first (pid, host), "
+              f"exit {second.code}; inspect says who is building", lost=not ok,
+              traceback=second.traceback or busy.traceback)
+    fl.record("kill -9 mid-ingest, then inspect and re-run", "inspect says unfinished with the "
+              f"episodes so far (exit {killed.code}); re-run resumes, exit {resumed.code}",
+              lost=not ok, traceback=killed.traceback or resumed.traceback)
     assert failed_cleanly(second, 2) and f"pid {proc.pid}" in second.stderr
-    assert seen.code == 0 and "being built by" in seen.stdout
-    assert waited.code == 0 and ok
-
-
-def test_killed_writer_then_inspect_and_resume(pristine, tmp_path):
-    src, clean = pristine["zarr"]
-    dest = tmp_path / "cache"
-    proc = slow_writer(src, dest, 0.2)
-    deadline = time.monotonic() + 60
-    while len(list((dest / "data.lance" / "_versions").glob("*.manifest"))) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    seen = fl.cli("inspect", dest)
-    r = ingest(src, dest)
-    ok = fl.same_as_clean(dest, clean, ALL)
-    fl.record("kill -9 mid-ingest, then inspect and re-run",
-              f"inspect says unfinished with the episodes so far (exit {seen.code}); re-run "
-              f"resumes, exit {r.code}", lost=not ok, traceback=seen.traceback or r.traceback)
-    assert seen.code == 0 and "unfinished" in seen.stdout and "cached so far" in seen.stdout
-    assert r.code == 0 and ok
+    assert busy.code == 0 and f"being built by pid {proc.pid}" in busy.stdout
+    assert killed.code == 0 and "unfinished" in killed.stdout and "cached so far" in killed.stdout
+    assert resumed.code == 0 and ok
 
 
 def test_disk_full_then_resume(pristine, tmp_path):
