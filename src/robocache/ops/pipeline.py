@@ -258,6 +258,9 @@ class Pipeline:
         if lengths is not None:
             check_lengths(_OP, lengths, B, S, data.device, values=False)
         n, a = self.normalize, self.augment
+        check_fits(_OP, f"the output [B, K, T, D] = [{B}, {a.k}, {self.resample.num}, {D}]",
+                   B * a.k * self.resample.num * D * data.element_size(), data.device,
+                   "lower Resample.num, Augment.k or the batch size.")
         if n is not None and n.stats.dim != D:
             fail(_OP, f"`data` has D = {D} columns but the Normalize statistics have "
                  f"{n.stats.dim}; pass the statistics computed for this key.", ShapeError)
@@ -321,12 +324,8 @@ class Pipeline:
                 check_lengths(_OP, lengths, data.shape[0], data.shape[1], data.device,
                               values=True)
             check_timestamps(_OP, "times", tb, lengths)
-        B, _, D = data.shape
-        check_fits(_OP, f"the output [B, K, T, D] = [{B}, {self.augment.k}, {self.resample.num}, "
-                   f"{D}]", B * self.augment.k * self.resample.num * D * data.element_size(),
-                   data.device, "lower Resample.num, Augment.k or the batch size.")
-        if B == 0:
-            k, d = self.augment.k, D
+        if data.shape[0] == 0:
+            k, d = self.augment.k, data.shape[2]
             return PipelineOutput(data.new_empty(0, k, self.resample.num, d),
                                   torch.empty(0, k, len(self.augment.streams), dtype=torch.bool,
                                               device=data.device))
