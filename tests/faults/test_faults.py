@@ -188,13 +188,13 @@ def test_disk_full_then_resume(pristine, tmp_path):
     dest = tmp_path / "cache"
     # bytes per file: the first episodes fit, the compacted data file does not
     full = fl.cli_process("ingest", src, dest, "--device", "cpu", "--rate", fl.RATE,
-                          "--no-progress", fsize=40_000)
+                          "--no-progress", fsize=4096)
     r = ingest(src, dest)
     ok = fl.same_as_clean(dest, clean, ALL)
     fl.record("disk full while writing (file-size limit)",
               f"stops with one line, exit {full.code}; re-run resumes, exit {r.code}",
               lost=not ok, traceback=full.traceback or r.traceback)
-    assert failed_cleanly(full, 2), full.stderr
+    assert failed_cleanly(full, 2) and "re-run to resume" in full.stderr, full.stderr
     assert r.code == 0 and ok
 
 

@@ -21,6 +21,7 @@ prints the traceback before the line.
 from __future__ import annotations
 
 import errno
+import re
 import sys
 import traceback
 from collections.abc import Iterator
@@ -73,9 +74,11 @@ def fail(message: str, code: int, *, verbose: bool = False) -> typer.Exit:
 
 
 def _os_message(e: OSError) -> str:
-    if e.strerror is None:  # raised with a message of ours
+    if e.strerror is None:  # raised with a message: ours, or a library's ("... (os error 27)")
         what = str(e).rstrip(". ")
-        code = errno.ENOENT if isinstance(e, FileNotFoundError) else e.errno
+        found = re.search(r"\(os error (\d+)\)", what)
+        code = errno.ENOENT if isinstance(e, FileNotFoundError) else \
+            int(found.group(1)) if found else e.errno
     else:
         what = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
         code = e.errno

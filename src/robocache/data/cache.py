@@ -343,14 +343,18 @@ def _episode_summary(uri: Path) -> list[dict[str, Any]]:
             for a, b in zip(starts, ends, strict=True)]
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
+
+
+def _write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
     """Write ``obj`` as JSON atomically (temporary file, fsync, rename): a reader or a killed
     writer never leaves a truncated file."""
     import os
 
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = _tmp(path)
     with open(tmp, "w") as f:
-        f.write(json.dumps(obj, indent=2) + "\n")
+        f.write(json.dumps(obj, indent=indent) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -398,8 +402,9 @@ def _check_dest(source: Path, dest: Path) -> None:
     if dest.exists() and not dest.is_dir():
         raise DataError(f"DEST {dest} is a file, not a directory; choose a new or empty "
                         "directory for the cache.")
-    if dest.is_dir() and not is_cache(dest) and \
-            any(p.name != LOCK_NAME for p in dest.iterdir()):
+    # the lock and a first manifest a killed writer left half-written are ours, not foreign
+    ours = {LOCK_NAME, _tmp(dest / "manifest.json").name}
+    if dest.is_dir() and not is_cache(dest) and any(p.name not in ours for p in dest.iterdir()):
         raise DataError(f"DEST {dest} is not empty and is not a RoboCache cache (no manifest.json "
                         "of one), so it is neither resumed nor removed (--overwrite removes only "
                         "caches); choose a new or empty destination.")
@@ -613,7 +618,7 @@ def finish(dest: Path, header: dict[str, Any], *, wanted: list[int], done: set[i
     episodes = _episode_summary(uri) if _committed(uri) else []
     if stats is None:
         stats = _compute_stats(uri, specs) if _committed(uri) else {}
-    _write_json(dest / "stats.json", stats)
+    _write_json(dest / "stats.json", stats, indent=None)
     cached_ids = {e["index"] for e in episodes}
     manifest = {
         **header,
