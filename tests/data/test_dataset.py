@@ -19,7 +19,8 @@ from robocache.errors import DataError
 @pytest.fixture
 def cache(tmp_path, episodes):
     write_lerobot(tmp_path / "src", episodes, SPECS, fps=25.0)
-    build(tmp_path / "src", tmp_path / "cache", rate_hz=20.0, progress=False, device="cpu")
+    build(tmp_path / "src", tmp_path / "cache", rate_hz=20.0, progress=False, device="cpu",
+          camera_codec="png")
     return tmp_path / "cache"
 
 
@@ -59,14 +60,14 @@ def test_windows_match_python_reference(cache, history, horizon):
         assert float(batch["timestamp"][b]) == rows[i]["timestamp"]
     if horizon == 0:  # action keys are then served like observations
         assert batch["action"].shape == (37, history, 2)
-    assert batch["observation.images.cam"].shape == (37, history, 4, 5, 3)
-    assert batch["observation.images.cam"].dtype == torch.uint8
+    assert batch["observation.images.cam"].shape == (37, history, 3, 4, 5)
+    assert batch["observation.images.cam"].dtype == torch.float32
     one = ds[int(idx[0])]
     torch.testing.assert_close(one["observation.state"], batch["observation.state"][0])
 
 
 def test_image_frames_are_the_aligned_source_frames(tmp_path, cache, episodes):
-    ds = RobotDataset(cache, keys=["observation.images.cam"])
+    ds = RobotDataset(cache, keys=["observation.images.cam"], image_dtype=torch.uint8)
     rows = reference_rows(cache)
     by_ep = {e.index: e for e in episodes}
     for i in torch.randperm(len(ds))[:20].tolist():
@@ -76,7 +77,8 @@ def test_image_frames_are_the_aligned_source_frames(tmp_path, cache, episodes):
             continue
         want = by_ep[r["episode_index"]].streams["observation.images.cam"].data[
             r["observation/images/cam/frame"]]
-        np.testing.assert_array_equal(item["observation.images.cam"][0].numpy(), want)
+        np.testing.assert_array_equal(item["observation.images.cam"][0].numpy(),
+                                      want.transpose(2, 0, 1))
 
 
 @pytest.mark.parametrize("workers", [0, 2])

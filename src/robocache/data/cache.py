@@ -6,8 +6,9 @@ Layout of a cache directory::
 
     data.lance/         one row per (episode, step): episode_index, step, timestamp, task,
                         one column per stream (see below) and its `<column>_is_pad` mask
-    frames/<col>.lance  image streams: one row per source frame (episode_index, frame, pixels;
-                        or ``encoded`` bytes as the source stored them, for JPEG/PNG sources)
+    frames/<col>.lance  camera streams: one row per source frame (episode_index, frame,
+                        source_frame, timestamp, encoded: JPEG/PNG bytes; a source's own JPEG/PNG
+                        bytes are kept as they came), see :mod:`robocache.data.cameras`
     stats.json          per-dimension mean, std, min, max, q01, q99 of every numeric stream
     manifest.json       source, rate, streams, episodes, quarantined episodes with reasons
 
@@ -16,7 +17,8 @@ Target times: from the latest start to the earliest end of the episode's numeric
 
 - numeric → ``method`` (default ``linear``; ``previous`` for integer/bool data), float32 ``[D]``.
 - image / video → ``frame_index``: the source frame shown at each step (``<col>/frame``, -1 when
-  none) and ``<col>/offset`` (t_frame - t_step, seconds). Video frames stay in their files.
+  none) and ``<col>/offset`` (t_frame - t_step, seconds). Video frames are decoded once here
+  and stored like image frames (JPEG by default, ``camera_codec``).
 - event (sparse strings) → ``previous``: the latest event so far (null before the first) and its
   age in seconds (``<col>/age``).
 
@@ -43,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from robocache.data.cameras import CODECS, DEFAULT_QUALITY, decode_videos, frames_table
 from robocache.data.episode import Episode, Source, StreamSpec, check_episode
 from robocache.data.lock import LOCK_NAME, CacheLock
 from robocache.errors import DataError
@@ -73,6 +76,9 @@ class CacheConfig:
         shard: ``(i, n)`` or ``"i/n"``: cache only the episodes at positions ``p`` of the
             wanted list with ``p % n == i`` (see :func:`parse_shard`), so ``n`` independent
             jobs split a dataset; ``robocache merge`` joins their caches.
+        camera_codec: how camera frames are stored: ``"jpeg"`` (GPU-decodable) or ``"png"``
+            (lossless); uint16 (depth) frames are always PNG.
+        camera_quality: JPEG quality (1-95).
     """
 
     rate_hz: float = 50.0
@@ -86,6 +92,8 @@ class CacheConfig:
     retry_quarantined: bool = False
     wait: bool = False
     shard: tuple[int, int] | str | None = None
+    camera_codec: str = "jpeg"
+    camera_quality: int = DEFAULT_QUALITY
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -149,8 +157,10 @@ def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float)
 
 
 def load_episode(src: Source, index: int, specs: dict[str, StreamSpec]) -> Episode:
-    """Read episode ``index`` and check it against ``specs`` (a bad episode raises)."""
+    """Read episode ``index`` (its videos decoded) and check it against ``specs`` (a bad
+    episode raises)."""
     episode = src.read(index)
+    decode_videos(episode, specs)
     check_episode(episode, specs)
     return episode
 
@@ -227,28 +237,26 @@ def _table(cols: dict[str, Any], schema):
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _frames_table(episode: Episode, name: str, spec: StreamSpec):
-    import pyarrow as pa
-
-    s = episode.streams[name]
-    n = len(s)
-    if spec.encoding is not None:  # compressed frames are kept as they came: no re-encode
-        pixels = pa.array(s.data.tolist(), pa.binary())
-    else:
-        pixels = pa.FixedSizeListArray.from_arrays(pa.array(s.data.reshape(-1)), spec.dim)
-    return pa.table({"episode_index": np.full(n, episode.index, np.int64),
-                     "frame": np.arange(n, dtype=np.int64), "timestamp": s.times,
-                     "encoded" if spec.encoding is not None else "pixels": pixels})
+def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
+    """Manifest fields of a camera stream: how its frames are stored."""
+    if spec.kind not in ("image", "video"):
+        return {}
+    codec = spec.encoding or ("png" if spec.dtype == "uint16" else config.camera_codec)
+    return {"codec": codec, "quality": config.camera_quality if codec == "jpeg" else None}
 
 
 def write_episode(dest: Path, episode: Episode, cols: dict[str, Any],
-                  specs: dict[str, StreamSpec]) -> list[tuple[str, Any, list]]:
+                  specs: dict[str, StreamSpec], config: CacheConfig | None = None
+                  ) -> list[tuple[str, Any, list]]:
     """Write one aligned episode's Lance data files under ``dest``, uncommitted (invisible
     until :func:`commit` adds them; a writer killed here leaves no rows). Returns
-    ``(table path relative to dest, schema, fragments)``: image frames first, the aligned rows
-    last. Safe to run in parallel processes (each writes its own files)."""
-    tables = [(f"frames/{name}.lance", _frames_table(episode, name, spec))
-              for name, spec in specs.items() if spec.kind == "image"]
+    ``(table path relative to dest, schema, fragments)``: camera frames first (encoded as
+    ``config`` says), the aligned rows last. Safe to run in parallel processes (each writes its
+    own files)."""
+    config = config or CacheConfig()
+    tables = [(f"frames/{name}.lance", frames_table(episode, name, spec, config.camera_codec,
+                                                     config.camera_quality))
+              for name, spec in specs.items() if spec.kind in ("image", "video")]
     tables.append(("data.lance", _table(cols, _schema(specs))))
     return [(rel, t.schema, write_files(t, dest / rel)) for rel, t in tables]
 
@@ -489,6 +497,9 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     config = CacheConfig(**{**asdict(config or CacheConfig()), **overrides})
     if not (config.rate_hz > 0 and math.isfinite(config.rate_hz)):
         raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz; got {config.rate_hz}.")
+    if config.camera_codec not in CODECS or not 1 <= config.camera_quality <= 95:
+        raise DataError(f"`camera_codec` must be one of {CODECS} and `camera_quality` in "
+                        f"[1, 95]; got {config.camera_codec!r}, {config.camera_quality}.")
     if config.shard is not None:
         config.shard = parse_shard(config.shard if isinstance(config.shard, str)
                                    else "/".join(map(str, config.shard)))
@@ -498,7 +509,8 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
                       "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
                       "method": config.methods.get(name, default_method(s)),
-                      **({"encoding": s.encoding} if s.encoding else {})}
+                      **({"encoding": s.encoding} if s.encoding else {}),
+                      **_camera_entry(s, config)}
                for name, s in specs.items()}
     header = {"format": CACHE_FORMAT,
               "source": {"path": str(Path(src.path).resolve()), "format": src.format},
@@ -691,7 +703,8 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
                     run.quarantined(index, _reason(run.src, index, e), e)
                     advance(f"episode {index} quarantined")
                     continue
-                run.cached({index: write_episode(run.dest, episode, cols, run.specs)})
+                run.cached({index: write_episode(run.dest, episode, cols, run.specs,
+                                                 run.config)})
                 run.obs.cached(index, episode, cols)
                 advance(f"episode {index}")
         return run.finish()

@@ -52,17 +52,6 @@ class _Group:
         return out
 
 
-def _decode(data: bytes, shape: list[int]) -> np.ndarray:
-    """One JPEG/PNG frame as uint8 ``[H, W, C]`` (Pillow)."""
-    import io
-
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as im:
-        frame = np.asarray(im.convert("RGB") if shape[-1] == 3 else im)
-    return frame.reshape(shape)
-
-
 class RobotDataset(torch.utils.data.Dataset):
     """Windows over a RoboCache cache (see :func:`robocache.cache.build`).
 
@@ -75,11 +64,20 @@ class RobotDataset(torch.utils.data.Dataset):
             starting with ``"action"``); the others are observations, windowed with ``history``.
             With ``horizon=0`` every key is windowed with ``history``.
         pad: ``"edge"`` (repeat the episode's first/last row, as LeRobot) or ``"zero"``.
+        image_size: (height, width) camera frames are resized to (default: as stored).
+        image_transforms: random crop / affine / colour jitter of camera frames
+            (:class:`robocache.ImageTransformsConfig`), drawn per sample and camera from
+            ``seed``; ``None``: none.
+        image_dtype: camera frame dtype: float32 (default), bfloat16, float16 in [0, 1], or
+            uint8.
+        seed: seed of the camera transforms (the same seed and batch order give the same
+            batches).
 
     Items (``ds[i]``, or ``ds[list_of_i]`` for a batch with a leading ``B``): for each
     observation key ``[history, D]`` float32, for each action key ``[horizon, D]``, each with a
-    ``<key>_is_pad`` bool mask (outside the episode, or the stream had no sample there); image
-    keys give uint8 ``[history, H, W, C]`` frames; plus ``episode_index``, ``index`` (the global
+    ``<key>_is_pad`` bool mask (outside the episode, or the stream had no sample there); camera
+    keys (image and video streams) give ``[history, C, H, W]`` frames as LeRobot (float32 in
+    [0, 1] by default; depth stays uint16), decoded per batch (nvJPEG on a GPU); plus ``episode_index``, ``index`` (the global
     step) and ``timestamp`` (float64 seconds).
 
     Raises:
@@ -90,7 +88,9 @@ class RobotDataset(torch.utils.data.Dataset):
 
     def __init__(self, cache: str | Path, *, history: int = 1, horizon: int = 0,
                  keys: Sequence[str] | None = None, action_keys: Sequence[str] | None = None,
-                 pad: str = "edge"):
+                 pad: str = "edge", image_size: tuple[int, int] | None = None,
+                 image_transforms: Any = None, image_dtype: torch.dtype = torch.float32,
+                 seed: int = 0):
         import lance
 
         from robocache.ops.normalize import Stats
@@ -111,7 +111,7 @@ class RobotDataset(torch.utils.data.Dataset):
                             "ingest` with the same arguments to resume it.")
         self.history, self.horizon, self.pad = history, horizon, pad
         streams = self.manifest["streams"]
-        servable = [k for k, s in streams.items() if s["kind"] in ("numeric", "image")]
+        servable = [k for k, s in streams.items() if s["kind"] in ("numeric", "image", "video")]
         keys = list(keys) if keys is not None else servable
         bad = [k for k in keys if k not in servable]
         if bad:
@@ -125,7 +125,9 @@ class RobotDataset(torch.utils.data.Dataset):
             acts = []
         self.action_keys = acts
         self.obs_keys = [k for k in keys if k not in acts]
-        self.image_keys = [k for k in self.obs_keys if streams[k]["kind"] == "image"]
+        self.image_keys = [k for k in self.obs_keys if streams[k]["kind"] in ("image", "video")]
+        self.image_size, self.image_transforms = image_size, image_transforms
+        self.image_dtype, self._rng = image_dtype, torch.Generator().manual_seed(seed)
         stats = json.loads((self.path / self.manifest["stats_path"]).read_text())
         self.stats = {k: Stats.from_dict(v) for k, v in stats.items() if k in keys}
 
@@ -148,7 +150,7 @@ class RobotDataset(torch.utils.data.Dataset):
         self.offsets = torch.from_numpy(np.r_[starts, len(ep)].astype(np.int64))
         self.episode_index = torch.from_numpy(ep.copy())
         self.timestamp = torch.from_numpy(table.column("timestamp").to_numpy()[order].copy())
-        self.frames: dict[str, torch.Tensor] = {}
+        self.frames: dict[str, Any] = {}
 
         def column(k: str) -> tuple[np.ndarray, np.ndarray]:
             col = streams[k]["column"]
@@ -170,19 +172,18 @@ class RobotDataset(torch.utils.data.Dataset):
 
     def _frame_rows(self, key: str, ep: np.ndarray, frame: np.ndarray,
                     pad: np.ndarray) -> np.ndarray:
-        """Load the key's frames packed ``[F, H, W, C]``; return each step's global frame row
-        (as a float32 column, exact below 2**24 frames)."""
+        """Load the key's encoded frames (:class:`~robocache.data.cameras.EncodedFrames`);
+        return each step's global frame row (as a float32 column, exact below 2**24 frames)."""
         import lance
+
+        from robocache.data.cameras import EncodedFrames
 
         table = lance.dataset(str(self.path / "frames" / f"{key}.lance")).to_table()
         fep = table.column("episode_index").to_numpy()
         order = np.lexsort((table.column("frame").to_numpy(), fep))
-        shape = self.manifest["streams"][key]["shape"]
-        if "encoded" in table.column_names:  # JPEG/PNG bytes: decoded once, here
-            pixels = np.stack([_decode(b, shape) for b in table.column("encoded").to_pylist()])
-        else:
-            pixels = table.column("pixels").combine_chunks().flatten().to_numpy()
-        self.frames[key] = torch.from_numpy(pixels.reshape(len(fep), *shape)[order].copy())
+        spec = self.manifest["streams"][key]
+        self.frames[key] = EncodedFrames.from_table(table.take(order), spec["shape"],
+                                                    spec["dtype"])
         fep = fep[order]
         first = {int(e): int(i) for e, i in zip(*np.unique(fep, return_index=True), strict=True)}
         base = np.array([first.get(int(e), 0) for e in ep], np.int64)
@@ -202,7 +203,6 @@ class RobotDataset(torch.utils.data.Dataset):
         out = copy.copy(self)
         out.groups = {n: _Group(g.keys, g.dims, g.data.to(device))
                       for n, g in self.groups.items()}
-        out.frames = {k: v.to(device) for k, v in self.frames.items()}
         out.offsets = self.offsets.to(device)
         out.episode_index = self.episode_index.to(device)
         out.timestamp = self.timestamp.to(device)
@@ -230,7 +230,10 @@ class RobotDataset(torch.utils.data.Dataset):
         """Stage 1, where the packed cache lives (a DataLoader worker, or the GPU): the raw
         windows as few tensors — ``index``, one ``[B, K, C + 1]`` float32 tensor per group
         (``"obs"``: K = history, ``"act"``: K = horizon; the value and alignment-pad columns,
-        then the window-pad flag) and the frames of image keys."""
+        then the window-pad flag) and the decoded frames of camera keys (uint8 ``[B, K, C, H,
+        W]``; nvJPEG when the dataset lives on a GPU, else the CPU)."""
+        from robocache.data.cameras import decode
+
         import robocache
 
         raw: Batch = {"index": indices}
@@ -242,7 +245,8 @@ class RobotDataset(torch.utils.data.Dataset):
                 (w.horizon, w.horizon_is_pad)
             raw[name] = torch.cat([values, pad[..., None].to(values.dtype)], -1)
         for k in self.image_keys:
-            raw[k] = self.frames[k][raw["obs"][..., self.groups["obs"].column(k)].long()]
+            rows = raw["obs"][..., self.groups["obs"].column(k)].long()
+            raw[k] = decode(self.frames[k], rows, self.device)
         return raw
 
     def finish(self, raw: Batch, episode_index: torch.Tensor | None = None,
@@ -259,8 +263,22 @@ class RobotDataset(torch.utils.data.Dataset):
             w = raw[name]
             out.update(g.split(w[..., :-1], w[..., -1] > 0.5))
         for k in self.image_keys:
-            out[k] = raw[k]
+            out[k] = self._camera(raw[k])
         return out
+
+    def _camera(self, frames: torch.Tensor) -> torch.Tensor:
+        """Resize / transform / cast one camera's decoded ``[B, T, C, H, W]`` frames where
+        they are; transforms are drawn per sample (shared by its T frames)."""
+        from robocache.data.cameras import serve
+        from robocache.ops.image import sample_image_transforms
+
+        params = None
+        if self.image_transforms is not None and frames.shape[2] == 3:
+            b, t = frames.shape[:2]
+            params = sample_image_transforms(b, tuple(frames.shape[-2:]), self.image_transforms,
+                                             seed=self._rng)
+            params = params.repeat_interleave(t).to(frames.device)
+        return serve(frames, self.image_size, params, self.image_dtype)
 
     def fetch(self, indices: torch.Tensor) -> Batch:
         """The batch of windows starting at global steps ``indices`` (int64 ``[B]``, on the

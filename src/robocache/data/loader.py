@@ -437,7 +437,8 @@ class RobotLoader:
             if not self.mixed:
                 self.datasets = moved
             self.graphed = _Graphed(self.packed, batch_size, self.device) \
-                if cuda and cuda_graph and (drop_last or self.mixed) else None
+                if cuda and cuda_graph and (drop_last or self.mixed) \
+                and not self.packed.image_keys else None  # nvJPEG is not capturable
         else:
             self.graphed = None
             # workers send few tensors (the raw windows); keys and masks are split here

@@ -132,7 +132,7 @@ def _merge_locked(shards: list[Path], manifests: list[dict[str, Any]], dest: Pat
 
     done = _done_episodes(dest / "data.lance")
     tables = ["data.lance"] + [f"frames/{name}.lance" for name, s in header["streams"].items()
-                               if s["kind"] == "image"]
+                               if s["kind"] in ("image", "video")]
     t0 = time.perf_counter()
     new = 0
     with _progress(progress, len(shards), "merge") as advance:

@@ -141,7 +141,7 @@ class _AlignWrite:
             raise
         except Exception as e:
             return _quarantine_row(self.src, index, e)
-        written = write_episode(self.dest, episode, cols, self.specs)
+        written = write_episode(self.dest, episode, cols, self.specs, self.config)
         return {"index": index, "reason": "",
                 "payload": pickle.dumps((written, metrics.episode_sizes(episode, cols)))}
 

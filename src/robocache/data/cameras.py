@@ -1,0 +1,219 @@
+"""Camera streams: decoded once at ingest into per-frame JPEG/PNG, decoded per batch on serving.
+
+Ingest (:func:`decode_videos`, :func:`frames_table`): a video stream's frames are decoded once
+with PyAV (FFmpeg's own threads; AV1, H.264, HEVC, whatever the FFmpeg build reads), for the
+episode's span of the file (LeRobot v3.0 files hold many episodes: ``from_timestamp`` marks
+where this one starts), and every frame becomes one row of ``frames/<stream>.lance``:
+``episode_index``, ``frame`` (row within the episode), ``source_frame`` (index in the source
+file or array), ``timestamp`` (seconds from the episode start) and ``data`` (the encoded image).
+RGB frames are stored as JPEG (``quality`` 95 by default: decoded, they are within 1 dB PSNR of
+the source decode against the original frames; see docs) or PNG (``codec="png"``, lossless);
+uint16 frames (depth) always as 16-bit PNG. Encoding runs on a thread pool (Pillow releases the
+GIL). Camera streams are then aligned like any stream (``frame_index``).
+
+Serving (:class:`EncodedFrames`, :func:`decode`): per batch, the frames a batch needs are
+decoded in one call per camera: ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG)
+when the frames go to a GPU, Pillow on the CPU (DataLoader workers, CPU-only machines).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from robocache.data.episode import Episode, Stream, StreamSpec
+from robocache.errors import DataError, MissingDependencyError
+
+CODECS = ("jpeg", "png")
+DEFAULT_QUALITY = 95
+
+
+def _threads() -> int:
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+def _pil():
+    try:
+        from PIL import Image
+    except ImportError as e:  # pragma: no cover - pillow ships with the data extra
+        raise MissingDependencyError("pillow", "data", "Encoding camera frames") from e
+    return Image
+
+
+def decode_video(path, start_s: float, end_s: float, tolerance_s: float = 1e-4):
+    """Decode every frame of ``path`` shown in ``[start_s, end_s]`` (file seconds).
+
+    Returns:
+        (uint8 ``[F, H, W, 3]`` frames, float64 ``[F]`` file timestamps, int64 ``[F]`` frame
+        numbers in the file, at the stream's average rate).
+
+    Raises:
+        DataError: the file is missing, unreadable, truncated (no frame covers the span) or in
+            a codec this FFmpeg build cannot decode.
+    """
+    try:
+        import av
+    except ImportError as e:
+        raise MissingDependencyError("av", "video", "Decoding video streams") from e
+    frames, times = [], []
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            tb = float(stream.time_base)
+            if start_s > 0:
+                container.seek(int(start_s / tb), stream=stream, backward=True)
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
+                t = frame.pts * tb
+                if t < start_s - tolerance_s:
+                    continue
+                if t > end_s + tolerance_s:
+                    break
+                frames.append(frame.to_ndarray(format="rgb24"))
+                times.append(t)
+            rate = float(stream.average_rate or 0) or None
+    except (av.error.FFmpegError, OSError, IndexError) as e:
+        raise DataError(f"video {path}: cannot decode ({type(e).__name__}: {e}).") from e
+    if not frames or times[-1] < end_s - max(tolerance_s, 1.5 / (rate or 1e9)):
+        got = f"up to {times[-1]:.4f} s" if times else "no frame"
+        raise DataError(f"video {path}: truncated; frames are needed up to {end_s:.4f} s, the "
+                        f"file decodes {got}.")
+    t = np.asarray(times, np.float64)
+    index = np.rint(t * rate).astype(np.int64) if rate else np.arange(len(t), dtype=np.int64)
+    return np.stack(frames), t, index
+
+
+def decode_videos(episode: Episode, specs: dict[str, StreamSpec],
+                  tolerance_s: float = 1e-4) -> None:
+    """Replace each video stream of ``episode`` by its decoded frames (in place): the frames
+    covering the episode's steps, timed from the episode start, with their source frame
+    numbers in ``episode.meta["source_frame"][name]``."""
+    for name, spec in specs.items():
+        s = episode.streams.get(name)
+        if spec.kind != "video" or s is None or s.video is None:
+            continue
+        if len(s) == 0:
+            raise DataError(f"episode {episode.index}: stream {name!r} has no samples.")
+        start = s.video.from_timestamp
+        frames, t, index = decode_video(s.video.path, start + float(s.times[0]),
+                                        start + float(s.times[-1]), tolerance_s)
+        episode.streams[name] = Stream(spec, t - start, frames, s.video)
+        episode.meta.setdefault("source_frame", {})[name] = index
+
+
+def encode(frame: np.ndarray, codec: str, quality: int) -> bytes:
+    """One frame (uint8 ``[H, W, 3]`` or ``[H, W]``, uint16 ``[H, W]``/``[H, W, 1]``) as
+    JPEG or PNG bytes (uint16 always PNG, lossless)."""
+    Image = _pil()
+    buf = io.BytesIO()
+    if frame.dtype == np.uint16:
+        Image.fromarray(np.ascontiguousarray(frame.reshape(frame.shape[:2]))).save(buf, "PNG")
+    elif codec == "png":
+        Image.fromarray(np.ascontiguousarray(frame.squeeze())).save(buf, "PNG", compress_level=1)
+    else:
+        Image.fromarray(np.ascontiguousarray(frame.squeeze())).save(buf, "JPEG",
+                                                                    quality=quality)
+    return buf.getvalue()
+
+
+def frames_table(episode: Episode, name: str, spec: StreamSpec, codec: str = "jpeg",
+                 quality: int = DEFAULT_QUALITY):
+    """The Lance rows of one camera stream of one episode (see the module docstring)."""
+    import pyarrow as pa
+
+    s = episode.streams[name]
+    n = len(s)
+    with ThreadPoolExecutor(_threads()) as pool:
+        data = list(pool.map(lambda f: encode(f, codec, quality), s.data))
+    source = episode.meta.get("source_frame", {}).get(name, np.arange(n, dtype=np.int64))
+    return pa.table({"episode_index": np.full(n, episode.index, np.int64),
+                     "frame": np.arange(n, dtype=np.int64), "source_frame": source,
+                     "timestamp": s.times, "data": pa.array(data, pa.binary())})
+
+
+@dataclass
+class EncodedFrames:
+    """One camera's encoded frames, packed: ``data`` uint8 ``[bytes]`` and ``offsets`` int64
+    ``[F + 1]`` (frame i is ``data[offsets[i]:offsets[i+1]]``), in (episode, frame) order."""
+
+    data: torch.Tensor
+    offsets: torch.Tensor
+    shape: tuple[int, ...]
+    dtype: str
+
+    @classmethod
+    def from_table(cls, table, shape, dtype: str) -> EncodedFrames:
+        import pyarrow as pa
+
+        col = table.column("data").combine_chunks().cast(pa.large_binary())
+        offsets = np.frombuffer(col.buffers()[1], np.int64)[col.offset:col.offset + len(col) + 1]
+        values = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+        return cls(torch.from_numpy(values.copy()), torch.from_numpy(offsets - offsets[0]),
+                   tuple(shape), dtype)
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.numel())
+
+    def slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        off = self.offsets[rows.cpu()].tolist()
+        end = self.offsets[rows.cpu() + 1].tolist()
+        return [self.data[a:b] for a, b in zip(off, end, strict=True)]
+
+
+def decode(frames: EncodedFrames, rows: torch.Tensor, device: torch.device | str = "cpu"
+           ) -> torch.Tensor:
+    """Decode the frames at ``rows`` (int ``[...]``): uint8 ``[..., C, H, W]`` (uint16 for
+    depth) on ``device``: one nvJPEG batch on CUDA (``torchvision.io.decode_jpeg``), Pillow on
+    the CPU.
+
+    Raises:
+        MissingDependencyError: CUDA decode without torchvision.
+    """
+    device = torch.device(device)
+    flat = rows.reshape(-1)
+    parts = frames.slices(flat)
+    h, w = frames.shape[0], frames.shape[1]
+    c = frames.shape[2] if len(frames.shape) == 3 else 1
+    if device.type == "cuda" and frames.dtype == "uint8" and c == 3:
+        try:
+            from torchvision.io import decode_jpeg
+        except ImportError as e:
+            raise MissingDependencyError("torchvision", "vision",
+                                         "Decoding camera frames on the GPU") from e
+        out = torch.stack(decode_jpeg(parts, device=device)) if parts else \
+            torch.empty(0, 3, h, w, dtype=torch.uint8, device=device)
+        return out.reshape(*rows.shape, 3, h, w)
+    Image = _pil()
+    dt = np.uint16 if frames.dtype == "uint16" else np.uint8
+    out = np.empty((len(parts), h, w, c), dt)
+    for i, p in enumerate(parts):
+        out[i] = np.asarray(Image.open(io.BytesIO(p.numpy().tobytes()))).reshape(h, w, c)
+    return torch.from_numpy(out).permute(0, 3, 1, 2).reshape(*rows.shape, c, h, w).to(device)
+
+
+def serve(frames: torch.Tensor, size: tuple[int, int] | None, params, dtype: torch.dtype
+          ) -> torch.Tensor:
+    """Decoded uint8 ``[B, T, 3, H, W]`` frames -> ``[B, T, 3, h, w]`` of ``dtype`` in [0, 1]
+    (uint8 kept as is), resized to ``size`` and transformed with ``params`` (one row per
+    frame; ``None``: none). Other frames (depth) are returned unchanged."""
+    from robocache.ops.image import image_transform
+
+    b, t, c, H, W = frames.shape
+    h, w = size or (H, W)
+    if c != 3 or frames.dtype != torch.uint8:
+        return frames
+    if params is None and (h, w) == (H, W):
+        return frames if dtype == torch.uint8 else frames.to(dtype) / 255.0
+    flat = frames.reshape(b * t, c, H, W)
+    return image_transform(flat, (h, w), params, dtype=dtype).reshape(b, t, 3, h, w)
