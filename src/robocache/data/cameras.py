@@ -45,6 +45,15 @@ def _pil():
     return Image
 
 
+def is_camera(dtype, shape: tuple[int, ...]) -> bool:
+    """Whether an array stream of this sample dtype and shape is a camera: uint8 ``[H, W, 3]``
+    (RGB) or uint16 ``[H, W]`` / ``[H, W, 1]`` (depth)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.uint8:
+        return len(shape) == 3 and shape[-1] == 3
+    return dtype == np.uint16 and (len(shape) == 2 or (len(shape) == 3 and shape[-1] == 1))
+
+
 def decode_video(path, start_s: float, end_s: float, tolerance_s: float = 1e-4):
     """Decode every frame of ``path`` shown in ``[start_s, end_s]`` (file seconds).
 

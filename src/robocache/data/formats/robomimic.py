@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from robocache.data.cameras import is_camera
 from robocache.data.episode import Episode, Stream, StreamSpec
 from robocache.data.formats import check_fps
 from robocache.errors import DataError, MissingDependencyError
@@ -76,7 +77,7 @@ class RobomimicSource:
         for name, ds in self._datasets(first).items():
             shape = tuple(int(s) for s in ds.shape[1:])
             dtype = np.dtype(ds.dtype)
-            kind = "image" if dtype == np.uint8 and len(shape) == 3 else "numeric"
+            kind = "image" if is_camera(dtype, shape) else "numeric"
             self.specs[name] = StreamSpec(name, kind, dtype.name, shape, self.fps)
 
     @staticmethod

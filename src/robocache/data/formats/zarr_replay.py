@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from robocache.data.cameras import is_camera
 from robocache.data.episode import Episode, Stream, StreamSpec
 from robocache.data.formats import check_fps
 from robocache.errors import DataError, MissingDependencyError
@@ -112,7 +113,7 @@ class ZarrReplaySource:
             arr = self.data[key]
             shape = tuple(int(s) for s in arr.shape[1:])
             dtype = np.dtype(arr.dtype)
-            kind = "image" if dtype == np.uint8 and len(shape) == 3 else "numeric"
+            kind = "image" if is_camera(dtype, shape) else "numeric"
             self.specs[key] = StreamSpec(key, kind, dtype.name, shape, self.fps)
 
     def episode_indices(self) -> list[int]:

@@ -1,0 +1,116 @@
+"""Camera streams: LeRobot-written videos (AV1, H.264) decoded at ingest, stored as JPEG/PNG,
+served per batch; checked against LeRobot's own decode (tests/fixtures/cameras)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from robocache.data import RobotDataset
+from robocache.data.cache import build
+from robocache.errors import DataError
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "cameras"
+CAM = "observation.images.front"
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    return float(10 * np.log10(255.0**2 / np.mean((a.astype(float) - b.astype(float)) ** 2)))
+
+
+@pytest.fixture(scope="module")
+def frames():
+    return dict(np.load(FIXTURES / "frames.npz"))
+
+
+def served(cache: Path, **kw) -> np.ndarray:
+    ds = RobotDataset(cache, keys=[CAM], image_dtype=torch.uint8, **kw)
+    return ds[torch.arange(len(ds))][CAM][:, 0].permute(0, 2, 3, 1).numpy()
+
+
+@pytest.mark.parametrize("codec", ["av1", "h264"])
+def test_lerobot_video_frames_match_lerobot_decode(tmp_path, frames, codec):
+    m = build(FIXTURES / f"lerobot_{codec}", tmp_path / "c", rate_hz=10.0, progress=False,
+              device="cpu")
+    assert m["counts"]["cached"] == 2 and m["streams"][CAM]["codec"] == "jpeg"
+    got = served(tmp_path / "c")
+    want, original = frames[f"lerobot_{codec}"], frames[f"original_{codec}"]
+    assert got.shape == want.shape
+    for step in range(len(got)):  # the right frame at every step, within the JPEG tolerance
+        errors = [np.mean((got[step].astype(float) - w) ** 2) for w in want]
+        assert int(np.argmin(errors)) == step
+        assert psnr(got[step], want[step]) > 33.0
+    # default quality: within 1 dB of the source decode's PSNR against the original frames
+    assert psnr(want, original) - psnr(got, original) < 1.0
+    import lance
+
+    table = lance.dataset(str(tmp_path / "c" / "frames" / f"{CAM}.lance")).to_table()
+    np.testing.assert_array_equal(table.column("source_frame").to_numpy(), np.r_[0:8, 8:14])
+    np.testing.assert_allclose(table.column("timestamp").to_numpy(),
+                               np.r_[0:8, 0:6] / 10.0, atol=1e-6)
+
+
+def test_png_is_lossless_and_transforms_are_seeded(tmp_path, frames):
+    build(FIXTURES / "lerobot_h264", tmp_path / "c", rate_hz=10.0, progress=False,
+          device="cpu", camera_codec="png")
+    np.testing.assert_array_equal(served(tmp_path / "c"), frames["lerobot_h264"])
+    from robocache import ImageTransformsConfig
+
+    cfg = ImageTransformsConfig(max_num_transforms=4, crop_scale=(0.7, 1.0))
+    batches = [RobotDataset(tmp_path / "c", keys=[CAM], history=2, image_size=(24, 32),
+                            image_transforms=cfg, seed=s)[torch.arange(6)] for s in (3, 3, 4)]
+    assert batches[0][CAM].shape == (6, 2, 3, 24, 32)
+    assert batches[0][CAM].dtype == torch.float32
+    torch.testing.assert_close(batches[0][CAM], batches[1][CAM], rtol=0, atol=0)
+    assert not torch.equal(batches[0][CAM], batches[2][CAM])
+    assert batches[0][f"{CAM}_is_pad"][0].tolist() == [True, False]
+
+
+def test_truncated_video_quarantines_its_episode_only(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "lerobot_h264", src)
+    video = next((src / "videos").rglob("*.mp4"))
+    data = video.read_bytes()
+    video.write_bytes(data[: int(len(data) * 0.8)])
+    m = build(src, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu")
+    assert m["counts"]["cached"] == 1 and m["counts"]["quarantined"] == 1
+    assert m["quarantined"][0]["index"] == 1 and "video" in m["quarantined"][0]["reason"]
+
+
+def test_unknown_camera_key_names_the_available_ones(tmp_path):
+    build(FIXTURES / "lerobot_h264", tmp_path / "c", rate_hz=10.0, progress=False,
+          device="cpu")
+    with pytest.raises(DataError, match=r"observation\.images\.back.*observation\.images\.front"):
+        RobotDataset(tmp_path / "c", keys=["observation.images.back"])
+
+
+def test_zarr_rgb_and_depth_cameras(tmp_path):
+    import zarr
+
+    from robocache import depth_to_points
+
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:24, 0:32]
+    rgb = np.stack([np.stack([x * 6 + i, y * 8 + 2 * i, np.full_like(x, 60 + i)], -1)
+                    for i in range(10)]).astype(np.uint8)
+    depth = rng.integers(300, 5000, (10, 24, 32)).astype(np.uint16)
+    root = zarr.open_group(str(tmp_path / "rb.zarr"), mode="w", zarr_format=2)
+    root.create_array("data/camera", data=rgb)
+    root.create_array("data/depth", data=depth)
+    root.create_array("data/state", data=rng.normal(size=(10, 2)).astype(np.float32))
+    root.create_array("meta/episode_ends", data=np.array([4, 10]))
+    m = build(tmp_path / "rb.zarr", tmp_path / "c", rate_hz=10.0, progress=False,
+              device="cpu", source_options={"fps": 10.0})
+    assert m["streams"]["depth"]["codec"] == "png"
+    ds = RobotDataset(tmp_path / "c", keys=["camera", "depth"])
+    batch = ds[torch.arange(len(ds))]
+    assert batch["depth"].dtype == torch.uint16 and batch["depth"].shape == (10, 1, 1, 24, 32)
+    np.testing.assert_array_equal(batch["depth"][:, 0, 0].numpy(), depth)  # lossless
+    assert psnr((batch["camera"][:, 0] * 255).permute(0, 2, 3, 1).numpy(), rgb) > 40
+    k = torch.tensor([[30.0, 0, 16], [0, 30.0, 12], [0, 0, 1]])
+    pc = depth_to_points(batch["depth"][:, 0, 0], k)
+    assert pc.points.shape == (10, 24 * 32, 3) and bool(pc.valid.all())
