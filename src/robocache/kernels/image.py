@@ -201,8 +201,8 @@ def image_transform_cuda(frames: torch.Tensor, crop: torch.Tensor, affine: torch
     h, w = out.shape[-2:]
     k = ops.shape[1]
     nb = 16 if sharpen else 1
-    # 64 pixels x 16 neighbours or 1024 pixels per program: 1024 values per live tensor
-    block = 64 if sharpen else 1024
+    # 128 pixels x 16 neighbours (2048 values per live tensor) or 1024 pixels per program
+    block = 128 if sharpen else 1024
     blocks = cdiv(h * w, block)
     grid = (n, blocks)
     mean = torch.zeros(n, device=frames.device, dtype=torch.float32)
