@@ -77,8 +77,8 @@ class RobotDataset(torch.utils.data.Dataset):
     observation key ``[history, D]`` float32, for each action key ``[horizon, D]``, each with a
     ``<key>_is_pad`` bool mask (outside the episode, or the stream had no sample there); camera
     keys (image and video streams) give ``[history, C, H, W]`` frames as LeRobot (float32 in
-    [0, 1] by default; depth stays uint16), decoded per batch (nvJPEG on a GPU); plus ``episode_index``, ``index`` (the global
-    step) and ``timestamp`` (float64 seconds).
+    [0, 1] by default; depth stays uint16), decoded per batch (nvJPEG on a GPU); plus
+    ``episode_index``, ``index`` (the global step) and ``timestamp`` (float64 seconds).
 
     Raises:
         FileNotFoundError: no cache at ``cache``.
@@ -232,9 +232,8 @@ class RobotDataset(torch.utils.data.Dataset):
         (``"obs"``: K = history, ``"act"``: K = horizon; the value and alignment-pad columns,
         then the window-pad flag) and the decoded frames of camera keys (uint8 ``[B, K, C, H,
         W]``; nvJPEG when the dataset lives on a GPU, else the CPU)."""
-        from robocache.data.cameras import decode
-
         import robocache
+        from robocache.data.cameras import decode
 
         raw: Batch = {"index": indices}
         for name, g in self.groups.items():

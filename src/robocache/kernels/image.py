@@ -152,9 +152,8 @@ def _image_kernel(src, out, crop, affine, ops, factors, mean, partial,
     for k in tl.static_range(K):
         op = tl.load(ops + n * K + k)
         f = tl.load(factors + n * K + k)
-        if MEAN:
-            if op == OP_CONTRAST:
-                active = 0
+        if MEAN and op == OP_CONTRAST:
+            active = 0
         if active == 1:
             if op == OP_BRIGHTNESS:
                 r = _clamp01(r * f)

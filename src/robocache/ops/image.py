@@ -1,8 +1,8 @@
 """Camera frame transforms: crop / affine / resize and LeRobot-style colour jitter, fused.
 
-    >>> params = sample_image_transforms(8, (480, 640), ImageTransformsConfig(crop_scale=(0.8, 1)),
-    ...                                  seed=7)
-    >>> x = image_transform(frames, (224, 224), params)   # uint8 [8, 3, 480, 640] -> [8, 3, 224, 224]
+    >>> cfg = ImageTransformsConfig(crop_scale=(0.8, 1.0))
+    >>> params = sample_image_transforms(8, (480, 640), cfg, seed=7)
+    >>> x = image_transform(frames, (224, 224), params)  # uint8 [8,3,480,640] -> [8,3,224,224]
 
 Parameters are sampled on the host (:func:`sample_image_transforms`, LeRobot's
 ``ImageTransformsConfig`` semantics: each image gets ``max_num_transforms`` of the weighted
