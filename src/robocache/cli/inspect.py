@@ -32,11 +32,32 @@ def _summarize_cache(path: Path) -> dict:
              **{k: manifest.get(k) for k in ("source", "rate_hz", "streams", "timing")},
              "quarantined": manifest.get("quarantined", [])}
     if facts["status"] == "complete":
-        return {**facts, "counts": manifest["counts"]}
+        return {**facts, "counts": manifest["counts"], "cameras": _cameras(path, manifest)}
     uri = path / "data.lance"
     done = np.unique(lance.dataset(str(uri)).to_table(columns=["episode_index"]).column(0)
                      .to_numpy()) if uri.exists() else []
     return {**facts, "writer": holder(path), "episodes_cached": len(done)}
+
+
+def _cameras(path: Path, manifest: dict) -> dict:
+    """Per camera stream: frames, codec, cache bytes per frame (on disk, index columns
+    included) and the decoded bytes per frame."""
+    import lance
+    import numpy as np
+
+    out = {}
+    for name, s in manifest.get("streams", {}).items():
+        uri = path / "frames" / f"{name}.lance"
+        if s["kind"] not in ("image", "video") or not uri.exists():
+            continue
+        ds = lance.dataset(str(uri))
+        frames = ds.count_rows()
+        nbytes = sum(f.bytes_on_disk for f in ds.stats.data_stats().fields)
+        out[name] = {"frames": frames, "codec": s.get("codec"), "quality": s.get("quality"),
+                     "bytes_per_frame": nbytes / max(frames, 1),
+                     "decoded_bytes_per_frame": int(np.prod(s["shape"]))
+                     * np.dtype(s["dtype"]).itemsize}
+    return out
 
 
 def summarize(path: Path, episodes: int = 5, fps: float | None = None,
@@ -96,6 +117,10 @@ def _print_cache(console, facts: dict) -> None:
                       f"so far, {len(facts['quarantined'])} quarantined")
     if facts.get("timing"):
         console.print(f"timing: {facts['timing']}")
+    for name, c in facts.get("cameras", {}).items():
+        console.print(f"camera {name}: {c['frames']} frames, {c['codec']}, "
+                      f"{c['bytes_per_frame']:,.0f} cache bytes per frame "
+                      f"({c['decoded_bytes_per_frame']:,} decoded)")
     for q in facts["quarantined"]:
         console.print(f"  quarantined episode {q['index']}: {q['reason']}")
 

@@ -18,8 +18,10 @@ when the frames go to a GPU, Pillow on the CPU (DataLoader workers, CPU-only mac
 
 from __future__ import annotations
 
+import functools
 import io
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -156,16 +158,17 @@ class EncodedFrames:
     offsets: torch.Tensor
     shape: tuple[int, ...]
     dtype: str
+    codec: str = "jpeg"
 
     @classmethod
-    def from_table(cls, table, shape, dtype: str) -> EncodedFrames:
+    def from_table(cls, table, shape, dtype: str, codec: str) -> EncodedFrames:
         import pyarrow as pa
 
         col = table.column("data").combine_chunks().cast(pa.large_binary())
         offsets = np.frombuffer(col.buffers()[1], np.int64)[col.offset:col.offset + len(col) + 1]
         values = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
         return cls(torch.from_numpy(values.copy()), torch.from_numpy(offsets - offsets[0]),
-                   tuple(shape), dtype)
+                   tuple(shape), dtype, codec)
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0]) - 1
@@ -183,32 +186,39 @@ class EncodedFrames:
 def decode(frames: EncodedFrames, rows: torch.Tensor, device: torch.device | str = "cpu"
            ) -> torch.Tensor:
     """Decode the frames at ``rows`` (int ``[...]``): uint8 ``[..., C, H, W]`` (uint16 for
-    depth) on ``device``: one nvJPEG batch on CUDA (``torchvision.io.decode_jpeg``), Pillow on
-    the CPU.
-
-    Raises:
-        MissingDependencyError: CUDA decode without torchvision.
-    """
+    depth) on ``device``: one nvJPEG batch on CUDA (``torchvision.io.decode_jpeg``; without
+    torchvision, or for PNG, Pillow then a copy), Pillow on a thread pool on the CPU."""
     device = torch.device(device)
-    flat = rows.reshape(-1)
-    parts = frames.slices(flat)
+    parts = frames.slices(rows.reshape(-1))
     h, w = frames.shape[0], frames.shape[1]
     c = frames.shape[2] if len(frames.shape) == 3 else 1
-    if device.type == "cuda" and frames.dtype == "uint8" and c == 3:
-        try:
-            from torchvision.io import decode_jpeg
-        except ImportError as e:
-            raise MissingDependencyError("torchvision", "vision",
-                                         "Decoding camera frames on the GPU") from e
+    decode_jpeg = _nvjpeg() if device.type == "cuda" and frames.codec == "jpeg" else None
+    if decode_jpeg is not None:
         out = torch.stack(decode_jpeg(parts, device=device)) if parts else \
             torch.empty(0, 3, h, w, dtype=torch.uint8, device=device)
         return out.reshape(*rows.shape, 3, h, w)
     Image = _pil()
-    dt = np.uint16 if frames.dtype == "uint16" else np.uint8
-    out = np.empty((len(parts), h, w, c), dt)
-    for i, p in enumerate(parts):
-        out[i] = np.asarray(Image.open(io.BytesIO(p.numpy().tobytes()))).reshape(h, w, c)
+    out = np.empty((len(parts), h, w, c), np.uint16 if frames.dtype == "uint16" else np.uint8)
+
+    def one(i: int) -> None:
+        out[i] = np.asarray(Image.open(io.BytesIO(parts[i].numpy().tobytes()))).reshape(h, w, c)
+
+    with ThreadPoolExecutor(_threads()) as pool:  # Pillow decodes without the GIL
+        list(pool.map(one, range(len(parts))))
     return torch.from_numpy(out).permute(0, 3, 1, 2).reshape(*rows.shape, c, h, w).to(device)
+
+
+@functools.cache
+def _nvjpeg():
+    """``torchvision.io.decode_jpeg``, or None (with a warning, once) without torchvision."""
+    try:
+        from torchvision.io import decode_jpeg
+    except ImportError:
+        warnings.warn("torchvision is not installed: camera frames are decoded on the CPU and "
+                      "copied to the GPU; `pip install torchvision` decodes them with nvJPEG.",
+                      stacklevel=3)
+        return None
+    return decode_jpeg
 
 
 def serve(frames: torch.Tensor, size: tuple[int, int] | None, params, dtype: torch.dtype
@@ -226,3 +236,62 @@ def serve(frames: torch.Tensor, size: tuple[int, int] | None, params, dtype: tor
         return frames if dtype == torch.uint8 else frames.to(dtype) / 255.0
     flat = frames.reshape(b * t, c, H, W)
     return image_transform(flat, (h, w), params, dtype=dtype).reshape(b, t, 3, h, w)
+
+
+def write_video(path, frames: np.ndarray, fps: float, codec: str = "libsvtav1",
+                options: dict[str, str] | None = None) -> None:
+    """Encode uint8 ``[F, H, W, 3]`` frames as an mp4 the way LeRobot records cameras (PyAV,
+    yuv420p, keyframe every 2 frames, CRF 30; ``codec`` ``"libsvtav1"`` (AV1, LeRobot's
+    default), ``"libx264"`` or ``"libx265"``)."""
+    from fractions import Fraction
+
+    try:
+        import av
+    except ImportError as e:
+        raise MissingDependencyError("av", "video", "Writing video streams") from e
+    opts = {"g": "2", "crf": "30", **({"preset": "12"} if codec == "libsvtav1" else {}),
+            **(options or {})}
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, Fraction(fps).limit_denominator(1001), options=opts)
+        stream.pix_fmt = "yuv420p"
+        stream.height, stream.width = frames.shape[1:3]
+        for f in frames:
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f),
+                                                             format="rgb24")))
+        out.mux(stream.encode())
+
+
+def add_video_feature(root, key: str, frames: list[np.ndarray], *, fps: float | None = None,
+                      codec: str = "libsvtav1") -> None:
+    """Add a camera to a LeRobot v3.0 dataset directory as LeRobot stores one: every
+    episode's frames (uint8 ``[F_e, H, W, 3]`` at ``fps``, default the dataset's, the first at
+    the episode's start) concatenated in ``videos/<key>/chunk-000/file-000.mp4``, each episode's ``from_timestamp``
+    / ``to_timestamp`` in the episode metadata, the feature in ``meta/info.json``."""
+    import json
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = Path(root)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    if info.get("codebase_version") != "v3.0":
+        raise DataError(f"{root}: add_video_feature writes LeRobot v3.0 datasets only.")
+    fps = float(fps or info["fps"])
+    rel = info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    write_video(root / rel, np.concatenate(frames), fps, codec)
+    h, w = frames[0].shape[1:3]
+    info["features"][key] = {
+        "dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
+        "info": {"video.height": h, "video.width": w, "video.codec": codec.removeprefix("lib"),
+                 "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": fps,
+                 "video.channels": 3, "has_audio": False}}
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+    meta = root / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
+    table = pq.read_table(meta)
+    bounds = np.cumsum([0] + [len(f) for f in frames]) / fps
+    for name, values in (("chunk_index", [0] * len(frames)), ("file_index", [0] * len(frames)),
+                         ("from_timestamp", bounds[:-1]), ("to_timestamp", bounds[1:])):
+        table = table.append_column(f"videos/{key}/{name}", pa.array(values))
+    pq.write_table(table, meta)

@@ -183,7 +183,7 @@ class RobotDataset(torch.utils.data.Dataset):
         order = np.lexsort((table.column("frame").to_numpy(), fep))
         spec = self.manifest["streams"][key]
         self.frames[key] = EncodedFrames.from_table(table.take(order), spec["shape"],
-                                                    spec["dtype"])
+                                                    spec["dtype"], spec["codec"])
         fep = fep[order]
         first = {int(e): int(i) for e, i in zip(*np.unique(fep, return_index=True), strict=True)}
         base = np.array([first.get(int(e), 0) for e in ep], np.int64)

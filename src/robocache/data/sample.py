@@ -14,6 +14,8 @@ stream                        rate        content
                                           URDF's forward kinematics; 0.3 ms timestamp jitter
 ``observation.images.top``    30 Hz       16×16 RGB top view (the gripper as a blob), 11 ms late
 ``language.subtask``          sparse      "reach the cube", "grasp", "place it in the bin", ...
+``observation.images.front``  30 Hz       96×128 RGB camera, an AV1 mp4 written as LeRobot
+                                          records video (all episodes in one file)
 ============================  ==========  ======================================================
 """
 
@@ -67,15 +69,18 @@ class _Motion:
         return 0.04 * (1 - closing + opening)
 
 
-def _render(xyz: np.ndarray, width: np.ndarray) -> np.ndarray:
-    """16×16 top view: red = gripper blob (brighter when lower), green = gripper opening,
-    blue = the bin at a fixed spot."""
-    grid = (np.arange(16) + 0.5) / 16
+VIDEO_KEY, VIDEO_FPS, VIDEO_HW = "observation.images.front", 30.0, (96, 128)
+
+
+def _render(xyz: np.ndarray, width: np.ndarray, hw: tuple[int, int] = (16, 16)) -> np.ndarray:
+    """Top view, ``hw`` pixels: red = gripper blob (brighter when lower), green = gripper
+    opening, blue = the bin at a fixed spot."""
+    gy, gx = ((np.arange(n) + 0.5) / n for n in hw)
     px = xyz[:, 0] / 0.6  # x in [0, 0.6] m -> [0, 1]
     py = (xyz[:, 1] + 0.4) / 0.8  # y in [-0.4, 0.4] m
-    blob = np.exp(-(((grid[None, :, None] - px[:, None, None]) ** 2)
-                    + ((grid[None, None, :] - py[:, None, None]) ** 2)) / 0.01)
-    bin_ = np.exp(-(((grid[:, None] - 0.8) ** 2) + ((grid[None, :] - 0.2) ** 2)) / 0.005)
+    blob = np.exp(-(((gy[None, :, None] - px[:, None, None]) ** 2)
+                    + ((gx[None, None, :] - py[:, None, None]) ** 2)) / 0.01)
+    bin_ = np.exp(-(((gy[:, None] - 0.8) ** 2) + ((gx[None, :] - 0.2) ** 2)) / 0.005)
     img = np.stack([blob * np.clip(1.2 - xyz[:, 2, None, None], 0, 1),
                     np.broadcast_to((width / 0.04)[:, None, None], blob.shape) * 0.5,
                     np.broadcast_to(bin_, blob.shape)], axis=-1)
@@ -123,14 +128,23 @@ def make_episodes(num_episodes: int = 6, seed: int = 0,
             "language.subtask": Stream(SPECS["language.subtask"], t_events,
                                        np.array(SUBTASKS, dtype=object)),
         }
-        episodes.append(Episode(index, streams, {"tasks": ["put the cube in the bin"]}))
+        t_video = np.arange(int(duration * VIDEO_FPS) + 1) / VIDEO_FPS
+        video = _render(_pose(chain, fk, motion.q(t_video))[:, :3], motion.gripper(t_video),
+                        VIDEO_HW)
+        episodes.append(Episode(index, streams, {"tasks": ["put the cube in the bin"],
+                                                 "video": video}))
     return episodes
 
 
 def write_sample(path: str | Path = DEFAULT_PATH, num_episodes: int = 6, seed: int = 0) -> Path:
-    """Generate and write the sample dataset (LeRobot v3.0 layout) to ``path``."""
-    return write_lerobot(path, make_episodes(num_episodes, seed), SPECS, fps=FPS,
-                         version="v3.0", robot_type="panda")
+    """Generate and write the sample dataset (LeRobot v3.0 layout) to ``path``; the camera
+    video needs PyAV (the ``video`` extra)."""
+    from robocache.data.cameras import add_video_feature
+
+    episodes = make_episodes(num_episodes, seed)
+    root = write_lerobot(path, episodes, SPECS, fps=FPS, version="v3.0", robot_type="panda")
+    add_video_feature(root, VIDEO_KEY, [e.meta["video"] for e in episodes], fps=VIDEO_FPS)
+    return root
 
 
 def sample_path() -> Path:
