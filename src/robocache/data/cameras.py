@@ -265,8 +265,9 @@ def add_video_feature(root, key: str, frames: list[np.ndarray], *, fps: float | 
                       codec: str = "libsvtav1") -> None:
     """Add a camera to a LeRobot v3.0 dataset directory as LeRobot stores one: every
     episode's frames (uint8 ``[F_e, H, W, 3]`` at ``fps``, default the dataset's, the first at
-    the episode's start) concatenated in ``videos/<key>/chunk-000/file-000.mp4``, each episode's ``from_timestamp``
-    / ``to_timestamp`` in the episode metadata, the feature in ``meta/info.json``."""
+    the episode's start) concatenated in ``videos/<key>/chunk-000/file-000.mp4``, each
+    episode's ``from_timestamp`` / ``to_timestamp`` in the episode metadata, the feature in
+    ``meta/info.json``."""
     import json
     from pathlib import Path
 
