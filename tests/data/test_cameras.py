@@ -114,3 +114,36 @@ def test_zarr_rgb_and_depth_cameras(tmp_path):
     k = torch.tensor([[30.0, 0, 16], [0, 30.0, 12], [0, 0, 1]])
     pc = depth_to_points(batch["depth"][:, 0, 0], k)
     assert pc.points.shape == (10, 24 * 32, 3) and bool(pc.valid.all())
+
+
+@pytest.fixture(scope="module")
+def h264_cache(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("cameras") / "c"
+    build(FIXTURES / "lerobot_h264", dest, rate_hz=10.0, progress=False, device="cpu")
+    return dest
+
+
+def test_loader_workers_decode_on_the_cpu(h264_cache):
+    from robocache.data import RobotLoader
+
+    ds = RobotDataset(h264_cache, keys=[CAM, "observation.state"], history=2,
+                      image_size=(16, 20))
+    loader = RobotLoader(ds, 4, device="cpu", num_workers=1, normalize=None, seed=0)
+    batch = next(iter(loader))
+    assert batch[CAM].shape == (4, 2, 3, 16, 20) and batch[CAM].dtype == torch.float32
+    want = ds[batch["index"]]
+    torch.testing.assert_close(batch[CAM], want[CAM], rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_nvjpeg_resident_path_matches_the_cpu_path(h264_cache):
+    from robocache import ImageTransformsConfig
+
+    cfg = ImageTransformsConfig(max_num_transforms=5, crop_scale=(0.8, 1.0))
+    kw = dict(keys=[CAM], history=2, image_size=(24, 32), image_transforms=cfg, seed=1)
+    cpu = RobotDataset(h264_cache, **kw)
+    gpu = RobotDataset(h264_cache, **kw).to("cuda")
+    idx = torch.arange(len(cpu))
+    a, b = cpu[idx][CAM], gpu[idx.cuda()][CAM].cpu()
+    # nvJPEG and libjpeg-turbo IDCTs differ by a level or two; sharpness/contrast amplify it
+    torch.testing.assert_close(b, a, rtol=0, atol=8 / 255)

@@ -79,16 +79,20 @@ class ImageTransformParams:
             (torchvision's inverse affine matrix; identity ``[1, 0, 0, 0, 1, 0]``).
         ops: ``[N, K]`` colour op ids in application order (index into ``COLOR_OPS``; -1 none).
         factors: ``[N, K]`` the factor of each op (the shift in turns for hue).
+        host_ops: a CPU copy of ``ops`` kept by :meth:`to`, so the launcher reads which ops
+            the batch uses without a device sync.
     """
 
     crop: torch.Tensor
     affine: torch.Tensor
     ops: torch.Tensor
     factors: torch.Tensor
+    host_ops: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> ImageTransformParams:
+        host = self.ops if self.ops.device.type == "cpu" else self.host_ops
         return ImageTransformParams(*(t.to(device, non_blocking=True) for t in
-                                      (self.crop, self.affine, self.ops, self.factors)))
+                                      (self.crop, self.affine, self.ops, self.factors)), host)
 
     def repeat_interleave(self, repeats: int) -> ImageTransformParams:
         """Each image's parameters ``repeats`` times (one sample's frames share them)."""
@@ -254,8 +258,8 @@ def image_transform(frames: torch.Tensor, size: tuple[int, int],
             if out is None:
                 return y.to(dtype)
             return out.copy_(y)
-        sharpen = bool((params.ops == ref.SHARPNESS).any())
-        contrast = bool((params.ops == ref.CONTRAST).any())
+        used = params.host_ops if params.host_ops is not None else params.ops
+        sharpen, contrast = bool((used == ref.SHARPNESS).any()), bool((used == ref.CONTRAST).any())
         if torch.compiler.is_compiling():
             return _image_transform_op(frames, crop, affine, ops, factors, h, w, sharpen,
                                        contrast).to(dtype)
