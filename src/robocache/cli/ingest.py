@@ -138,6 +138,11 @@ def ingest(
     rate: RateOpt = 50.0,
     device: Annotated[str, typer.Option(help="cuda or cpu (default: cuda when available).")]
     = None,
+    camera_codec: Annotated[str, typer.Option(
+        help="Camera frames as jpeg (GPU-decodable) or png (lossless); depth is always png.")]
+    = "jpeg",
+    camera_quality: Annotated[int, typer.Option(help="JPEG quality of camera frames (1-95).")]
+    = 95,
     **options,
 ):
     """Align every episode to one rate and write a Lance training cache.
@@ -149,4 +154,4 @@ def ingest(
     from robocache.data.cache import build
 
     run(build, "robocache_ingest", source=source, dest=dest, rate=rate, device=device,
-        **options)
+        camera_codec=camera_codec, camera_quality=camera_quality, **options)
