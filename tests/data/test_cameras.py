@@ -3,6 +3,7 @@ served per batch; checked against LeRobot's own decode (tests/fixtures/cameras).
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from robocache.errors import DataError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "cameras"
 CAM = "observation.images.front"
+SRC = str(Path(__file__).parents[2] / "src")
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -147,3 +149,71 @@ def test_nvjpeg_resident_path_matches_the_cpu_path(h264_cache):
     a, b = cpu[idx][CAM], gpu[idx.cuda()][CAM].cpu()
     # nvJPEG and libjpeg-turbo IDCTs differ by a level or two; sharpness/contrast amplify it
     torch.testing.assert_close(b, a, rtol=0, atol=8 / 255)
+
+
+def _scene(n: int, shift: int) -> np.ndarray:
+    y, x = np.mgrid[0:32, 0:48]
+    return np.stack([np.stack([x * 5 + 3 * i + shift, y * 7 + shift, 120 + 0 * x + 9 * i], -1)
+                     for i in range(n)]).clip(0, 255).astype(np.uint8)
+
+
+def _lerobot_state_only(root: Path, lengths, version: str = "v3.0") -> Path:
+    from robocache.data.episode import Episode, Stream, StreamSpec
+    from robocache.data.formats.lerobot import write_lerobot
+
+    spec = StreamSpec("observation.state", "numeric", "float32", (2,), 10.0)
+    eps = [Episode(i, {spec.name: Stream(spec, np.arange(n) / 10.0,
+                                         np.zeros((n, 2), np.float32))}, {"tasks": ["t"]})
+           for i, n in enumerate(lengths)]
+    return write_lerobot(root, eps, {spec.name: spec}, fps=10.0, version=version)
+
+
+def _write_video(path: Path, frames: np.ndarray, codec: str) -> None:
+    """Encode in a fresh process: PyAV's bundled libx265 corrupts the heap when a process
+    encodes a second HEVC stream (decoding is unaffected)."""
+    import subprocess
+    import sys
+
+    np.save(path.with_suffix(".npy"), frames)
+    code = ("import sys, numpy as np; from robocache.data.cameras import write_video; "
+            "write_video(sys.argv[1], np.load(sys.argv[2]), 10.0, sys.argv[3])")
+    subprocess.run([sys.executable, "-c", code, str(path), str(path.with_suffix(".npy")), codec],
+                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": SRC})
+    path.with_suffix(".npy").unlink()
+
+
+@pytest.mark.parametrize("codec", ["libx264", "libx265"])
+def test_v21_one_video_per_episode_and_wrong_shape(tmp_path, codec):
+    import json
+
+    root = _lerobot_state_only(tmp_path / "src", (6, 5), version="v2.1")
+    info = json.loads((root / "meta" / "info.json").read_text())
+    info["features"][CAM] = {"dtype": "video", "shape": [32, 48, 3],
+                             "info": {"video.fps": 10.0}}
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    frames = [_scene(6, 0), _scene(5, 40)]
+    for i, f in enumerate(frames):
+        path = root / info["video_path"].format(episode_chunk=0, video_key=CAM, episode_index=i)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_video(path, f, codec)
+    build(root, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu")
+    assert psnr(served(tmp_path / "c"), np.concatenate(frames)) > 30
+    info["features"][CAM]["shape"] = [30, 48, 3]  # frames of the wrong shape: quarantined
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    m = build(root, tmp_path / "c2", rate_hz=10.0, progress=False, device="cpu")
+    assert m["counts"]["quarantined"] == 2 and "shape" in m["quarantined"][0]["reason"]
+
+
+def test_robomimic_image_observations(tmp_path):
+    import h5py
+
+    img = _scene(7, 0)
+    with h5py.File(tmp_path / "image.hdf5", "w") as f:
+        g = f.create_group("data").create_group("demo_0")
+        g.create_dataset("obs/agentview_image", data=img)
+        g.create_dataset("actions", data=np.zeros((7, 2)))
+        g.attrs["num_samples"] = 7
+    build(tmp_path / "image.hdf5", tmp_path / "c", rate_hz=20.0, progress=False, device="cpu")
+    ds = RobotDataset(tmp_path / "c", keys=["obs.agentview_image"], image_dtype=torch.uint8)
+    got = ds[torch.arange(len(ds))]["obs.agentview_image"][:, 0].permute(0, 2, 3, 1).numpy()
+    assert psnr(got, img) > 40
