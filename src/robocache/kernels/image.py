@@ -148,12 +148,13 @@ def _image_kernel(src, out, crop, affine, ops, factors, mean, partial,
     g = g * scale
     b = b * scale
     border = (yo == 0) | (yo == h - 1) | (xo == 0) | (xo == w - 1) | (h <= 2) | (w <= 2)
-    active = 1
+    active = pid * 0 + 1  # an int32 scalar: reassigned under a runtime condition below
     for k in tl.static_range(K):
         op = tl.load(ops + n * K + k)
         f = tl.load(factors + n * K + k)
-        if MEAN and op == OP_CONTRAST:
-            active = 0
+        if MEAN:  # noqa: SIM102 (a compile-time branch around a runtime one)
+            if op == OP_CONTRAST:
+                active = active * 0
         if active == 1:
             if op == OP_BRIGHTNESS:
                 r = _clamp01(r * f)
