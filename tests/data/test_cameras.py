@@ -3,7 +3,6 @@ served per batch; checked against LeRobot's own decode (tests/fixtures/cameras).
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from robocache.errors import DataError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "cameras"
 CAM = "observation.images.front"
-SRC = str(Path(__file__).parents[2] / "src")
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -152,8 +150,9 @@ def test_nvjpeg_resident_path_matches_the_cpu_path(h264_cache):
 
 
 def _scene(n: int, shift: int) -> np.ndarray:
-    y, x = np.mgrid[0:32, 0:48]
-    return np.stack([np.stack([x * 5 + 3 * i + shift, y * 7 + shift, 120 + 0 * x + 9 * i], -1)
+    # 64x64: libx265 (as bundled with PyAV) corrupts the heap on frames under 64 pixels
+    y, x = np.mgrid[0:64, 0:64]
+    return np.stack([np.stack([x * 3 + 3 * i + shift, y * 3 + shift, 120 + 0 * x + 9 * i], -1)
                      for i in range(n)]).clip(0, 255).astype(np.uint8)
 
 
@@ -168,37 +167,25 @@ def _lerobot_state_only(root: Path, lengths, version: str = "v3.0") -> Path:
     return write_lerobot(root, eps, {spec.name: spec}, fps=10.0, version=version)
 
 
-def _write_video(path: Path, frames: np.ndarray, codec: str) -> None:
-    """Encode in a fresh process: PyAV's bundled libx265 corrupts the heap when a process
-    encodes a second HEVC stream (decoding is unaffected)."""
-    import subprocess
-    import sys
-
-    np.save(path.with_suffix(".npy"), frames)
-    code = ("import sys, numpy as np; from robocache.data.cameras import write_video; "
-            "write_video(sys.argv[1], np.load(sys.argv[2]), 10.0, sys.argv[3])")
-    subprocess.run([sys.executable, "-c", code, str(path), str(path.with_suffix(".npy")), codec],
-                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": SRC})
-    path.with_suffix(".npy").unlink()
-
-
 @pytest.mark.parametrize("codec", ["libx264", "libx265"])
 def test_v21_one_video_per_episode_and_wrong_shape(tmp_path, codec):
     import json
 
+    from robocache.data.cameras import write_video
+
     root = _lerobot_state_only(tmp_path / "src", (6, 5), version="v2.1")
     info = json.loads((root / "meta" / "info.json").read_text())
-    info["features"][CAM] = {"dtype": "video", "shape": [32, 48, 3],
+    info["features"][CAM] = {"dtype": "video", "shape": [64, 64, 3],
                              "info": {"video.fps": 10.0}}
     (root / "meta" / "info.json").write_text(json.dumps(info))
     frames = [_scene(6, 0), _scene(5, 40)]
     for i, f in enumerate(frames):
         path = root / info["video_path"].format(episode_chunk=0, video_key=CAM, episode_index=i)
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_video(path, f, codec)
+        write_video(path, f, 10.0, codec)
     build(root, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu")
     assert psnr(served(tmp_path / "c"), np.concatenate(frames)) > 30
-    info["features"][CAM]["shape"] = [30, 48, 3]  # frames of the wrong shape: quarantined
+    info["features"][CAM]["shape"] = [60, 64, 3]  # frames of the wrong shape: quarantined
     (root / "meta" / "info.json").write_text(json.dumps(info))
     m = build(root, tmp_path / "c2", rate_hz=10.0, progress=False, device="cpu")
     assert m["counts"]["quarantined"] == 2 and "shape" in m["quarantined"][0]["reason"]
@@ -217,3 +204,15 @@ def test_robomimic_image_observations(tmp_path):
     ds = RobotDataset(tmp_path / "c", keys=["obs.agentview_image"], image_dtype=torch.uint8)
     got = ds[torch.arange(len(ds))]["obs.agentview_image"][:, 0].permute(0, 2, 3, 1).numpy()
     assert psnr(got, img) > 40
+
+
+def test_bundled_sample_serves_its_camera(tmp_path):
+    from robocache.data.sample import VIDEO_KEY, sample_path
+
+    m = build(sample_path(), tmp_path / "c", rate_hz=50.0, progress=False, device="cpu",
+              keys=["observation.state", VIDEO_KEY])
+    assert m["counts"]["quarantined"] == 0 and m["streams"][VIDEO_KEY]["kind"] == "video"
+    ds = RobotDataset(tmp_path / "c", keys=[VIDEO_KEY], history=2)
+    batch = ds[torch.arange(0, len(ds), 97)]
+    assert batch[VIDEO_KEY].shape == (len(range(0, len(ds), 97)), 2, 3, 96, 128)
+    assert not batch[f"{VIDEO_KEY}_is_pad"][:, 1].any()
