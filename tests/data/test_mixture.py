@@ -45,7 +45,10 @@ def caches(tmp_path_factory):
     for seed, (name, (state, action, fps, camera)) in enumerate(ROBOTS.items()):
         eps, specs = robot_episodes(state, action, fps, camera, seed)
         write_lerobot(root / f"{name}-src", eps, specs, fps=fps)
-        build(root / f"{name}-src", root / name, rate_hz=fps, progress=False, device="cpu")
+        # PNG frames: CUDA and CPU batches then decode to the same pixels (JPEG decoders
+        # differ by a level)
+        build(root / f"{name}-src", root / name, rate_hz=fps, progress=False, device="cpu",
+              camera_codec="png")
         out[name] = root / name
     return out
 
@@ -83,7 +86,7 @@ def test_each_source_normalized_with_its_own_stats_and_masked(caches):
     for batch in loader:
         assert batch["observation.state"].shape == (48, 2, 6)
         assert batch["action"].shape == (48, 3, 7)
-        assert batch["observation.images.cam"].shape == (48, 2, *CAM)
+        assert batch["observation.images.cam"].shape == (48, 2, CAM[2], CAM[0], CAM[1])
         for i, d in enumerate(raw):
             rows = batch["source"] == i
             if not rows.any():

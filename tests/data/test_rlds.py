@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from robocache.data.formats import open_source, tfrecord
@@ -124,8 +125,10 @@ def test_ingest_keeps_encoded_frames_and_tasks(tmp_path):
                                frames.column("episode_index").to_pylist(), strict=True) if e == 0]
     assert first == list(src.read(0).streams["observation.image"].data)  # byte for byte
     assert [e["task"] for e in m["episodes"]] == [src.read(i).meta["tasks"][0] for i in range(4)]
-    ds = RobotDataset(tmp_path / "cache", keys=["observation.image", "action"])
-    np.testing.assert_array_equal(ds[0]["observation.image"][0].numpy(), decode(first[0]))
+    ds = RobotDataset(tmp_path / "cache", keys=["observation.image", "action"],
+                      image_dtype=torch.uint8)
+    np.testing.assert_array_equal(ds[0]["observation.image"][0].permute(1, 2, 0).numpy(),
+                                  decode(first[0]))
 
 
 def _flip(path: Path, at: int) -> None:

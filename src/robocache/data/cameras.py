@@ -5,7 +5,8 @@ with PyAV (FFmpeg's own threads; AV1, H.264, HEVC, whatever the FFmpeg build rea
 episode's span of the file (LeRobot v3.0 files hold many episodes: ``from_timestamp`` marks
 where this one starts), and every frame becomes one row of ``frames/<stream>.lance``:
 ``episode_index``, ``frame`` (row within the episode), ``source_frame`` (index in the source
-file or array), ``timestamp`` (seconds from the episode start) and ``data`` (the encoded image).
+file or array), ``timestamp`` (seconds from the episode start) and ``encoded`` (the image; a
+source's own JPEG/PNG bytes, as RLDS stores them, are kept as they came).
 RGB frames are stored as JPEG (``quality`` 95 by default: decoded, they are within 1 dB PSNR of
 the source decode against the original frames; see docs) or PNG (``codec="png"``, lossless);
 uint16 frames (depth) always as 16-bit PNG. Encoding runs on a thread pool (Pillow releases the
@@ -141,30 +142,69 @@ def frames_table(episode: Episode, name: str, spec: StreamSpec, codec: str = "jp
 
     s = episode.streams[name]
     n = len(s)
-    with ThreadPoolExecutor(_threads()) as pool:
-        data = list(pool.map(lambda f: encode(f, codec, quality), s.data))
+    if spec.encoding is not None:  # the source's own JPEG/PNG bytes: kept, never re-encoded
+        data = list(s.data)
+    else:
+        with ThreadPoolExecutor(_threads()) as pool:
+            data = list(pool.map(lambda f: encode(f, codec, quality), s.data))
     source = episode.meta.get("source_frame", {}).get(name, np.arange(n, dtype=np.int64))
     return pa.table({"episode_index": np.full(n, episode.index, np.int64),
                      "frame": np.arange(n, dtype=np.int64), "source_frame": source,
-                     "timestamp": s.times, "data": pa.array(data, pa.binary())})
+                     "timestamp": s.times, "encoded": pa.array(data, pa.binary())})
 
 
 @dataclass
 class EncodedFrames:
     """One camera's encoded frames, packed: ``data`` uint8 ``[bytes]`` and ``offsets`` int64
-    ``[F + 1]`` (frame i is ``data[offsets[i]:offsets[i+1]]``), in (episode, frame) order."""
+    ``[F + 1]`` (frame i is ``data[offsets[i]:offsets[i+1]]``), in (episode, frame) order;
+    ``frame_shape`` is a decoded frame's (``[H, W, C]`` or ``[H, W]``)."""
 
     data: torch.Tensor
     offsets: torch.Tensor
-    shape: tuple[int, ...]
+    frame_shape: tuple[int, ...]
     dtype: str
     codec: str = "jpeg"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(frames, *frame_shape)``, as the decoded frames would be."""
+        return (len(self), *self.frame_shape)
+
+    @property
+    def channels(self) -> int:
+        return self.frame_shape[2] if len(self.frame_shape) == 3 else 1
+
+    @staticmethod
+    def cat(parts: list[EncodedFrames], blank: bool = False) -> EncodedFrames:
+        """Frames of several caches one after the other (plus one all-zero frame at the end
+        when ``blank``, for rows whose source lacks the camera).
+
+        Raises:
+            DataError: the parts differ in frame shape, dtype or codec.
+        """
+        first = parts[0]
+        if any((p.frame_shape, p.dtype, p.codec) != (first.frame_shape, first.dtype, first.codec)
+               for p in parts):
+            raise DataError("camera frames differ in shape, dtype or codec between caches "
+                            f"({sorted({(p.frame_shape, p.dtype, p.codec) for p in parts})}); "
+                            "ingest them with the same --camera-codec and frame size.")
+        datas = [p.data for p in parts]
+        if blank:
+            zero = np.zeros(first.frame_shape, np.dtype(first.dtype))
+            datas.append(torch.frombuffer(bytearray(encode(zero, first.codec, DEFAULT_QUALITY)),
+                                          dtype=torch.uint8))
+        sizes = torch.tensor([0] + [d.numel() for d in datas]).cumsum(0)
+        offsets = [p.offsets[:-1] + sizes[i] for i, p in enumerate(parts)]
+        if blank:
+            offsets.append(sizes[-2:-1])
+        return EncodedFrames(torch.cat(datas), torch.cat([*offsets, sizes[-1:]]),
+                             first.frame_shape, first.dtype, first.codec)
 
     @classmethod
     def from_table(cls, table, shape, dtype: str, codec: str) -> EncodedFrames:
         import pyarrow as pa
 
-        col = table.column("data").combine_chunks().cast(pa.large_binary())
+        col = table.column("encoded").combine_chunks().cast(pa.large_binary())
         offsets = np.frombuffer(col.buffers()[1], np.int64)[col.offset:col.offset + len(col) + 1]
         values = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
         return cls(torch.from_numpy(values.copy()), torch.from_numpy(offsets - offsets[0]),
@@ -190,18 +230,22 @@ def decode(frames: EncodedFrames, rows: torch.Tensor, device: torch.device | str
     torchvision, or for PNG, Pillow then a copy), Pillow on a thread pool on the CPU."""
     device = torch.device(device)
     parts = frames.slices(rows.reshape(-1))
-    h, w = frames.shape[0], frames.shape[1]
-    c = frames.shape[2] if len(frames.shape) == 3 else 1
-    decode_jpeg = _nvjpeg() if device.type == "cuda" and frames.codec == "jpeg" else None
+    h, w, c = frames.frame_shape[0], frames.frame_shape[1], frames.channels
+    rgb_jpeg = device.type == "cuda" and frames.codec == "jpeg" and c == 3
+    decode_jpeg = _nvjpeg() if rgb_jpeg else None
     if decode_jpeg is not None:
-        out = torch.stack(decode_jpeg(parts, device=device)) if parts else \
-            torch.empty(0, 3, h, w, dtype=torch.uint8, device=device)
+        from torchvision.io import ImageReadMode
+
+        if not parts:
+            return torch.empty(*rows.shape, 3, h, w, dtype=torch.uint8, device=device)
+        out = torch.stack(decode_jpeg(parts, mode=ImageReadMode.RGB, device=device))
         return out.reshape(*rows.shape, 3, h, w)
     Image = _pil()
     out = np.empty((len(parts), h, w, c), np.uint16 if frames.dtype == "uint16" else np.uint8)
 
     def one(i: int) -> None:
-        out[i] = np.asarray(Image.open(io.BytesIO(parts[i].numpy().tobytes()))).reshape(h, w, c)
+        with Image.open(io.BytesIO(parts[i].numpy().tobytes())) as im:
+            out[i] = np.asarray(im.convert("RGB") if c == 3 else im).reshape(h, w, c)
 
     with ThreadPoolExecutor(_threads()) as pool:  # Pillow decodes without the GIL
         list(pool.map(one, range(len(parts))))

@@ -265,6 +265,14 @@ class RobotDataset(torch.utils.data.Dataset):
             out[k] = self._camera(raw[k])
         return out
 
+    def camera_shape(self, key: str) -> tuple[tuple[int, int, int], torch.dtype]:
+        """A camera key's served frame: ``(C, H, W)`` and dtype."""
+        f = self.frames[key]
+        h, w = f.frame_shape[:2]
+        if f.channels == 3 and f.dtype == "uint8":
+            return (3, *(self.image_size or (h, w))), self.image_dtype
+        return (f.channels, h, w), getattr(torch, f.dtype)
+
     def _camera(self, frames: torch.Tensor) -> torch.Tensor:
         """Resize / transform / cast one camera's decoded ``[B, T, C, H, W]`` frames where
         they are; transforms are drawn per sample (shared by its T frames)."""

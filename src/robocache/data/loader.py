@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
+from robocache.data.cameras import EncodedFrames
 from robocache.data.dataset import Batch, RobotDataset, _Group
 from robocache.errors import DataError
 from robocache.observability import metrics
@@ -86,16 +87,18 @@ class MixedDataset:
             for k in d.keys:
                 steps = horizon if roles[k] == "action" else history
                 if k in d.image_keys:
-                    shape = (steps, *d.frames[k].shape[1:])
-                    if self.shapes.setdefault(k, (shape, torch.uint8))[0] != shape:
-                        raise DataError(f"image key {k!r} has frames of shape "
-                                        f"{self.shapes[k][0][1:]} in one dataset and "
-                                        f"{shape[1:]} in another; resize them to one shape.")
+                    served, dtype = d.camera_shape(k)
+                    shape = (steps, *served)
+                    if self.shapes.setdefault(k, (shape, dtype)) != (shape, dtype):
+                        raise DataError(f"image key {k!r} is served as {self.shapes[k][0][1:]} "
+                                        f"in one dataset and {shape[1:]} ({dtype}) in another; "
+                                        "pass the same `image_size` / `image_dtype`.")
                     continue
                 width = max(dim[k], self.shapes.get(k, ((0,), None))[0][-1])
                 self.shapes[k] = ((steps, width), torch.float32)
         # numeric keys whose width differs between sources (or that some lack) get a dim mask
-        self.dim_masked = {k for k, (_, dtype) in self.shapes.items() if dtype != torch.uint8
+        cameras = {k for d in self.datasets for k in d.image_keys}
+        self.dim_masked = {k for k in self.shapes if k not in cameras
                            and len({dim.get(k) for dim in dims}) > 1}
         self.keys = list(roles)
         self.action_keys = [k for k, r in roles.items() if r == "action"]
@@ -277,7 +280,7 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
         have = [d.frames[k] for d in datasets if k in d.image_keys]
         counts = [d.frames[k].shape[0] if k in d.image_keys else 0 for d in datasets]
         frame_base[k] = np.cumsum([0] + counts[:-1]).tolist()
-        out.frames[k] = torch.cat(have + [torch.zeros_like(have[0][:1])])  # last: zero frame
+        out.frames[k] = EncodedFrames.cat(have, blank=True)  # last: an all-zero frame
     out.groups = {}
     for name in ("obs", "act"):
         keys = [k for k in mixture.keys if (k in mixture.action_keys) == (name == "act")]
