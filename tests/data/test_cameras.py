@@ -147,6 +147,10 @@ def test_nvjpeg_resident_path_matches_the_cpu_path(h264_cache):
     a, b = cpu[idx][CAM], gpu[idx.cuda()][CAM].cpu()
     # nvJPEG and libjpeg-turbo IDCTs differ by a level or two; sharpness/contrast amplify it
     torch.testing.assert_close(b, a, rtol=0, atol=8 / 255)
+    kw = dict(keys=[CAM], history=2, image_size=(24, 32), image_dtype=torch.bfloat16)
+    a = RobotDataset(h264_cache, **kw)[idx][CAM].float()  # resize only
+    b = RobotDataset(h264_cache, **kw).to("cuda")[idx.cuda()][CAM].float().cpu()
+    torch.testing.assert_close(b, a, rtol=0, atol=4 / 255)
 
 
 def _scene(n: int, shift: int) -> np.ndarray:

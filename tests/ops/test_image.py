@@ -38,9 +38,8 @@ def run(device: str, frames, crop, affine, ops, factors, size, dtype=torch.float
     """The fused kernel on `device` (CUDA, or the Triton interpreter on CPU tensors)."""
     from robocache.kernels.image import image_transform_cuda
 
-    out = torch.full((frames.shape[0], 3, *size), float("nan")).to(dtype)
-    image_transform_cuda(*(t.to(device) for t in (frames, crop, affine, ops, factors)),
-                         out.to(device) if device != "cpu" else out,
+    out = torch.full((frames.shape[0], 3, *size), float("nan")).to(dtype).to(device)
+    image_transform_cuda(*(t.to(device) for t in (frames, crop, affine, ops, factors)), out,
                          sharpen=bool((ops == ref.SHARPNESS).any()),
                          contrast=bool((ops == ref.CONTRAST).any()))
     return out

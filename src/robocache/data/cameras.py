@@ -218,8 +218,8 @@ class EncodedFrames:
         return int(self.data.numel())
 
     def slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        off = self.offsets[rows.cpu()].tolist()
-        end = self.offsets[rows.cpu() + 1].tolist()
+        rows = rows.cpu()
+        off, end = self.offsets[rows].tolist(), self.offsets[rows + 1].tolist()
         return [self.data[a:b] for a, b in zip(off, end, strict=True)]
 
 

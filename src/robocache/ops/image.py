@@ -237,7 +237,7 @@ def image_transform(frames: torch.Tensor, size: tuple[int, int],
     if h < 1 or w < 1:
         fail(op, f"`size` must be positive (height, width); got {size}.", ValueError)
     n = frames.shape[0]
-    params = params or ImageTransformParams.identity(n, tuple(frames.shape[-2:]))
+    params = params or ImageTransformParams.identity(n, tuple(frames.shape[-2:])).to(frames.device)
     for name in ("crop", "affine", "ops", "factors"):
         t = getattr(params, name)
         if t.shape[0] != n:
