@@ -99,6 +99,8 @@ class PerSampleVideo(torch.utils.data.Dataset):
             container.seek(round(min(ts) / stream.time_base) - 1, backward=True,
                            any_frame=False, stream=stream)
             for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
                 t = float(frame.pts * stream.time_base)
                 frames.append(torch.from_numpy(frame.to_ndarray(format="rgb24")))
                 times.append(t)
@@ -189,7 +191,6 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 
         from robocache.data.cameras import _nvjpeg, decode
 
-        rows = [ds.gather(indices(batch)) for _ in range(1)]  # noqa: F841 (warm the path)
         col = {k: ds.groups["obs"].column(k) for k in CAMS}
         sets = []
         for _ in range(cfg["batches"]):
@@ -209,8 +210,7 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         record("nvjpeg-decode" if decode_jpeg else "cpu-decode",
                _wall(decode_only, cfg["batches"], cfg["repeats"], device), per_batch)
 
-        decoded = torch.randint(0, 256, (per_batch, *hw, 3), dtype=torch.uint8,
-                                device=device).permute(0, 3, 1, 2)
+        decoded = torch.randint(0, 256, (per_batch, 3, *hw), dtype=torch.uint8, device=device)
         params = sample_image_transforms(per_batch, hw, jitter, seed=0).to(device)
         fn = lambda: image_transform(decoded, OUT, params)
         timing = H.gpu_time(fn) if device.type == "cuda" else H.cpu_time(fn, repeats=3)
