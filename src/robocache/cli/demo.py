@@ -26,11 +26,36 @@ from robocache.observability.exporter import (
 )
 
 
-def run_demo(dest: Path, *, batches: int = 100, batch_size: int = 256, device: str | None = None,
-             workers: int = 0, rate: float = 50.0, progress: bool = True) -> dict:
-    """Ingest the sample, serve ``batches`` batches, return the summary."""
+def _serve(loader, batches: int, warm: int = 3) -> tuple[float, int, dict]:
+    """Time ``batches`` batches after ``warm`` warm-up ones: (seconds, bytes, last batch)."""
     import torch
 
+    dev = loader.device
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    served, nbytes, start, batch = 0, 0, None, {}
+    while served < batches + warm:
+        for batch in loader:
+            if served == warm:
+                sync()
+                start = time.perf_counter()
+            if served >= warm:
+                nbytes += sum(v.numel() * v.element_size() for v in batch.values())
+            served += 1
+            if served >= batches + warm:
+                break
+    sync()
+    return time.perf_counter() - start, nbytes, batch
+
+
+def run_demo(dest: Path, *, batches: int = 100, batch_size: int = 256, device: str | None = None,
+             workers: int = 0, rate: float = 50.0, progress: bool = True,
+             camera_batches: int = 10) -> dict:
+    """Ingest the sample, serve ``batches`` batches of its numeric streams and
+    ``camera_batches`` batches of its cameras, return the summary."""
     from robocache.data import RobotDataset, RobotLoader
     from robocache.data.cache import build
     from robocache.data.sample import sample_path, write_sample
@@ -43,41 +68,34 @@ def run_demo(dest: Path, *, batches: int = 100, batch_size: int = 256, device: s
         from robocache.cli.ingest import print_summary
 
         print_summary(manifest)
-    dataset = RobotDataset(dest / "cache", history=2, horizon=16)
+    kinds = {k: s["kind"] for k, s in manifest["streams"].items()}
+    cameras = [k for k, kind in kinds.items() if kind in ("image", "video")]
+    dataset = RobotDataset(dest / "cache", history=2, horizon=16,
+                           keys=[k for k, kind in kinds.items() if kind == "numeric"])
     loader = RobotLoader(dataset, batch_size, device=device, num_workers=workers)
-    dev = loader.device
-
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
-    served, nbytes, warm = 0, 0, 3
-    start = None
-    while served < batches + warm:
-        for batch in loader:
-            if served == warm:
-                sync()
-                start = time.perf_counter()
-            if served >= warm:
-                nbytes += sum(v.numel() * v.element_size() for v in batch.values())
-            served += 1
-            if served >= batches + warm:
-                break
-    sync()
-    seconds = time.perf_counter() - start
-    return {"manifest": manifest, "dataset": dataset.describe(), "device": str(dev),
+    seconds, nbytes, batch = _serve(loader, batches)
+    shapes = {k: list(v.shape) for k, v in batch.items()}
+    frames_per_s = 0.0
+    if cameras and camera_batches:  # camera frames: JPEG in the cache, decoded per batch
+        views = RobotDataset(dest / "cache", history=2, keys=cameras)
+        cam_loader = RobotLoader(views, batch_size, device=device, num_workers=workers,
+                                 normalize=None)
+        cam_seconds, _, cam_batch = _serve(cam_loader, camera_batches)
+        shapes.update({k: list(v.shape) for k, v in cam_batch.items() if k in cameras
+                       or k.removesuffix("_is_pad") in cameras})
+        frames_per_s = camera_batches * batch_size * 2 * len(cameras) / cam_seconds
+    return {"manifest": manifest, "dataset": dataset.describe(), "device": str(loader.device),
             "mode": "resident" if loader.resident else f"workers={workers}",
-            "batches": batches, "batch_size": batch_size,
-            "shapes": {k: list(v.shape) for k, v in batch.items()},
+            "batches": batches, "batch_size": batch_size, "shapes": shapes,
             "samples_per_s": batches * batch_size / seconds,
-            "camera_frames_per_s": batches * sum(batch[k][..., 0, 0, 0].numel()
-                                                 for k in dataset.image_keys) / seconds,
+            "camera_frames_per_s": frames_per_s, "camera_batches": camera_batches,
             "MB_per_s": nbytes / seconds / 1e6, "seconds": seconds}
 
 
 def demo(
     dest: Path = typer.Option(None, help="Where the cache goes (default: a temp directory)."),
     batches: int = typer.Option(100, help="Batches to serve after 3 warm-up batches."),
+    camera_batches: int = typer.Option(10, help="Camera batches to serve (0: none)."),
     batch_size: int = typer.Option(256, help="Samples per batch."),
     device: str = typer.Option(None, help="cuda or cpu (default: cuda when available)."),
     workers: int = typer.Option(0, help="DataLoader workers (0 on CUDA: GPU-resident cache)."),
@@ -98,7 +116,7 @@ def demo(
     with cli_errors(), observe("robocache_demo", metrics_port=metrics_port,
                                pushgateway=pushgateway, log_format=log_format):
         result = run_demo(dest, batches=batches, batch_size=batch_size, device=device,
-                          workers=workers, progress=not as_json)
+                          workers=workers, progress=not as_json, camera_batches=camera_batches)
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return
@@ -117,4 +135,5 @@ def demo(
                   f"{dest / 'cache'}")
     if result["camera_frames_per_s"]:
         console.print(f"[bold]{result['camera_frames_per_s']:,.0f} camera frames/s[/] decoded "
-                      "and served (JPEG from the cache)")
+                      f"and served over {result['camera_batches']} batches of "
+                      f"{result['batch_size']} x 2 frames per camera (JPEG in the cache)")
