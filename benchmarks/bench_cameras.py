@@ -189,7 +189,7 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         record("robocache", _wall(lambda: ds.fetch(indices(batch)), cfg["batches"],
                                   cfg["repeats"], device), per_batch, peak_MB=peak)
 
-        from robocache.data.cameras import _nvjpeg, decode
+        from robocache.data.cameras import decode
 
         col = {k: ds.groups["obs"].column(k) for k in CAMS}
         sets = []
@@ -197,7 +197,9 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
             raw = ds.groups["obs"].data[torch.randint(0, len(ds), (batch, HISTORY),
                                                       generator=gen)]
             sets.append({k: raw[..., col[k]].long().cpu() for k in CAMS})
-        decode_jpeg = _nvjpeg() if device.type == "cuda" else None
+        decode_jpeg = None
+        if device.type == "cuda":
+            from torchvision.io import decode_jpeg
         it = iter(range(1 << 30))
 
         def decode_only():
