@@ -1,6 +1,7 @@
 """``robocache ingest``: build a training cache (aligned to one rate, Lance, stats, manifest).
 
-    $ robocache ingest data/sample/panda_multirate /tmp/panda.cache --rate 50
+    $ robocache ingest data/sample/panda_multirate /tmp/panda.cache            # native rate
+    $ robocache ingest data/sample/panda_multirate /tmp/panda50.cache --rate 50
     $ robocache ingest pusht.zarr /tmp/pusht.cache --rate 10 --fps 10 --json
 
 Re-running resumes: episodes already in the cache are skipped.
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from robocache.cli._errors import VERBOSE_OPTION_HELP, cli_errors, exit_code
+from robocache.cli._errors import VERBOSE_OPTION_HELP, CommandError, cli_errors, exit_code
 from robocache.observability.exporter import (
     LOG_FORMAT_OPTION,
     METRICS_PORT_OPTION,
@@ -51,7 +52,11 @@ def ingest(
     source: Path = typer.Argument(..., help="Dataset: LeRobot dir, zarr ReplayBuffer, HDF5, "
                                   "RLDS/TFDS folder."),
     dest: Path = typer.Argument(..., help="Cache directory (created or resumed)."),
-    rate: float = typer.Option(50.0, "--rate", help="Target rate in Hz."),
+    rate: str = typer.Option("native", "--rate",
+                             help="Target rate in Hz, or 'native': the source's fps, every "
+                                  "frame stored exactly."),
+    grid_tolerance: float = typer.Option(1e-4, help="Seconds within which a timestamp is on "
+                                                    "the 1/rate grid (LeRobot's tolerance_s)."),
     device: str = typer.Option(None, help="cuda or cpu (default: cuda when available)."),
     keys: list[str] = typer.Option(None, "--key", help="Stream to cache (repeat; default all)."),
     fps: float = typer.Option(None, help="Rate of sources without timestamps (zarr, HDF5, "
@@ -83,7 +88,8 @@ def ingest(
 
     with cli_errors(verbose), observe("robocache_ingest", metrics_port=metrics_port,
                                       pushgateway=pushgateway, log_format=log_format):
-        manifest = build(source, dest, rate_hz=rate, device=device, keys=keys or None,
+        manifest = build(source, dest, rate_hz=_rate(rate), grid_tolerance_s=grid_tolerance,
+                         device=device, keys=keys or None,
                          tolerance_s=tolerance, source_options=source_options(fps=fps, split=split),
                          overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
                          progress=progress and not as_json,
@@ -93,3 +99,15 @@ def ingest(
     else:
         print_summary(manifest)
     raise typer.Exit(exit_code(manifest["counts"]))
+
+
+def _rate(rate: str) -> float | str:
+    """``--rate``: ``native`` or a number of Hz."""
+    if rate == "native":
+        return rate
+    try:
+        return float(rate)
+    except ValueError:
+        raise CommandError(f"--rate must be a number of Hz or 'native'; got {rate!r}",
+                           "pass e.g. --rate 50, or leave it out for the source's own fps"
+                           ) from None
