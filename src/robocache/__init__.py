@@ -19,6 +19,7 @@ _LAZY = {
     "Aligned": "robocache.ops.align",
     "windows": "robocache.ops.windows",
     "Windows": "robocache.ops.windows",
+    "key_windows": "robocache.ops.windows",
     "normalize": "robocache.ops.normalize",
     "compute_stats": "robocache.ops.normalize",
     "merge_stats": "robocache.ops.normalize",

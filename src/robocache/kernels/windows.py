@@ -95,3 +95,70 @@ def windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tenso
         BLOCK_D=block_d, KP0=next_pow2(max(split, 1)),
         KP1=next_pow2(max(rel.shape[0] - split, 1)), num_warps=4,
     )
+
+
+@triton.jit
+def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, n_episodes,
+                        search_steps, sdr, sdd, HAS_EPISODES: tl.constexpr,
+                        ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    # grid (window blocks, entries): entry j = one (key, offset) pair, described by table row
+    # j: first column, width, row offset; value m, d of the entry goes to
+    # out[obase * M + ooff + m * ostride + d], its pad flag to pad[pbase * M + poff + m * pstride]
+    pid = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1).to(tl.int64)
+    col = tl.load(table + j * 9 + 0)
+    width = tl.load(table + j * 9 + 1)
+    rel = tl.load(table + j * 9 + 2)
+    out_base = tl.load(table + j * 9 + 3) * M + tl.load(table + j * 9 + 4)
+    out_stride = tl.load(table + j * 9 + 5)
+    pad_base = tl.load(table + j * 9 + 6) * M + tl.load(table + j * 9 + 7)
+    pad_stride = tl.load(table + j * 9 + 8)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mm = offs_m < M
+    r = tl.load(indices + offs_m, mask=mm, other=0).to(tl.int64)
+    if HAS_EPISODES:
+        e = tl.load(episodes + offs_m, mask=mm, other=0).to(tl.int64)
+    else:  # e = last episode whose first row <= r
+        lo = tl.zeros([BLOCK_M], dtype=tl.int64)
+        hi = tl.zeros([BLOCK_M], dtype=tl.int64) + (n_episodes - 1)
+        for _ in range(search_steps):
+            mid = (lo + hi + 1) // 2
+            start = tl.load(offsets + mid, mask=mm & (lo < hi), other=0).to(tl.int64)
+            go = start <= r
+            lo = tl.where((lo < hi) & go, mid, lo)
+            hi = tl.where((lo < hi) & ~go, mid - 1, hi)
+        e = lo
+    first = tl.load(offsets + e, mask=mm, other=0).to(tl.int64)
+    last = tl.load(offsets + e + 1, mask=mm, other=1).to(tl.int64) - 1
+    row = r + rel
+    is_pad = (row < first) | (row > last)
+    src = tl.minimum(tl.maximum(row, first), last)
+    for d0 in range(0, width, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        m2 = mm[:, None] & (offs_d < width)[None, :]
+        v = tl.load(data + src[:, None] * sdr + (col + offs_d)[None, :] * sdd, mask=m2, other=0)
+        if ZERO_PAD:
+            v = tl.where(is_pad[:, None], tl.zeros_like(v), v)
+        tl.store(out + out_base + offs_m[:, None] * out_stride + offs_d[None, :], v, mask=m2,
+                 cache_modifier=".cs")
+    tl.store(pad + pad_base + offs_m * pad_stride, is_pad, mask=mm)
+
+
+def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
+                     episodes: torch.Tensor | None, table: torch.Tensor, max_width: int,
+                     out: torch.Tensor, pad: torch.Tensor, zero_pad: bool) -> None:
+    """Gather per-key windows of `data [total, C]` into the flat `out` / `pad` buffers, one
+    launch for every (key, offset) entry of `table` (int64 ``[J, 9]``, see the kernel)."""
+    M = indices.shape[0]
+    if M == 0 or table.shape[0] == 0:
+        return
+    n_episodes = offsets.shape[0] - 1
+    block_d = min(next_pow2(max(max_width, 1)), 128)
+    # ~2K values per program: 128 windows of a narrow key, fewer of a wide one
+    block_m = max(16, min(128, 2048 // block_d))
+    _key_windows_kernel[(triton.cdiv(M, block_m), table.shape[0])](
+        data, offsets, indices, indices if episodes is None else episodes, table, out, pad,
+        M, n_episodes, max(n_episodes, 1).bit_length(), data.stride(0), data.stride(1),
+        HAS_EPISODES=episodes is not None, ZERO_PAD=zero_pad, BLOCK_M=block_m,
+        BLOCK_D=block_d, num_warps=4,
+    )

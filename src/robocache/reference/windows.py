@@ -32,3 +32,13 @@ def windows_ref(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor
     if zero_pad:
         values = values.masked_fill(is_pad.unsqueeze(-1), 0)
     return values, is_pad
+
+
+def key_windows_ref(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
+                    columns: list[tuple[int, int]], rels: list[list[int]], zero_pad: bool,
+                    episodes: torch.Tensor | None = None
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per key k: values ``[M, len(rels[k]), width_k]`` of columns ``columns[k] = (first,
+    width)`` at row offsets ``rels[k]``, and is_pad ``[M, len(rels[k])]``."""
+    return [windows_ref(data[:, c:c + w], offsets, indices, torch.tensor(rel, dtype=torch.int64),
+                        zero_pad, episodes) for (c, w), rel in zip(columns, rels, strict=True)]
