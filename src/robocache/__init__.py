@@ -32,6 +32,7 @@ _LAZY = {
     "RobotDataset": "robocache.data.dataset",
     "RobotLoader": "robocache.data.loader",
     "MixedDataset": "robocache.data.loader",
+    "LeRobotDataset": "robocache.data.lerobot_dataset",
 }
 
 # submodules loaded on first attribute access (robocache.kinematics.fk, robocache.geometry...)

@@ -123,6 +123,7 @@ class RobotDataset(torch.utils.data.Dataset):
             window dimension (as LeRobot).
         delta_steps: the same in steps (row offsets) instead of seconds.
         tolerance_s: seconds within which a ``delta_timestamps`` offset counts as on the grid.
+        episodes: serve only these cached episodes (default: all).
 
     Items (``ds[i]``, or ``ds[list_of_i]`` for a batch with a leading ``B``): for each
     observation key ``[history, D]``, for each action key ``[horizon, D]`` (with per-key
@@ -141,7 +142,7 @@ class RobotDataset(torch.utils.data.Dataset):
                  keys: Sequence[str] | None = None, action_keys: Sequence[str] | None = None,
                  pad: str = "edge", delta_timestamps: dict[str, Sequence[float]] | None = None,
                  delta_steps: dict[str, Sequence[int]] | None = None,
-                 tolerance_s: float = 1e-4):
+                 tolerance_s: float = 1e-4, episodes: Sequence[int] | None = None):
         import lance
 
         from robocache.ops.normalize import Stats
@@ -211,7 +212,16 @@ class RobotDataset(torch.utils.data.Dataset):
         for k in keys:
             col = streams[k]["column"]
             columns += [f"{col}/frame" if k in self.image_keys else col, f"{col}_is_pad"]
-        table = ds.to_table(columns=columns)
+        if episodes is not None:
+            cached = {e["index"] for e in self.manifest["episodes"]}
+            missing = sorted(set(map(int, episodes)) - cached)
+            if missing or not len(episodes):
+                raise DataError(f"`episodes` must name cached episodes; {missing or 'none'} "
+                                f"given are not in {self.path} (cached: {sorted(cached)}).")
+            table = ds.to_table(columns=columns, filter="episode_index IN ("
+                                + ", ".join(str(int(e)) for e in episodes) + ")")
+        else:
+            table = ds.to_table(columns=columns)
         ep = table.column("episode_index").to_numpy()
         order = np.lexsort((table.column("step").to_numpy(), ep))
         ep = ep[order]
