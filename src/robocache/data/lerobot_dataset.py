@@ -52,9 +52,11 @@ def default_cache_dir(root: Path) -> Path:
 class LeRobotDatasetMetadata:
     """LeRobot's dataset metadata, read from ``root/meta``: ``info``, ``fps``, ``features``,
     ``stats`` (``key -> {min, max, mean, std, count, q01, q10, q50, q90, q99}`` NumPy arrays,
-    as LeRobot), ``episodes`` (one dict per episode: ``episode_index``, ``tasks``, ``length``,
-    ``dataset_from_index``, ``dataset_to_index``...), ``tasks`` (a pandas DataFrame indexed by
-    task with a ``task_index`` column, as LeRobot), ``total_frames``, ``total_episodes``."""
+    as LeRobot; without ``meta/stats.json``, the cache's min, max, mean, std, count, q01 and
+    q99 of every numeric feature), ``episodes`` (one dict per episode: ``episode_index``,
+    ``tasks``, ``length``, ``dataset_from_index``, ``dataset_to_index``...), ``tasks`` (a
+    pandas DataFrame indexed by task with a ``task_index`` column, as LeRobot),
+    ``total_frames``, ``total_episodes``."""
 
     def __init__(self, repo_id: str, root: Path):
         from robocache.data.formats.lerobot import LeRobotSource
@@ -182,9 +184,17 @@ class LeRobotDataset(torch.utils.data.Dataset):
                 q = m["quarantined"][0]
                 raise DataError(f"{self.root}: {len(m['quarantined'])} episodes could not be "
                                 f"cached; episode {q['index']}: {q['reason']}")
-        self.feature_keys = [k for k in self.meta.features
-                             if k not in ("timestamp", "frame_index", "episode_index", "index",
-                                          "task_index")]
+        if not self.meta.stats:  # no meta/stats.json: the cache's, in LeRobot's layout
+            stats = json.loads((self.cache / "stats.json").read_text())
+            self.meta.stats = {k: {s: np.array(d[s]) for s in ("min", "max", "mean", "std",
+                                                               "count", "q01", "q99")}
+                               for k, d in stats.items()}
+        streams = json.loads(manifest.read_text())["streams"]
+        # served: numeric and camera features (sparse string events of the multi-rate
+        # extension are not item keys in LeRobot)
+        self.feature_keys = [k for k in self.meta.features if k in streams
+                             and streams[k]["kind"] in ("numeric", "image")]
+        self._cameras = [k for k in self.feature_keys if streams[k]["kind"] == "image"]
         steps = None
         if delta_timestamps is not None:
             steps = seconds_to_steps(delta_timestamps, float(self.meta.fps), tolerance_s,
@@ -259,7 +269,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         for k in self.feature_keys:
             f = self.meta.features[k]
             v = batch[k]
-            if f["dtype"] == "image":
+            if k in self._cameras:
                 v = self._camera(k, v)
             else:
                 lead = v.shape[:-1]
