@@ -75,7 +75,23 @@ def run_keys(M, E, L, dev, copy_gbps) -> list[dict]:
     compiled_fn = torch.compile(torch_key_windows)
     compiled = lambda: compiled_fn(data, offsets, idx, rels)  # noqa: E731
     return [rec("robocache", H.gpu_time(ours)), rec("torch_eager", H.gpu_time(eager)),
-            rec("torch_compile", H.gpu_time(compiled))]
+            rec("torch_compile", H.gpu_time(compiled)),
+            *(rec(f"robocache_group{g}", H.gpu_time(_launch(data, offsets, idx, cols, offs, g)))
+              for g in (1, 2, 8))]
+
+
+def _launch(data, offsets, idx, cols, offs, group):
+    """The key_windows launcher with `group` entries per program (the default is 4)."""
+    from robocache.kernels.windows import key_windows_cuda
+    from robocache.ops.windows import _key_plan, _key_table
+
+    rows, per_m, pad_per_m, _ = _key_plan(cols, {k: tuple(o) for k, o in offs.items()})
+    table = _key_table(rows, data.device)
+    out = torch.empty(len(idx) * per_m, dtype=data.dtype, device=data.device)
+    pads = torch.empty(len(idx) * pad_per_m, dtype=torch.bool, device=data.device)
+    width = max(w for _, w in cols.values())
+    return lambda: key_windows_cuda(data, offsets, idx, None, table, width, out, pads, False,
+                                    group=group)
 
 
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
