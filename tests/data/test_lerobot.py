@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from test_native import with_fps
 
 import robocache
 from robocache.errors import DataError
@@ -81,11 +81,7 @@ def test_bad_input(tmp_path, cache):
     with pytest.raises(DataError, match="tolerance_s"):
         make(delta_timestamps={"action": [0.0]}, tolerance_s=0.0)
     for fps in (None, 0):
-        root = tmp_path / f"fps{fps}"
-        shutil.copytree(FIXTURES / "tiny", root)
-        info = json.loads((root / "meta" / "info.json").read_text())
-        info.pop("fps") if fps is None else info.update(fps=fps)
-        (root / "meta" / "info.json").write_text(json.dumps(info))
+        root = with_fps(FIXTURES / "tiny", tmp_path / f"fps{fps}", fps)
         with pytest.raises(DataError, match="meta/info.json"):
             robocache.LeRobotDataset("x", root=root, cache=tmp_path / f"c{fps}")
     with pytest.raises(FileNotFoundError, match="meta/info.json"):
@@ -105,3 +101,17 @@ def test_against_live_lerobot(tmp_path):
         ours = robocache.LeRobotDataset("robocache/tiny", root=root, cache=tmp_path / "cache",
                                         **case)
         assert_same_items(ours, make_fixtures.lerobot_items(root, case)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(META["cases"]))
+def test_cuda_batches_equal_lerobot(cache, name):
+    """The fast path: the cache on the GPU, one key_windows launch per batch."""
+    case = META["cases"][name]
+    ours = robocache.LeRobotDataset("robocache/tiny", root=FIXTURES / "tiny", cache=cache,
+                                    delta_timestamps=case["delta_timestamps"],
+                                    episodes=case.get("episodes"), device="cuda")
+    batch = ours.get_batch(torch.arange(len(ours)))
+    for k, w in np.load(FIXTURES / f"items_{name}.npz").items():
+        got = batch[k] if w.dtype.kind == "U" else batch[k].cpu().numpy()
+        assert np.array_equal(np.asarray(got), w) and np.asarray(got).dtype == w.dtype, k

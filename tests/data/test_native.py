@@ -117,10 +117,15 @@ def test_bad_fps_and_tolerance(tmp_path, rng):
     with pytest.raises(DataError, match="grid_tolerance_s"):
         build(tmp_path / "src", tmp_path / "c", progress=False, grid_tolerance_s=0.0)
     for fps in (None, 0, -30):
-        bad = tmp_path / f"bad{fps}"
-        shutil.copytree(tmp_path / "src", bad)
-        info = json.loads((bad / "meta" / "info.json").read_text())
-        info.pop("fps") if fps is None else info.update(fps=fps)
-        (bad / "meta" / "info.json").write_text(json.dumps(info))
+        bad = with_fps(tmp_path / "src", tmp_path / f"bad{fps}", fps)
         with pytest.raises(DataError, match="meta/info.json"):
             build(bad, tmp_path / f"c{fps}", progress=False)
+
+
+def with_fps(source: Path, dest: Path, fps) -> Path:
+    """A copy of the LeRobot dataset ``source`` whose info.json has ``fps`` (None: none)."""
+    shutil.copytree(source, dest)
+    info = json.loads((dest / "meta" / "info.json").read_text())
+    info.pop("fps") if fps is None else info.update(fps=fps)
+    (dest / "meta" / "info.json").write_text(json.dumps(info))
+    return dest

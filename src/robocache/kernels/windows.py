@@ -30,13 +30,11 @@ def _store_pads(pad, rel, r, first, last, offs_m, mm, K_START: tl.constexpr, K: 
 
 
 @triton.jit
-def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad1,
-                    M, n_episodes, search_steps, sdr, sdd, D: tl.constexpr,
-                    K0: tl.constexpr, K1: tl.constexpr, HAS_EPISODES: tl.constexpr,
-                    ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                    KP0: tl.constexpr, KP1: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+def _window_rows(offsets, indices, episodes, M, n_episodes, search_steps,
+                 HAS_EPISODES: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's windows (offsets, in-range mask), each one's current row and its
+    episode's first and last rows (int64 [BLOCK_M])."""
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     mm = offs_m < M
     r = tl.load(indices + offs_m, mask=mm, other=0).to(tl.int64)
     if HAS_EPISODES:
@@ -53,6 +51,17 @@ def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad
         e = lo
     first = tl.load(offsets + e, mask=mm, other=0).to(tl.int64)
     last = tl.load(offsets + e + 1, mask=mm, other=1).to(tl.int64) - 1
+    return offs_m, mm, r, first, last
+
+
+@triton.jit
+def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad1,
+                    M, n_episodes, search_steps, sdr, sdd, D: tl.constexpr,
+                    K0: tl.constexpr, K1: tl.constexpr, HAS_EPISODES: tl.constexpr,
+                    ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                    KP0: tl.constexpr, KP1: tl.constexpr):
+    offs_m, mm, r, first, last = _window_rows(offsets, indices, episodes, M, n_episodes,
+                                              search_steps, HAS_EPISODES, BLOCK_M)
     for k in tl.static_range(K0 + K1):
         row = r + tl.load(rel + k)
         is_pad = (row < first) | (row > last)
@@ -106,24 +115,8 @@ def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, n_
     # column, width, row offset; value (m, d) goes to out[obase * M + ooff + m * ostride + d],
     # its pad flag to pad[pbase * M + poff + m * pstride]. A program finds its windows'
     # episodes once and copies GROUP entries, unrolled so their loads are in flight together.
-    pid = tl.program_id(0).to(tl.int64)
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    mm = offs_m < M
-    r = tl.load(indices + offs_m, mask=mm, other=0).to(tl.int64)
-    if HAS_EPISODES:
-        e = tl.load(episodes + offs_m, mask=mm, other=0).to(tl.int64)
-    else:  # e = last episode whose first row <= r
-        lo = tl.zeros([BLOCK_M], dtype=tl.int64)
-        hi = tl.zeros([BLOCK_M], dtype=tl.int64) + (n_episodes - 1)
-        for _ in range(search_steps):
-            mid = (lo + hi + 1) // 2
-            start = tl.load(offsets + mid, mask=mm & (lo < hi), other=0).to(tl.int64)
-            go = start <= r
-            lo = tl.where((lo < hi) & go, mid, lo)
-            hi = tl.where((lo < hi) & ~go, mid - 1, hi)
-        e = lo
-    first = tl.load(offsets + e, mask=mm, other=0).to(tl.int64)
-    last = tl.load(offsets + e + 1, mask=mm, other=1).to(tl.int64) - 1
+    offs_m, mm, r, first, last = _window_rows(offsets, indices, episodes, M, n_episodes,
+                                              search_steps, HAS_EPISODES, BLOCK_M)
     for g in tl.static_range(GROUP):
         j = tl.program_id(1).to(tl.int64) * GROUP + g
         live = j < n_entries
