@@ -176,10 +176,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.revision, self.video_backend = revision, video_backend
         self.cache = Path(cache) if cache is not None else default_cache_dir(self.root)
         manifest = self.cache / "manifest.json"
-        fresh = manifest.exists() and json.loads(manifest.read_text()).get("status") == "complete"
-        if force_cache_sync or not fresh:
+        if force_cache_sync or not self._reusable(manifest):
             m = build(self.root, self.cache, rate_hz="native", grid_tolerance_s=tolerance_s,
-                      progress=False, overwrite=force_cache_sync or manifest.exists())
+                      progress=False, overwrite=force_cache_sync)
             if m["quarantined"]:
                 q = m["quarantined"][0]
                 raise DataError(f"{self.root}: {len(m['quarantined'])} episodes could not be "
@@ -211,6 +210,16 @@ class LeRobotDataset(torch.utils.data.Dataset):
             from_index[e["episode_index"]] = int(e["dataset_from_index"])
             task_index[e["episode_index"]] = tasks.get((list(e.get("tasks") or []) or [""])[0], 0)
         self._from_index, self._task_index = from_index.to(device), task_index.to(device)
+
+    def _reusable(self, manifest: Path) -> bool:
+        """The cache at ``manifest`` is a finished native-rate cache of every episode of this
+        dataset (otherwise :func:`robocache.cache.build` resumes it, or refuses another)."""
+        if not manifest.exists():
+            return False
+        m = json.loads(manifest.read_text())
+        return (m.get("status") == "complete" and m.get("native") is True
+                and m["source"]["path"] == str(self.root.resolve())
+                and m["counts"]["cached"] == self.meta.total_episodes)
 
     @property
     def fps(self) -> int:
