@@ -257,6 +257,11 @@ class RobotDataset(torch.utils.data.Dataset):
                 at += 1
         self.data = torch.from_numpy(np.concatenate(words, 1) if words
                                      else np.zeros((len(ep), 0), np.int32))
+        self.set_windows()
+
+    def set_windows(self) -> None:
+        """The `robocache.key_windows` columns and offsets of :attr:`layout` and
+        :attr:`deltas` (each key's words, and its alignment-pad column where it has one)."""
         self._columns, self._offsets = {}, {}
         for k, key in self.layout.items():
             self._columns[k], self._offsets[k] = (key.col, key.words), self.deltas[k]
