@@ -191,16 +191,21 @@ def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float,
     return np.minimum(start + np.arange(steps, dtype=np.float64) / rate_hz, end)
 
 
-def snap_times(times: np.ndarray, t: np.ndarray, tolerance_s: float) -> np.ndarray:
+def snap_times(times: np.ndarray, t: np.ndarray, tolerance_s: float,
+               all_or_none: bool = False) -> np.ndarray:
     """``times`` with every sample within ``tolerance_s`` of a grid instant of ``t`` (float64,
-    sorted) moved exactly onto it, so ``previous``/``nearest`` there return that sample."""
+    sorted) moved exactly onto it, so ``previous``/``nearest`` there return that sample.
+    ``all_or_none``: move them only when every sample is that close (a stream on the grid)."""
     if len(t) == 0 or len(times) == 0:
         return times
     j = np.clip(np.searchsorted(t, times), 1, max(len(t) - 1, 1))
     lo = t[j - 1] if len(t) > 1 else t[:1].repeat(len(times))
     hi = t[j] if len(t) > 1 else lo
     near = np.where(np.abs(times - lo) <= np.abs(hi - times), lo, hi)
-    return np.where(np.abs(times - near) <= tolerance_s, near, times)
+    close = np.abs(times - near) <= tolerance_s
+    if all_or_none and not close.all():
+        return times
+    return np.where(close, near, times)
 
 
 def _place(values: np.ndarray, k: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -236,7 +241,11 @@ def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheC
             exact[name] = _place(s.data.reshape(len(s), -1) if spec.kind == "numeric"
                                  else np.arange(len(s)), k, n)
             continue
-        times = torch.as_tensor(snap_times(s.times, t, tol), dtype=torch.float64, device=device)
+        # sample-picking methods snap every sample near an instant; interpolating ones only a
+        # stream on the grid (moving one jittered sample would bend the curve by tol x slope)
+        snapped = snap_times(s.times, t, tol, all_or_none=method not in
+                             ("previous", "nearest", "frame_index"))
+        times = torch.as_tensor(snapped, dtype=torch.float64, device=device)
         if spec.kind == "event":
             if len(s) == 0:
                 continue
