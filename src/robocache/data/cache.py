@@ -241,10 +241,11 @@ def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheC
             exact[name] = _place(s.data.reshape(len(s), -1) if spec.kind == "numeric"
                                  else np.arange(len(s)), k, n)
             continue
-        # sample-picking methods snap every sample near an instant; interpolating ones only a
-        # stream on the grid (moving one jittered sample would bend the curve by tol x slope)
-        snapped = snap_times(s.times, t, tol, all_or_none=method not in
-                             ("previous", "nearest", "frame_index"))
+        # numeric previous/nearest streams snap every sample near an instant; the others only
+        # when the whole stream is on the grid (moving one jittered sample would bend an
+        # interpolated curve by tol x slope, or shift an event's or frame's age/offset)
+        snapped = snap_times(s.times, t, tol, all_or_none=not (
+            spec.kind == "numeric" and method in ("previous", "nearest")))
         times = torch.as_tensor(snapped, dtype=torch.float64, device=device)
         if spec.kind == "event":
             if len(s) == 0:
