@@ -1,6 +1,9 @@
 """Benchmark `robocache.windows`: M = 65536 windows of 2 history + 16 horizon rows, D = 32
 float32, from 1000 packed episodes (~64 MB, larger than L2), with `_is_pad` masks — against
-the torch eager gather a user writes and torch.compile of it, in one run.
+the torch eager gather a user writes and torch.compile of it, in one run. And
+`robocache.key_windows`: the same M windows of 3 keys packed in one matrix, each with its own
+offsets (LeRobot's per-key delta_timestamps: state [-1, 0] x 32, action 0..15 x 32,
+env [-4, -2, 0] x 16), against the per-key gather in eager torch and torch.compile of it.
 
     $ robocache bench windows --json benchmarks/results/windows.json
 
@@ -38,6 +41,59 @@ def torch_windows(data, offsets, idx, history, horizon):
     return vals[:, :history], pad[:, :history], vals[:, history:], pad[:, history:]
 
 
+KEYS = {"observation.state": ((0, 32), [-1, 0]), "action": ((32, 32), list(range(16))),
+        "observation.env": ((64, 16), [-4, -2, 0])}
+
+
+def torch_key_windows(data, offsets, idx, rels):
+    """The eager per-key gather: episode bounds once, then clamped rows and masks per key."""
+    e = torch.searchsorted(offsets, idx, right=True) - 1
+    lo, hi = offsets[e][:, None], offsets[e + 1][:, None] - 1
+    out = {}
+    for k, ((c, w), _) in KEYS.items():
+        rows = idx[:, None] + rels[k][None, :]
+        out[f"{k}_is_pad"] = (rows < lo) | (rows > hi)
+        out[k] = data[torch.minimum(torch.maximum(rows, lo), hi), c:c + w]
+    return out
+
+
+def run_keys(M, E, L, dev, copy_gbps) -> list[dict]:
+    data, offsets, idx = make_inputs(M, E, L, 80, dev, seed=1)
+    cols = {k: cw for k, (cw, _) in KEYS.items()}
+    offs = {k: o for k, (_, o) in KEYS.items()}
+    rels = {k: torch.tensor(o, device=dev) for k, o in offs.items()}
+    per_m = sum(w * len(o) for (_, w), o in KEYS.values())
+    nbytes = 2 * M * per_m * data.element_size() + M * idx.element_size() + \
+        M * sum(len(o) for o in offs.values())
+    name = f"M{M}-3keys-L2,16,3-D32,32,16-fp32"
+    rec = lambda impl, t: H.case(FAMILY, name, impl, t, nbytes=nbytes,  # noqa: E731
+                                 copy_gbps=copy_gbps)
+    ours = lambda: robocache.key_windows(data, offsets, idx, cols, offs)  # noqa: E731
+    eager = lambda: torch_key_windows(data, offsets, idx, rels)  # noqa: E731
+    if dev == "cpu":
+        return [rec("robocache_cpu", H.cpu_time(ours)), rec("torch_eager_cpu", H.cpu_time(eager))]
+    compiled_fn = torch.compile(torch_key_windows)
+    compiled = lambda: compiled_fn(data, offsets, idx, rels)  # noqa: E731
+    return [rec("robocache", H.gpu_time(ours)), rec("torch_eager", H.gpu_time(eager)),
+            rec("torch_compile", H.gpu_time(compiled)),
+            *(rec(f"robocache_group{g}", H.gpu_time(_launch(data, offsets, idx, cols, offs, g)))
+              for g in (1, 2, 8))]
+
+
+def _launch(data, offsets, idx, cols, offs, group):
+    """The key_windows launcher with `group` entries per program (the default is 4)."""
+    from robocache.kernels.windows import key_windows_cuda
+    from robocache.ops.windows import _key_plan, _key_table
+
+    rows, per_m, pad_per_m, _ = _key_plan(cols, {k: tuple(o) for k, o in offs.items()})
+    table = _key_table(rows, data.device)
+    out = torch.empty(len(idx) * per_m, dtype=data.dtype, device=data.device)
+    pads = torch.empty(len(idx) * pad_per_m, dtype=torch.bool, device=data.device)
+    width = max(w for _, w in cols.values())
+    return lambda: key_windows_cuda(data, offsets, idx, None, table, width, out, pads, False,
+                                    group=group)
+
+
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     M, E, L, D, h, H_ = (1024, 20, 100, 32, 2, 16) if quick or not torch.cuda.is_available() \
         else (65536, 1000, 500, 32, 2, 16)
@@ -50,12 +106,14 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                                  copy_gbps=copy_gbps)
     ours = lambda: robocache.windows(data, offsets, idx, history=h, horizon=H_)  # noqa: E731
     eager = lambda: torch_windows(data, offsets, idx, h, H_)  # noqa: E731
+    keyed = run_keys(M, E, L, dev, copy_gbps)
     if dev == "cpu":
-        return [rec("robocache_cpu", H.cpu_time(ours)), rec("torch_eager_cpu", H.cpu_time(eager))]
+        return [rec("robocache_cpu", H.cpu_time(ours)),
+                rec("torch_eager_cpu", H.cpu_time(eager)), *keyed]
     compiled_fn = torch.compile(torch_windows)
     compiled = lambda: compiled_fn(data, offsets, idx, h, H_)  # noqa: E731
     return [rec("robocache", H.gpu_time(ours)), rec("torch_eager", H.gpu_time(eager)),
-            rec("torch_compile", H.gpu_time(compiled))]
+            rec("torch_compile", H.gpu_time(compiled)), *keyed]
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ _LAZY = {
     "Aligned": "robocache.ops.align",
     "windows": "robocache.ops.windows",
     "Windows": "robocache.ops.windows",
+    "key_windows": "robocache.ops.windows",
     "normalize": "robocache.ops.normalize",
     "compute_stats": "robocache.ops.normalize",
     "merge_stats": "robocache.ops.normalize",
@@ -35,6 +36,7 @@ _LAZY = {
     "RobotDataset": "robocache.data.dataset",
     "RobotLoader": "robocache.data.loader",
     "MixedDataset": "robocache.data.loader",
+    "LeRobotDataset": "robocache.data.lerobot_dataset",
 }
 
 # submodules loaded on first attribute access (robocache.kinematics.fk, robocache.geometry...)

@@ -176,3 +176,50 @@ def test_normalized_copy_equals_normalizing_batches(cache):
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ds[idx]["action"], RobotDataset(cache, horizon=4)[idx]["action"])
+
+
+def test_per_key_delta_timestamps(tmp_path, rng):
+    """Per-key offsets in seconds at the native rate: windows equal the cached rows, dtypes
+    kept, keys without offsets served at the current step only."""
+    from test_native import SPECS as NATIVE_SPECS
+    from test_native import episode
+
+    write_lerobot(tmp_path / "src", [episode(i, n, rng) for i, n in enumerate((9, 4, 13))],
+                  NATIVE_SPECS, fps=30.0)
+    build(tmp_path / "src", tmp_path / "c", progress=False, device="cpu")
+    deltas = {"observation.state": [-2 / 30, 0.0], "mode": [-1 / 30, 0.0, 3 / 30]}
+    ds = RobotDataset(tmp_path / "c", delta_timestamps=deltas)
+    plain = RobotDataset(tmp_path / "c")  # every key at the current step, [1, D]
+    batch = ds[torch.arange(len(ds))]
+    assert batch["mode"].dtype == torch.int64 and batch["contact"].dtype == torch.bool
+    assert batch["observation.state"].shape == (26, 2, 3) and batch["contact"].shape == (26, 2)
+    offsets = ds.offsets.tolist()
+    for i in range(len(ds)):
+        e = max(j for j in range(3) if offsets[j] <= i)
+        lo, hi = offsets[e], offsets[e + 1] - 1
+        for key, steps in (("observation.state", [-2, 0]), ("mode", [-1, 0, 3])):
+            rows = [min(max(i + s, lo), hi) for s in steps]
+            want = torch.stack([plain[r][key][0] for r in rows])
+            assert torch.equal(batch[key][i], want)
+            assert batch[f"{key}_is_pad"][i].tolist() == [not lo <= i + s <= hi for s in steps]
+        assert torch.equal(batch["contact"][i], plain[i]["contact"][0])
+
+
+def test_delta_timestamps_validation(tmp_path, rng):
+    from test_native import SPECS as NATIVE_SPECS
+    from test_native import episode
+
+    write_lerobot(tmp_path / "src", [episode(0, 9, rng)], NATIVE_SPECS, fps=30.0)
+    build(tmp_path / "src", tmp_path / "c", progress=False, device="cpu")
+    with pytest.raises(DataError, match=r"'mode'.*0\.05.*0\.0333.*0\.0666"):
+        RobotDataset(tmp_path / "c", delta_timestamps={"mode": [0.0, 0.05]})
+    with pytest.raises(DataError, match="'nope'.*served keys"):
+        RobotDataset(tmp_path / "c", delta_timestamps={"nope": [0.0]})
+    with pytest.raises(DataError, match=r"delta_timestamps\['mode'\]` is empty"):
+        RobotDataset(tmp_path / "c", delta_timestamps={"mode": []})
+    for tol in (0.0, -1e-4):
+        with pytest.raises(DataError, match="tolerance_s"):
+            RobotDataset(tmp_path / "c", delta_timestamps={"mode": [0.0]}, tolerance_s=tol)
+    # within the tolerance: 1/30 written as 0.0333 is one step
+    ds = RobotDataset(tmp_path / "c", delta_timestamps={"mode": [0.03333]}, tolerance_s=1e-4)
+    assert ds.deltas["mode"] == [1]

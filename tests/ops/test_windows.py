@@ -149,3 +149,80 @@ def test_empty_indices():
 def test_bad_input(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         robocache.windows(*args, **kwargs)
+
+
+KEYS = {"state": (0, 5, [-2, -1, 0]), "gripper": (5, 1, [-1, 0, 3]),
+        "action": (6, 3, list(range(7))), "image_row": (9, 2, [0])}
+
+
+def _key_args(rng, dtype=np.float32, keys=KEYS):
+    offsets = _episodes(rng, 7, 20)
+    width = max(c + w for c, w, _ in keys.values())
+    data = (rng.standard_normal((offsets[-1], width)) * 100).astype(dtype)
+    idx = rng.integers(0, offsets[-1], 37)
+    return (data, offsets, idx, {k: (c, w) for k, (c, w, _) in keys.items()},
+            {k: o for k, (_, _, o) in keys.items()})
+
+
+@pytest.mark.parametrize("pad", ["edge", "zero"])
+def test_key_windows_match_python_loop(pad):
+    rng = seeded()
+    data, offsets, idx, cols, rels = _key_args(rng)
+    w = robocache.key_windows(torch.tensor(data), torch.tensor(offsets), torch.tensor(idx),
+                              cols, rels, pad=pad)
+    for k, (c, width) in cols.items():
+        values, pads = _python_loop(data[:, c:c + width], offsets, idx, rels[k], pad == "zero")
+        np.testing.assert_array_equal(w[k].numpy(), values)
+        np.testing.assert_array_equal(w[f"{k}_is_pad"].numpy(), pads)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.int64, np.float16])
+@pytest.mark.parametrize("with_episodes", [False, True])
+@pytest.mark.parametrize("pad", ["edge", "zero"])
+def test_key_windows_kernel_matches_reference(kernel_device, dtype, with_episodes, pad):
+    from robocache.kernels.windows import key_windows_cuda
+    from robocache.ops.windows import _key_plan, _split
+    from robocache.reference.windows import key_windows_ref
+
+    rng = seeded()
+    data, offsets, idx, cols, rels = _key_args(rng, dtype)
+    dev = kernel_device
+    d, o, i = (torch.tensor(x, device=dev) for x in (data, offsets, idx))
+    eps = torch.searchsorted(o, i, right=True) - 1 if with_episodes else None
+    rels_t = {k: tuple(v) for k, v in rels.items()}
+    rows, per_m, pad_per_m, layout = _key_plan(cols, rels_t)
+    out = torch.full((len(idx) * per_m,), 7, dtype=d.dtype, device=dev)  # poisoned
+    pads = torch.ones(len(idx) * pad_per_m, dtype=torch.bool, device=dev)
+    key_windows_cuda(d, o, i, eps, torch.tensor(rows, device=dev), 5, out, pads, pad == "zero")
+    got = _split(out, pads, len(idx), layout)
+    want = key_windows_ref(d.cpu(), o.cpu(), i.cpu(), list(cols.values()), list(rels.values()),
+                           pad == "zero")
+    for k, (values, is_pad) in zip(cols, want, strict=True):
+        torch.testing.assert_close(got[k].cpu(), values, rtol=0, atol=0)
+        assert torch.equal(got[f"{k}_is_pad"].cpu(), is_pad)
+
+
+def test_key_windows_compiles():
+    rng = seeded()
+    data, offsets, idx, cols, rels = _key_args(rng)
+    args = (torch.tensor(data), torch.tensor(offsets), torch.tensor(idx))
+    compiled = torch.compile(lambda *a: robocache.key_windows(*a, cols, rels), fullgraph=True,
+                             backend="eager")
+    got, want = compiled(*args), robocache.key_windows(*args, cols, rels)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k])
+
+
+def test_key_windows_validation():
+    rng = seeded()
+    data, offsets, idx, cols, rels = _key_args(rng)
+    args = (torch.tensor(data), torch.tensor(offsets), torch.tensor(idx))
+    with pytest.raises(ValueError, match=r"offsets\['state'\]"):
+        robocache.key_windows(*args, cols, {**rels, "state": []})
+    with pytest.raises(ValueError, match=r"offsets\['gripper'\]"):
+        robocache.key_windows(*args, cols, {"state": [0]})
+    with pytest.raises(ValueError, match=r"columns\['state'\]"):
+        robocache.key_windows(*args, {**cols, "state": (8, 5)}, rels)
+    with pytest.raises(ValueError, match="columns"):
+        robocache.key_windows(*args, {}, rels)

@@ -1,6 +1,7 @@
 """``robocache ingest``: build a training cache (aligned to one rate, Lance, stats, manifest).
 
-    $ robocache ingest data/sample/panda_multirate /tmp/panda.cache --rate 50
+    $ robocache ingest data/sample/panda_multirate /tmp/panda.cache            # native rate
+    $ robocache ingest data/sample/panda_multirate /tmp/panda50.cache --rate 50
     $ robocache ingest pusht.zarr /tmp/pusht.cache --rate 10 --fps 10 --json
     $ robocache ingest SRC /shared/part-3 --shard 3/8     # one of 8 independent jobs
 
@@ -16,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from robocache.cli._errors import VERBOSE_OPTION_HELP, cli_errors, exit_code
+from robocache.cli._errors import VERBOSE_OPTION_HELP, CommandError, cli_errors, exit_code
 from robocache.observability.exporter import (
     LOG_FORMAT_OPTION,
     METRICS_PORT_OPTION,
@@ -27,7 +28,10 @@ from robocache.observability.exporter import (
 SourceArg = Annotated[Path, typer.Argument(help="Dataset: LeRobot dir, zarr ReplayBuffer, HDF5, "
                                                 "RLDS/TFDS folder.")]
 DestArg = Annotated[Path, typer.Argument(help="Cache directory (created or resumed).")]
-RateOpt = Annotated[float, typer.Option("--rate", help="Target rate in Hz.")]
+RateOpt = Annotated[str, typer.Option("--rate", help="Target rate in Hz, or 'native': the "
+                                                   "source's fps, every frame stored exactly.")]
+GridToleranceOpt = Annotated[float, typer.Option(
+    help="Seconds within which a timestamp is on the 1/rate grid (LeRobot's tolerance_s).")]
 KeysOpt = Annotated[list[str], typer.Option("--key", help="Stream to cache (repeat; default all).")]
 FpsOpt = Annotated[float, typer.Option(help="Rate of sources without timestamps (zarr, HDF5, "
                                              "RLDS).")]
@@ -73,7 +77,7 @@ def print_summary(manifest: dict) -> None:
 
 # The flags every cache-building command shares, appended to its own (see `cache_command`).
 SHARED = {"keys": (KeysOpt, None), "fps": (FpsOpt, None), "split": (SplitOpt, None),
-          "tolerance": (ToleranceOpt, None),
+          "tolerance": (ToleranceOpt, None), "grid_tolerance": (GridToleranceOpt, 1e-4),
           "shard": (ShardOpt, None), "as_json": (JsonOpt, False), "progress": (ProgressOpt, True),
           "overwrite": (OverwriteOpt, False), "retry_quarantined": (RetryOpt, False),
           "wait": (WaitOpt, False), "verbose": (VerboseOpt, False),
@@ -104,9 +108,9 @@ def source_options(**options) -> dict:
     return {k: v for k, v in options.items() if v is not None}
 
 
-def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, tolerance, shard,
-        as_json, progress, overwrite, retry_quarantined, wait, verbose, metrics_port,
-        pushgateway, log_format, **kwargs) -> None:
+def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, tolerance,
+        grid_tolerance, shard, as_json, progress, overwrite, retry_quarantined, wait, verbose,
+        metrics_port, pushgateway, log_format, **kwargs) -> None:
     """Run a cache job with the shared flags, observed as ``name`` (metrics, pushgateway,
     logs); print its manifest (``--json``) or summary; exit with the shared codes (bad input:
     one line on stderr)."""
@@ -114,7 +118,8 @@ def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, toleranc
 
     with cli_errors(verbose), observe(name, metrics_port=metrics_port,
                                       pushgateway=pushgateway, log_format=log_format):
-        manifest = job(rate_hz=rate, keys=keys or None, tolerance_s=tolerance,
+        manifest = job(rate_hz=_rate(rate), grid_tolerance_s=grid_tolerance,
+                       keys=keys or None, tolerance_s=tolerance,
                        source_options=source_options(fps=fps, split=split), shard=shard,
                        overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
                        progress=progress and not as_json,
@@ -135,7 +140,7 @@ def report(manifest: dict, as_json: bool) -> None:
 def ingest(
     source: SourceArg,
     dest: DestArg,
-    rate: RateOpt = 50.0,
+    rate: RateOpt = "native",
     device: Annotated[str, typer.Option(help="cuda or cpu (default: cuda when available).")]
     = None,
     camera_codec: Annotated[str, typer.Option(
@@ -155,3 +160,15 @@ def ingest(
 
     run(build, "robocache_ingest", source=source, dest=dest, rate=rate, device=device,
         camera_codec=camera_codec, camera_quality=camera_quality, **options)
+
+
+def _rate(rate: str) -> float | str:
+    """``--rate``: ``native`` or a number of Hz."""
+    if rate == "native":
+        return rate
+    try:
+        return float(rate)
+    except ValueError:
+        raise CommandError(f"--rate must be a number of Hz or 'native'; got {rate!r}",
+                           "pass e.g. --rate 50, or leave it out for the source's own fps"
+                           ) from None

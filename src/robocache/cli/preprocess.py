@@ -20,7 +20,7 @@ from robocache.cli.ingest import DestArg, RateOpt, SourceArg, cache_command, run
 def preprocess(
     source: SourceArg,
     dest: DestArg,
-    rate: RateOpt = 50.0,
+    rate: RateOpt = "native",
     address: Annotated[str, typer.Option(help="Ray cluster: auto, host:port or "
                                               "ray://host:10001 (default: a local Ray).")] = None,
     num_gpus: Annotated[int, typer.Option(help="GPU actors, one GPU each (default: every GPU "

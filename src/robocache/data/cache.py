@@ -12,10 +12,19 @@ Layout of a cache directory::
     stats.json          per-dimension mean, std, min, max, q01, q99 of every numeric stream
     manifest.json       source, rate, streams, episodes, quarantined episodes with reasons
 
-Target times: from the latest start to the earliest end of the episode's numeric streams, at
-``rate_hz`` (so continuous streams interpolate, never extrapolate). Per stream kind:
+Target times. At the source's own rate (``rate_hz="native"``, the default) the grid is the
+source's frames: every sample of a stream at that rate lies within ``grid_tolerance_s`` of
+``t0 + k / fps`` (``t0``: the episode's first such sample) and is stored at step ``k``
+bit-exactly, in its own dtype; the step count comes from the frames, never from a float product.
+A sample off that grid by more than the tolerance quarantines the episode, naming the stream,
+the row and the offset. At any other rate the grid runs from the latest start to the earliest
+end of the episode's numeric streams (continuous streams interpolate, never extrapolate), the
+last instant included when the end lies within ``grid_tolerance_s`` of it. Either way, a source
+timestamp within ``grid_tolerance_s`` of a grid instant is snapped onto it before alignment, so
+``previous`` and ``nearest`` at that instant return that sample, never its neighbour. Per kind:
 
-- numeric → ``method`` (default ``linear``; ``previous`` for integer/bool data), float32 ``[D]``.
+- numeric → ``method`` (default ``linear``; ``previous`` for integer/bool data) ``[D]`` in the
+  stream's own dtype (``previous``/``nearest`` copy samples; interpolation rounds back to it).
 - image / video → ``frame_index``: the source frame shown at each step (``<col>/frame``, -1 when
   none) and ``<col>/offset`` (t_frame - t_step, seconds). Video frames are decoded once here
   and stored like image frames (JPEG by default, ``camera_codec``).
@@ -60,11 +69,14 @@ class CacheConfig:
     """Options of :func:`build` (CLI flags of ``robocache ingest`` map onto these).
 
     Attributes:
-        rate_hz: target rate in Hz of every stream in the cache.
+        rate_hz: target rate in Hz of every stream in the cache, or ``"native"``: the source's
+            declared fps, every frame stored exactly (see the module docstring).
         device: where alignment runs: ``"cuda"``, ``"cpu"`` or ``None`` (CUDA when available).
         keys: streams to cache (default: all the source declares).
         methods: stream -> alignment method overriding the defaults (see the module docstring).
         tolerance_s: steps farther than this from any source sample are padded (``None``: off).
+        grid_tolerance_s: seconds within which a timestamp counts as on the ``1 / rate`` grid
+            (LeRobot's ``tolerance_s``); > 0.
         episodes: source episode indices to ingest (default: all).
         source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer.
         overwrite: delete the cache at the destination instead of resuming it (only a directory
@@ -81,11 +93,12 @@ class CacheConfig:
         camera_quality: JPEG quality (1-95).
     """
 
-    rate_hz: float = 50.0
+    rate_hz: float | str = "native"
     device: str | None = None
     keys: list[str] | None = None
     methods: dict[str, str] = field(default_factory=dict)
     tolerance_s: float | None = None
+    grid_tolerance_s: float = 1e-4
     episodes: list[int] | None = None
     source_options: dict[str, Any] = field(default_factory=dict)
     overwrite: bool = False
@@ -130,7 +143,8 @@ def _schema(specs: dict[str, StreamSpec]):
     for name, spec in specs.items():
         col = column_name(name)
         if spec.kind == "numeric":
-            fields.append(pa.field(col, pa.list_(pa.float32(), spec.dim)))
+            fields.append(pa.field(col, pa.list_(pa.from_numpy_dtype(np.dtype(spec.dtype)),
+                                                 spec.dim)))
         elif spec.kind == "event":
             fields += [pa.field(col, pa.string()), pa.field(f"{col}/age", pa.float32())]
         else:
@@ -140,10 +154,57 @@ def _schema(specs: dict[str, StreamSpec]):
     return pa.schema(fields)
 
 
-def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float) -> np.ndarray:
-    """float64 ``[T]`` seconds: the span every numeric stream covers, at ``rate_hz``."""
+def _timed(specs: dict[str, StreamSpec]) -> list[str]:
     timed = [n for n, s in specs.items() if s.kind == "numeric"] or \
             [n for n, s in specs.items() if s.kind != "event"]
+    return timed
+
+
+def native_streams(specs: dict[str, StreamSpec], rate_hz: float) -> list[str]:
+    """The numeric/image streams sampled at ``rate_hz`` (stored frame by frame at that rate)."""
+    return [n for n, s in specs.items() if s.kind in ("numeric", "image")
+            and s.rate_hz is not None and abs(s.rate_hz - rate_hz) <= 1e-9 * rate_hz]
+
+
+def _grid_steps(episode: Episode, name: str, t0: float, rate_hz: float,
+                tolerance_s: float) -> np.ndarray:
+    """int64 ``[S]`` step of each sample of a native stream on ``t0 + k / rate_hz``.
+
+    Raises:
+        DataError: a sample off the grid by more than ``tolerance_s``, or two on one step.
+    """
+    times = episode.streams[name].times
+    k = np.rint((times - t0) * rate_hz).astype(np.int64)
+    off = times - (t0 + k / rate_hz)
+    bad = np.flatnonzero(np.abs(off) > tolerance_s)
+    if bad.size:
+        r = int(bad[0])
+        raise DataError(f"episode {episode.index}: stream {name!r} row {r} (t = {times[r]!r} s) "
+                        f"is {off[r]:+.3e} s off the 1/{rate_hz:g} s grid (tolerance_s = "
+                        f"{tolerance_s:g}); {bad.size} rows are off it. Fix the timestamps or "
+                        "ingest at an explicit rate (--rate HZ) to resample.")
+    dup = np.flatnonzero(np.diff(k) == 0)
+    if dup.size:
+        r = int(dup[0]) + 1
+        raise DataError(f"episode {episode.index}: stream {name!r} rows {r - 1} and {r} fall on "
+                        f"the same 1/{rate_hz:g} s grid step {int(k[r])}.")
+    return k
+
+
+def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float,
+                 tolerance_s: float = 1e-4, native: bool = False) -> np.ndarray:
+    """float64 ``[T]`` seconds: the episode's grid at ``rate_hz`` (see the module docstring).
+
+    ``native``: ``rate_hz`` is the source's fps, and the grid is ``t0 + k / rate_hz`` over the
+    frames of the streams at that rate; otherwise (or without such streams) the span every
+    numeric stream covers, its end included within ``tolerance_s``.
+    """
+    native = native_streams(specs, rate_hz) if native else []
+    if native:
+        t0 = min(float(episode.streams[n].times[0]) for n in native)
+        steps = max(int(_grid_steps(episode, n, t0, rate_hz, tolerance_s)[-1]) for n in native)
+        return t0 + np.arange(steps + 1, dtype=np.float64) / rate_hz
+    timed = _timed(specs)
     if not timed:
         raise DataError(f"episode {episode.index}: no timed (non-event) stream to align.")
     start = max(float(episode.streams[n].times[0]) for n in timed)
@@ -151,8 +212,8 @@ def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float)
     if end < start:
         raise DataError(f"episode {episode.index}: the streams do not overlap in time "
                         f"(latest start {start:.6f} s > earliest end {end:.6f} s).")
-    steps = int(math.floor((end - start) * rate_hz + 1e-6)) + 1
-    # the 1e-6 absorbs rounding in the span; clamping keeps the last step inside every stream
+    steps = int(math.floor((end - start + tolerance_s) * rate_hz)) + 1
+    # clamping keeps a last step within the tolerance past the end inside every stream
     return np.minimum(start + np.arange(steps, dtype=np.float64) / rate_hz, end)
 
 
@@ -165,25 +226,73 @@ def load_episode(src: Source, index: int, specs: dict[str, StreamSpec]) -> Episo
     return episode
 
 
+def snap_times(times: np.ndarray, t: np.ndarray, tolerance_s: float,
+               all_or_none: bool = False) -> np.ndarray:
+    """``times`` with every sample within ``tolerance_s`` of a grid instant of ``t`` (float64,
+    sorted) moved exactly onto it, so ``previous``/``nearest`` there return that sample.
+    ``all_or_none``: move them only when every sample is that close (a stream on the grid)."""
+    if len(t) == 0 or len(times) == 0:
+        return times
+    j = np.clip(np.searchsorted(t, times), 1, max(len(t) - 1, 1))
+    lo = t[j - 1] if len(t) > 1 else t[:1].repeat(len(times))
+    hi = t[j] if len(t) > 1 else lo
+    near = np.where(np.abs(times - lo) <= np.abs(hi - times), lo, hi)
+    close = np.abs(times - near) <= tolerance_s
+    if all_or_none and not close.all():
+        return times
+    return np.where(close, near, times)
+
+
+def _place(values: np.ndarray, k: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Samples at grid steps ``k`` as ``[n, ...]`` rows (steps without a sample hold the
+    previous one, the first one before it) and the mask of those padded steps."""
+    src = np.full(n, -1, np.int64)
+    src[k] = np.arange(len(k))
+    pad = src < 0
+    src = np.maximum.accumulate(src)
+    return values[np.where(src < 0, 0, src)], pad
+
+
 def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheConfig,
-                  device) -> dict[str, Any]:
-    """Align one (checked) episode to ``config.rate_hz``; returns the Lance columns as arrays."""
+                  device, fps: float | None = None) -> dict[str, Any]:
+    """Align one (checked) episode to ``config.rate_hz`` (``fps``, the source's rate, when
+    ``"native"``); returns the Lance columns as arrays."""
     import torch
 
     import robocache
 
-    t = target_times(episode, specs, config.rate_hz)
-    streams, events = {}, {}
+    is_native = config.rate_hz == "native"
+    rate, tol = float(fps if is_native else config.rate_hz), config.grid_tolerance_s
+    t = target_times(episode, specs, rate, tol, native=is_native)
+    n = len(t)
+    native = set(native_streams(specs, rate)) if is_native else set()
+    streams, events, exact = {}, {}, {}
     for name, spec in specs.items():
         s = episode.streams[name]
-        times = torch.as_tensor(s.times, dtype=torch.float64, device=device)
         method = config.methods.get(name, default_method(spec))
+        if name in native and method != "frame_index" and (spec.kind == "numeric"
+                                                           or method == "previous"):
+            k = _grid_steps(episode, name, float(t[0]), rate, tol)
+            exact[name] = _place(s.data.reshape(len(s), -1) if spec.kind == "numeric"
+                                 else np.arange(len(s)), k, n)
+            continue
+        # numeric previous/nearest streams snap every sample near an instant; the others only
+        # when the whole stream is on the grid (moving one jittered sample would bend an
+        # interpolated curve by tol x slope, or shift an event's or frame's age/offset)
+        snapped = snap_times(s.times, t, tol, all_or_none=not (
+            spec.kind == "numeric" and method in ("previous", "nearest")))
+        times = torch.as_tensor(snapped, dtype=torch.float64, device=device)
         if spec.kind == "event":
             if len(s) == 0:
                 continue
             ids = torch.arange(len(s), dtype=torch.float32, device=device)[:, None]
             streams[name] = robocache.Stream(ids, times, method="previous")
             events[name] = s.data
+        elif spec.kind == "numeric" and method in ("previous", "nearest"):
+            # align sample ids and gather: the values stay bit-exact in their own dtype
+            ids = torch.arange(len(s), dtype=torch.float64, device=device)[:, None]
+            streams[name] = robocache.Stream(ids, times, method=method,
+                                             tolerance_s=config.tolerance_s)
         elif spec.kind == "numeric":
             data = torch.from_numpy(np.array(s.data.reshape(len(s), -1), np.float32)).to(device)
             streams[name] = robocache.Stream(data, times, method=method,
@@ -191,8 +300,7 @@ def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheC
         else:
             streams[name] = robocache.Stream(None, times, method="frame_index",
                                              tolerance_s=config.tolerance_s)
-    out = robocache.align(streams, torch.as_tensor(t, device=device))
-    n = len(t)
+    out = robocache.align(streams, torch.as_tensor(t, device=device)) if streams else None
     cols: dict[str, Any] = {
         "episode_index": np.full(n, episode.index, np.int64),
         "step": np.arange(n, dtype=np.int64),
@@ -201,6 +309,15 @@ def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheC
     }
     for name, spec in specs.items():
         col = column_name(name)
+        if name in exact:
+            values, pad = exact[name]
+            if spec.kind == "numeric":
+                cols[col] = values
+            else:
+                cols[f"{col}/frame"] = values
+                cols[f"{col}/offset"] = np.zeros(n, np.float32)
+            cols[f"{col}_is_pad"] = pad
+            continue
         if name not in streams:  # an event stream without events in this episode
             cols[col] = np.full(n, None, dtype=object)
             cols[f"{col}/age"] = np.full(n, np.nan, np.float32)
@@ -209,7 +326,8 @@ def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheC
         pad = out.is_pad[name].reshape(n).cpu().numpy()
         values = out.values[name].reshape(n, -1).cpu().numpy()
         if spec.kind == "numeric":
-            cols[col] = values.astype(np.float32)
+            cols[col] = _numeric_column(episode.streams[name].data, values,
+                                        streams[name].method, spec)
         elif spec.kind == "event":
             # an event holds until the next one: only steps before the first are padding
             pad = t < episode.streams[name].times[0]
@@ -221,6 +339,19 @@ def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheC
             cols[f"{col}/offset"] = out.offset[name].reshape(n).cpu().numpy().astype(np.float32)
         cols[f"{col}_is_pad"] = pad.astype(bool)
     return cols
+
+
+def _numeric_column(data: np.ndarray, values: np.ndarray, method: str,
+                    spec: StreamSpec) -> np.ndarray:
+    """A numeric stream's aligned rows ``[T, D]`` in its own dtype: ``previous``/``nearest``
+    gather the aligned sample ids from ``data``; interpolated values round back to the dtype."""
+    dtype = np.dtype(spec.dtype)
+    if method in ("previous", "nearest"):
+        ids = np.rint(values[:, 0]).astype(np.int64).clip(0, len(data) - 1)
+        return data.reshape(len(data), -1)[ids]
+    if dtype.kind in "biu":
+        values = np.rint(values)
+    return values.astype(dtype)
 
 
 def _table(cols: dict[str, Any], schema):
@@ -326,7 +457,8 @@ def _compute_stats(uri: Path, specs: dict[str, StreamSpec]) -> dict[str, dict]:
         parts = []
         for batch in ds.to_batches(columns=[col, f"{col}_is_pad"],
                                    batch_size=STATS_BATCH_ROWS):
-            values = batch.column(0).flatten().to_numpy().reshape(-1, spec.dim)
+            values = batch.column(0).flatten().to_numpy(zero_copy_only=False)
+            values = values.astype(np.float32).reshape(-1, spec.dim)
             keep = ~batch.column(1).to_numpy(zero_copy_only=False)
             if keep.any():
                 parts.append(robocache.compute_stats(torch.from_numpy(values[keep])))
@@ -434,21 +566,25 @@ def _remove_cache(dest: Path, log) -> None:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
+# the manifest fields that identify a cache's configuration: a resume or merge must match them
+IDENTITY = ("format", "source", "rate_hz", "native", "streams")
+
+
 def _claim(dest: Path, header: dict[str, Any], overwrite: bool, log) -> list[dict[str, Any]]:
     """With ``dest`` locked: remove the old cache (``overwrite``) or check that the cache there
-    was built from the same source, rate and streams (so a resume never mixes two
+    was built from the same source, rate (native or not) and streams (so a resume never mixes two
     configurations); write the in-progress manifest. Returns the quarantine list carried over."""
     if overwrite and is_cache(dest):
         _remove_cache(dest, log)
     old = read_manifest(dest)
     if old is not None and (dest / "data.lance").exists():
-        for key in ("source", "rate_hz", "streams"):
+        for key in IDENTITY:
             if old.get(key) != header[key]:
                 raise DataError(f"{dest} holds a cache with a different {key} "
                                 f"({old.get(key)!r} vs {header[key]!r}); pick a new destination "
                                 "or pass overwrite=True (--overwrite).")
     carried = old.get("quarantined", []) if old is not None and \
-        all(old.get(k) == header[k] for k in ("source", "rate_hz", "streams")) else []
+        all(old.get(k) == header[k] for k in IDENTITY) else []
     _write_json(dest / "manifest.json", {**header, "status": "building", "quarantined": carried})
     return carried
 
@@ -495,8 +631,14 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     :func:`build`, shared by the drivers that build the same cache another way (Ray). Yields
     the :class:`Run`; the lock is held until the block exits."""
     config = CacheConfig(**{**asdict(config or CacheConfig()), **overrides})
-    if not (config.rate_hz > 0 and math.isfinite(config.rate_hz)):
-        raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz; got {config.rate_hz}.")
+    native = config.rate_hz == "native"
+    if not native and not (isinstance(config.rate_hz, (int, float))
+                           and config.rate_hz > 0 and math.isfinite(config.rate_hz)):
+        raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz or 'native'; got "
+                        f"{config.rate_hz!r}.")
+    if not (config.grid_tolerance_s > 0 and math.isfinite(config.grid_tolerance_s)):
+        raise DataError(f"`grid_tolerance_s` (--grid-tolerance) must be > 0 seconds; got "
+                        f"{config.grid_tolerance_s!r} (LeRobot's default is 1e-4).")
     if config.camera_codec not in CODECS or not 1 <= config.camera_quality <= 95:
         raise DataError(f"`camera_codec` must be one of {CODECS} and `camera_quality` in "
                         f"[1, 95]; got {config.camera_codec!r}, {config.camera_quality}.")
@@ -505,6 +647,7 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
                                    else "/".join(map(str, config.shard)))
     device = _device(config.device)
     src, specs = open_specs(source, config)
+    fps = native_rate(src) if native else None
     dest = Path(dest)
     streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
                       "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
@@ -514,7 +657,7 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
                for name, s in specs.items()}
     header = {"format": CACHE_FORMAT,
               "source": {"path": str(Path(src.path).resolve()), "format": src.format},
-              "rate_hz": config.rate_hz, "streams": streams}
+              "rate_hz": fps or float(config.rate_hz), "native": native, "streams": streams}
     if config.shard is not None:
         header["shard"] = list(config.shard)
     _check_dest(Path(src.path), dest)
@@ -553,6 +696,7 @@ class Run:
                  dest: Path, header: dict[str, Any], carried: list[dict[str, Any]]):
         self.src, self.specs, self.config, self.device = src, specs, config, device
         self.dest, self.header = dest, header
+        self.fps = header["rate_hz"] if header["native"] else None  # align_episode's grid
         wanted = list(dict.fromkeys(config.episodes if config.episodes is not None
                                     else src.episode_indices()))
         if config.shard is not None:
@@ -695,7 +839,7 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
                     # types): the episode is quarantined with the reason, the rest proceeds
                     episode = load_episode(run.src, index, run.specs)
                     run.obs.lap("read")
-                    cols = align_episode(episode, run.specs, run.config, run.device)
+                    cols = align_episode(episode, run.specs, run.config, run.device, run.fps)
                     run.obs.lap("align")
                 except MemoryError:
                     raise
@@ -708,6 +852,15 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
                 run.obs.cached(index, episode, cols)
                 advance(f"episode {index}")
         return run.finish()
+
+
+def native_rate(src: Source) -> float:
+    """The rate a source declares (``fps``), for ``rate_hz="native"``."""
+    fps = getattr(src, "fps", None)
+    if not isinstance(fps, (int, float)) or not fps > 0:
+        raise DataError(f"{src.path}: the source declares no positive fps ({fps!r}); pass an "
+                        "explicit rate (rate_hz=HZ, --rate HZ).")
+    return float(fps)
 
 
 class _progress:

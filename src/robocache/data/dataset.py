@@ -4,9 +4,11 @@
     >>> ds[0]["action"].shape, ds[0]["observation.state"].shape
     (torch.Size([16, 8]), torch.Size([2, 8]))
 
-The cache's streams are loaded once into packed CPU tensors (``[total, D]`` + episode offsets,
-like FlashAttention's ``cu_seqlens``); a window is a gather of rows ``t-(h-1)..t`` (observations)
-or ``t..t+H-1`` (actions) inside the episode, edge-padded, through :func:`robocache.windows` —
+The cache's streams are loaded once into one packed CPU matrix (``[total, words]``: every
+key's values as raw int32 words, so each keeps its dtype bit for bit, + episode offsets like
+FlashAttention's ``cu_seqlens``); a window is a gather of each key's row offsets (rows
+``t-(h-1)..t`` for observations, ``t..t+H-1`` for actions, or LeRobot's per-key
+``delta_timestamps``) inside the episode, edge-padded, through :func:`robocache.key_windows` —
 on the GPU when the dataset is moved there (:meth:`RobotDataset.to`), on the CPU in DataLoader
 workers (which never touch CUDA). Every step of every episode is one sample, as in LeRobot.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,28 +31,66 @@ from robocache.errors import DataError
 Batch = dict[str, torch.Tensor]
 
 
-@dataclass
-class _Group:
-    """Keys windowed together: one packed ``[total, sum(D) + keys]`` matrix (values, then one
-    0/1 alignment-pad column per key) so a batch is one :func:`robocache.windows` call."""
+@dataclass(frozen=True)
+class _Key:
+    """Where one served key lives in the packed word matrix: its value words (``words`` int32
+    columns from ``col`` holding ``dim`` values of ``dtype``, little-endian bytes), and the
+    column of its 0/1 alignment-pad flag (``None`` when the cache has no padded step)."""
 
-    keys: list[str]
-    dims: list[int]
-    data: torch.Tensor
+    col: int
+    words: int
+    dtype: torch.dtype
+    dim: int
+    pad_col: int | None
 
-    def column(self, key: str) -> int:
-        """Index of the first value column of ``key``."""
-        i = self.keys.index(key)
-        return sum(self.dims[:i])
+    def values(self, w: torch.Tensor) -> torch.Tensor:
+        """The key's ``[..., dim]`` values from its gathered words ``[..., words]``."""
+        nbytes = self.dim * self.dtype.itemsize
+        raw = w.view(torch.uint8)
+        return (raw if raw.shape[-1] == nbytes else raw[..., :nbytes]).view(self.dtype)
 
-    def split(self, w: torch.Tensor, window_pad: torch.Tensor) -> Batch:
-        out, at = {}, 0
-        pads = w[..., sum(self.dims):] > 0.5
-        for i, (k, d) in enumerate(zip(self.keys, self.dims, strict=True)):
-            out[k] = w[..., at:at + d]
-            out[f"{k}_is_pad"] = window_pad | pads[..., i]
-            at += d
-        return out
+
+def _words(values: np.ndarray) -> np.ndarray:
+    """``[n, ...]`` values of any dtype as int32 words ``[n, ceil(bytes / 4)]``."""
+    raw = np.ascontiguousarray(values).reshape(len(values), -1).view(np.uint8)
+    extra = -raw.shape[1] % 4
+    if extra:
+        raw = np.concatenate([raw, np.zeros((len(raw), extra), np.uint8)], 1)
+    return np.ascontiguousarray(raw).view(np.int32)
+
+
+def seconds_to_steps(delta_timestamps: dict[str, Sequence[float]], rate_hz: float,
+                     tolerance_s: float, keys: Sequence[str]) -> dict[str, list[int]]:
+    """LeRobot's ``delta_timestamps`` (seconds) as row offsets at ``rate_hz``.
+
+    Raises:
+        DataError: a tolerance <= 0, an unknown key, an empty list, or an offset farther than
+            ``tolerance_s`` from a multiple of ``1 / rate_hz`` (naming the nearest ones).
+    """
+    if not (isinstance(tolerance_s, (int, float)) and tolerance_s > 0):
+        raise DataError(f"`tolerance_s` must be > 0 seconds; got {tolerance_s!r} (LeRobot's "
+                        "default is 1e-4).")
+    out = {}
+    for key, offsets in delta_timestamps.items():
+        if key not in keys:
+            raise DataError(f"`delta_timestamps` names {key!r}, which is not a served key; "
+                            f"served keys: {list(keys)}.")
+        offsets = list(offsets)
+        if not offsets:
+            raise DataError(f"`delta_timestamps[{key!r}]` is empty; give at least one offset "
+                            "in seconds, e.g. [0.0].")
+        steps = []
+        for o in offsets:
+            k = round(float(o) * rate_hz)
+            if abs(float(o) * rate_hz - k) / rate_hz > tolerance_s:
+                lo, hi = math.floor(o * rate_hz), math.ceil(o * rate_hz)
+                raise DataError(f"`delta_timestamps[{key!r}]` holds {o!r} s, not a multiple of "
+                                f"1/{rate_hz:g} s within tolerance_s = {tolerance_s:g}; the "
+                                f"nearest valid offsets are {lo / rate_hz!r} and "
+                                f"{hi / rate_hz!r} s.")
+            steps.append(k)
+        out[key] = steps
+    return out
 
 
 class RobotDataset(torch.utils.data.Dataset):
@@ -64,6 +105,14 @@ class RobotDataset(torch.utils.data.Dataset):
             starting with ``"action"``); the others are observations, windowed with ``history``.
             With ``horizon=0`` every key is windowed with ``history``.
         pad: ``"edge"`` (repeat the episode's first/last row, as LeRobot) or ``"zero"``.
+        delta_timestamps: instead of history/horizon, per key offsets in seconds (LeRobot's
+            ``delta_timestamps``, e.g. ``{"observation.state": [-1/30, 0], "action":
+            [k/30 for k in range(50)]}``), each a multiple of ``1 / rate`` within
+            ``tolerance_s``; keys not named are served at the current step only, without a
+            window dimension (as LeRobot).
+        delta_steps: the same in steps (row offsets) instead of seconds.
+        tolerance_s: seconds within which a ``delta_timestamps`` offset counts as on the grid.
+        episodes: serve only these cached episodes (default: all).
         image_size: (height, width) camera frames are resized to (default: as stored).
         image_transforms: random crop / affine / colour jitter of camera frames
             (:class:`robocache.ImageTransformsConfig`), drawn per sample and camera from
@@ -74,23 +123,27 @@ class RobotDataset(torch.utils.data.Dataset):
             batches).
 
     Items (``ds[i]``, or ``ds[list_of_i]`` for a batch with a leading ``B``): for each
-    observation key ``[history, D]`` float32, for each action key ``[horizon, D]``, each with a
-    ``<key>_is_pad`` bool mask (outside the episode, or the stream had no sample there); camera
-    keys (image and video streams) give ``[history, C, H, W]`` frames as LeRobot (float32 in
-    [0, 1] by default; depth stays uint16), decoded per batch (nvJPEG on a GPU); plus
+    observation key ``[history, D]``, for each action key ``[horizon, D]`` (with per-key
+    offsets: ``[len(offsets), D]``, or ``[D]`` for keys without), in the stream's own dtype
+    (float32, int64, bool...), each with a ``<key>_is_pad`` bool mask (outside the episode, or
+    the stream had no sample there); camera keys (image and video streams) give ``[K, C, H,
+    W]`` frames as LeRobot (float32 in [0, 1] by default; depth stays uint16), decoded per
+    batch (nvJPEG on a GPU); plus
     ``episode_index``, ``index`` (the global step) and ``timestamp`` (float64 seconds).
 
     Raises:
         FileNotFoundError: no cache at ``cache``.
-        DataError: an unfinished cache, a key the cache lacks, a non-servable (event) key, or
-            bad history/horizon/pad.
+        DataError: an unfinished cache, a key the cache lacks, a non-servable (event) key, bad
+            history/horizon/pad, or bad ``delta_timestamps`` (see :func:`seconds_to_steps`).
     """
 
     def __init__(self, cache: str | Path, *, history: int = 1, horizon: int = 0,
                  keys: Sequence[str] | None = None, action_keys: Sequence[str] | None = None,
-                 pad: str = "edge", image_size: tuple[int, int] | None = None,
-                 image_transforms: Any = None, image_dtype: torch.dtype = torch.float32,
-                 seed: int = 0):
+                 pad: str = "edge", delta_timestamps: dict[str, Sequence[float]] | None = None,
+                 delta_steps: dict[str, Sequence[int]] | None = None,
+                 tolerance_s: float = 1e-4, episodes: Sequence[int] | None = None,
+                 image_size: tuple[int, int] | None = None, image_transforms: Any = None,
+                 image_dtype: torch.dtype = torch.float32, seed: int = 0):
         import lance
 
         from robocache.ops.normalize import Stats
@@ -117,19 +170,40 @@ class RobotDataset(torch.utils.data.Dataset):
         if bad:
             raise DataError(f"`keys` {bad} are not servable streams of {self.path}; servable: "
                             f"{servable}.")
-        acts = [k for k in keys if k.startswith("action")] if action_keys is None \
-            else list(action_keys)
-        if set(acts) - set(keys):
-            raise DataError(f"`action_keys` {sorted(set(acts) - set(keys))} are not in `keys`.")
-        if horizon == 0 and acts:
-            acts = []
-        self.action_keys = acts
-        self.obs_keys = [k for k in keys if k not in acts]
-        self.image_keys = [k for k in self.obs_keys if streams[k]["kind"] in ("image", "video")]
+        if delta_timestamps is not None and delta_steps is not None:
+            raise DataError("pass `delta_timestamps` (seconds) or `delta_steps`, not both.")
+        if delta_timestamps is not None:
+            delta_steps = seconds_to_steps(delta_timestamps, self.manifest["rate_hz"],
+                                           tolerance_s, keys)
+        if delta_steps is not None:
+            if (history, horizon, action_keys) != (1, 0, None):
+                raise DataError("per-key offsets replace `history`/`horizon`/`action_keys`; "
+                                "pass one or the other.")
+            unknown = [k for k in delta_steps if k not in keys]
+            if unknown or any(len(v) == 0 for v in delta_steps.values()):
+                raise DataError(f"`delta_steps` must name served keys ({keys}) with at least "
+                                f"one offset each; got {dict(delta_steps)}.")
+            self.action_keys = [k for k in keys if k.startswith("action")]
+            self.deltas = {k: [int(o) for o in delta_steps.get(k, [0])] for k in keys}
+            self.squeezed = [k for k in keys if k not in delta_steps]
+        else:
+            acts = [k for k in keys if k.startswith("action")] if action_keys is None \
+                else list(action_keys)
+            if set(acts) - set(keys):
+                raise DataError(f"`action_keys` {sorted(set(acts) - set(keys))} are not in "
+                                "`keys`.")
+            self.action_keys = [] if horizon == 0 else acts
+            self.deltas = {k: list(range(horizon)) if k in self.action_keys
+                           else list(range(1 - history, 1)) for k in keys}
+            self.squeezed = []
+        self.obs_keys = [k for k in keys if k not in self.action_keys]
+        self.image_keys = [k for k in keys if streams[k]["kind"] in ("image", "video")]
         self.image_size, self.image_transforms = image_size, image_transforms
         self.image_dtype, self._rng = image_dtype, torch.Generator().manual_seed(seed)
         stats = json.loads((self.path / self.manifest["stats_path"]).read_text())
-        self.stats = {k: Stats.from_dict(v) for k, v in stats.items() if k in keys}
+        # stats normalize float streams; integer and bool streams are served as stored
+        self.stats = {k: Stats.from_dict(v) for k, v in stats.items() if k in keys
+                      and np.dtype(streams[k]["dtype"]).kind == "f"}
 
         if not (self.path / "data.lance").exists():
             reasons = "; ".join(f"episode {q['index']}: {q['reason']}"
@@ -141,7 +215,16 @@ class RobotDataset(torch.utils.data.Dataset):
         for k in keys:
             col = streams[k]["column"]
             columns += [f"{col}/frame" if k in self.image_keys else col, f"{col}_is_pad"]
-        table = ds.to_table(columns=columns)
+        if episodes is not None:
+            cached = {e["index"] for e in self.manifest["episodes"]}
+            missing = sorted(set(map(int, episodes)) - cached)
+            if missing or not len(episodes):
+                raise DataError(f"`episodes` must name cached episodes; {missing or 'none'} "
+                                f"given are not in {self.path} (cached: {sorted(cached)}).")
+            table = ds.to_table(columns=columns, filter="episode_index IN ("
+                                + ", ".join(str(int(e)) for e in episodes) + ")")
+        else:
+            table = ds.to_table(columns=columns)
         ep = table.column("episode_index").to_numpy()
         order = np.lexsort((table.column("step").to_numpy(), ep))
         ep = ep[order]
@@ -149,31 +232,50 @@ class RobotDataset(torch.utils.data.Dataset):
         self.episode_ids = torch.from_numpy(ep[starts].copy())
         self.offsets = torch.from_numpy(np.r_[starts, len(ep)].astype(np.int64))
         self.episode_index = torch.from_numpy(ep.copy())
+        self.step = torch.from_numpy(table.column("step").to_numpy()[order].copy())
         self.timestamp = torch.from_numpy(table.column("timestamp").to_numpy()[order].copy())
         self.frames: dict[str, Any] = {}
 
-        def column(k: str) -> tuple[np.ndarray, np.ndarray]:
+        # every key's values as raw int32 words side by side (any dtype, bit-exact), then the
+        # 0/1 alignment-pad flags of keys that have padded steps: one matrix, one gather
+        words, pads, self.layout, at = [], [], {}, 0
+        for k in keys:
             col = streams[k]["column"]
             pad_col = table.column(f"{col}_is_pad").to_numpy(zero_copy_only=False)[order]
             if k in self.image_keys:
-                return self._frame_rows(k, ep, table.column(f"{col}/frame").to_numpy()[order],
-                                        pad_col), pad_col
-            values = table.column(col).combine_chunks().flatten().to_numpy()
-            return values.reshape(len(order), -1)[order], pad_col
+                values = self._frame_rows(k, ep, table.column(f"{col}/frame").to_numpy()[order],
+                                          pad_col)
+            else:
+                flat = table.column(col).combine_chunks().flatten()
+                values = flat.to_numpy(zero_copy_only=False).reshape(len(order), -1)[order]
+            words.append(_words(values))
+            pads.append(pad_col if pad_col.any() else None)
+            self.layout[k] = (at, words[-1].shape[1], values.dtype, values.shape[1])
+            at += words[-1].shape[1]
+        for k, p in zip(keys, pads, strict=True):
+            c, w, dtype, dim = self.layout[k]
+            self.layout[k] = _Key(c, w, _TORCH[np.dtype(dtype)], dim, None if p is None else at)
+            if p is not None:
+                words.append(p.astype(np.int32)[:, None])
+                at += 1
+        self.data = torch.from_numpy(np.concatenate(words, 1) if words
+                                     else np.zeros((len(ep), 0), np.int32))
+        self.set_windows()
 
-        self.groups = {}
-        for name, group_keys in (("obs", self.obs_keys), ("act", self.action_keys)):
-            if not group_keys:
-                continue
-            parts = [column(k) for k in group_keys]
-            data = np.concatenate([p[0] for p in parts] + [p[1][:, None] for p in parts], 1)
-            self.groups[name] = _Group(group_keys, [p[0].shape[1] for p in parts],
-                                       torch.from_numpy(data.astype(np.float32)))
+    def set_windows(self) -> None:
+        """The `robocache.key_windows` columns and offsets of :attr:`layout` and
+        :attr:`deltas` (each key's words, and its alignment-pad column where it has one)."""
+        self._columns, self._offsets = {}, {}
+        for k, key in self.layout.items():
+            self._columns[k], self._offsets[k] = (key.col, key.words), self.deltas[k]
+            if key.pad_col is not None:
+                self._columns[f"{k}\0pad"] = (key.pad_col, 1)
+                self._offsets[f"{k}\0pad"] = self.deltas[k]
 
     def _frame_rows(self, key: str, ep: np.ndarray, frame: np.ndarray,
                     pad: np.ndarray) -> np.ndarray:
         """Load the key's encoded frames (:class:`~robocache.data.cameras.EncodedFrames`);
-        return each step's global frame row (as a float32 column, exact below 2**24 frames)."""
+        return each step's global frame row (int64 ``[T, 1]``)."""
         import lance
 
         from robocache.data.cameras import EncodedFrames
@@ -187,7 +289,7 @@ class RobotDataset(torch.utils.data.Dataset):
         fep = fep[order]
         first = {int(e): int(i) for e, i in zip(*np.unique(fep, return_index=True), strict=True)}
         base = np.array([first.get(int(e), 0) for e in ep], np.int64)
-        return np.where(pad, 0, base + np.maximum(frame, 0)).astype(np.float32)[:, None]
+        return np.where(pad, 0, base + np.maximum(frame, 0)).astype(np.int64)[:, None]
 
     @property
     def keys(self) -> list[str]:
@@ -201,26 +303,24 @@ class RobotDataset(torch.utils.data.Dataset):
         """A copy whose packed cache lives on ``device`` (e.g. to gather windows on the GPU);
         this dataset is unchanged."""
         out = copy.copy(self)
-        out.groups = {n: _Group(g.keys, g.dims, g.data.to(device))
-                      for n, g in self.groups.items()}
-        out.offsets = self.offsets.to(device)
-        out.episode_index = self.episode_index.to(device)
-        out.timestamp = self.timestamp.to(device)
+        out.data = self.data.to(device)
+        for name in ("offsets", "episode_index", "step", "timestamp"):
+            setattr(out, name, getattr(self, name).to(device))
         return out
 
     def normalized(self, normalizer) -> RobotDataset:
-        """A copy whose packed numeric columns are normalized once, where they live (affine
-        per dimension, so windows of normalized rows equal normalized windows; with
+        """A copy whose packed float columns are normalized once, where they live (affine per
+        dimension, so windows of normalized rows equal normalized windows; with
         ``pad="zero"`` the padding is zero in normalized units)."""
         out = copy.copy(self)
-        out.groups = {}
-        for n, g in self.groups.items():
-            data, at = g.data.clone(), 0
-            for k, d in zip(g.keys, g.dims, strict=True):
-                if k in self.stats:
-                    data[:, at:at + d] = normalizer({k: data[:, at:at + d]})[k]
-                at += d
-            out.groups[n] = _Group(g.keys, g.dims, data)
+        out.data = self.data.clone()
+        for k in self.stats:
+            key = self.layout[k]
+            if key.dtype != torch.float32:
+                continue
+            cols = slice(key.col, key.col + key.words)
+            normed = normalizer({k: self.data[:, cols].view(torch.float32)})[k]
+            out.data[:, cols] = normed.to(torch.float32).view(torch.int32)
         return out
 
     def __len__(self) -> int:
@@ -228,41 +328,39 @@ class RobotDataset(torch.utils.data.Dataset):
 
     def gather(self, indices: torch.Tensor) -> Batch:
         """Stage 1, where the packed cache lives (a DataLoader worker, or the GPU): the raw
-        windows as few tensors — ``index``, one ``[B, K, C + 1]`` float32 tensor per group
-        (``"obs"``: K = history, ``"act"``: K = horizon; the value and alignment-pad columns,
-        then the window-pad flag) and the decoded frames of camera keys (uint8 ``[B, K, C, H,
-        W]``; nvJPEG when the dataset lives on a GPU, else the CPU)."""
+        windows as few tensors — ``index``, the gathered words of every key (one
+        :func:`robocache.key_windows` launch) and the decoded frames of camera keys (uint8
+        ``[B, K, C, H, W]``; nvJPEG when the dataset lives on a GPU, else the CPU)."""
         import robocache
         from robocache.data.cameras import decode
 
         raw: Batch = {"index": indices}
-        for name, g in self.groups.items():
-            history, horizon = (self.history, 0) if name == "obs" else (0, self.horizon)
-            w = robocache.windows(g.data, self.offsets, indices, history=history,
-                                  horizon=horizon, pad=self.pad)
-            values, pad = (w.history, w.history_is_pad) if name == "obs" else \
-                (w.horizon, w.horizon_is_pad)
-            raw[name] = torch.cat([values, pad[..., None].to(values.dtype)], -1)
+        raw.update(robocache.key_windows(self.data, self.offsets, indices, self._columns,
+                                         self._offsets, pad=self.pad))
         for k in self.image_keys:
-            rows = raw["obs"][..., self.groups["obs"].column(k)].long()
-            raw[k] = decode(self.frames[k], rows, self.device)
+            rows = self.layout[k].values(raw[k])[..., 0]
+            raw[f"{k}\0frames"] = decode(self.frames[k], rows, self.device)
         return raw
 
     def finish(self, raw: Batch, episode_index: torch.Tensor | None = None,
                timestamp: torch.Tensor | None = None) -> Batch:
-        """Stage 2, on the batch's device: split :meth:`gather`'s tensors into keys and
-        ``_is_pad`` masks; ``episode_index`` / ``timestamp`` (per global step) default to this
-        dataset's, pass copies on the batch's device when it differs."""
+        """Stage 2, on the batch's device: view :meth:`gather`'s words as each key's dtype and
+        merge the ``_is_pad`` masks; ``episode_index`` / ``timestamp`` (per global step)
+        default to this dataset's, pass copies on the batch's device when it differs."""
         index = raw["index"]
         episode_index = self.episode_index if episode_index is None else episode_index
         timestamp = self.timestamp if timestamp is None else timestamp
         out: Batch = {"index": index, "episode_index": episode_index[index],
                       "timestamp": timestamp[index]}
-        for name, g in self.groups.items():
-            w = raw[name]
-            out.update(g.split(w[..., :-1], w[..., -1] > 0.5))
-        for k in self.image_keys:
-            out[k] = self._camera(raw[k])
+        for k, key in self.layout.items():
+            pad = raw[f"{k}_is_pad"]
+            if key.pad_col is not None:
+                pad = pad | (raw[f"{k}\0pad"][..., 0] != 0)
+            value = self._camera(raw[f"{k}\0frames"]) if k in self.image_keys \
+                else key.values(raw[k])
+            if k in self.squeezed:
+                value, pad = value[:, 0], pad[:, 0]
+            out[k], out[f"{k}_is_pad"] = value, pad
         return out
 
     def camera_shape(self, key: str) -> tuple[tuple[int, int, int], torch.dtype]:
@@ -302,8 +400,13 @@ class RobotDataset(torch.utils.data.Dataset):
         return self.fetch(idx)
 
     def describe(self) -> dict[str, Any]:
-        """Sizes for summaries: samples, episodes, rate, served keys and their dims."""
-        dims = {k: d for g in self.groups.values() for k, d in zip(g.keys, g.dims, strict=True)}
+        """Sizes for summaries: samples, episodes, rate, served keys, their dims and offsets."""
         return {"samples": len(self), "episodes": int(self.episode_ids.shape[0]),
                 "rate_hz": self.manifest["rate_hz"], "history": self.history,
-                "horizon": self.horizon, "dims": dims}
+                "horizon": self.horizon,
+                "dims": {k: key.dim for k, key in self.layout.items()},
+                "offsets": dict(self.deltas)}
+
+
+_TORCH = {np.dtype(n): getattr(torch, n) for n in
+          ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")}

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from robocache.data.cameras import EncodedFrames
-from robocache.data.dataset import Batch, RobotDataset, _Group
+from robocache.data.dataset import Batch, RobotDataset, _Key
 from robocache.errors import DataError
 from robocache.observability import metrics
 
@@ -95,7 +95,11 @@ class MixedDataset:
                                         "pass the same `image_size` / `image_dtype`.")
                     continue
                 width = max(dim[k], self.shapes.get(k, ((0,), None))[0][-1])
-                self.shapes[k] = ((steps, width), torch.float32)
+                dtype = d.layout[k].dtype
+                if self.shapes.setdefault(k, ((steps, width), dtype))[1] != dtype:
+                    raise DataError(f"key {k!r} is {self.shapes[k][1]} in one dataset and "
+                                    f"{dtype} in another; cache it with one dtype.")
+                self.shapes[k] = ((steps, width), dtype)
         # numeric keys whose width differs between sources (or that some lack) get a dim mask
         cameras = {k for d in self.datasets for k in d.image_keys}
         self.dim_masked = {k for k in self.shapes if k not in cameras
@@ -281,38 +285,47 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
         counts = [d.frames[k].shape[0] if k in d.image_keys else 0 for d in datasets]
         frame_base[k] = np.cumsum([0] + counts[:-1]).tolist()
         out.frames[k] = EncodedFrames.cat(have, blank=True)  # last: an all-zero frame
-    out.groups = {}
-    for name in ("obs", "act"):
-        keys = [k for k in mixture.keys if (k in mixture.action_keys) == (name == "act")]
-        if not keys:
-            continue
-        dims = [1 if k in images else mixture.shapes[k][0][-1] for k in keys]
-        width = sum(dims)
-        blocks = []
-        for i, d in enumerate(datasets):
-            block = torch.zeros(len(d), width + len(keys), device=dev)
-            g = d.groups.get(name)
-            for j, k in enumerate(keys):
-                at = sum(dims[:j])
-                if g is None or k not in g.keys:
-                    block[:, width + j] = 1.0  # a key this source lacks: padded
-                    if k in images:
-                        block[:, at] = out.frames[k].shape[0] - 1
-                    continue
-                c, w = g.column(k), g.dims[g.keys.index(k)]
-                block[:, at:at + w] = g.data[:, c:c + w] + (frame_base[k][i] if k in images
-                                                             else 0)
-                block[:, width + j] = g.data[:, sum(g.dims) + g.keys.index(k)]
-            blocks.append(block)
-        out.groups[name] = _Group(keys, dims, torch.cat(blocks))
+    # every key at its widest (words, then one alignment-pad column per key), as the sources'
+    # own rows: bytes past a narrower source's values are zero
+    first = {k: next(d for d in datasets if k in d.layout) for k in mixture.keys}
+    words = {k: max(d.layout[k].words for d in datasets if k in d.layout) for k in mixture.keys}
+    cols = dict(zip(mixture.keys, np.cumsum([0] + [words[k] for k in mixture.keys]).tolist(),
+                    strict=False))
+    width = sum(words.values())
+    blocks = []
+    for i, d in enumerate(datasets):
+        block = torch.zeros(len(d), width + len(mixture.keys), dtype=torch.int32, device=dev)
+        for j, k in enumerate(mixture.keys):
+            c = cols[k]
+            if k not in d.layout:  # a key this source lacks: padded (the zero frame)
+                block[:, width + j] = 1
+            else:
+                key = d.layout[k]
+                block[:, c:c + key.words] = d.data[:, key.col:key.col + key.words]
+                if key.pad_col is not None:
+                    block[:, width + j] = d.data[:, key.pad_col]
+            if k in images:  # frame rows (int64 as two words) into the stacked frames
+                rows = (block[:, c:c + 2].contiguous().view(torch.int64) + frame_base[k][i]
+                        if k in d.layout else torch.full((len(d), 1), out.frames[k].shape[0] - 1,
+                                                          dtype=torch.int64, device=dev))
+                block[:, c:c + 2] = rows.view(torch.int32)
+        blocks.append(block)
+    out.data = torch.cat(blocks)
+    out.layout = {k: _Key(cols[k], words[k], first[k].layout[k].dtype,
+                          max(d.layout[k].dim for d in datasets if k in d.layout), width + j)
+                  for j, k in enumerate(mixture.keys)}
+    out.deltas = {k: first[k].deltas[k] for k in mixture.keys}
+    out.squeezed = [k for k in mixture.keys if k in first[k].squeezed]
     out.obs_keys = [k for k in mixture.keys if k not in mixture.action_keys]
     out.action_keys = list(mixture.action_keys)
     out.image_keys = [k for k in out.obs_keys if k in images]
     out.horizon = max(d.horizon for d in datasets)
+    out.set_windows()
     out.offsets = torch.cat([d.offsets[:-1] + base[i] for i, d in enumerate(datasets)]
                             + [sizes.sum()[None]])
     out.episode_index = torch.cat([d.episode_index for d in datasets])
     out.episode_ids = torch.cat([d.episode_ids.to(dev) for d in datasets])
+    out.step = torch.cat([d.step for d in datasets])
     out.timestamp = torch.cat([d.timestamp for d in datasets])
     out.row_source = torch.repeat_interleave(torch.arange(len(datasets), device=dev), sizes)
     out.row_base = base

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from robocache.data.cache import (
+    IDENTITY,
     _check_dest,
     _claim,
     _done_episodes,
@@ -34,8 +35,6 @@ from robocache.data.cache import (
 )
 from robocache.data.lock import CacheLock
 from robocache.errors import DataError
-
-IDENTITY = ("format", "source", "rate_hz", "streams")
 
 
 def _manifests(shards: list[Path]) -> list[dict[str, Any]]:
@@ -115,7 +114,7 @@ def merge(shards: list[str | Path], dest: str | Path, *, overwrite: bool = False
         raise DataError("`shards` is empty; pass the shard cache directories, then the "
                         "destination.")
     manifests = _manifests(shards)
-    header = {k: manifests[0][k] for k in IDENTITY}
+    header = {k: manifests[0].get(k) for k in IDENTITY}
     dest = Path(dest)
     for shard in shards:  # the shards are sources: never written
         _check_dest(shard, dest)

@@ -122,11 +122,11 @@ def _read(row: dict[str, Any], *, path: str, options: str, keys) -> dict[str, An
 class _AlignWrite:
     """Actor: align episodes on this actor's device and write their files under ``dest``."""
 
-    def __init__(self, dest: str, config: CacheConfig, device: str, path: str, options: str,
-                 keys):
+    def __init__(self, dest: str, config: CacheConfig, fps: float | None, device: str,
+                 path: str, options: str, keys):
         import torch
 
-        self.dest, self.config = Path(dest), config
+        self.dest, self.config, self.fps = Path(dest), config, fps
         self.src, self.specs = _source(path, options, keys)
         self.device = torch.device(device)
 
@@ -136,7 +136,7 @@ class _AlignWrite:
             return row
         episode = pickle.loads(row["payload"])
         try:
-            cols = align_episode(episode, self.specs, self.config, self.device)
+            cols = align_episode(episode, self.specs, self.config, self.device, self.fps)
         except MemoryError:
             raise
         except Exception as e:
@@ -222,7 +222,7 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                 ds = ds.map(_AlignWrite, compute=ray.data.ActorPoolStrategy(size=actors),
                             **per_actor, fn_constructor_kwargs={
                                 "dest": str(run.dest.resolve()), "config": run.config,
-                                "device": device, **where})
+                                "fps": run.fps, "device": device, **where})
                 pending: dict[int, list] = {}
                 since = time.perf_counter()
                 for row in ds.iter_rows():

@@ -30,13 +30,11 @@ def _store_pads(pad, rel, r, first, last, offs_m, mm, K_START: tl.constexpr, K: 
 
 
 @triton.jit
-def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad1,
-                    M, n_episodes, search_steps, sdr, sdd, D: tl.constexpr,
-                    K0: tl.constexpr, K1: tl.constexpr, HAS_EPISODES: tl.constexpr,
-                    ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                    KP0: tl.constexpr, KP1: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+def _window_rows(offsets, indices, episodes, M, n_episodes, search_steps,
+                 HAS_EPISODES: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's windows (offsets, in-range mask), each one's current row and its
+    episode's first and last rows (int64 [BLOCK_M])."""
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     mm = offs_m < M
     r = tl.load(indices + offs_m, mask=mm, other=0).to(tl.int64)
     if HAS_EPISODES:
@@ -53,6 +51,17 @@ def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad
         e = lo
     first = tl.load(offsets + e, mask=mm, other=0).to(tl.int64)
     last = tl.load(offsets + e + 1, mask=mm, other=1).to(tl.int64) - 1
+    return offs_m, mm, r, first, last
+
+
+@triton.jit
+def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad1,
+                    M, n_episodes, search_steps, sdr, sdd, D: tl.constexpr,
+                    K0: tl.constexpr, K1: tl.constexpr, HAS_EPISODES: tl.constexpr,
+                    ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                    KP0: tl.constexpr, KP1: tl.constexpr):
+    offs_m, mm, r, first, last = _window_rows(offsets, indices, episodes, M, n_episodes,
+                                              search_steps, HAS_EPISODES, BLOCK_M)
     for k in tl.static_range(K0 + K1):
         row = r + tl.load(rel + k)
         is_pad = (row < first) | (row > last)
@@ -94,4 +103,65 @@ def windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tenso
         HAS_EPISODES=episodes is not None, ZERO_PAD=zero_pad, BLOCK_M=block_m,
         BLOCK_D=block_d, KP0=next_pow2(max(split, 1)),
         KP1=next_pow2(max(rel.shape[0] - split, 1)), num_warps=4,
+    )
+
+
+@triton.jit
+def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, n_entries,
+                        n_episodes, search_steps, sdr, sdd, HAS_EPISODES: tl.constexpr,
+                        ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                        MAX_W: tl.constexpr, GROUP: tl.constexpr):
+    # grid (window blocks, entry groups). Entry j = one (key, offset) pair, table row j: first
+    # column, width, row offset; value (m, d) goes to out[obase * M + ooff + m * ostride + d],
+    # its pad flag to pad[pbase * M + poff + m * pstride]. A program finds its windows'
+    # episodes once and copies GROUP entries, unrolled so their loads are in flight together.
+    offs_m, mm, r, first, last = _window_rows(offsets, indices, episodes, M, n_episodes,
+                                              search_steps, HAS_EPISODES, BLOCK_M)
+    for g in tl.static_range(GROUP):
+        j = tl.program_id(1).to(tl.int64) * GROUP + g
+        live = j < n_entries
+        row_t = table + j * 9
+        col = tl.load(row_t + 0, mask=live, other=0)
+        width = tl.load(row_t + 1, mask=live, other=0)
+        out_base = tl.load(row_t + 3, mask=live, other=0) * M + tl.load(row_t + 4, mask=live,
+                                                                         other=0)
+        out_stride = tl.load(row_t + 5, mask=live, other=0)
+        pad_base = tl.load(row_t + 6, mask=live, other=0) * M + tl.load(row_t + 7, mask=live,
+                                                                         other=0)
+        row = r + tl.load(row_t + 2, mask=live, other=0)
+        is_pad = (row < first) | (row > last)
+        src = tl.minimum(tl.maximum(row, first), last)
+        for d0 in tl.static_range(0, MAX_W, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            m2 = mm[:, None] & (offs_d < width)[None, :]
+            v = tl.load(data + src[:, None] * sdr + (col + offs_d)[None, :] * sdd, mask=m2,
+                        other=0)
+            if ZERO_PAD:
+                v = tl.where(is_pad[:, None], tl.zeros_like(v), v)
+            tl.store(out + out_base + offs_m[:, None] * out_stride + offs_d[None, :], v,
+                     mask=m2, cache_modifier=".cs")
+        tl.store(pad + pad_base + offs_m * tl.load(row_t + 8, mask=live, other=0), is_pad,
+                 mask=mm & live)
+
+
+def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
+                     episodes: torch.Tensor | None, table: torch.Tensor, max_width: int,
+                     out: torch.Tensor, pad: torch.Tensor, zero_pad: bool,
+                     group: int = 4) -> None:
+    """Gather per-key windows of `data [total, C]` into the flat `out` / `pad` buffers, one
+    launch for every (key, offset) entry of `table` (int64 ``[J, 9]``, see the kernel);
+    `max_width` bounds the entries' widths, `group` entries share a program."""
+    M, J = indices.shape[0], table.shape[0]
+    if M == 0 or J == 0:
+        return
+    n_episodes = offsets.shape[0] - 1
+    block_d = min(next_pow2(max(max_width, 1)), 128)
+    # ~4K values in flight per program (4 warps, 32 per thread): the episode search is paid
+    # once per `group` entries instead of once per entry
+    block_m = max(16, min(128, 4096 // (block_d * group)))
+    _key_windows_kernel[(triton.cdiv(M, block_m), triton.cdiv(J, group))](
+        data, offsets, indices, indices if episodes is None else episodes, table, out, pad,
+        M, J, n_episodes, max(n_episodes, 1).bit_length(), data.stride(0), data.stride(1),
+        HAS_EPISODES=episodes is not None, ZERO_PAD=zero_pad, BLOCK_M=block_m,
+        BLOCK_D=block_d, MAX_W=max(max_width, 1), GROUP=group, num_warps=4,
     )

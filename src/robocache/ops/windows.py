@@ -7,9 +7,10 @@ from typing import NamedTuple
 
 import torch
 
+from robocache._plancache import PlanCache
 from robocache.observability import nvtx
 from robocache.ops import _checks as C
-from robocache.reference.windows import episode_bounds, windows_ref
+from robocache.reference.windows import episode_bounds, key_windows_ref, windows_ref
 
 _OP = "windows"
 PADS = ("edge", "zero")
@@ -201,3 +202,159 @@ def _(data, episode_offsets, indices, episodes, rel, split, zero_pad):
     M, D, K1 = indices.shape[0], data.shape[1], len(rel) - split
     return (data.new_empty((M, split, D)), data.new_empty((M, split), dtype=torch.bool),
             data.new_empty((M, K1, D)), data.new_empty((M, K1), dtype=torch.bool))
+
+
+def _key_plan(columns: dict[str, tuple[int, int]], rels: dict[str, tuple[int, ...]]
+              ) -> tuple[list[list[int]], int, int, list]:
+    """The kernel's entry rows (``[J][9]``, see the kernel), the per-window sizes of the flat
+    value and pad buffers, and per key ``(name, base, L, W, pad base)``."""
+    rows, layout, obase, pbase = [], [], 0, 0
+    for name, (col, width) in columns.items():
+        rel = rels[name]
+        L = len(rel)
+        rows += [[col, width, o, obase, i * width, L * width, pbase, i, L]
+                 for i, o in enumerate(rel)]
+        layout.append((name, obase, L, width, pbase))
+        obase += L * width
+        pbase += L
+    return rows, obase, pbase, layout
+
+
+_KEY_TABLES = PlanCache()
+
+
+def _key_table(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Device copy of the entry table, made once per (layout, device)."""
+    key = (tuple(map(tuple, rows)), device)
+    t = _KEY_TABLES.get(key)
+    if t is None:
+        t = _KEY_TABLES.put(key, torch.tensor(rows, dtype=torch.int64, device=device))
+    return t
+
+
+@nvtx.annotate("robocache.key_windows")
+def key_windows(
+    data: torch.Tensor,
+    episode_offsets: torch.Tensor,
+    indices: torch.Tensor,
+    columns: dict[str, tuple[int, int]],
+    offsets: dict[str, Sequence[int]],
+    *,
+    pad: str = "edge",
+    episodes: torch.Tensor | None = None,
+    validate: bool | None = None,
+) -> dict[str, torch.Tensor]:
+    """Windows of several keys packed side by side in one matrix, each key with its own row
+    offsets (LeRobot's per-key ``delta_timestamps`` in steps); one kernel launch on CUDA.
+
+    Args:
+        data: ``[total, C]`` rows of all episodes back to back, keys side by side in columns
+            (any float or integer dtype; keys of different dtypes can share one matrix as
+            raw words, e.g. int32 views, and be viewed back after the gather).
+        episode_offsets: int ``[N + 1]`` episode boundaries, as in `windows`.
+        indices: int ``[M]`` global row of each window's current step.
+        columns: key -> ``(first column, width)`` in ``data``.
+        offsets: key -> integer row offsets (e.g. ``[-1, 0]`` for two states, ``range(50)``
+            for an action chunk); every key of ``columns`` needs one, non-empty.
+        pad: ``"edge"`` (rows outside the episode repeat its edge row, as LeRobot) or
+            ``"zero"``; either way ``<key>_is_pad`` is True there.
+        episodes: optional int ``[M]`` episode of each index (skips the search).
+        validate: data-dependent checks, as in `windows`.
+
+    Returns:
+        dict: per key ``key -> [M, len(offsets[key]), width]`` in data's dtype and
+        ``key + "_is_pad" -> bool [M, len(offsets[key])]``. The values of all keys are views
+        of one buffer (each contiguous), as are the masks.
+
+    Raises:
+        ShapeError, DTypeError, DeviceError: bad ranks, dtypes, devices.
+        ValueError: a key without offsets or with empty offsets, columns outside ``data``,
+            unknown pad.
+        DataError: (when validating) as `windows`.
+
+    Example:
+        >>> data = torch.randn(100, 10)          # state [0:7], gripper [7:8], action [8:10]
+        >>> w = robocache.key_windows(data, torch.tensor([0, 60, 100]), torch.tensor([0, 59]),
+        ...     {"state": (0, 7), "action": (8, 2)}, {"state": [-1, 0], "action": range(16)})
+        >>> w["state"].shape, w["action"].shape, w["action_is_pad"][1].sum().item()
+        (torch.Size([2, 2, 7]), torch.Size([2, 16, 2]), 15)
+    """
+    _check(data, episode_offsets, indices, episodes, pad)
+    cols, rels = _key_layout(data, columns, offsets)
+    if C.wants_validation(validate, data):
+        _validate(data, episode_offsets, indices, episodes)
+    M = indices.shape[0]
+    if torch.compiler.is_compiling():
+        names = list(cols)
+        flat = [v for n in names for v in (*cols[n], len(rels[n]))]
+        out, pads = torch.ops.robocache.key_windows(data, episode_offsets, indices, episodes,
+                                                    flat, [o for n in names for o in rels[n]],
+                                                    pad == "zero")
+        return _split(out, pads, M, _key_plan(cols, rels)[3])
+    if data.is_cuda:
+        from robocache.kernels.windows import key_windows_cuda
+
+        rows, per_m, pad_per_m, layout = _key_plan(cols, rels)
+        table = _key_table(rows, data.device)
+        out = torch.empty(M * per_m, dtype=data.dtype, device=data.device)
+        pads = torch.empty(M * pad_per_m, dtype=torch.bool, device=data.device)
+        key_windows_cuda(data, episode_offsets, indices, episodes, table,
+                         max(w for _, w in cols.values()), out, pads, pad == "zero")
+        return _split(out, pads, M, layout)
+    result = {}
+    for name, (values, is_pad) in zip(cols, key_windows_ref(
+            data, episode_offsets, indices, list(cols.values()), list(rels.values()),
+            pad == "zero", episodes), strict=True):
+        result[name], result[f"{name}_is_pad"] = values, is_pad
+    return result
+
+
+def _key_layout(data, columns, offsets) -> tuple[dict[str, tuple[int, int]],
+                                                 dict[str, tuple[int, ...]]]:
+    if not columns:
+        C.fail(_OP, "`columns` is empty; name at least one key -> (first column, width).",
+               ValueError)
+    cols, rels = {}, {}
+    for name, cw in columns.items():
+        c, w = (int(x) for x in cw)
+        if c < 0 or w < 1 or c + w > data.shape[1]:
+            C.fail(_OP, f"`columns[{name!r}]` = ({c}, {w}) must be (first >= 0, width >= 1) "
+                   f"inside data's {data.shape[1]} columns.", ValueError)
+        rel = offsets.get(name)
+        if rel is None or len(rel) == 0:
+            C.fail(_OP, f"`offsets[{name!r}]` is missing or empty; give the key at least one "
+                   "row offset, e.g. [0].", ValueError)
+        cols[name], rels[name] = (c, w), tuple(int(o) for o in rel)
+    return cols, rels
+
+
+def _split(out: torch.Tensor, pads: torch.Tensor, M: int, layout: list) -> dict[str, torch.Tensor]:
+    result = {}
+    for name, base, L, W, pbase in layout:
+        result[name] = out[M * base:M * (base + L * W)].view(M, L, W)
+        result[f"{name}_is_pad"] = pads[M * pbase:M * (pbase + L)].view(M, L)
+    return result
+
+
+@torch.library.custom_op("robocache::key_windows", mutates_args=())
+def _key_windows_op(data: torch.Tensor, episode_offsets: torch.Tensor, indices: torch.Tensor,
+                    episodes: torch.Tensor | None, layout: list[int], rel: list[int],
+                    zero_pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Traceable form of `key_windows`: ``layout`` is (first, width, count) per key, ``rel``
+    their offsets back to back; returns the flat value and pad buffers."""
+    columns, offsets, at = {}, {}, 0
+    for k in range(len(layout) // 3):
+        c, w, n = layout[3 * k:3 * k + 3]
+        columns[str(k)], offsets[str(k)] = (c, w), rel[at:at + n]
+        at += n
+    w = key_windows(data, episode_offsets, indices, columns, offsets,
+                    pad="zero" if zero_pad else "edge", episodes=episodes, validate=False)
+    return (torch.cat([w[k].reshape(-1) for k in columns]),
+            torch.cat([w[f"{k}_is_pad"].reshape(-1) for k in columns]))
+
+
+@_key_windows_op.register_fake
+def _(data, episode_offsets, indices, episodes, layout, rel, zero_pad):
+    M = indices.shape[0]
+    per_m = sum(layout[3 * k + 1] * layout[3 * k + 2] for k in range(len(layout) // 3))
+    return data.new_empty(M * per_m), data.new_empty(M * len(rel), dtype=torch.bool)

@@ -22,9 +22,12 @@ def episode_bounds(offsets: torch.Tensor, indices: torch.Tensor,
 
 def windows_ref(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
                 rel: torch.Tensor, zero_pad: bool,
-                episodes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """values ``[M, K, D]`` and is_pad ``[M, K]`` for relative offsets ``rel [K]``."""
-    lo, hi = episode_bounds(offsets, indices, episodes)
+                episodes: torch.Tensor | None = None,
+                bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """values ``[M, K, D]`` and is_pad ``[M, K]`` for relative offsets ``rel [K]``
+    (``bounds``: the indices' episode bounds when already known)."""
+    lo, hi = bounds if bounds is not None else episode_bounds(offsets, indices, episodes)
     rows = indices.to(torch.int64)[:, None] + rel.to(torch.int64)[None, :]
     is_pad = (rows < lo[:, None]) | (rows >= hi[:, None])
     clamped = torch.minimum(torch.maximum(rows, lo[:, None]), hi[:, None] - 1)
@@ -32,3 +35,14 @@ def windows_ref(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor
     if zero_pad:
         values = values.masked_fill(is_pad.unsqueeze(-1), 0)
     return values, is_pad
+
+
+def key_windows_ref(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
+                    columns: list[tuple[int, int]], rels: list[list[int]], zero_pad: bool,
+                    episodes: torch.Tensor | None = None
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per key k: values ``[M, len(rels[k]), width_k]`` of columns ``columns[k] = (first,
+    width)`` at row offsets ``rels[k]``, and is_pad ``[M, len(rels[k])]``."""
+    bounds = episode_bounds(offsets, indices, episodes)
+    return [windows_ref(data[:, c:c + w], offsets, indices, torch.tensor(rel, dtype=torch.int64),
+                        zero_pad, bounds=bounds) for (c, w), rel in zip(columns, rels, strict=True)]
