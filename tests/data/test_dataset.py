@@ -223,3 +223,15 @@ def test_delta_timestamps_validation(tmp_path, rng):
     # within the tolerance: 1/30 written as 0.0333 is one step
     ds = RobotDataset(tmp_path / "c", delta_timestamps={"mode": [0.03333]}, tolerance_s=1e-4)
     assert ds.deltas["mode"] == [1]
+
+
+def test_key_values_from_an_unaligned_slice():
+    # key_windows' CUDA outputs are views of one buffer: an int64 key may start 4 bytes off
+    from robocache.data.dataset import _Key, _words
+
+    v = torch.arange(-3, 3, dtype=torch.int64).reshape(3, 2)
+    buf = torch.cat([torch.zeros(3, dtype=torch.int32),
+                     torch.from_numpy(_words(v.numpy())).flatten()])
+    w = buf[3:].view(3, 4)
+    assert w.storage_offset() * 4 % 8
+    assert torch.equal(_Key(0, 4, torch.int64, 2, None).values(w), v)

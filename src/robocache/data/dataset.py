@@ -47,7 +47,10 @@ class _Key:
         """The key's ``[..., dim]`` values from its gathered words ``[..., words]``."""
         nbytes = self.dim * self.dtype.itemsize
         raw = w.view(torch.uint8)
-        return (raw if raw.shape[-1] == nbytes else raw[..., :nbytes]).view(self.dtype)
+        raw = raw if raw.shape[-1] == nbytes else raw[..., :nbytes]
+        if raw.storage_offset() % self.dtype.itemsize:  # a slice of a shared buffer (CUDA)
+            raw = raw.clone(memory_format=torch.contiguous_format)
+        return raw.view(self.dtype)
 
 
 def _words(values: np.ndarray) -> np.ndarray:
@@ -221,10 +224,14 @@ class RobotDataset(torch.utils.data.Dataset):
             if missing or not len(episodes):
                 raise DataError(f"`episodes` must name cached episodes; {missing or 'none'} "
                                 f"given are not in {self.path} (cached: {sorted(cached)}).")
-            table = ds.to_table(columns=columns, filter="episode_index IN ("
-                                + ", ".join(str(int(e)) for e in episodes) + ")")
-        else:
-            table = ds.to_table(columns=columns)
+        table = ds.to_table(columns=columns)
+        if episodes is not None:  # filtered here: lance's filtered scans differ across versions
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            table = table.filter(pc.is_in(table.column("episode_index"),
+                                          pa.array(sorted(set(map(int, episodes))),
+                                                   table.schema.field("episode_index").type)))
         ep = table.column("episode_index").to_numpy()
         order = np.lexsort((table.column("step").to_numpy(), ep))
         ep = ep[order]
