@@ -54,6 +54,32 @@ def test_lerobot_video_frames_match_lerobot_decode(tmp_path, frames, codec):
                                np.r_[0:8, 0:6] / 10.0, atol=1e-6)
 
 
+@pytest.mark.parametrize("codec", ["av1", "h264"])
+def test_lerobot_dataset_serves_lerobot_videos(tmp_path, frames, codec):
+    import robocache
+
+    ds = robocache.LeRobotDataset("robocache/cameras", root=FIXTURES / f"lerobot_{codec}",
+                                  cache=tmp_path / "c", delta_timestamps={CAM: [-0.1, 0.0]},
+                                  image_transforms=lambda x: x.flip(-1), video_backend="pyav")
+    want = frames[f"lerobot_{codec}"]  # LeRobot's own decode, [F, H, W, 3]
+    items = [ds[i] for i in range(len(ds))]
+    got = torch.stack([it[CAM] for it in items])  # LeRobot's [K, C, H, W] float32 in [0, 1]
+    assert got.dtype == torch.float32 and got.shape == (len(want), 2, 3, 48, 64)
+    assert got.min() >= 0 and got.max() <= 1
+    now = (got[:, 1].flip(-1).permute(0, 2, 3, 1) * 255).round().to(torch.uint8).numpy()
+    for step in range(len(now)):  # the right frame at every step, within the JPEG tolerance
+        errors = [np.mean((now[step].astype(float) - w) ** 2) for w in want]
+        assert int(np.argmin(errors)) == step
+        assert psnr(now[step], want[step]) > 33.0
+    pad = torch.stack([it[f"{CAM}_is_pad"] for it in items])
+    first = torch.stack([it["frame_index"] for it in items]) == 0
+    assert torch.equal(pad[:, 0], first) and not pad[:, 1].any()
+    prev = torch.where(first[:, None, None, None], got[:, 1], torch.roll(got[:, 1], 1, 0))
+    torch.testing.assert_close(got[:, 0], prev, rtol=0, atol=0)  # edge-padded as LeRobot
+    batch = ds.get_batch(torch.arange(len(ds)))
+    torch.testing.assert_close(batch[CAM], got, rtol=0, atol=0)
+
+
 def test_png_is_lossless_and_transforms_are_seeded(tmp_path, frames):
     build(FIXTURES / "lerobot_h264", tmp_path / "c", rate_hz=10.0, progress=False,
           device="cpu", camera_codec="png")

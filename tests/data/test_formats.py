@@ -9,9 +9,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 import zarr
 from data_episodes import SPECS, make_episode
 
+from robocache.data.cache import build
+from robocache.data.dataset import RobotDataset
 from robocache.data.episode import check_episode
 from robocache.data.formats import FORMATS, open_source
 from robocache.data.formats.lerobot import write_lerobot
@@ -210,8 +213,20 @@ def test_lerobot_png_image_feature(tmp_path, rng):
     pq.write_table(pa.table({"observation.image": pngs,
                              "timestamp": pa.array(np.arange(3, dtype=np.float32) / 10)}),
                    root / "data/chunk-000/episode_000000.parquet")
-    ep = open_source(root).read(0)
-    np.testing.assert_array_equal(ep.streams["observation.image"].data, frames)
+    src = open_source(root)
+    assert src.specs["observation.image"].encoding == "png"
+    kept = src.read(0).streams["observation.image"].data  # the PNG bytes, as they came
+    assert list(kept) == [p["bytes"] for p in pngs]
+    build(root, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu")
+    ds = RobotDataset(tmp_path / "c", image_dtype=torch.uint8)
+    got = ds[torch.arange(len(ds))]["observation.image"][:, 0].permute(0, 2, 3, 1)
+    np.testing.assert_array_equal(got.numpy(), frames)  # lossless
+    # a channel-first declaration ([C, H, W], older datasets) is the same frame shape
+    info = json.loads((root / "meta" / "info.json").read_text())
+    info["features"]["observation.image"].update(shape=[3, 6, 5],
+                                                 names=["channels", "height", "width"])
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    assert open_source(root).specs["observation.image"].shape == (6, 5, 3)
 
 
 @pytest.mark.parametrize(("module", "fmt", "name"), [("zarr", "zarr-replay", "rb.zarr"),

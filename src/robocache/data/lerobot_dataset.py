@@ -14,9 +14,10 @@ The first use of a dataset directory ingests it at its native rate (every frame 
 reuse it. Items follow LeRobot 0.6.1's ``__getitem__``: every feature (per ``delta_timestamps``
 key a window ``[K, ...]`` and ``<key>_is_pad``, the current frame otherwise), features of shape
 ``[1]`` as scalars, floats as float32, integers as int64, bools as bool, image and video
-features as float32 ``[C, H, W]`` in [0, 1] (videos are decoded once when the cache is built and
-stored as JPEG frames; a batch's frames are decoded together, with nvJPEG on a GPU), plus ``timestamp`` (float32), ``frame_index``, ``episode_index``,
-``index``, ``task_index`` (int64) and ``task`` (str).
+features as float32 ``[C, H, W]`` in [0, 1] (image features keep their PNG bytes, videos are
+decoded once when the cache is built and stored as JPEG frames; a batch's frames are decoded
+together, with nvJPEG on a GPU), plus ``timestamp`` (float32), ``frame_index``,
+``episode_index``, ``index``, ``task_index`` (int64) and ``task`` (str).
 
 ``__getitem__`` exists for compatibility with ``torch.utils.data.DataLoader``; the fast path is
 batch-level: :meth:`LeRobotDataset.batches` gathers whole batches where the cache lives (on

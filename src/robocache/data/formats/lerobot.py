@@ -11,13 +11,14 @@ Layout read (https://github.com/huggingface/lerobot, ``lerobot/datasets``):
 Every feature becomes a stream timed by the ``timestamp`` column. Multi-rate extension (what the
 bundled sample uses): a feature may declare its own ``"fps"`` in ``info.json`` and be null in the
 rows where it has no sample; the stream then holds only its non-null rows. ``dtype: "string"``
-features are sparse events. Video features are referenced by file and timestamp and decoded
+features are sparse events. ``dtype: "image"`` features keep their PNG bytes (never re-encoded);
+camera shapes declared channel-first (``[C, H, W]``, older datasets) are read as ``[H, W, C]``.
+Video features are referenced by file and timestamp and decoded
 only on request (:func:`robocache.data.formats.video.decode_frames`).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from pathlib import Path
@@ -28,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from robocache.data.episode import Episode, Stream, StreamSpec, VideoRef
-from robocache.errors import DataError, MissingDependencyError
+from robocache.errors import DataError
 
 # Bookkeeping columns of every LeRobot data file; not streams.
 INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -40,15 +41,26 @@ def detect(path: Path) -> bool:
     return info.is_file()
 
 
+def _frame_shape(feature: dict) -> tuple[int, ...]:
+    """A camera feature's frame shape as ``(H, W, C)``: LeRobot declares ``[H, W, C]`` with
+    names ``height, width, channels``; older datasets ``[C, H, W]`` with ``channels`` first."""
+    shape = tuple(int(s) for s in feature.get("shape", ()))
+    names = [str(n).lower() for n in feature.get("names") or []]
+    if len(shape) == 3 and (names[:1] in (["channels"], ["channel"], ["c"]) or (
+            not names and shape[0] in (1, 3, 4) and shape[2] not in (1, 3, 4))):
+        return (shape[1], shape[2], shape[0])
+    return shape
+
+
 def _spec(name: str, feature: dict, fps: float) -> StreamSpec:
     dtype = feature["dtype"]
     shape = tuple(int(s) for s in feature.get("shape", ()))
     rate = float(feature.get("fps", fps)) if dtype != "string" else feature.get("fps")
     if dtype == "video":
         rate = float(feature.get("info", {}).get("video.fps", rate))
-        return StreamSpec(name, "video", "uint8", shape, rate)
-    if dtype == "image":
-        return StreamSpec(name, "image", "uint8", shape, rate)
+        return StreamSpec(name, "video", "uint8", _frame_shape(feature), rate)
+    if dtype == "image":  # PNG bytes in the parquet: kept as they are (decoded when served)
+        return StreamSpec(name, "image", "uint8", _frame_shape(feature), rate, encoding="png")
     if dtype == "string":
         return StreamSpec(name, "event", "str", (), rate)
     kind = "image" if dtype == "uint8" and len(shape) == 3 else "numeric"
@@ -90,7 +102,7 @@ def _column_array(col: pa.ChunkedArray | pa.Array, spec: StreamSpec) -> np.ndarr
     if spec.kind == "event":
         return np.array(arr.to_pylist(), dtype=object)
     if pa.types.is_struct(arr.type):  # LeRobot "image": {bytes: PNG, path}
-        return _decode_png(arr, spec)
+        return np.array(arr.field("bytes").to_pylist(), dtype=object)
     while pa.types.is_list(arr.type) or pa.types.is_fixed_size_list(arr.type) or \
             pa.types.is_large_list(arr.type):
         arr = arr.flatten()
@@ -99,15 +111,6 @@ def _column_array(col: pa.ChunkedArray | pa.Array, spec: StreamSpec) -> np.ndarr
         raise DataError(f"stream {spec.name!r}: {values.size} values in {n} rows do not make "
                         f"samples of shape {spec.shape}.")
     return values.astype(spec.dtype, copy=False).reshape(n, *spec.shape)
-
-
-def _decode_png(arr: pa.StructArray, spec: StreamSpec) -> np.ndarray:
-    try:
-        from PIL import Image
-    except ImportError as e:  # pragma: no cover - pillow ships with the data extra
-        raise MissingDependencyError("pillow", "data", "Reading LeRobot image features") from e
-    frames = [np.asarray(Image.open(io.BytesIO(b))) for b in arr.field("bytes").to_pylist()]
-    return np.stack(frames) if frames else np.zeros((0, *spec.shape), np.uint8)
 
 
 class LeRobotSource:
