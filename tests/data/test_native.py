@@ -122,6 +122,15 @@ def test_bad_fps_and_tolerance(tmp_path, rng):
             build(bad, tmp_path / f"c{fps}", progress=False)
 
 
+
+def test_explicit_rate_cache_is_not_resumed_as_native(tmp_path, rng):
+    write_lerobot(tmp_path / "src", [episode(0, 5, rng)], SPECS, fps=30.0)
+    build(tmp_path / "src", tmp_path / "c", rate_hz=30.0, progress=False, device="cpu")
+    with pytest.raises(DataError, match="different native"):  # same rate_hz, not native
+        build(tmp_path / "src", tmp_path / "c", progress=False, device="cpu")
+    m = build(tmp_path / "src", tmp_path / "c", progress=False, device="cpu", overwrite=True)
+    assert m["native"] is True and m["rate_hz"] == 30.0
+
 def with_fps(source: Path, dest: Path, fps) -> Path:
     """A copy of the LeRobot dataset ``source`` whose info.json has ``fps`` (None: none)."""
     shutil.copytree(source, dest)
