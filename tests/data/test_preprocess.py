@@ -63,7 +63,7 @@ def assert_same_cache(a: Path, b: Path, *, exact_quantiles: bool = True) -> None
     cam = "frames/observation.images.cam.lance"
     assert table(a / cam).equals(table(b / cam))
     ma, mb = (json.loads((p / "manifest.json").read_text()) for p in (a, b))
-    for key in ("format", "source", "rate_hz", "streams", "episodes", "quarantined"):
+    for key in ("format", "source", "rate_hz", "native", "streams", "episodes", "quarantined"):
         assert ma[key] == mb[key], key
     assert {k: v for k, v in ma["counts"].items() if k not in ("new", "skipped")} == \
         {k: v for k, v in mb["counts"].items() if k not in ("new", "skipped")}
@@ -116,6 +116,15 @@ def test_preprocess_equals_ingest_and_resumes(tmp_path, source, local_ray):
     assert (again["counts"]["skipped"], again["counts"]["new"]) == (5, 0)
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
 
+
+
+def test_preprocess_at_native_rate_equals_ingest(tmp_path, source, local_ray):
+    from robocache.distributed import preprocess
+
+    build(source, tmp_path / "ingest", device="cpu", progress=False)  # rate_hz="native"
+    m = preprocess(source, tmp_path / "ray", progress=False)
+    assert m["native"] is True
+    assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
 
 @pytest.mark.gpu
 def test_gpu_actors_match_ingest_on_cuda(tmp_path, source, local_ray):
