@@ -78,6 +78,14 @@ def test_lerobot_dataset_serves_lerobot_videos(tmp_path, frames, codec):
     torch.testing.assert_close(got[:, 0], prev, rtol=0, atol=0)  # edge-padded as LeRobot
     batch = ds.get_batch(torch.arange(len(ds)))
     torch.testing.assert_close(batch[CAM], got, rtol=0, atol=0)
+    if torch.cuda.is_available():  # the GPU batch path: nvJPEG, within a grey level or two
+        gpu = robocache.LeRobotDataset("robocache/cameras", root=FIXTURES / f"lerobot_{codec}",
+                                       cache=tmp_path / "c", device="cuda",
+                                       delta_timestamps={CAM: [-0.1, 0.0]})
+        on_gpu = gpu.get_batch(torch.arange(len(ds)))
+        assert on_gpu[CAM].is_cuda
+        torch.testing.assert_close(on_gpu[CAM].flip(-1).cpu(), got, rtol=0, atol=4 / 255)
+        assert torch.equal(on_gpu[f"{CAM}_is_pad"].cpu(), pad)
 
 
 def test_png_is_lossless_and_transforms_are_seeded(tmp_path, frames):
