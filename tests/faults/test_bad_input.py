@@ -50,8 +50,8 @@ def test_impossible_sizes_refused_before_allocation():
         Pipeline([Resample(50.0, 200_000_000)])(torch.randn(64, 30, 32), TIMES, seed=0)
     chain = Chain.from_urdf(asset_path("panda.urdf"), "panda_hand")
     with pytest.raises(ShapeError, match=r"num_seeds"):
-        ik(chain, fk(chain, torch.zeros(4, chain.dof)), num_seeds=100_000_000)
-    fl.record("T = 2e8 (Pipeline), IK seeds 1e8", "ShapeError with the bytes needed, nothing "
+        ik(chain, fk(chain, torch.zeros(4, chain.dof)), num_seeds=1_000_000_000)
+    fl.record("T = 2e8 (Pipeline), IK seeds 1e9", "ShapeError with the bytes needed, nothing "
               "allocated")
 
 
