@@ -21,6 +21,7 @@ or per batch after the copy.
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import os
 import warnings
@@ -553,7 +554,15 @@ class RobotLoader:
                 # workers fork after Lance was used in this process; they never call Lance
                 # (they gather from tensors), which is what its fork warning is about
                 warnings.filterwarnings("ignore", "lance is not fork-safe")
-                source = iter(self.loader)
+                # a forked worker must never free a CUDA tensor (its allocator cannot reach
+                # the device there and aborts): free this process's cyclic garbage now, and
+                # freeze what is left so the workers' collector never frees a parent object
+                gc.collect()
+                gc.freeze()
+                try:
+                    source = iter(self.loader)
+                finally:
+                    gc.unfreeze()
         if self.stream is None:
             for parts in source:
                 yield self._prepare(parts)
