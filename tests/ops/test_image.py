@@ -39,12 +39,11 @@ def tv_affine(angle_deg: float, tx: float, ty: float) -> list[float]:
 
 def run(device: str, frames, crop, affine, ops, factors, size, dtype=torch.float32):
     """The fused kernel on `device` (CUDA, or the Triton interpreter on CPU tensors)."""
-    from robocache.kernels.image import image_transform_cuda
+    from robocache.kernels.image import image_transform_cuda, slot_ops
 
     out = torch.full((frames.shape[0], 3, *size), float("nan")).to(dtype).to(device)
     image_transform_cuda(*(t.to(device) for t in (frames, crop, affine, ops, factors)), out,
-                         sharpen=bool((ops == ref.SHARPNESS).any()),
-                         contrast=bool((ops == ref.CONTRAST).any()))
+                         slots=slot_ops(ops))
     return out
 
 

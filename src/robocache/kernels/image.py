@@ -3,10 +3,16 @@
 One program renders a block of output pixels of one image: it bilinearly samples the uint8
 source at the pixel (and, when the batch sharpens, at its 8 neighbours: a ``[BLOCK, 16]``
 tile whose first 9 columns are the 3x3 neighbourhood), runs the image's colour ops in slot
-order (``if`` on the op id, uniform per program), and writes the centre column. Contrast
-blends with the mean grey level of the image it receives, so a batch with contrast runs the
-kernel twice: once stopping at each image's contrast slot to sum grey levels per block
-(``MEAN``), once to render.
+order, and writes the centre column. Contrast blends with the mean grey level of the image it
+receives, so a batch with contrast runs the kernel twice: once stopping at each image's
+contrast slot to sum grey levels per block (``MEAN``), once to render.
+
+The op chain has no branch on the loaded op ids: each slot computes the ops that some image
+of the batch has in that slot (``SLOT_OPS``, a compile-time bit set known on the host) and
+selects the image's one with ``tl.where``. Reductions (the sharpen blur, the block sums) are
+warp shuffles and barriers, which must not sit under control flow that depends on loaded
+values: compiled for the GPU, such branches let a reduction run with a partial warp (the
+interpreter, which runs programs one by one, cannot show it).
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ def _hue(r, g, b, f):
     h6 = h * 6.0
     i = tl.floor(h6)
     fr = h6 - i
-    i = i - 6.0 * tl.floor(i / 6.0)
+    i = tl.where(i >= 6.0, i - 6.0, i)  # h < 1, but h * 6 may round up to 6
     p = _clamp01(maxc * (1.0 - s))
     q = _clamp01(maxc * (1.0 - s * fr))
     t = _clamp01(maxc * (1.0 - s + s * fr))
@@ -84,7 +90,7 @@ def _sharpen(v, f, j, border):
 def _image_kernel(src, out, crop, affine, ops, factors, mean, partial,
                   H, W, h, w, s_n, s_c, s_y, s_x, o_n, o_c, o_y, o_x, n_blocks,
                   K: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, MEAN: tl.constexpr,
-                  OUT_U8: tl.constexpr):
+                  OUT_U8: tl.constexpr, SLOT_OPS: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
     pid = tl.program_id(1)
     pix = pid * BLOCK + tl.arange(0, BLOCK)
@@ -148,34 +154,41 @@ def _image_kernel(src, out, crop, affine, ops, factors, mean, partial,
     g = g * scale
     b = b * scale
     border = (yo == 0) | (yo == h - 1) | (xo == 0) | (xo == w - 1) | (h <= 2) | (w <= 2)
-    active = pid * 0 + 1  # an int32 scalar: reassigned under a runtime condition below
+    live = pid == pid  # a scalar true: false from an image's contrast slot on, in MEAN
+    # SLOT_OPS bit 5 k + id: some image has op id (brightness 0 ... sharpness 4) in slot k
     for k in tl.static_range(K):
         op = tl.load(ops + n * K + k)
         f = tl.load(factors + n * K + k)
-        if MEAN:  # noqa: SIM102 (a compile-time branch around a runtime one)
-            if op == OP_CONTRAST:
-                active = active * 0
-        if active == 1:
-            if op == OP_BRIGHTNESS:
-                r = _clamp01(r * f)
-                g = _clamp01(g * f)
-                b = _clamp01(b * f)
-            elif op == OP_CONTRAST:
-                m = (1.0 - f) * tl.load(mean + n)
-                r = _clamp01(f * r + m)
-                g = _clamp01(f * g + m)
-                b = _clamp01(f * b + m)
-            elif op == OP_SATURATION:
-                m = (1.0 - f) * (G_R * r + G_G * g + G_B * b)
-                r = _clamp01(f * r + m)
-                g = _clamp01(f * g + m)
-                b = _clamp01(f * b + m)
-            elif op == OP_HUE:
-                r, g, b = _hue(r, g, b, f)
-            elif op == OP_SHARPNESS:
-                r = _sharpen(r, f, j, border)
-                g = _sharpen(g, f, j, border)
-                b = _sharpen(b, f, j, border)
+        if MEAN:
+            live = live & (op != OP_CONTRAST)
+        if (SLOT_OPS >> (k * 5 + 0)) & 1:
+            on = live & (op == OP_BRIGHTNESS)
+            r = tl.where(on, _clamp01(r * f), r)
+            g = tl.where(on, _clamp01(g * f), g)
+            b = tl.where(on, _clamp01(b * f), b)
+        if (SLOT_OPS >> (k * 5 + 1)) & 1:
+            on = live & (op == OP_CONTRAST)
+            m = (1.0 - f) * tl.load(mean + n)
+            r = tl.where(on, _clamp01(f * r + m), r)
+            g = tl.where(on, _clamp01(f * g + m), g)
+            b = tl.where(on, _clamp01(f * b + m), b)
+        if (SLOT_OPS >> (k * 5 + 2)) & 1:
+            on = live & (op == OP_SATURATION)
+            m = (1.0 - f) * (G_R * r + G_G * g + G_B * b)
+            r = tl.where(on, _clamp01(f * r + m), r)
+            g = tl.where(on, _clamp01(f * g + m), g)
+            b = tl.where(on, _clamp01(f * b + m), b)
+        if (SLOT_OPS >> (k * 5 + 3)) & 1:
+            on = live & (op == OP_HUE)
+            hr, hg, hb = _hue(r, g, b, f)
+            r = tl.where(on, hr, r)
+            g = tl.where(on, hg, g)
+            b = tl.where(on, hb, b)
+        if (SLOT_OPS >> (k * 5 + 4)) & 1:
+            on = live & (op == OP_SHARPNESS)
+            r = tl.where(on, _sharpen(r, f, j, border), r)
+            g = tl.where(on, _sharpen(g, f, j, border), g)
+            b = tl.where(on, _sharpen(b, f, j, border), b)
     rc = tl.sum(tl.where(j[None, :] == cen, r, 0.0), 1)
     gc = tl.sum(tl.where(j[None, :] == cen, g, 0.0), 1)
     bc = tl.sum(tl.where(j[None, :] == cen, b, 0.0), 1)
@@ -191,28 +204,41 @@ def _image_kernel(src, out, crop, affine, ops, factors, mean, partial,
             tl.store(dst + c * o_c, val.to(out.dtype.element_ty), mask=valid)
 
 
+def slot_ops(ops: torch.Tensor) -> int:
+    """The kernel's ``SLOT_OPS``: bit ``5 k + op`` set when some image has ``op`` in slot ``k``
+    (``ops``: the host copy of the int ``[N, K]`` op ids)."""
+    mask = 0
+    for k in range(ops.shape[1]):
+        for op in torch.unique(ops[:, k]).tolist():
+            if op >= 0:
+                mask |= 1 << (5 * k + op)
+    return mask
+
+
 def image_transform_cuda(frames: torch.Tensor, crop: torch.Tensor, affine: torch.Tensor,
                          ops: torch.Tensor, factors: torch.Tensor, out: torch.Tensor,
-                         *, sharpen: bool, contrast: bool) -> torch.Tensor:
-    """Launch the transform into ``out`` ``[N, 3, h, w]`` (any strides). ``sharpen`` /
-    ``contrast``: whether any image of the batch has that op (host-known from the sampled
-    parameters), which picks the 16-column tile and the mean pass."""
+                         *, slots: int) -> torch.Tensor:
+    """Launch the transform into ``out`` ``[N, 3, h, w]`` (any strides). ``slots``:
+    :func:`slot_ops` of the batch's op ids (host-known from the sampled parameters), which
+    picks the ops compiled per slot, the 16-column tile (sharpness) and the mean pass
+    (contrast)."""
     n, _, H, W = frames.shape
     h, w = out.shape[-2:]
     k = ops.shape[1]
-    nb = 16 if sharpen else 1
+    crop, affine, ops, factors = (t.contiguous() for t in (crop, affine, ops, factors))
+    used = {op for op in range(5) for s in range(k) if slots >> (5 * s + op) & 1}
+    nb = 16 if SHARPNESS in used else 1
     # 128 pixels x 16 neighbours (2048 values per live tensor) or 1024 pixels per program
-    block = 128 if sharpen else 1024
+    block = 128 if nb > 1 else 1024
     blocks = cdiv(h * w, block)
     grid = (n, blocks)
     mean = torch.zeros(n, device=frames.device, dtype=torch.float32)
     args = (frames, out, crop, affine, ops, factors, mean)
     strides = (H, W, h, w, *frames.stride(), *out.stride(), blocks)
-    if contrast:
+    meta = dict(K=k, NB=nb, BLOCK=block, OUT_U8=out.dtype == torch.uint8, SLOT_OPS=slots)
+    if CONTRAST in used:
         partial = torch.empty(n, blocks, device=frames.device, dtype=torch.float32)
-        _image_kernel[grid](*args, partial, *strides, K=k, NB=nb, BLOCK=block, MEAN=True,
-                            OUT_U8=out.dtype == torch.uint8)
+        _image_kernel[grid](*args, partial, *strides, MEAN=True, **meta)
         torch.div(partial.sum(1), h * w, out=mean)
-    _image_kernel[grid](*args, mean, *strides, K=k, NB=nb, BLOCK=block, MEAN=False,
-                        OUT_U8=out.dtype == torch.uint8)
+    _image_kernel[grid](*args, mean, *strides, MEAN=False, **meta)
     return out

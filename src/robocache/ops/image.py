@@ -185,16 +185,15 @@ def sample_image_transforms(n: int, src_hw: tuple[int, int],
 @torch.library.custom_op("robocache::image_transform", mutates_args=(), device_types="cuda")
 def _image_transform_op(frames: torch.Tensor, crop: torch.Tensor, affine: torch.Tensor,
                         ops: torch.Tensor, factors: torch.Tensor, h: int, w: int,
-                        sharpen: bool, contrast: bool) -> torch.Tensor:
+                        slots: int) -> torch.Tensor:
     from robocache.kernels.image import image_transform_cuda
 
     out = frames.new_empty(frames.shape[0], 3, h, w, dtype=torch.float32)
-    return image_transform_cuda(frames, crop, affine, ops, factors, out, sharpen=sharpen,
-                                contrast=contrast)
+    return image_transform_cuda(frames, crop, affine, ops, factors, out, slots=slots)
 
 
 @_image_transform_op.register_fake
-def _(frames, crop, affine, ops, factors, h, w, sharpen, contrast):
+def _(frames, crop, affine, ops, factors, h, w, slots):
     return frames.new_empty(frames.shape[0], 3, h, w, dtype=torch.float32)
 
 
@@ -258,13 +257,11 @@ def image_transform(frames: torch.Tensor, size: tuple[int, int],
             if out is None:
                 return y.to(dtype)
             return out.copy_(y)
-        used = params.host_ops if params.host_ops is not None else params.ops
-        sharpen, contrast = bool((used == ref.SHARPNESS).any()), bool((used == ref.CONTRAST).any())
-        if torch.compiler.is_compiling():
-            return _image_transform_op(frames, crop, affine, ops, factors, h, w, sharpen,
-                                       contrast).to(dtype)
-        from robocache.kernels.image import image_transform_cuda
+        from robocache.kernels.image import image_transform_cuda, slot_ops
 
+        slots = slot_ops(params.host_ops if params.host_ops is not None else params.ops.cpu())
+        if torch.compiler.is_compiling():
+            return _image_transform_op(frames, crop, affine, ops, factors, h, w,
+                                       slots).to(dtype)
         out = out if out is not None else frames.new_empty(n, 3, h, w, dtype=dtype)
-        return image_transform_cuda(frames, crop, affine, ops, factors, out, sharpen=sharpen,
-                                    contrast=contrast)
+        return image_transform_cuda(frames, crop, affine, ops, factors, out, slots=slots)
