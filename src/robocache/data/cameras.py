@@ -218,6 +218,7 @@ class EncodedFrames:
         return int(self.data.numel())
 
     def slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Frame ``i``'s bytes for each ``i`` of ``rows`` (int ``[F]``), as views of ``data``."""
         rows = rows.cpu()
         off, end = self.offsets[rows].tolist(), self.offsets[rows + 1].tolist()
         return [self.data[a:b] for a, b in zip(off, end, strict=True)]
@@ -228,18 +229,45 @@ def decode(frames: EncodedFrames, rows: torch.Tensor, device: torch.device | str
     """Decode the frames at ``rows`` (int ``[...]``): uint8 ``[..., C, H, W]`` (uint16 for
     depth) on ``device``: one nvJPEG batch on CUDA (``torchvision.io.decode_jpeg``; without
     torchvision, or for PNG, Pillow then a copy), Pillow on a thread pool on the CPU."""
+    return decode_all([(frames, rows)], device)[0]
+
+
+def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
+               device: torch.device | str = "cpu") -> list[torch.Tensor]:
+    """:func:`decode` of several cameras' ``(frames, rows)``: the rows come to the host in
+    one copy (one sync when they live on the GPU), and on CUDA the RGB JPEG cameras' frames
+    are decoded in one nvJPEG batch."""
     device = torch.device(device)
-    parts = frames.slices(rows.reshape(-1))
-    h, w, c = frames.frame_shape[0], frames.frame_shape[1], frames.channels
-    rgb_jpeg = device.type == "cuda" and frames.codec == "jpeg" and c == 3
-    decode_jpeg = _nvjpeg() if rgb_jpeg else None
+    if not cameras:
+        return []
+    flat = [r.reshape(-1) for _, r in cameras]
+    host = torch.cat(flat).cpu().split([r.numel() for r in flat])
+    out: list[torch.Tensor | None] = [None] * len(cameras)
+    batch = [i for i, (f, _) in enumerate(cameras) if device.type == "cuda" and
+             f.codec == "jpeg" and f.channels == 3]
+    decode_jpeg = _nvjpeg() if batch else None
     if decode_jpeg is not None:
         from torchvision.io import ImageReadMode
 
-        if not parts:
-            return torch.empty(*rows.shape, 3, h, w, dtype=torch.uint8, device=device)
-        out = torch.stack(decode_jpeg(parts, mode=ImageReadMode.RGB, device=device))
-        return out.reshape(*rows.shape, 3, h, w)
+        parts = [p for i in batch for p in cameras[i][0].slices(host[i])]
+        frames = decode_jpeg(parts, mode=ImageReadMode.RGB, device=device) if parts else []
+        for i in batch:  # each camera stacked, its per-frame tensors freed
+            (f, rows), n = cameras[i], host[i].numel()
+            h, w = f.frame_shape[:2]
+            got = torch.stack(frames[:n]) if n else \
+                torch.empty(0, 3, h, w, dtype=torch.uint8, device=device)
+            del frames[:n]
+            out[i] = got.reshape(*rows.shape, 3, h, w)
+    for i, (f, rows) in enumerate(cameras):
+        if out[i] is None:
+            out[i] = _decode_pil(f, host[i], rows.shape, device)
+    return out
+
+
+def _decode_pil(frames: EncodedFrames, rows: torch.Tensor, shape: torch.Size,
+                device: torch.device) -> torch.Tensor:
+    parts = frames.slices(rows)
+    h, w, c = frames.frame_shape[0], frames.frame_shape[1], frames.channels
     Image = _pil()
     out = np.empty((len(parts), h, w, c), np.uint16 if frames.dtype == "uint16" else np.uint8)
 
@@ -249,7 +277,7 @@ def decode(frames: EncodedFrames, rows: torch.Tensor, device: torch.device | str
 
     with ThreadPoolExecutor(_threads()) as pool:  # Pillow decodes without the GIL
         list(pool.map(one, range(len(parts))))
-    return torch.from_numpy(out).permute(0, 3, 1, 2).reshape(*rows.shape, c, h, w).to(device)
+    return torch.from_numpy(out).permute(0, 3, 1, 2).reshape(*shape, c, h, w).to(device)
 
 
 @functools.cache

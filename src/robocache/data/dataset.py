@@ -339,14 +339,14 @@ class RobotDataset(torch.utils.data.Dataset):
         :func:`robocache.key_windows` launch) and the decoded frames of camera keys (uint8
         ``[B, K, C, H, W]``; nvJPEG when the dataset lives on a GPU, else the CPU)."""
         import robocache
-        from robocache.data.cameras import decode
+        from robocache.data.cameras import decode_all
 
         raw: Batch = {"index": indices}
         raw.update(robocache.key_windows(self.data, self.offsets, indices, self._columns,
                                          self._offsets, pad=self.pad))
-        for k in self.image_keys:
-            rows = self.layout[k].values(raw[k])[..., 0]
-            raw[f"{k}\0frames"] = decode(self.frames[k], rows, self.device)
+        cams = [(self.frames[k], self.layout[k].values(raw[k])[..., 0]) for k in self.image_keys]
+        raw.update((f"{k}\0frames", x) for k, x in
+                   zip(self.image_keys, decode_all(cams, self.device), strict=True))
         return raw
 
     def finish(self, raw: Batch, episode_index: torch.Tensor | None = None,
