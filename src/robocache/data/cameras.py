@@ -305,7 +305,11 @@ def serve(frames: torch.Tensor, size: tuple[int, int] | None, params, dtype: tor
     if c != 3 or frames.dtype != torch.uint8:
         return frames
     if params is None and (h, w) == (H, W):
-        return frames if dtype == torch.uint8 else frames.to(dtype) / 255.0
+        if dtype == torch.uint8:
+            return frames
+        # x / 255 exactly as LeRobot computes it: the divisor is a tensor on the frames' device,
+        # since CUDA divides by a Python number as a multiply by its reciprocal (one ulp off)
+        return (frames.float() / frames.new_tensor(255.0, dtype=torch.float32)).to(dtype)
     flat = frames.reshape(b * t, c, H, W)
     return image_transform(flat, (h, w), params, dtype=dtype).reshape(b, t, 3, h, w)
 
