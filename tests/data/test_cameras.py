@@ -169,6 +169,22 @@ def test_loader_workers_decode_on_the_cpu(h264_cache):
     torch.testing.assert_close(batch[CAM], want[CAM], rtol=0, atol=0)
 
 
+def test_decode_decodes_each_distinct_frame_once(h264_cache, monkeypatch):
+    from robocache.data import cameras
+
+    frames = RobotDataset(h264_cache, keys=[CAM]).frames[CAM]
+    rows = torch.tensor([[3, 0], [3, 3], [len(frames) - 1, 0]])
+    sliced = []
+    slices = cameras.EncodedFrames.slices
+    monkeypatch.setattr(cameras.EncodedFrames, "slices",
+                        lambda self, r: sliced.append(r.tolist()) or slices(self, r))
+    out = cameras.decode(frames, rows)
+    assert sliced == [[0, 3, len(frames) - 1]]  # once each, in one call
+    assert out.shape == (3, 2, frames.channels, *frames.frame_shape[:2])
+    for i, j in np.ndindex(*rows.shape):
+        torch.testing.assert_close(out[i, j], cameras.decode(frames, rows[i, j, None])[0])
+
+
 @pytest.mark.gpu
 def test_nvjpeg_resident_path_matches_the_cpu_path(h264_cache):
     from robocache import ImageTransformsConfig

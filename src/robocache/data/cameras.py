@@ -12,8 +12,8 @@ the source decode against the original frames; see docs) or PNG (``codec="png"``
 uint16 frames (depth) always as 16-bit PNG. Encoding runs on a thread pool (Pillow releases the
 GIL). Camera streams are then aligned like any stream (``frame_index``).
 
-Serving (:class:`EncodedFrames`, :func:`decode`): per batch, the frames a batch needs are
-decoded in one call per camera: ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG)
+Serving (:class:`EncodedFrames`, :func:`decode`): per batch, the distinct frames a batch needs
+are decoded in one call per camera: ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG)
 when the frames go to a GPU, Pillow on the CPU (DataLoader workers, CPU-only machines).
 """
 
@@ -236,12 +236,19 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
                device: torch.device | str = "cpu") -> list[torch.Tensor]:
     """:func:`decode` of several cameras' ``(frames, rows)``: the rows come to the host in
     one copy (one sync when they live on the GPU), and on CUDA the RGB JPEG cameras' frames
-    are decoded in one nvJPEG batch."""
+    are decoded in one nvJPEG batch. Each distinct frame of a camera is decoded once (rows
+    repeat at padded steps, in overlapping windows, and at a mixture's blank frame for the
+    sources without the camera), then gathered back to its rows on ``device``."""
     device = torch.device(device)
     if not cameras:
         return []
     flat = [r.reshape(-1) for _, r in cameras]
     host = torch.cat(flat).cpu().split([r.numel() for r in flat])
+    distinct = [torch.unique(r, return_inverse=True) for r in host]
+    inverse = torch.cat([inv for _, inv in distinct])
+    if device.type == "cuda":  # pinned: the copy waits for nothing queued on the stream
+        inverse = inverse.pin_memory()
+    inverse = inverse.to(device, non_blocking=True).split([r.numel() for r in flat])
     out: list[torch.Tensor | None] = [None] * len(cameras)
     batch = [i for i, (f, _) in enumerate(cameras) if device.type == "cuda" and
              f.codec == "jpeg" and f.channels == 3]
@@ -249,23 +256,25 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
     if decode_jpeg is not None:
         from torchvision.io import ImageReadMode
 
-        parts = [p for i in batch for p in cameras[i][0].slices(host[i])]
+        parts = [p for i in batch for p in cameras[i][0].slices(distinct[i][0])]
         frames = decode_jpeg(parts, mode=ImageReadMode.RGB, device=device) if parts else []
         for i in batch:  # each camera stacked, its per-frame tensors freed
-            (f, rows), n = cameras[i], host[i].numel()
+            f, n = cameras[i][0], distinct[i][0].numel()
             h, w = f.frame_shape[:2]
-            got = torch.stack(frames[:n]) if n else \
+            out[i] = torch.stack(frames[:n]) if n else \
                 torch.empty(0, 3, h, w, dtype=torch.uint8, device=device)
             del frames[:n]
-            out[i] = got.reshape(*rows.shape, 3, h, w)
-    for i, (f, rows) in enumerate(cameras):
+    for i, (f, _) in enumerate(cameras):
         if out[i] is None:
-            out[i] = _decode_pil(f, host[i], rows.shape, device)
-    return out
+            out[i] = _decode_pil(f, distinct[i][0], device)
+    return [o[inv].reshape(*rows.shape, *o.shape[1:])
+            for o, inv, (_, rows) in zip(out, inverse, cameras, strict=True)]
 
 
-def _decode_pil(frames: EncodedFrames, rows: torch.Tensor, shape: torch.Size,
-                device: torch.device) -> torch.Tensor:
+def _decode_pil(frames: EncodedFrames, rows: torch.Tensor, device: torch.device
+                ) -> torch.Tensor:
+    """The frames at ``rows`` (int ``[N]``) decoded by Pillow: ``[N, C, H, W]`` on
+    ``device``."""
     parts = frames.slices(rows)
     h, w, c = frames.frame_shape[0], frames.frame_shape[1], frames.channels
     Image = _pil()
@@ -277,7 +286,7 @@ def _decode_pil(frames: EncodedFrames, rows: torch.Tensor, shape: torch.Size,
 
     with ThreadPoolExecutor(_threads()) as pool:  # Pillow decodes without the GIL
         list(pool.map(one, range(len(parts))))
-    return torch.from_numpy(out).permute(0, 3, 1, 2).reshape(*shape, c, h, w).to(device)
+    return torch.from_numpy(out).permute(0, 3, 1, 2).to(device)
 
 
 @functools.cache
