@@ -21,6 +21,7 @@ or per batch after the copy.
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import math
 import os
@@ -177,22 +178,30 @@ class _Sampler(torch.utils.data.Sampler):
         for b in range(self.start, len(self)):
             yield [(0, order[b * self.batch_size:(b + 1) * self.batch_size])]
 
-    def mixed_batch(self, b: int) -> list[tuple[int, torch.Tensor]]:
+    def _draw(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mixture's batch ``b`` of this rank: each sample's source and step in it."""
         g = _generator(self.seed, self.epoch, b)
         total = self.batch_size * self.world_size
         src = torch.multinomial(self.data.weights, total, replacement=True, generator=g)
-        sizes = torch.tensor([len(d) for d in self.data.datasets], dtype=torch.float64)
-        steps = (torch.rand(total, generator=g, dtype=torch.float64) * sizes[src]).long()
+        steps = (torch.rand(total, generator=g, dtype=torch.float64) * self.sizes[src]).long()
         mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
-        src, steps = src[mine], steps[mine]
-        return [(i, steps[src == i]) for i in range(len(sizes)) if bool((src == i).any())]
+        return src[mine], steps[mine]
+
+    @functools.cached_property
+    def sizes(self) -> torch.Tensor:
+        """A mixture's source sizes (float64 ``[S]``)."""
+        return torch.tensor([len(d) for d in self.data.datasets], dtype=torch.float64)
+
+    def mixed_batch(self, b: int) -> list[tuple[int, torch.Tensor]]:
+        src, steps = self._draw(b)
+        return [(i, steps[src == i]) for i in range(len(self.sizes)) if bool((src == i).any())]
 
     def packed_indices(self, b: int) -> torch.Tensor:
-        """A mixture's batch ``b`` as rows of the sources stacked in order (see ``_pack``)."""
-        base = [0]
-        for d in self.data.datasets[:-1]:
-            base.append(base[-1] + len(d))
-        return torch.cat([idx + base[i] for i, idx in self.mixed_batch(b)])
+        """A mixture's batch ``b`` as rows of the sources stacked in order (see ``_pack``),
+        grouped by source as :meth:`mixed_batch`."""
+        src, steps = self._draw(b)
+        base = (self.sizes.cumsum(0) - self.sizes).long()
+        return (steps + base[src])[torch.sort(src, stable=True).indices]
 
     def __iter__(self) -> Iterator[list[tuple[int, torch.Tensor]]]:
         if isinstance(self.data, RobotDataset):
@@ -489,6 +498,13 @@ class RobotLoader:
             done.append((i, norm(batch) if norm is not None else batch))
         return _merge(done, self.mixture)
 
+    def _mixed_indices(self, b: int) -> torch.Tensor:
+        """A mixture's batch ``b`` (resident path) on the host: pinned when batches go to a
+        GPU, so its copy there neither blocks the host nor waits for the side stream's work
+        (a copy from pageable memory synchronizes the stream first)."""
+        indices = self.sampler.packed_indices(b)
+        return indices.pin_memory() if self.stream is not None else indices
+
     def set_epoch(self, epoch: int) -> None:
         """Serve epoch ``epoch`` next (the same order on every rank); a position restored by
         :meth:`load_state_dict` in that epoch is kept."""
@@ -547,7 +563,7 @@ class RobotLoader:
                 order.record_stream(self.stream)  # read there while the caller iterates
             source = self.sampler.batches(order)
         elif self.resident:
-            source = ([(-1, self.sampler.packed_indices(b))]
+            source = ([(-1, self._mixed_indices(b))]
                       for b in range(self.sampler.start, len(self.sampler)))
         else:
             with warnings.catch_warnings():
@@ -605,7 +621,7 @@ class RobotLoader:
             with torch.cuda.stream(self.stream):
                 if released[b % slots] is not None:
                     self.stream.wait_event(released[b % slots])
-                batch = self.graphed(b % slots, self.sampler.packed_indices(b) if order is None
+                batch = self.graphed(b % slots, self._mixed_indices(b) if order is None
                                      else order[b * size:(b + 1) * size])
             event = torch.cuda.Event()
             event.record(self.stream)
