@@ -21,7 +21,6 @@ or per batch after the copy.
 from __future__ import annotations
 
 import copy
-import functools
 import gc
 import math
 import os
@@ -139,11 +138,14 @@ class _Sampler(torch.utils.data.Sampler):
     One source: an epoch is a permutation seeded by ``seed + epoch``, dealt round-robin to the
     ranks exactly as ``torch.utils.data.DistributedSampler`` does (``drop_last``: the tail that
     does not divide evenly among the ranks is dropped; otherwise it is padded by repeating the
-    start, so every sample is served and only the padding twice). A mixture: batch ``b`` of an
-    epoch draws the global batch (``batch_size * world_size`` sources and steps) from a
-    generator seeded by ``(seed, epoch, b)``; each rank takes its slice, so any batch can be
-    rebuilt without replaying the ones before it. ``epoch`` and ``start`` (the first batch to
-    yield) are where iteration resumes."""
+    start, so every sample is served and only the padding twice). A mixture: the global
+    batches (``batch_size * world_size`` sources and steps each) are drawn in blocks of
+    ``BLOCK``, block ``c`` of an epoch from a generator seeded by ``(seed, epoch, c)`` (a few
+    tensor ops per block, not per batch); each rank takes its slice of each batch, so any batch
+    can be rebuilt without replaying more than its block. ``epoch`` and ``start`` (the first
+    batch to yield) are where iteration resumes."""
+
+    BLOCK = 64
 
     def __init__(self, data: RobotDataset | MixedDataset, batch_size: int, shuffle: bool,
                  drop_last: bool, seed: int, rank: int = 0, world_size: int = 1):
@@ -151,6 +153,7 @@ class _Sampler(torch.utils.data.Sampler):
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
+        self._last: tuple = (None,)  # the last mixture block drawn: (epoch, block), tensors
 
     @property
     def num_samples(self) -> int:
@@ -178,30 +181,28 @@ class _Sampler(torch.utils.data.Sampler):
         for b in range(self.start, len(self)):
             yield [(0, order[b * self.batch_size:(b + 1) * self.batch_size])]
 
-    def _draw(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A mixture's batch ``b`` of this rank: each sample's source and step in it."""
-        g = _generator(self.seed, self.epoch, b)
-        total = self.batch_size * self.world_size
-        src = torch.multinomial(self.data.weights, total, replacement=True, generator=g)
-        steps = (torch.rand(total, generator=g, dtype=torch.float64) * self.sizes[src]).long()
-        mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
-        return src[mine], steps[mine]
-
-    @functools.cached_property
-    def sizes(self) -> torch.Tensor:
-        """A mixture's source sizes (float64 ``[S]``)."""
-        return torch.tensor([len(d) for d in self.data.datasets], dtype=torch.float64)
+    def _block(self, c: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A mixture's block ``c`` of this epoch, this rank's part: each sample's source, step
+        in it, and row in the sources stacked in order (see ``_pack``), each int64 ``[BLOCK,
+        batch_size]``, rows grouped by source within a batch (the last block's is kept)."""
+        if self._last[0] != (self.epoch, c):
+            g = _generator(self.seed, self.epoch, c)
+            sizes = torch.tensor([len(d) for d in self.data.datasets], dtype=torch.float64)
+            shape = (self.BLOCK, self.world_size, self.batch_size)
+            src = torch.multinomial(self.data.weights, math.prod(shape), replacement=True,
+                                    generator=g)
+            steps = (torch.rand(src.shape, generator=g, dtype=torch.float64) * sizes[src]).long()
+            src, steps = src.view(shape)[:, self.rank], steps.view(shape)[:, self.rank]
+            rows = steps + (sizes.cumsum(0) - sizes).long()[src]
+            self._last = ((self.epoch, c), src, steps,
+                          rows.gather(1, torch.sort(src, dim=1, stable=True).indices))
+        return self._last[1:]
 
     def mixed_batch(self, b: int) -> list[tuple[int, torch.Tensor]]:
-        src, steps = self._draw(b)
-        return [(i, steps[src == i]) for i in range(len(self.sizes)) if bool((src == i).any())]
-
-    def packed_indices(self, b: int) -> torch.Tensor:
-        """A mixture's batch ``b`` as rows of the sources stacked in order (see ``_pack``),
-        grouped by source as :meth:`mixed_batch`."""
-        src, steps = self._draw(b)
-        base = (self.sizes.cumsum(0) - self.sizes).long()
-        return (steps + base[src])[torch.sort(src, stable=True).indices]
+        src, steps, _ = self._block(b // self.BLOCK)
+        src, steps = src[b % self.BLOCK], steps[b % self.BLOCK]
+        return [(i, steps[src == i]) for i in range(len(self.data.datasets))
+                if bool((src == i).any())]
 
     def __iter__(self) -> Iterator[list[tuple[int, torch.Tensor]]]:
         if isinstance(self.data, RobotDataset):
@@ -480,6 +481,7 @@ class RobotLoader:
                 prefetch_factor=prefetch_factor if num_workers > 0 else None)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self._metrics = None  # robocache.observability.metrics.LoaderStats while metrics are on
+        self._rows = None  # (epoch, block) and a mixture's rows of it (see _mixed_indices)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -499,11 +501,15 @@ class RobotLoader:
         return _merge(done, self.mixture)
 
     def _mixed_indices(self, b: int) -> torch.Tensor:
-        """A mixture's batch ``b`` (resident path) on the host: pinned when batches go to a
-        GPU, so its copy there neither blocks the host nor waits for the side stream's work
-        (a copy from pageable memory synchronizes the stream first)."""
-        indices = self.sampler.packed_indices(b)
-        return indices.pin_memory() if self.stream is not None else indices
+        """A mixture's batch ``b`` (resident path): rows of the packed cache, a view of its
+        block on the host, pinned when batches go to a GPU, so the copy there neither blocks
+        the host nor waits for the side stream's work (a copy from pageable memory
+        synchronizes the stream first)."""
+        c = (self.sampler.epoch, b // self.sampler.BLOCK)
+        if self._rows is None or self._rows[0] != c:
+            rows = self.sampler._block(c[1])[2]
+            self._rows = (c, rows.pin_memory() if self.stream is not None else rows)
+        return self._rows[1][b % self.sampler.BLOCK]
 
     def set_epoch(self, epoch: int) -> None:
         """Serve epoch ``epoch`` next (the same order on every rank); a position restored by
