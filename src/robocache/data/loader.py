@@ -268,13 +268,13 @@ class _Packed(RobotDataset):
     source's own."""
 
     row_source: torch.Tensor
-    row_base: torch.Tensor
+    row_index: torch.Tensor
     dim_tables: dict[str, torch.Tensor]
 
     def fetch(self, indices: torch.Tensor) -> Batch:
         batch = super().fetch(indices)
         source = self.row_source[indices]
-        batch["index"] = indices - self.row_base[source]
+        batch["index"] = self.row_index[indices]
         batch["source"] = source
         for k, table in self.dim_tables.items():
             batch[f"{k}_dim_mask"] = table[source]
@@ -303,18 +303,22 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
     cols = dict(zip(mixture.keys, np.cumsum([0] + [words[k] for k in mixture.keys]).tolist(),
                     strict=False))
     width = sum(words.values())
+    # an alignment-pad column for keys some source lacks or pads (none: nothing to gather)
+    padded = [k for k in mixture.keys
+              if any(k not in d.layout or d.layout[k].pad_col is not None for d in datasets)]
+    pad_cols = {k: width + j for j, k in enumerate(padded)}
     blocks = []
     for i, d in enumerate(datasets):
-        block = torch.zeros(len(d), width + len(mixture.keys), dtype=torch.int32, device=dev)
-        for j, k in enumerate(mixture.keys):
+        block = torch.zeros(len(d), width + len(padded), dtype=torch.int32, device=dev)
+        for k in mixture.keys:
             c = cols[k]
             if k not in d.layout:  # a key this source lacks: padded (the zero frame)
-                block[:, width + j] = 1
+                block[:, pad_cols[k]] = 1
             else:
                 key = d.layout[k]
                 block[:, c:c + key.words] = d.data[:, key.col:key.col + key.words]
                 if key.pad_col is not None:
-                    block[:, width + j] = d.data[:, key.pad_col]
+                    block[:, pad_cols[k]] = d.data[:, key.pad_col]
             if k in images:  # frame rows (int64 as two words) into the stacked frames
                 rows = (block[:, c:c + 2].contiguous().view(torch.int64) + frame_base[k][i]
                         if k in d.layout else torch.full((len(d), 1), out.frames[k].shape[0] - 1,
@@ -323,8 +327,9 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
         blocks.append(block)
     out.data = torch.cat(blocks)
     out.layout = {k: _Key(cols[k], words[k], first[k].layout[k].dtype,
-                          max(d.layout[k].dim for d in datasets if k in d.layout), width + j)
-                  for j, k in enumerate(mixture.keys)}
+                          max(d.layout[k].dim for d in datasets if k in d.layout),
+                          pad_cols.get(k))
+                  for k in mixture.keys}
     out.deltas = {k: first[k].deltas[k] for k in mixture.keys}
     out.squeezed = [k for k in mixture.keys if k in first[k].squeezed]
     out.obs_keys = [k for k in mixture.keys if k not in mixture.action_keys]
@@ -339,7 +344,7 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
     out.step = torch.cat([d.step for d in datasets])
     out.timestamp = torch.cat([d.timestamp for d in datasets])
     out.row_source = torch.repeat_interleave(torch.arange(len(datasets), device=dev), sizes)
-    out.row_base = base
+    out.row_index = torch.arange(len(out.row_source), device=dev) - base[out.row_source]
     out.dim_tables = {k: torch.stack([torch.arange(mixture.shapes[k][0][-1], device=dev)
                                       < d.describe()["dims"].get(k, 0) for d in datasets])
                       for k in mixture.dim_masked}
