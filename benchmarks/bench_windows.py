@@ -76,22 +76,27 @@ def run_keys(M, E, L, dev, copy_gbps) -> list[dict]:
     compiled = lambda: compiled_fn(data, offsets, idx, rels)  # noqa: E731
     return [rec("robocache", H.gpu_time(ours)), rec("torch_eager", H.gpu_time(eager)),
             rec("torch_compile", H.gpu_time(compiled)),
-            *(rec(f"robocache_group{g}", H.gpu_time(_launch(data, offsets, idx, cols, offs, g)))
-              for g in (1, 2, 8))]
+            *(rec(f"robocache_m{bm}_p{bp}_w{nw}",
+                  H.gpu_time(_launch(data, offsets, idx, cols, offs, bm, bp, nw)))
+              for bm, bp, nw in SWEEP)]
 
 
-def _launch(data, offsets, idx, cols, offs, group):
-    """The key_windows launcher with `group` entries per program (the default is 4)."""
+# (windows, value positions, warps) per program; the default is 16 x 256, 4 warps
+SWEEP = [(8, 256, 4), (8, 512, 4), (8, 1024, 8), (16, 128, 4), (16, 512, 4), (16, 512, 8),
+         (16, 1024, 8), (32, 128, 4), (32, 256, 8), (32, 64, 4), (64, 64, 4), (4, 1024, 4)]
+
+
+def _launch(data, offsets, idx, cols, offs, block_m, block_p, num_warps):
+    """The key_windows launcher with another tile and warp count."""
     from robocache.kernels.windows import key_windows_cuda
-    from robocache.ops.windows import _key_plan, _key_table
+    from robocache.ops.windows import _key_plan_on
 
-    rows, per_m, pad_per_m, _ = _key_plan(cols, {k: tuple(o) for k, o in offs.items()})
-    table = _key_table(rows, data.device)
-    out = torch.empty(len(idx) * per_m, dtype=data.dtype, device=data.device)
-    pads = torch.empty(len(idx) * pad_per_m, dtype=torch.bool, device=data.device)
-    width = max(w for _, w in cols.values())
-    return lambda: key_windows_cuda(data, offsets, idx, None, table, width, out, pads, False,
-                                    group=group)
+    plan, table = _key_plan_on(cols, {k: tuple(o) for k, o in offs.items()}, data.device)
+    out = torch.empty(len(idx) * plan.n_values, dtype=data.dtype, device=data.device)
+    pads = torch.empty(len(idx) * plan.n_pads, dtype=torch.bool, device=data.device)
+    return lambda: key_windows_cuda(data, offsets, idx, None, table, plan.n_values,
+                                    plan.n_pads, plan.align, out, pads, False, block_m=block_m,
+                                    block_p=block_p, num_warps=num_warps)
 
 
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:

@@ -176,30 +176,55 @@ def test_key_windows_match_python_loop(pad):
         np.testing.assert_array_equal(w[f"{k}_is_pad"].numpy(), pads)
 
 
+# 16-byte aligned keys (columns and widths multiples of 4): the kernel's vectorized path
+ALIGNED = {"state": (0, 8, [-1, 0]), "action": (8, 4, list(range(5))), "env": (16, 4, [-3, 0])}
+
+
+@pytest.mark.parametrize("keys", [KEYS, ALIGNED], ids=["mixed", "aligned"])
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.int64, np.float16])
 @pytest.mark.parametrize("with_episodes", [False, True])
 @pytest.mark.parametrize("pad", ["edge", "zero"])
-def test_key_windows_kernel_matches_reference(kernel_device, dtype, with_episodes, pad):
+def test_key_windows_kernel_matches_reference(kernel_device, keys, dtype, with_episodes, pad):
     from robocache.kernels.windows import key_windows_cuda
     from robocache.ops.windows import _key_plan, _split
     from robocache.reference.windows import key_windows_ref
 
     rng = seeded()
-    data, offsets, idx, cols, rels = _key_args(rng, dtype)
+    data, offsets, idx, cols, rels = _key_args(rng, dtype, keys)
     dev = kernel_device
     d, o, i = (torch.tensor(x, device=dev) for x in (data, offsets, idx))
     eps = torch.searchsorted(o, i, right=True) - 1 if with_episodes else None
-    rels_t = {k: tuple(v) for k, v in rels.items()}
-    rows, per_m, pad_per_m, layout = _key_plan(cols, rels_t)
-    out = torch.full((len(idx) * per_m,), 7, dtype=d.dtype, device=dev)  # poisoned
-    pads = torch.ones(len(idx) * pad_per_m, dtype=torch.bool, device=dev)
-    key_windows_cuda(d, o, i, eps, torch.tensor(rows, device=dev), 5, out, pads, pad == "zero")
-    got = _split(out, pads, len(idx), layout)
+    plan = _key_plan(cols, {k: tuple(v) for k, v in rels.items()})
+    out = torch.full((len(idx) * plan.n_values,), 7, dtype=d.dtype, device=dev)  # poisoned
+    pads = torch.ones(len(idx) * plan.n_pads, dtype=torch.bool, device=dev)
+    # small blocks: several window blocks (the last one partial) and value-position blocks
+    key_windows_cuda(d, o, i, eps, torch.tensor(plan.table, dtype=torch.int32, device=dev),
+                     plan.n_values, plan.n_pads, plan.align, out, pads, pad == "zero",
+                     block_m=16, block_p=32)
+    got = _split(out, pads, len(idx), plan.layout)
     want = key_windows_ref(d.cpu(), o.cpu(), i.cpu(), list(cols.values()), list(rels.values()),
                            pad == "zero")
     for k, (values, is_pad) in zip(cols, want, strict=True):
         torch.testing.assert_close(got[k].cpu(), values, rtol=0, atol=0)
         assert torch.equal(got[f"{k}_is_pad"].cpu(), is_pad)
+
+
+@pytest.mark.gpu
+def test_key_windows_cuda_large_matches_cpu():
+    """Vectorized (aligned) and scalar layouts at training scale, episode search included."""
+    rng = seeded()
+    offsets = torch.tensor(_episodes(rng, 500, 400))
+    data = torch.randn(int(offsets[-1]), 84)
+    idx = torch.randint(0, int(offsets[-1]), (65536,))
+    for cols in ({"a": (0, 32), "b": (32, 32), "c": (64, 16)},
+                 {"a": (1, 31), "b": (32, 33), "c": (70, 14)}):
+        offs = {"a": [-1, 0], "b": list(range(16)), "c": [-4, -2, 0]}
+        for pad in ("edge", "zero"):
+            w = robocache.key_windows(data.cuda(), offsets.cuda(), idx.cuda(), cols, offs,
+                                      pad=pad)
+            c = robocache.key_windows(data, offsets, idx, cols, offs, pad=pad)
+            for k in c:
+                assert torch.equal(w[k].cpu(), c[k]), k
 
 
 def test_key_windows_compiles():
@@ -226,3 +251,5 @@ def test_key_windows_validation():
         robocache.key_windows(*args, {**cols, "state": (8, 5)}, rels)
     with pytest.raises(ValueError, match="columns"):
         robocache.key_windows(*args, {}, rels)
+    with pytest.raises(ValueError, match=r"offsets\['state'\].*2\*\*31"):
+        robocache.key_windows(*args, cols, {**rels, "state": [-2**31]})

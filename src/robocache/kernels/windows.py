@@ -107,61 +107,71 @@ def windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tenso
 
 
 @triton.jit
-def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, n_entries,
+def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, P, Q,
                         n_episodes, search_steps, sdr, sdd, HAS_EPISODES: tl.constexpr,
-                        ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                        MAX_W: tl.constexpr, GROUP: tl.constexpr):
-    # grid (window blocks, entry groups). Entry j = one (key, offset) pair, table row j: first
-    # column, width, row offset; value (m, d) goes to out[obase * M + ooff + m * ostride + d],
-    # its pad flag to pad[pbase * M + poff + m * pstride]. A program finds its windows'
-    # episodes once and copies GROUP entries, unrolled so their loads are in flight together.
+                        ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+                        BLOCK_Q: tl.constexpr, ALIGN: tl.constexpr):
+    # grid (window blocks, value-position blocks). A window's values are P positions, key by
+    # key; int32 `table` columns per position p: row offset, data column, key's value base,
+    # key's run length n = L * W, position q in that run: value (m, p) goes to
+    # out[base * M + m * n + q], so a key's block of windows is one contiguous run and every
+    # tile's stores are coalesced. Then Q pad entries (row offset, key's pad base, L, index
+    # i): flag (m, j) goes to pad[pbase * M + m * L + i]. ALIGN: every key's column and width
+    # is a multiple of it (data rows too), so aligned groups of ALIGN positions are one
+    # contiguous run in data and in out: 16-byte loads and stores.
     offs_m, mm, r, first, last = _window_rows(offsets, indices, episodes, M, n_episodes,
                                               search_steps, HAS_EPISODES, BLOCK_M)
-    for g in tl.static_range(GROUP):
-        j = tl.program_id(1).to(tl.int64) * GROUP + g
-        live = j < n_entries
-        row_t = table + j * 9
-        col = tl.load(row_t + 0, mask=live, other=0)
-        width = tl.load(row_t + 1, mask=live, other=0)
-        out_base = tl.load(row_t + 3, mask=live, other=0) * M + tl.load(row_t + 4, mask=live,
-                                                                         other=0)
-        out_stride = tl.load(row_t + 5, mask=live, other=0)
-        pad_base = tl.load(row_t + 6, mask=live, other=0) * M + tl.load(row_t + 7, mask=live,
-                                                                         other=0)
-        row = r + tl.load(row_t + 2, mask=live, other=0)
-        is_pad = (row < first) | (row > last)
-        src = tl.minimum(tl.maximum(row, first), last)
-        for d0 in tl.static_range(0, MAX_W, BLOCK_D):
-            offs_d = d0 + tl.arange(0, BLOCK_D)
-            m2 = mm[:, None] & (offs_d < width)[None, :]
-            v = tl.load(data + src[:, None] * sdr + (col + offs_d)[None, :] * sdd, mask=m2,
-                        other=0)
-            if ZERO_PAD:
-                v = tl.where(is_pad[:, None], tl.zeros_like(v), v)
-            tl.store(out + out_base + offs_m[:, None] * out_stride + offs_d[None, :], v,
-                     mask=m2, cache_modifier=".cs")
-        tl.store(pad + pad_base + offs_m * tl.load(row_t + 8, mask=live, other=0), is_pad,
-                 mask=mm & live)
+    p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    mp = p < P
+    rel = tl.load(table + p, mask=mp, other=0)
+    col = tl.load(table + P + p, mask=mp, other=0)
+    dst = tl.load(table + 2 * P + p, mask=mp, other=0).to(tl.int64) * M + \
+        tl.load(table + 4 * P + p, mask=mp, other=0)
+    n = tl.load(table + 3 * P + p, mask=mp, other=0)
+    row = r[:, None] + rel[None, :]
+    src = tl.minimum(tl.maximum(row, first[:, None]), last[:, None]) * sdr + col[None, :] * sdd
+    dst = dst[None, :] + offs_m[:, None] * n[None, :]
+    if ALIGN > 1:
+        src = tl.max_contiguous(tl.multiple_of(src, [1, ALIGN]), [1, ALIGN])
+        dst = tl.max_contiguous(tl.multiple_of(dst, [1, ALIGN]), [1, ALIGN])
+    m2 = mm[:, None] & mp[None, :]
+    v = tl.load(data + src, mask=m2, other=0)
+    if ZERO_PAD:
+        v = tl.where((row < first[:, None]) | (row > last[:, None]), tl.zeros_like(v), v)
+    tl.store(out + dst, v, mask=m2, cache_modifier=".cs")
+    if tl.program_id(1) == 0:
+        t = table + 5 * P
+        j = tl.arange(0, BLOCK_Q)
+        mj = j < Q
+        prow = r[:, None] + tl.load(t + j, mask=mj, other=0)[None, :]
+        pdst = tl.load(t + Q + j, mask=mj, other=0).to(tl.int64) * M + \
+            tl.load(t + 3 * Q + j, mask=mj, other=0)
+        pdst = pdst[None, :] + offs_m[:, None] * tl.load(t + 2 * Q + j, mask=mj, other=0)[None, :]
+        tl.store(pad + pdst, (prow < first[:, None]) | (prow > last[:, None]),
+                 mask=mm[:, None] & mj[None, :])
 
 
 def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
-                     episodes: torch.Tensor | None, table: torch.Tensor, max_width: int,
-                     out: torch.Tensor, pad: torch.Tensor, zero_pad: bool,
-                     group: int = 4) -> None:
-    """Gather per-key windows of `data [total, C]` into the flat `out` / `pad` buffers, one
-    launch for every (key, offset) entry of `table` (int64 ``[J, 9]``, see the kernel);
-    `max_width` bounds the entries' widths, `group` entries share a program."""
-    M, J = indices.shape[0], table.shape[0]
-    if M == 0 or J == 0:
+                     episodes: torch.Tensor | None, table: torch.Tensor, n_values: int,
+                     n_pads: int, align: int, out: torch.Tensor, pad: torch.Tensor,
+                     zero_pad: bool, block_m: int = 16, block_p: int = 256,
+                     num_warps: int = 4) -> None:
+    """Gather per-key windows of `data [total, C]` into the flat `out` / `pad` buffers in one
+    launch: `table` (int32, see the kernel) lists each window's `n_values` value positions and
+    `n_pads` pad entries; `align` divides every key's first column and width."""
+    M = indices.shape[0]
+    if M == 0 or n_values == 0:
         return
     n_episodes = offsets.shape[0] - 1
-    block_d = min(next_pow2(max(max_width, 1)), 128)
-    # ~4K values in flight per program (4 warps, 32 per thread): the episode search is paid
-    # once per `group` entries instead of once per entry
-    block_m = max(16, min(128, 4096 // (block_d * group)))
-    _key_windows_kernel[(triton.cdiv(M, block_m), triton.cdiv(J, group))](
+    vec = 1
+    if data.stride(1) == 1:  # widest 16-byte vector dividing the columns, widths and row stride
+        vec = max(1, 16 // data.element_size())
+        while vec > 1 and (align % vec or data.stride(0) % vec):
+            vec //= 2
+    _key_windows_kernel[(triton.cdiv(M, block_m), triton.cdiv(n_values, block_p))](
         data, offsets, indices, indices if episodes is None else episodes, table, out, pad,
-        M, J, n_episodes, max(n_episodes, 1).bit_length(), data.stride(0), data.stride(1),
-        HAS_EPISODES=episodes is not None, ZERO_PAD=zero_pad, BLOCK_M=block_m,
-        BLOCK_D=block_d, MAX_W=max(max_width, 1), GROUP=group, num_warps=4,
+        M, n_values, n_pads, n_episodes, max(n_episodes, 1).bit_length(), data.stride(0),
+        data.stride(1), HAS_EPISODES=episodes is not None, ZERO_PAD=zero_pad,
+        BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_Q=next_pow2(n_pads), ALIGN=vec,
+        num_warps=num_warps,
     )

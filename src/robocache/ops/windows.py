@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -204,32 +205,53 @@ def _(data, episode_offsets, indices, episodes, rel, split, zero_pad):
             data.new_empty((M, K1, D)), data.new_empty((M, K1), dtype=torch.bool))
 
 
+class KeyPlan(NamedTuple):
+    """A key layout's launch plan: the kernel's int32 table (``[5, P]`` value positions then
+    ``[4, Q]`` pad entries, see the kernel), P and Q (a window's values and pad flags), a
+    divisor of every key's first column and width, and per key ``(name, base, L, W, pad
+    base)``."""
+
+    table: list[int]
+    n_values: int
+    n_pads: int
+    align: int
+    layout: list
+
+
 def _key_plan(columns: dict[str, tuple[int, int]], rels: dict[str, tuple[int, ...]]
-              ) -> tuple[list[list[int]], int, int, list]:
-    """The kernel's entry rows (``[J][9]``, see the kernel), the per-window sizes of the flat
-    value and pad buffers, and per key ``(name, base, L, W, pad base)``."""
-    rows, layout, obase, pbase = [], [], 0, 0
+              ) -> KeyPlan:
+    pos: list[list[int]] = [[] for _ in range(5)]
+    pads: list[list[int]] = [[] for _ in range(4)]
+    layout, obase, pbase, align = [], 0, 0, 0
     for name, (col, width) in columns.items():
         rel = rels[name]
         L = len(rel)
-        rows += [[col, width, o, obase, i * width, L * width, pbase, i, L]
-                 for i, o in enumerate(rel)]
+        for i, o in enumerate(rel):
+            for d in range(width):
+                for t, v in zip(pos, (o, col + d, obase, L * width, i * width + d), strict=True):
+                    t.append(v)
+            for t, v in zip(pads, (o, pbase, L, i), strict=True):
+                t.append(v)
         layout.append((name, obase, L, width, pbase))
         obase += L * width
         pbase += L
-    return rows, obase, pbase, layout
+        align = math.gcd(align, col, width)
+    return KeyPlan([v for t in pos + pads for v in t], obase, pbase, align, layout)
 
 
-_KEY_TABLES = PlanCache()
+_KEY_PLANS = PlanCache()
 
 
-def _key_table(rows: list[list[int]], device: torch.device) -> torch.Tensor:
-    """Device copy of the entry table, made once per (layout, device)."""
-    key = (tuple(map(tuple, rows)), device)
-    t = _KEY_TABLES.get(key)
-    if t is None:
-        t = _KEY_TABLES.put(key, torch.tensor(rows, dtype=torch.int64, device=device))
-    return t
+def _key_plan_on(columns: dict[str, tuple[int, int]], rels: dict[str, tuple[int, ...]],
+                 device: torch.device) -> tuple[KeyPlan, torch.Tensor]:
+    """The plan and its device table, made once per (layout, device)."""
+    key = (tuple(columns.items()), tuple(rels.items()), device)
+    hit = _KEY_PLANS.get(key)
+    if hit is None:
+        plan = _key_plan(columns, rels)
+        hit = _KEY_PLANS.put(key, (plan, torch.tensor(plan.table, dtype=torch.int32,
+                                                      device=device)))
+    return hit
 
 
 @nvtx.annotate("robocache.key_windows")
@@ -290,17 +312,16 @@ def key_windows(
         out, pads = torch.ops.robocache.key_windows(data, episode_offsets, indices, episodes,
                                                     flat, [o for n in names for o in rels[n]],
                                                     pad == "zero")
-        return _split(out, pads, M, _key_plan(cols, rels)[3])
+        return _split(out, pads, M, _key_plan(cols, rels).layout)
     if data.is_cuda:
         from robocache.kernels.windows import key_windows_cuda
 
-        rows, per_m, pad_per_m, layout = _key_plan(cols, rels)
-        table = _key_table(rows, data.device)
-        out = torch.empty(M * per_m, dtype=data.dtype, device=data.device)
-        pads = torch.empty(M * pad_per_m, dtype=torch.bool, device=data.device)
-        key_windows_cuda(data, episode_offsets, indices, episodes, table,
-                         max(w for _, w in cols.values()), out, pads, pad == "zero")
-        return _split(out, pads, M, layout)
+        plan, table = _key_plan_on(cols, rels, data.device)
+        out = torch.empty(M * plan.n_values, dtype=data.dtype, device=data.device)
+        pads = torch.empty(M * plan.n_pads, dtype=torch.bool, device=data.device)
+        key_windows_cuda(data, episode_offsets, indices, episodes, table, plan.n_values,
+                         plan.n_pads, plan.align, out, pads, pad == "zero")
+        return _split(out, pads, M, plan.layout)
     result = {}
     for name, (values, is_pad) in zip(cols, key_windows_ref(
             data, episode_offsets, indices, list(cols.values()), list(rels.values()),
@@ -324,7 +345,11 @@ def _key_layout(data, columns, offsets) -> tuple[dict[str, tuple[int, int]],
         if rel is None or len(rel) == 0:
             C.fail(_OP, f"`offsets[{name!r}]` is missing or empty; give the key at least one "
                    "row offset, e.g. [0].", ValueError)
-        cols[name], rels[name] = (c, w), tuple(int(o) for o in rel)
+        rel = tuple(int(o) for o in rel)
+        if max(map(abs, rel)) >= 2**31:
+            C.fail(_OP, f"`offsets[{name!r}]` has an offset beyond +-2**31 rows; give row "
+                   "offsets inside the episodes' length.", ValueError)
+        cols[name], rels[name] = (c, w), rel
     return cols, rels
 
 
