@@ -82,8 +82,9 @@ def run_keys(M, E, L, dev, copy_gbps) -> list[dict]:
 
 
 # (windows, value positions, warps) per program; the default is 16 x 256, 4 warps
-SWEEP = [(8, 256, 4), (8, 512, 4), (8, 1024, 8), (16, 128, 4), (16, 512, 4), (16, 512, 8),
-         (16, 1024, 8), (32, 128, 4), (32, 256, 8), (32, 64, 4), (64, 64, 4), (4, 1024, 4)]
+SWEEP = [(8, 1024, 8), (4, 1024, 4), (16, 128, 4), (32, 128, 4), (32, 64, 4), (64, 64, 4),
+         (16, 256, 4), (8, 256, 4), (32, 128, 8), (64, 128, 8), (16, 64, 4), (128, 64, 8),
+         (32, 256, 8), (64, 32, 4)]
 
 
 def _launch(data, offsets, idx, cols, offs, block_m, block_p, num_warps):

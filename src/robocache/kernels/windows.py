@@ -31,10 +31,10 @@ def _store_pads(pad, rel, r, first, last, offs_m, mm, K_START: tl.constexpr, K: 
 
 @triton.jit
 def _window_rows(offsets, indices, episodes, M, n_episodes, search_steps,
-                 HAS_EPISODES: tl.constexpr, BLOCK_M: tl.constexpr):
-    """This program's windows (offsets, in-range mask), each one's current row and its
-    episode's first and last rows (int64 [BLOCK_M])."""
-    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+                 HAS_EPISODES: tl.constexpr, BLOCK_M: tl.constexpr, block):
+    """Window block `block`'s windows (offsets, in-range mask), each one's current row and
+    its episode's first and last rows (int64 [BLOCK_M])."""
+    offs_m = block.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     mm = offs_m < M
     r = tl.load(indices + offs_m, mask=mm, other=0).to(tl.int64)
     if HAS_EPISODES:
@@ -61,7 +61,8 @@ def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad
                     ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                     KP0: tl.constexpr, KP1: tl.constexpr):
     offs_m, mm, r, first, last = _window_rows(offsets, indices, episodes, M, n_episodes,
-                                              search_steps, HAS_EPISODES, BLOCK_M)
+                                              search_steps, HAS_EPISODES, BLOCK_M,
+                                              tl.program_id(0))
     for k in tl.static_range(K0 + K1):
         row = r + tl.load(rel + k)
         is_pad = (row < first) | (row > last)
@@ -111,7 +112,8 @@ def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, P,
                         n_episodes, search_steps, sdr, sdd, HAS_EPISODES: tl.constexpr,
                         ZERO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                         BLOCK_Q: tl.constexpr, ALIGN: tl.constexpr):
-    # grid (window blocks, value-position blocks). A window's values are P positions, key by
+    # grid: window blocks x value-position blocks, positions fastest (a window block's
+    # programs run together and share its rows in L2). A window's values are P positions, key by
     # key; int32 `table` columns per position p: row offset, data column, key's value base,
     # key's run length n = L * W, position q in that run: value (m, p) goes to
     # out[base * M + m * n + q], so a key's block of windows is one contiguous run and every
@@ -119,9 +121,11 @@ def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, P,
     # i): flag (m, j) goes to pad[pbase * M + m * L + i]. ALIGN: every key's column and width
     # is a multiple of it (data rows too), so aligned groups of ALIGN positions are one
     # contiguous run in data and in out: 16-byte loads and stores.
+    chunk = tl.program_id(0) % tl.cdiv(P, BLOCK_P)
     offs_m, mm, r, first, last = _window_rows(offsets, indices, episodes, M, n_episodes,
-                                              search_steps, HAS_EPISODES, BLOCK_M)
-    p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+                                              search_steps, HAS_EPISODES, BLOCK_M,
+                                              tl.program_id(0) // tl.cdiv(P, BLOCK_P))
+    p = chunk * BLOCK_P + tl.arange(0, BLOCK_P)
     mp = p < P
     rel = tl.load(table + p, mask=mp, other=0)
     col = tl.load(table + P + p, mask=mp, other=0)
@@ -139,7 +143,7 @@ def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, P,
     if ZERO_PAD:
         v = tl.where((row < first[:, None]) | (row > last[:, None]), tl.zeros_like(v), v)
     tl.store(out + dst, v, mask=m2, cache_modifier=".cs")
-    if tl.program_id(1) == 0:
+    if chunk == 0:
         t = table + 5 * P
         j = tl.arange(0, BLOCK_Q)
         mj = j < Q
@@ -168,7 +172,7 @@ def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.T
         vec = max(1, 16 // data.element_size())
         while vec > 1 and (align % vec or data.stride(0) % vec):
             vec //= 2
-    _key_windows_kernel[(triton.cdiv(M, block_m), triton.cdiv(n_values, block_p))](
+    _key_windows_kernel[(triton.cdiv(M, block_m) * triton.cdiv(n_values, block_p),)](
         data, offsets, indices, indices if episodes is None else episodes, table, out, pad,
         M, n_values, n_pads, n_episodes, max(n_episodes, 1).bit_length(), data.stride(0),
         data.stride(1), HAS_EPISODES=episodes is not None, ZERO_PAD=zero_pad,
