@@ -81,10 +81,10 @@ def run_keys(M, E, L, dev, copy_gbps) -> list[dict]:
               for bm, bp, nw in SWEEP)]
 
 
-# (windows, value positions, warps) per program; the default is 16 x 256, 4 warps
-SWEEP = [(8, 1024, 8), (4, 1024, 4), (16, 128, 4), (32, 128, 4), (32, 64, 4), (64, 64, 4),
-         (16, 256, 4), (8, 256, 4), (32, 128, 8), (64, 128, 8), (16, 64, 4), (128, 64, 8),
-         (32, 256, 8), (64, 32, 4)]
+# (windows, value positions per chunk, warps) per program; the default is 8 x 1024, 8 warps
+SWEEP = [(4, 1024, 4), (16, 1024, 8), (4, 128, 4), (8, 128, 4), (16, 128, 4), (8, 64, 4),
+         (16, 64, 4), (4, 256, 4), (8, 256, 4), (16, 256, 8), (8, 128, 8), (2, 128, 4),
+         (4, 64, 2), (2, 256, 2)]
 
 
 def _launch(data, offsets, idx, cols, offs, block_m, block_p, num_warps):
