@@ -82,9 +82,8 @@ def run_keys(M, E, L, dev, copy_gbps) -> list[dict]:
 
 
 # (windows, value positions per chunk, warps) per program; the default is 8 x 1024, 8 warps
-SWEEP = [(4, 1024, 4), (16, 1024, 8), (4, 128, 4), (8, 128, 4), (16, 128, 4), (8, 64, 4),
-         (16, 64, 4), (4, 256, 4), (8, 256, 4), (16, 256, 8), (8, 128, 8), (2, 128, 4),
-         (4, 64, 2), (2, 256, 2)]
+SWEEP = [(4, 1024, 4), (8, 64, 4), (16, 64, 4), (32, 64, 8), (8, 128, 8), (16, 128, 8),
+         (4, 128, 4), (8, 128, 4), (2, 256, 2), (4, 256, 4), (8, 256, 4), (4, 64, 2)]
 
 
 def _launch(data, offsets, idx, cols, offs, block_m, block_p, num_warps):
