@@ -81,9 +81,8 @@ def run_keys(M, E, L, dev, copy_gbps) -> list[dict]:
               for bm, bp, nw in SWEEP)]
 
 
-# (windows, value positions per chunk, warps) per program; the default is 8 x 1024, 8 warps
-SWEEP = [(4, 1024, 4), (8, 64, 4), (16, 64, 4), (32, 64, 8), (8, 128, 8), (16, 128, 8),
-         (4, 128, 4), (8, 128, 4), (2, 256, 2), (4, 256, 4), (8, 256, 4), (4, 64, 2)]
+# (windows, value positions per chunk, warps) per program; the default is 4 x 1024, 4 warps
+SWEEP = [(8, 1024, 8), (16, 1024, 8), (2, 256, 2), (8, 256, 4), (16, 128, 8), (16, 64, 4)]
 
 
 def _launch(data, offsets, idx, cols, offs, block_m, block_p, num_warps):

@@ -159,7 +159,7 @@ def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.T
                      episodes: torch.Tensor | None, table: torch.Tensor, n_values: int,
                      n_pads: int, align: int, out: torch.Tensor, pad: torch.Tensor,
                      zero_pad: bool, block_m: int | None = None,
-                     block_p: int | None = None, num_warps: int = 8) -> None:
+                     block_p: int | None = None, num_warps: int = 4) -> None:
     """Gather per-key windows of `data [total, C]` into the flat `out` / `pad` buffers in one
     launch: `table` (int32, see the kernel) lists each window's `n_values` value positions and
     `n_pads` pad entries; `align` divides every key's first column and width."""
@@ -167,13 +167,13 @@ def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.T
     if M == 0 or n_values == 0:
         return
     n_episodes = offsets.shape[0] - 1
-    # One chunk of up to 1024 positions and ~8K values per program, 8 warps (H100, M = 65536
-    # windows of 624 fp32 values, 3 keys; bench windows sweeps the alternatives): 8 windows x
-    # 1024 positions, 8 warps: 0.1222 ms, 89.8 % of copy; 4 x 1024 (4 warps) 0.1223 ms;
-    # 32 x 64 in 10 programs per window block 0.1224 ms; 16 x 256 0.124 ms (88.4 %); tiles that
-    # need over 64 registers a thread lose occupancy (32 x 128, 112 registers: 0.1555 ms).
+    # One chunk of up to 1024 positions, ~4K values per program, 4 warps. H100, M = 65536
+    # windows of 624 fp32 values (3 keys, `bench windows`), two runs: 4 windows x 1024
+    # positions, 4 warps: 0.1223 / 0.1219 ms (90.3 % of copy); 8 x 1024, 8 warps: 0.1222 /
+    # 0.1242 ms; chunks of 64-256 positions unrolled: 0.125-0.141 ms (more programs per window
+    # but more registers a thread: 32 x 128 positions needs 112 and ran at 0.1555 ms).
     block_p = block_p or min(1024, next_pow2(max(n_values, 16)))
-    block_m = block_m or max(8, min(128, 8192 // block_p))
+    block_m = block_m or max(4, min(128, 4096 // block_p))
     vec = 1
     if data.stride(1) == 1:  # widest 16-byte vector dividing the columns, widths and row stride
         vec = max(1, 16 // data.element_size())
