@@ -52,6 +52,7 @@ def test_scraped_values_equal_the_run(exporter, sample_source, tmp_path):
     assert 0 < v("robocache_loader_stall_ratio", **lab) <= 1
     assert v("robocache_loader_first_batch_seconds", **lab) > 0
     assert v("robocache_op_calls_total", op="align") >= 6
+    assert v("robocache_camera_frames_decoded_total", decoder="cpu") > 0  # the sample's cameras
     assert v("robocache_build_info", version=robocache.__version__) == 1
 
 

@@ -31,6 +31,7 @@ import torch
 
 from robocache.data.episode import Episode, Stream, StreamSpec
 from robocache.errors import DataError, MissingDependencyError
+from robocache.observability import metrics
 
 CODECS = ("jpeg", "png")
 DEFAULT_QUALITY = 95
@@ -258,6 +259,7 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
 
         parts = [p for i in batch for p in cameras[i][0].slices(distinct[i][0])]
         frames = decode_jpeg(parts, mode=ImageReadMode.RGB, device=device) if parts else []
+        metrics.count_frames("nvjpeg", len(parts))
         for i in batch:  # each camera stacked, its per-frame tensors freed
             f, n = cameras[i][0], distinct[i][0].numel()
             h, w = f.frame_shape[:2]
@@ -267,6 +269,7 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
     for i, (f, _) in enumerate(cameras):
         if out[i] is None:
             out[i] = _decode_pil(f, distinct[i][0], device)
+            metrics.count_frames("cpu", distinct[i][0].numel())
     return [o[inv].reshape(*rows.shape, *o.shape[1:])
             for o, inv, (_, rows) in zip(out, inverse, cameras, strict=True)]
 

@@ -44,6 +44,7 @@ _lock = threading.Lock()
 _ingest_metrics: dict[str, Any] = {}
 _loaders: dict[tuple[str, str], LoaderStats] = {}
 _ops: dict[str, list[int]] = {}  # op -> [calls, bytes]
+_frames: dict[str, int] = {}  # camera frame decoder ("nvjpeg", "cpu") -> frames decoded
 _ceilings: dict[str, float] = {}
 
 # batch waits: 50 us .. 10 s (a GPU-resident batch takes ~55 us on an H100, a starved one seconds)
@@ -359,6 +360,18 @@ def _count_op(op: str, args: tuple, kwargs: dict, out: Any) -> None:
     entry[1] += _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
 
 
+def count_frames(decoder: str, n: int) -> None:
+    """Record ``n`` camera frames decoded by ``decoder`` (``"nvjpeg"`` or ``"cpu"``); a no-op
+    while metrics are off. Frames decoded in DataLoader worker processes are not seen."""
+    if _on:
+        _frames[decoder] = _frames.get(decoder, 0) + n
+
+
+def frames_summary() -> dict[str, int]:
+    """Camera frames decoded in this process, by decoder."""
+    return dict(_frames)
+
+
 def op_summary() -> dict[str, dict[str, int]]:
     """Calls and bytes per op recorded in this process."""
     return {op: {"calls": c, "bytes": b} for op, (c, b) in list(_ops.items())}
@@ -471,6 +484,12 @@ class _Collector:
             nbytes.add_metric([op], b)
         yield calls
         yield nbytes
+        frames = CounterMetricFamily("robocache_camera_frames_decoded",
+                                     "Camera frames decoded for served batches.",
+                                     labels=["decoder"])
+        for decoder, n in list(_frames.items()):
+            frames.add_metric([decoder], n)
+        yield frames
         gpu = {k: GaugeMetricFamily(f"robocache_gpu_{k}", h, labels=["gpu"])
                for k, h in GPU_METRICS.items()}
         for key, index, value in _gpu_samples():
