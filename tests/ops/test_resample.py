@@ -193,6 +193,10 @@ def test_kernel_matches_reference(kernel_device, case, method, oor):
                                   None if lengths is None else lengths.to(dev), out, pad, None,
                                   K.METHOD_CODES[method], K.OOR_CODES[oor])], x.to(dev), B)
     rtol, atol = TOL[ddt]
+    if oor == "extrapolate":
+        # y0 + w * (y1 - y0) with w in the hundreds past a short last segment: float32 rounding
+        # scales with those terms (the output's magnitude), not with a result that cancels to 0
+        atol = max(atol, rtol * float(ref.abs().nan_to_num().amax()))
     torch.testing.assert_close(out.cpu(), ref, rtol=rtol, atol=atol, equal_nan=True)
     assert torch.equal(pad.cpu(), ref_pad)
 
