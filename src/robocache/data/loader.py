@@ -275,17 +275,18 @@ class _Packed(RobotDataset):
     :meth:`fetch` adds ``source``, ``<key>_dim_mask`` and turns ``index`` back into the
     source's own."""
 
-    row_source: torch.Tensor
-    row_index: torch.Tensor
-    dim_tables: dict[str, torch.Tensor]
+    rows: torch.Tensor  # int64 [N, 2]: each row's source and index in it
+    dim_table: torch.Tensor  # bool [sources, sum of the masked keys' widths]
+    dim_widths: dict[str, int]  # masked key -> its width in dim_table (in order)
 
     def fetch(self, indices: torch.Tensor) -> Batch:
         batch = super().fetch(indices)
-        source = self.row_source[indices]
-        batch["index"] = self.row_index[indices]
-        batch["source"] = source
-        for k, table in self.dim_tables.items():
-            batch[f"{k}_dim_mask"] = table[source]
+        # two gathers whatever the number of masked keys (views split them)
+        batch["source"], batch["index"] = self.rows[indices].unbind(1)
+        if self.dim_widths:
+            masks = self.dim_table[batch["source"]].split(list(self.dim_widths.values()), 1)
+            batch.update({f"{k}_dim_mask": m
+                          for k, m in zip(self.dim_widths, masks, strict=True)})
         return batch
 
 
@@ -351,11 +352,14 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
     out.episode_ids = torch.cat([d.episode_ids.to(dev) for d in datasets])
     out.step = torch.cat([d.step for d in datasets])
     out.timestamp = torch.cat([d.timestamp for d in datasets])
-    out.row_source = torch.repeat_interleave(torch.arange(len(datasets), device=dev), sizes)
-    out.row_index = torch.arange(len(out.row_source), device=dev) - base[out.row_source]
-    out.dim_tables = {k: torch.stack([torch.arange(mixture.shapes[k][0][-1], device=dev)
-                                      < d.describe()["dims"].get(k, 0) for d in datasets])
-                      for k in mixture.dim_masked}
+    source = torch.repeat_interleave(torch.arange(len(datasets), device=dev), sizes)
+    out.rows = torch.stack([source, torch.arange(len(source), device=dev) - base[source]], 1)
+    masked = [k for k in mixture.keys if k in mixture.dim_masked]
+    out.dim_widths = {k: mixture.shapes[k][0][-1] for k in masked}
+    dims = [d.describe()["dims"] for d in datasets]
+    out.dim_table = torch.tensor([[j < dim.get(k, 0) for k, w in out.dim_widths.items()
+                                   for j in range(w)] for dim in dims],
+                                 dtype=torch.bool, device=dev)
     return out
 
 
