@@ -142,7 +142,8 @@ class _Sampler(torch.utils.data.Sampler):
     batches (``batch_size * world_size`` sources and steps each) are drawn in blocks of
     ``BLOCK``, block ``c`` of an epoch from a generator seeded by ``(seed, epoch, c)`` (a few
     tensor ops per block, not per batch); each rank takes its slice of each batch, so any batch
-    can be rebuilt without replaying more than its block. ``epoch`` and ``start`` (the first
+    can be rebuilt without replaying more than its block (the resident path draws the whole
+    epoch at its start, :meth:`order`). ``epoch`` and ``start`` (the first
     batch to yield) are where iteration resumes."""
 
     BLOCK = 64
@@ -168,7 +169,14 @@ class _Sampler(torch.utils.data.Sampler):
         return -(-n // self.batch_size)
 
     def order(self) -> torch.Tensor:
-        """One source: this rank's order of the epoch's samples."""
+        """This rank's order of the epoch's samples, int64 ``[num_samples]``: one source, its
+        steps; a mixture, rows of its sources stacked in order (see ``_pack``), batch after
+        batch, each batch grouped by source (its blocks drawn once for the whole epoch, so a
+        mixed epoch is then served exactly like one cache's)."""
+        if isinstance(self.data, MixedDataset):
+            blocks = [self._block(c)[2] for c in range(-(-len(self) // self.BLOCK))]
+            return torch.cat(blocks)[:len(self)].reshape(-1) if blocks \
+                else torch.zeros(0, dtype=torch.int64)
         n = len(self.data)
         order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)) \
             if self.shuffle else torch.arange(n)
@@ -267,17 +275,18 @@ class _Packed(RobotDataset):
     :meth:`fetch` adds ``source``, ``<key>_dim_mask`` and turns ``index`` back into the
     source's own."""
 
-    row_source: torch.Tensor
-    row_index: torch.Tensor
-    dim_tables: dict[str, torch.Tensor]
+    rows: torch.Tensor  # int64 [N, 2]: each row's source and index in it
+    dim_table: torch.Tensor  # bool [sources, sum of the masked keys' widths]
+    dim_widths: dict[str, int]  # masked key -> its width in dim_table (in order)
 
     def fetch(self, indices: torch.Tensor) -> Batch:
         batch = super().fetch(indices)
-        source = self.row_source[indices]
-        batch["index"] = self.row_index[indices]
-        batch["source"] = source
-        for k, table in self.dim_tables.items():
-            batch[f"{k}_dim_mask"] = table[source]
+        # two gathers whatever the number of masked keys (views split them)
+        batch["source"], batch["index"] = self.rows[indices].unbind(1)
+        if self.dim_widths:
+            masks = self.dim_table[batch["source"]].split(list(self.dim_widths.values()), 1)
+            batch.update({f"{k}_dim_mask": m
+                          for k, m in zip(self.dim_widths, masks, strict=True)})
         return batch
 
 
@@ -343,11 +352,14 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
     out.episode_ids = torch.cat([d.episode_ids.to(dev) for d in datasets])
     out.step = torch.cat([d.step for d in datasets])
     out.timestamp = torch.cat([d.timestamp for d in datasets])
-    out.row_source = torch.repeat_interleave(torch.arange(len(datasets), device=dev), sizes)
-    out.row_index = torch.arange(len(out.row_source), device=dev) - base[out.row_source]
-    out.dim_tables = {k: torch.stack([torch.arange(mixture.shapes[k][0][-1], device=dev)
-                                      < d.describe()["dims"].get(k, 0) for d in datasets])
-                      for k in mixture.dim_masked}
+    source = torch.repeat_interleave(torch.arange(len(datasets), device=dev), sizes)
+    out.rows = torch.stack([source, torch.arange(len(source), device=dev) - base[source]], 1)
+    masked = [k for k in mixture.keys if k in mixture.dim_masked]
+    out.dim_widths = {k: mixture.shapes[k][0][-1] for k in masked}
+    dims = [d.describe()["dims"] for d in datasets]
+    out.dim_table = torch.tensor([[j < dim.get(k, 0) for k, w in out.dim_widths.items()
+                                   for j in range(w)] for dim in dims],
+                                 dtype=torch.bool, device=dev)
     return out
 
 
@@ -486,7 +498,6 @@ class RobotLoader:
                 prefetch_factor=prefetch_factor if num_workers > 0 else None)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self._metrics = None  # robocache.observability.metrics.LoaderStats while metrics are on
-        self._rows = None  # (epoch, block) and a mixture's rows of it (see _mixed_indices)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -504,17 +515,6 @@ class RobotLoader:
             norm = self.normalizers[i]
             done.append((i, norm(batch) if norm is not None else batch))
         return _merge(done, self.mixture)
-
-    def _mixed_indices(self, b: int) -> torch.Tensor:
-        """A mixture's batch ``b`` (resident path): rows of the packed cache, a view of its
-        block on the host, pinned when batches go to a GPU, so the copy there neither blocks
-        the host nor waits for the side stream's work (a copy from pageable memory
-        synchronizes the stream first)."""
-        c = (self.sampler.epoch, b // self.sampler.BLOCK)
-        if self._rows is None or self._rows[0] != c:
-            rows = self.sampler._block(c[1])[2]
-            self._rows = (c, rows.pin_memory() if self.stream is not None else rows)
-        return self._rows[1][b % self.sampler.BLOCK]
 
     def set_epoch(self, epoch: int) -> None:
         """Serve epoch ``epoch`` next (the same order on every rank); a position restored by
@@ -568,14 +568,11 @@ class RobotLoader:
         if self.graphed is not None:
             yield from self._iter_graphed()
             return
-        if self.resident and not self.mixed:  # one copy of the epoch's order, sliced there
+        if self.resident:  # one copy of the epoch's order (a mixture's: packed rows), sliced
             order = self.sampler.order().to(self.device)
             if self.stream is not None:
                 order.record_stream(self.stream)  # read there while the caller iterates
             source = self.sampler.batches(order)
-        elif self.resident:
-            source = ([(-1, self._mixed_indices(b))]
-                      for b in range(self.sampler.start, len(self.sampler)))
         else:
             with warnings.catch_warnings():
                 # workers fork after Lance was used in this process; they never call Lance
@@ -621,9 +618,8 @@ class RobotLoader:
         slot is refilled only after the main stream has passed the work queued on its
         previous batch (recorded when the caller asked for the batch after it)."""
         main = torch.cuda.current_stream(self.device)
-        order = None if self.mixed else self.sampler.order().to(self.device)
-        if order is not None:
-            order.record_stream(self.stream)
+        order = self.sampler.order().to(self.device)
+        order.record_stream(self.stream)
         self.stream.wait_stream(main)
         size, slots = self.sampler.batch_size, len(self.graphed.graphs)
         released: list[torch.cuda.Event | None] = [None] * slots
@@ -632,8 +628,7 @@ class RobotLoader:
             with torch.cuda.stream(self.stream):
                 if released[b % slots] is not None:
                     self.stream.wait_event(released[b % slots])
-                batch = self.graphed(b % slots, self._mixed_indices(b) if order is None
-                                     else order[b * size:(b + 1) * size])
+                batch = self.graphed(b % slots, order[b * size:(b + 1) * size])
             event = torch.cuda.Event()
             event.record(self.stream)
             return batch, event
