@@ -140,6 +140,14 @@ def test_bad_input_is_one_line():
         pass
 
 
+def test_failure_inside_observe_is_reraised_as_is(monkeypatch):
+    """The command's own error reaches its one-line handler unchanged, with or without click
+    installed (typer no longer depends on it)."""
+    monkeypatch.setitem(__import__("sys").modules, "click", None)  # as in a typer-only install
+    with pytest.raises(DataError, match="bad"), observe("robocache_test"):
+        raise DataError("bad")
+
+
 def test_port_in_use_warns_and_continues(caplog):
     from robocache.observability import start_exporter
 

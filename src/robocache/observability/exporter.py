@@ -191,10 +191,10 @@ def observe(job: str, *, metrics_port: int | None = None, pushgateway: str | Non
     try:
         yield
     except Exception as e:
-        import click
+        import typer
 
         # with --log-format the failure is an event too (the command still prints its line)
-        if logs.configured() and not isinstance(e, click.exceptions.Exit):
+        if logs.configured() and not isinstance(e, typer.Exit):
             logs.event("error", logging.ERROR, job=job, error=f"{type(e).__name__}: {e}")
         raise
     finally:
