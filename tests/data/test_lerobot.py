@@ -115,3 +115,29 @@ def test_cuda_batches_equal_lerobot(cache, name):
     for k, w in np.load(FIXTURES / f"items_{name}.npz").items():
         got = batch[k] if w.dtype.kind == "U" else batch[k].cpu().numpy()
         assert np.array_equal(np.asarray(got), w) and np.asarray(got).dtype == w.dtype, k
+
+
+def test_task_follows_the_frame(tmp_path):
+    """LeRobot's task is per frame (``task_index``): an episode whose task changes mid-way
+    serves each frame's own task, as LeRobot's ``meta.tasks.iloc[task_index]``."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = Path(shutil.copytree(FIXTURES / "tiny", tmp_path / "tiny"))
+    path = next((root / "data").glob("*/*.parquet"))
+    table = pq.read_table(path)
+    episode = table.column("episode_index").to_numpy()
+    frame = table.column("frame_index").to_numpy()
+    task_index = table.column("task_index").to_numpy().copy()
+    switch = (episode == 1) & (frame >= 6)
+    task_index[switch] = 1 - task_index[switch]
+    pq.write_table(table.set_column(table.column_names.index("task_index"), "task_index",
+                                    pa.array(task_index)), path)
+    names = pq.read_table(root / "meta" / "tasks.parquet").column("task").to_pylist()
+    ours = robocache.LeRobotDataset("robocache/tiny", root=root, cache=tmp_path / "cache")
+    items = [ours[i] for i in range(len(ours))]
+    assert [int(it["task_index"]) for it in items] == task_index.tolist()
+    assert [it["task"] for it in items] == [names[i] for i in task_index]
+    assert ours.get_batch(torch.arange(len(ours)))["task"] == [names[i] for i in task_index]

@@ -253,6 +253,18 @@ def _place(values: np.ndarray, k: np.ndarray, n: int) -> tuple[np.ndarray, np.nd
     return values[np.where(src < 0, 0, src)], pad
 
 
+def step_tasks(episode: Episode, t: np.ndarray, tolerance_s: float) -> np.ndarray:
+    """The task string at each step ``t``: the task of the latest frame at or before it (within
+    ``tolerance_s``) when the source has one per frame (LeRobot's ``task_index``), else the
+    episode's first task."""
+    frames = episode.meta.get("frame_tasks")
+    if frames is None:
+        return np.full(len(t), (episode.meta.get("tasks") or [""])[0], dtype=object)
+    times, names = frames
+    i = np.searchsorted(times, np.asarray(t) + tolerance_s, side="right") - 1
+    return names[np.clip(i, 0, len(names) - 1)]
+
+
 def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheConfig,
                   device, fps: float | None = None) -> dict[str, Any]:
     """Align one (checked) episode to ``config.rate_hz`` (``fps``, the source's rate, when
@@ -305,7 +317,7 @@ def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheC
         "episode_index": np.full(n, episode.index, np.int64),
         "step": np.arange(n, dtype=np.int64),
         "timestamp": t,
-        "task": np.full(n, (episode.meta.get("tasks") or [""])[0], dtype=object),
+        "task": step_tasks(episode, t, tol),
     }
     for name, spec in specs.items():
         col = column_name(name)

@@ -202,12 +202,25 @@ class LeRobotDataset(torch.utils.data.Dataset):
         eps = self.meta.episodes
         size = max(e["episode_index"] for e in eps) + 1
         from_index = torch.zeros(size, dtype=torch.int64)
-        task_index = torch.zeros(size, dtype=torch.int64)
-        tasks = {t: i for i, t in enumerate(self.meta.task_names)}
         for e in eps:
             from_index[e["episode_index"]] = int(e["dataset_from_index"])
-            task_index[e["episode_index"]] = tasks.get((list(e.get("tasks") or []) or [""])[0], 0)
-        self._from_index, self._task_index = from_index.to(device), task_index.to(device)
+        self._from_index, self._task_index = from_index.to(device), self._row_tasks().to(device)
+
+    def _row_tasks(self) -> torch.Tensor:
+        """int64 ``[rows]``: the task index of each served row (the cache's per-step task, i.e.
+        LeRobot's per-frame ``task_index``)."""
+        import lance
+
+        table = lance.dataset(str(self.cache / "data.lance")).to_table(
+            columns=["episode_index", "step", "task"])
+        ids = {t: i for i, t in enumerate(self.meta.task_names)}
+        task = np.array([ids.get(t or "", 0) for t in table.column("task").to_pylist()], np.int64)
+        ep, step = table.column("episode_index").to_numpy(), table.column("step").to_numpy()
+        width = int(step.max()) + 1 if len(step) else 1
+        key = ep * width + step
+        order = np.argsort(key)
+        want = self._ds.episode_index.cpu().numpy() * width + self._ds.step.cpu().numpy()
+        return torch.from_numpy(task[order[np.searchsorted(key[order], want)]])
 
     def _reusable(self, manifest: Path) -> bool:
         """The cache at ``manifest`` is a finished native-rate cache of every episode of this
@@ -289,7 +302,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         out["frame_index"] = frame
         out["episode_index"] = episode
         out["index"] = self._from_index[episode] + frame
-        out["task_index"] = self._task_index[episode]
+        out["task_index"] = self._task_index[index]
         out["task"] = [self.meta.task_names[int(i)] for i in out["task_index"].tolist()]
         return out
 

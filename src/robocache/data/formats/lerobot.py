@@ -257,9 +257,14 @@ class LeRobotSource:
             streams[name] = Stream(spec, times[valid], data)
         ep = self._episodes[index]
         tasks = ep.get("tasks") or []
-        if not tasks and "task_index" in table.column_names and len(table):
-            tasks = [self._tasks.get(int(table.column("task_index")[0].as_py()), "")]
-        return Episode(index, streams, {"tasks": list(tasks), "length": len(table)})
+        meta = {"tasks": list(tasks), "length": len(table)}
+        if "task_index" in table.column_names and len(table):
+            # LeRobot's task is per frame (task_index), not per episode
+            ids, inverse = np.unique(table.column("task_index").to_numpy(), return_inverse=True)
+            names = np.array([self._tasks.get(int(i), "") for i in ids], dtype=object)[inverse]
+            meta["frame_tasks"] = (times, names)
+            meta["tasks"] = meta["tasks"] or [names[0]]
+        return Episode(index, streams, meta)
 
 
 def _rows(episode: Episode, specs: dict[str, StreamSpec], start: int) -> pa.Table:
