@@ -148,6 +148,8 @@ class RobotDataset(torch.utils.data.Dataset):
                  image_size: tuple[int, int] | None = None, image_transforms: Any = None,
                  image_dtype: torch.dtype = torch.float32, seed: int = 0):
         import lance
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
         from robocache.ops.normalize import Stats
 
@@ -214,7 +216,7 @@ class RobotDataset(torch.utils.data.Dataset):
             raise DataError(f"{self.path} holds no cached episodes "
                             f"({len(self.manifest['quarantined'])} quarantined: {reasons}).")
         ds = lance.dataset(str(self.path / "data.lance"))
-        columns = ["episode_index", "step", "timestamp"]
+        columns = ["episode_index", "step", "timestamp", "task"]
         for k in keys:
             col = streams[k]["column"]
             columns += [f"{col}/frame" if k in self.image_keys else col, f"{col}_is_pad"]
@@ -226,9 +228,6 @@ class RobotDataset(torch.utils.data.Dataset):
                                 f"given are not in {self.path} (cached: {sorted(cached)}).")
         table = ds.to_table(columns=columns)
         if episodes is not None:  # filtered here: lance's filtered scans differ across versions
-            import pyarrow as pa
-            import pyarrow.compute as pc
-
             table = table.filter(pc.is_in(table.column("episode_index"),
                                           pa.array(sorted(set(map(int, episodes))),
                                                    table.schema.field("episode_index").type)))
@@ -241,6 +240,9 @@ class RobotDataset(torch.utils.data.Dataset):
         self.episode_index = torch.from_numpy(ep.copy())
         self.step = torch.from_numpy(table.column("step").to_numpy()[order].copy())
         self.timestamp = torch.from_numpy(table.column("timestamp").to_numpy()[order].copy())
+        task = pc.fill_null(table.column("task"), "").combine_chunks().dictionary_encode()
+        self.task_names: list[str] = task.dictionary.to_pylist()  # each step's task: task_id
+        self.task_id = torch.from_numpy(task.indices.to_numpy().astype(np.int64)[order])
         self.frames: dict[str, Any] = {}
 
         # every key's values as raw int32 words side by side (any dtype, bit-exact), then the

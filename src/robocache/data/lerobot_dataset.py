@@ -209,18 +209,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
     def _row_tasks(self) -> torch.Tensor:
         """int64 ``[rows]``: the task index of each served row (the cache's per-step task, i.e.
         LeRobot's per-frame ``task_index``)."""
-        import lance
-
-        table = lance.dataset(str(self.cache / "data.lance")).to_table(
-            columns=["episode_index", "step", "task"])
         ids = {t: i for i, t in enumerate(self.meta.task_names)}
-        task = np.array([ids.get(t or "", 0) for t in table.column("task").to_pylist()], np.int64)
-        ep, step = table.column("episode_index").to_numpy(), table.column("step").to_numpy()
-        width = int(step.max()) + 1 if len(step) else 1
-        key = ep * width + step
-        order = np.argsort(key)
-        want = self._ds.episode_index.cpu().numpy() * width + self._ds.step.cpu().numpy()
-        return torch.from_numpy(task[order[np.searchsorted(key[order], want)]])
+        lut = torch.tensor([ids.get(t, 0) for t in self._ds.task_names], dtype=torch.int64)
+        return lut[self._ds.task_id]
 
     def _reusable(self, manifest: Path) -> bool:
         """The cache at ``manifest`` is a finished native-rate cache of every episode of this
