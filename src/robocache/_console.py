@@ -22,5 +22,8 @@ def print_table(table: Table, out: Console | None = None) -> None:
     out = out or console()
     if not out.is_terminal:
         table.box = box.MARKDOWN
-        table.title_justify = table.caption_justify = "left"
+        table.caption_justify = "left"
+        if table.title:  # its own line: a title is wrapped to the table's width otherwise
+            out.print(table.title)
+            table.title = None
     out.print(table)
