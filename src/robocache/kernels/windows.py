@@ -4,9 +4,10 @@ One program gathers BLOCK_M windows. It finds each window's episode once (a vect
 binary search over the episode offsets, or the episode ids when given), then copies its K
 rows, K unrolled so every row's load is in flight before the first store: the copy is
 latency-bound otherwise (a runtime loop issues one [BLOCK_M, D] load per round trip).
-Values are stored streaming (`.cs`): each output row is written once and never read back, and
-keeping it out of L2 leaves L2 to the source rows that overlapping windows share (H100,
-M = 65536 x 18 rows x 32-D: 101.9 vs 110.1 us in one run).
+`windows` stores values streaming (`.cs`): each output row is written once and never read
+back, and keeping it out of L2 leaves L2 to the source rows that overlapping windows share
+(H100, M = 65536 x 18 rows x 32-D: 101.9 vs 110.1 us in one run). `key_windows` stores plain:
+there streaming stores measured 2 % slower (see `key_windows_cuda`).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, P,
         v = tl.load(data + src, mask=m2, other=0)
         if ZERO_PAD:
             v = tl.where((row < first[:, None]) | (row > last[:, None]), tl.zeros_like(v), v)
-        tl.store(out + dst, v, mask=m2, cache_modifier=".cs")
+        tl.store(out + dst, v, mask=m2)
     t = table + 5 * P
     j = tl.arange(0, BLOCK_Q)
     mj = j < Q
@@ -174,7 +175,10 @@ def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.T
     # but more registers a thread: 32 x 128 positions needs 112 and ran at 0.1555 ms).
     # Also measured and not adopted (three runs each): int32 element offsets, 0.1220-0.1228
     # vs 0.1212-0.1213 ms with int64 (pointers are 64-bit: every offset is widened anyway);
-    # evict-first source loads, 0.134 ms.
+    # evict-first source loads, 0.134 ms; a power-of-two chunk plus a smaller tail chunk
+    # (512 + 128 positions): 0.125-0.127 ms. Stores: plain (write-back) 0.1197-0.1203 ms,
+    # streaming (`.cs`, as `windows` stores) 0.1224 ms, `.cg` 0.1201-0.1208, `.wt` 0.1205,
+    # three runs each in one process: unlike `windows`, the plain store wins here.
     block_p = block_p or min(1024, next_pow2(max(n_values, 16)))
     block_m = block_m or max(4, min(128, 4096 // block_p))
     vec = 1
