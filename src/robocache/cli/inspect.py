@@ -15,17 +15,19 @@ from pathlib import Path
 
 import typer
 
+from robocache._optional import require
 from robocache.cli._errors import VERBOSE_OPTION_HELP, cli_errors
 
 
 def _summarize_cache(path: Path) -> dict:
     """A cache's manifest summary; for an unfinished one (building, or killed while building),
     who is writing it and the episodes committed so far."""
-    import lance
     import numpy as np
 
     from robocache.data.cache import read_manifest
     from robocache.data.lock import holder
+
+    lance = require("lance", "data", "The Lance cache", "pylance")
 
     manifest = read_manifest(path)
     facts = {"cache": str(path), "status": manifest.get("status", "unknown"),
@@ -42,8 +44,9 @@ def _summarize_cache(path: Path) -> dict:
 def _cameras(path: Path, manifest: dict) -> dict:
     """Per camera stream: frames, codec, cache bytes per frame (on disk, index columns
     included) and the decoded bytes per frame."""
-    import lance
     import numpy as np
+
+    lance = require("lance", "data", "The Lance cache", "pylance")
 
     out = {}
     for name, s in manifest.get("streams", {}).items():

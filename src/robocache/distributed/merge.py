@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from robocache._optional import require
 from robocache.data.cache import (
     IDENTITY,
     _check_dest,
@@ -127,7 +128,7 @@ def merge(shards: list[str | Path], dest: str | Path, *, overwrite: bool = False
 
 def _merge_locked(shards: list[Path], manifests: list[dict[str, Any]], dest: Path,
                   header: dict[str, Any], progress: bool) -> dict[str, Any]:
-    import lance
+    lance = require("lance", "data", "The Lance cache", "pylance")
 
     done = _done_episodes(dest / "data.lance")
     tables = ["data.lance"] + [f"frames/{name}.lance" for name, s in header["streams"].items()

@@ -1,0 +1,318 @@
+"""The README's benchmark tables, generated from the committed results files.
+
+    $ python benchmarks/readme_tables.py           # rewrite the tables in README.md
+    $ python benchmarks/readme_tables.py --check   # exit 1 when README.md is out of date
+
+Every number in the tables is read from a JSON file under `benchmarks/results/` (or the
+baseline), and every row names its file: numbers are never typed by hand. A row's target is
+checked against the same numbers (✓ met, ✗ not met). The tables sit between the
+``<!-- bench-tables -->`` markers of README.md; `tests/bench/test_readme_tables.py` fails
+when they differ from what this script renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BEGIN, END = "<!-- bench-tables -->", "<!-- /bench-tables -->"
+
+
+class Results:
+    """One results file: cases looked up by (family, name, impl)."""
+
+    def __init__(self, rel: str):
+        self.rel = rel
+        doc = json.loads((ROOT / rel).read_text())
+        self.meta = doc["meta"]
+        self.cases = {(c["family"], c["name"], c["impl"]): c for c in doc["cases"]}
+
+    def case(self, family: str, name: str, impl: str) -> dict:
+        try:
+            return self.cases[family, name, impl]
+        except KeyError:
+            raise KeyError(f"{self.rel} has no case {family} / {name} / {impl}") from None
+
+    def ms(self, family: str, name: str, impl: str) -> float:
+        """Median in milliseconds (cases in µs are converted)."""
+        c = self.case(family, name, impl)
+        return c["median_ms"] / 1000 if c.get("unit") == "us" else c["median_ms"]
+
+
+def dur(ms: float) -> str:
+    """A duration in the unit that reads best: µs below 1 ms, s above 1000 ms."""
+    if ms < 1:
+        return f"{ms * 1000:.3g} µs" if ms * 1000 < 100 else f"{ms * 1000:.1f} µs"
+    return f"{ms:.3g} ms" if ms < 1000 else f"{ms / 1000:.2f} s"
+
+
+def pct(x: float) -> str:
+    return f"{x:.1f} %"
+
+
+def rate(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+@dataclass
+class Row:
+    """A table row: a label, its file, cell renderers and (target text, met) pairs."""
+
+    label: str
+    file: str
+    cells: Callable[[Results], list[str]]
+    targets: Callable[[Results], list[tuple[str, bool]]]
+
+
+def _render(rows: list[Row], header: list[str]) -> list[str]:
+    loaded: dict[str, Results] = {}
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        r = loaded.get(row.file) or loaded.setdefault(row.file, Results(row.file))
+        target = "; ".join(f"{text} {'✓' if met else '✗'}" for text, met in row.targets(r))
+        cells = [row.label, *row.cells(r), target, f"`{Path(row.file).name}`"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+# --- the op families, from one full `robocache bench` run (the baseline) -------------------
+FULL = "benchmarks/h100-baseline.json"
+PK = "benchmarks/results/kinematics-h100-2026-11-22.json"  # with pytorch_kinematics installed
+RS, AL = "B256-S100-T50-D32-bfloat16-t32", "batch-B256-1s-4streams"
+PC1, PC8 = "rgbd 640x480 -> 64^3 mean, B=1", "rgbd 640x480 -> 64^3 mean, B=8"
+PIPE = "256x10_10s_50Hz_32D"
+
+
+def _copy(r: Results, fam: str, name: str, impl: str = "robocache") -> float:
+    return r.case(fam, name, impl)["pct_copy"]
+
+
+def _host_ratio(r: Results, fam: str, name: str, ours: str, bare: str) -> float:
+    return r.ms(fam, name, ours) / r.ms(fam, name, bare)
+
+
+def _resample_big(name: str, target: float, vs_compile: float | None) -> Row:
+    def targets(r):
+        out = [(f"≥ {target:g} % copy", _copy(r, "resample", name) >= target)]
+        if vs_compile:
+            speed = r.ms("resample", name, "torch_compile") / r.ms("resample", name, "robocache")
+            out.append((f"≥ {vs_compile}× compile ({speed:.1f}×)", speed >= vs_compile))
+        return out
+    return Row(f"resample {name.split('-')[0][1:]}×{name.split('-')[1][1:]}→"
+               f"{name.split('-')[2][1:]}, {name.split('-')[3][1:]}-D bf16", FULL,
+               lambda r: [f"{dur(r.ms('resample', name, 'robocache'))}, "
+                          f"**{pct(_copy(r, 'resample', name))}** copy",
+                          dur(r.ms("resample", name, "torch_eager")),
+                          dur(r.ms("resample", name, "torch_compile")), ""], targets)
+
+
+OPS = [
+    Row("resample 256×100→50, 32-D bf16", FULL,
+        lambda r: [f"**{dur(r.ms('resample', RS, 'robocache_graph_replay_gpu'))}** *graph*; "
+                   f"host {dur(r.ms('resample', RS, 'host_robocache_eager'))}/call = "
+                   f"**{_host_ratio(r, 'resample', RS, 'host_robocache_eager', 'host_bare_triton_launch'):.2f}×** "  # noqa: E501
+                   "a bare Triton launch",
+                   dur(r.ms("resample", RS, "torch_eager")),
+                   dur(r.ms("resample", RS, "torch_compile")),
+                   f"numpy loop {dur(r.ms('resample', RS, 'numpy_interp_loop_cpu'))}"],
+        lambda r: [("≤ 4 µs", r.ms("resample", RS, "robocache_graph_replay_gpu") <= 4e-3),
+                   ("host ≤ 1.5×", _host_ratio(r, "resample", RS, "host_robocache_eager",
+                                               "host_bare_triton_launch") <= 1.5)]),
+    _resample_big("B4096-S500-T250-D64-bfloat16-t32", 92, None),
+    _resample_big("B1024-S1000-T2000-D32-bfloat16-t32", 85, 1.3),
+    Row("align B=256 × 1 s, 4 streams → 50 Hz", FULL,
+        lambda r: [f"**{dur(r.ms('align', AL, 'robocache_graph_replay'))}** *graph* "
+                   f"({dur(r.ms('align', AL, 'robocache'))} timed alone); host "
+                   f"{_host_ratio(r, 'align', AL, 'host_robocache_eager', 'host_bare_triton_launch'):.2f}× "  # noqa: E501
+                   "a bare launch",
+                   f"{dur(r.ms('align', AL, 'torch_eager_per_stream'))} (per stream)",
+                   dur(r.ms("align", AL, "torch_compile_per_stream")),
+                   f"SciPy loop {dur(r.ms('align', AL, 'scipy_loop_cpu'))}"],
+        lambda r: [("≤ 30 µs", r.ms("align", AL, "robocache_graph_replay") <= 30e-3),
+                   ("host ≤ 2×", _host_ratio(r, "align", AL, "host_robocache_eager",
+                                             "host_bare_triton_launch") <= 2)]),
+    Row("align B=256 × 10 s, 4 streams", FULL,
+        lambda r: [f"{dur(r.ms('align', 'offline-B256-10s-4streams', 'robocache'))}, "
+                   f"**{pct(_copy(r, 'align', 'offline-B256-10s-4streams'))}** copy",
+                   dur(r.ms("align", "offline-B256-10s-4streams", "torch_eager_per_stream")),
+                   dur(r.ms("align", "offline-B256-10s-4streams",
+                            "torch_compile_per_stream")), ""],
+        lambda r: [("≥ 80 % copy", _copy(r, "align", "offline-B256-10s-4streams") >= 80)]),
+    Row("windows M=65536, 2+16 rows, 32-D fp32", FULL,
+        lambda r: [f"{dur(r.ms('windows', 'M65536-h2-H16-D32-fp32', 'robocache'))}, "
+                   f"**{pct(_copy(r, 'windows', 'M65536-h2-H16-D32-fp32'))}** copy",
+                   dur(r.ms("windows", "M65536-h2-H16-D32-fp32", "torch_eager")),
+                   f"{dur(r.ms('windows', 'M65536-h2-H16-D32-fp32', 'torch_compile'))} "
+                   f"({pct(_copy(r, 'windows', 'M65536-h2-H16-D32-fp32', 'torch_compile'))})",
+                   ""],
+        lambda r: [("≥ 90 % copy", _copy(r, "windows", "M65536-h2-H16-D32-fp32") >= 90)]),
+    *(Row(f"pointcloud 640×480 RGB-D → 64³ mean, B={b}", FULL,
+          lambda r, n=n: [f"**{dur(r.case('pointcloud', n, 'robocache fused')['graph_ms'])}** "
+                          f"*graph* ({dur(r.ms('pointcloud', n, 'robocache fused'))} timed alone)",
+                          dur(r.ms("pointcloud", n, "torch eager")),
+                          dur(r.ms("pointcloud", n, "torch.compile")),
+                          f"unfused {dur(r.ms('pointcloud', n, 'robocache unfused'))}"],
+          lambda r, n=n, t=t: [(f"≤ {t} µs", r.case("pointcloud", n, "robocache fused")
+                                ["graph_ms"] <= t / 1e3)])
+      for b, n, t in ((1, PC1, 30), (8, PC8, 100))),
+    *(Row(f"Panda FK N={n}", FULL,
+          lambda r, n=n: [f"**{dur(r.ms('kinematics', f'fk-N{n}', 'robocache'))}** "
+                          f"({dur(r.ms('kinematics', f'fk-N{n}', 'robocache (CUDA graph)'))} "
+                          "*graph*)",
+                          dur(r.ms("kinematics", f"fk-N{n}", "torch eager (reference)")), "",
+                          f"pytorch_kinematics {dur(Results(PK).ms('kinematics', f'fk-N{n}', 'pytorch_kinematics'))} "  # noqa: E501
+                          f"(`{Path(PK).name}`)"],
+          lambda r, n=n, t=t: [(f"≤ {t} µs", r.ms("kinematics", f"fk-N{n}", "robocache")
+                                <= t / 1e3)])
+      for n, t in ((256, 20), (65536, 150))),
+    Row("Panda Jacobian N=256 / 4096 / 65536, vs FK", FULL,
+        lambda r: [" / ".join(f"{r.ms('kinematics', f'jacobian-N{n}', 'robocache') / r.ms('kinematics', f'fk-N{n}', 'robocache'):.2f}×"  # noqa: E501
+                              for n in (256, 4096, 65536)), "", "", ""],
+        lambda r: [("≤ 2× FK", all(r.ms("kinematics", f"jacobian-N{n}", "robocache")
+                                   <= 2 * r.ms("kinematics", f"fk-N{n}", "robocache")
+                                   for n in (256, 4096, 65536)))]),
+    Row("Panda IK, 256 targets, 32 seeds × 50 iterations", FULL,
+        lambda r: [f"**{dur(r.ms('kinematics', 'ik-256targets', 'robocache 32x50'))}, "
+                   f"{r.case('kinematics', 'ik-256targets', 'robocache 32x50')['converged_frac']:.1%}** converged",  # noqa: E501
+                   "", "", f"pytorch_kinematics {dur(Results(PK).ms('kinematics', 'ik-256targets', 'pytorch_kinematics 10x30'))} "  # noqa: E501
+                   f"(`{Path(PK).name}`)"],
+        lambda r: [("≤ 2 ms", r.ms("kinematics", "ik-256targets", "robocache 32x50") <= 2),
+                   ("≥ 99 % converged", r.case("kinematics", "ik-256targets", "robocache 32x50")
+                    ["converged_frac"] >= 0.99)]),
+    Row("pipeline 256×10 variants (resample→normalize→SE(3)+noise+warp)", FULL,
+        lambda r: [f"fused **{dur(r.ms('pipeline', PIPE, 'robocache fused (eager)'))}** "
+                   f"({dur(r.ms('pipeline', PIPE, 'robocache fused (graph replay)'))} *graph*); "
+                   f"unfused {dur(r.ms('pipeline', PIPE, 'robocache unfused ops (eager)'))}",
+                   dur(r.ms("pipeline", PIPE, "torch eager")),
+                   dur(r.ms("pipeline", PIPE, "torch.compile")), ""],
+        lambda r: [("≤ 0.5 ms", r.ms("pipeline", PIPE, "robocache fused (eager)") <= 0.5),
+                   ("fused ≥ 2× unfused", r.ms("pipeline", PIPE, "robocache unfused ops (eager)")
+                    >= 2 * r.ms("pipeline", PIPE, "robocache fused (eager)"))]),
+]
+
+# --- the data path, one file per family ----------------------------------------------------
+KW = "benchmarks/results/windows-h100-2026-11-24.json"
+KWN = "M65536-3keys-L2,16,3-D32,32,16-fp32"
+CAM = "benchmarks/results/cameras-h100-2026-11-24.json"
+CAMB = "480x640-b256-cams2-t2-to224"
+LRC, LRG = "benchmarks/results/lerobot-cpu-2026-11-24.json", \
+    "benchmarks/results/lerobot-h100-2026-11-24.json"
+LR = "E12x192-state2-action16"
+MIX = "benchmarks/results/mixture-h100-2026-11-24.json"
+LOAD = "benchmarks/results/loader-h100-2026-11-24.json"
+TRAIN = "benchmarks/results/train-h100-2026-11-22.json"
+
+
+def _fps(r: Results, name: str, impl: str) -> float:
+    return r.case("cameras", name, impl)["frames_per_s"]
+
+
+def _mix(r: Results, kind: str) -> float:
+    n = f"b256-h2-H16-100000steps-{kind}"
+    return r.ms("mixture", n, "single-cache") / r.ms("mixture", n, "mixture-3")
+
+
+DATA = [
+    Row("`key_windows` M=65536, 3 keys (2 / 16 / 3 rows, 32 / 32 / 16-D fp32)", KW,
+        lambda r: [f"{dur(r.ms('windows', KWN, 'robocache'))}, "
+                   f"**{pct(_copy(r, 'windows', KWN))}** copy",
+                   f"torch.compile {dur(r.ms('windows', KWN, 'torch_compile'))}"],
+        lambda r: [("≥ 90 % copy", _copy(r, "windows", KWN) >= 90),
+                   ("≥ 1.0× compile", r.ms("windows", KWN, "torch_compile")
+                    >= r.ms("windows", KWN, "robocache"))]),
+    Row("`LeRobotDataset`, 12 episodes × 192 frames, state 2 + action 16 (2-core CPU)", LRC,
+        lambda r: [f"per item {dur(r.ms('lerobot', LR, 'robocache-item'))}; DataLoader 0 / 2 "
+                   f"workers {dur(r.ms('lerobot', LR, 'robocache-dataloader-w0'))} / "
+                   f"{dur(r.ms('lerobot', LR, 'robocache-dataloader-w2'))} per 64; batch path "
+                   f"{dur(r.ms('lerobot', LR, 'robocache-batch-cpu'))} per 256",
+                   f"LeRobot 0.6.1: {dur(r.ms('lerobot', LR, 'lerobot-item'))}; "
+                   f"{dur(r.ms('lerobot', LR, 'lerobot-dataloader-w0'))} / "
+                   f"{dur(r.ms('lerobot', LR, 'lerobot-dataloader-w2'))}"],
+        lambda r: [("faster than LeRobot per item",
+                    r.ms("lerobot", LR, "robocache-item") < r.ms("lerobot", LR, "lerobot-item"))]),
+    Row("`LeRobotDataset` batch path on the GPU, 256 samples", LRG,
+        lambda r: [f"{dur(r.ms('lerobot', LR, 'robocache-batch-cuda'))} = "
+                   f"{rate(r.case('lerobot', LR, 'robocache-batch-cuda')['samples_per_s'])} "
+                   "samples/s", ""], lambda r: []),
+    Row("cameras: 480×640 JPEG → 224×224 float, crop + colour jitter, 256 × 2 cameras × 2 "
+        "frames", CAM,
+        lambda r: [f"**{rate(_fps(r, CAMB, 'robocache'))} frames/s**, "
+                   f"{_fps(r, CAMB, 'robocache') / _fps(r, CAMB, 'nvjpeg-decode'):.0%} of nvJPEG "
+                   f"decode alone ({rate(_fps(r, CAMB, 'nvjpeg-decode'))})", ""],
+        lambda r: [("≥ 15,000", _fps(r, CAMB, "robocache") >= 15000),
+                   ("≥ 80 % of decode", _fps(r, CAMB, "robocache")
+                    >= 0.8 * _fps(r, CAMB, "nvjpeg-decode"))]),
+    Row("cameras, batch 64", CAM,
+        lambda r: [f"{rate(_fps(r, '480x640-b64-cams2-t2', 'robocache-b64'))} frames/s",
+                   "per-sample PyAV loader (LeRobot's decode), 8 / 15 workers: "
+                   f"{rate(_fps(r, '480x640-b64-cams2-t2', 'cpu-loader-w8'))} / "
+                   f"{rate(_fps(r, '480x640-b64-cams2-t2', 'cpu-loader-w15'))} frames/s"],
+        lambda r: [(f"≥ 20× ({_fps(r, '480x640-b64-cams2-t2', 'robocache-b64') / max(_fps(r, '480x640-b64-cams2-t2', w) for w in ('cpu-loader-w8', 'cpu-loader-w15')):.1f}×)",  # noqa: E501
+                    _fps(r, "480x640-b64-cams2-t2", "robocache-b64")
+                    >= 20 * max(_fps(r, "480x640-b64-cams2-t2", w)
+                                for w in ("cpu-loader-w8", "cpu-loader-w15")))]),
+    Row("mixture of 3 caches vs one cache of the same size, batch 256", MIX,
+        lambda r: [f"numeric {_mix(r, 'numeric'):.2f}×; cameras on every source "
+                   f"{_mix(r, 'cameras'):.2f}×; camera on one source {_mix(r, 'arm-camera'):.2f}×",
+                   ""],
+        lambda r: [("within 10 % with cameras", _mix(r, "cameras") >= 0.9)]),
+    Row("training loop, 6-layer MLP policy, batch 256", TRAIN,
+        lambda r: [f"GPU busy **{r.case('train', 'policy-d256x6-b256', 'robocache-resident')['busy']:.1%}**",  # noqa: E501
+                   "torch DataLoader, 8 workers: GPU busy "
+                   f"{r.case('train', 'policy-d256x6-b256', 'torch-dataloader-w8')['busy']:.1%}"],
+        lambda r: [("≥ 95 % busy", r.case("train", "policy-d256x6-b256",
+                                          "robocache-resident")["busy"] >= 0.95)]),
+    Row("loader with Prometheus metrics on vs off", LOAD,
+        lambda r: [f"{r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-on') / r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-off') - 1:+.1%} time",  # noqa: E501
+                   ""],
+        lambda r: [("≤ 2 % slower", r.ms("loader", "b256-h2-H16-D40",
+                                          "robocache-resident+metrics-on")
+                    <= 1.02 * r.ms("loader", "b256-h2-H16-D40",
+                                   "robocache-resident+metrics-off"))]),
+]
+
+
+def render() -> str:
+    full = Results(FULL).meta
+    lines = [BEGIN,
+             f"Op families: one `robocache bench` run ({full.get('device')}, torch "
+             f"{full.get('torch')}, Triton {full.get('triton')}, "
+             f"commit {str(full.get('commit'))[:7]}, "
+             f"{str(full.get('date'))[:10]}); copy ceiling measured in that run: "
+             f"{full['ceilings']['d2d_copy_GBps']['value']:.0f} GB/s.", "",
+             *_render(OPS, ["case", "RoboCache", "torch eager", "torch.compile", "other",
+                            "target", "file"]),
+             "", "The data path (each row's file under `benchmarks/results/` gives the device):",
+             "", *_render(DATA, ["case", "RoboCache", "alternative", "target", "file"]), END]
+    return "\n".join(lines)
+
+
+def update(text: str) -> str:
+    """`text` (README.md) with its generated block replaced by a fresh rendering."""
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + render() + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 when README.md is stale")
+    args = p.parse_args(argv)
+    text = README.read_text()
+    new = update(text)
+    if args.check:
+        if new != text:
+            print("README.md benchmark tables are stale: run python benchmarks/readme_tables.py")
+            return 1
+        return 0
+    README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
