@@ -490,36 +490,54 @@ def serve(frames: torch.Tensor, size: tuple[int, int] | None, params, dtype: tor
     return image_transform(flat, (h, w), params, dtype=dtype).reshape(b, t, 3, h, w)
 
 
-def write_video(path, frames: np.ndarray, fps: float, codec: str = "libsvtav1",
-                options: dict[str, str] | None = None) -> None:
-    """Encode uint8 ``[F, H, W, 3]`` frames as an mp4 the way LeRobot records cameras (PyAV,
+def write_video(path, frames, fps: float, codec: str = "libsvtav1",
+                options: dict[str, str] | None = None) -> list[int]:
+    """Encode uint8 ``[F, H, W, 3]`` frames (or an iterable of such arrays, written one after
+    another without holding them all) as an mp4 the way LeRobot records cameras (PyAV,
     yuv420p, keyframe every 2 frames, CRF 30; ``codec`` ``"libsvtav1"`` (AV1, LeRobot's
-    default), ``"libx264"`` or ``"libx265"``)."""
+    default), ``"libx264"`` or ``"libx265"``). Returns the frame count of each array."""
     from fractions import Fraction
 
     try:
         import av
     except ImportError as e:
         raise MissingDependencyError("av", "video", "Writing video streams") from e
+    chunks = [frames] if isinstance(frames, np.ndarray) else frames
     opts = {"g": "2", "crf": "30", **({"preset": "12"} if codec == "libsvtav1" else {}),
             **(options or {})}
+    counts = []
     with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, Fraction(fps).limit_denominator(1001), options=opts)
-        stream.pix_fmt = "yuv420p"
-        stream.height, stream.width = frames.shape[1:3]
-        for f in frames:
-            out.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f),
-                                                             format="rgb24")))
-        out.mux(stream.encode())
+        stream = None
+        for chunk in chunks:
+            if stream is None:
+                stream = out.add_stream(codec, Fraction(fps).limit_denominator(1001),
+                                        options=opts)
+                stream.pix_fmt = "yuv420p"
+                stream.height, stream.width = chunk.shape[1:3]
+            for f in chunk:
+                out.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f),
+                                                                 format="rgb24")))
+            counts.append(len(chunk))
+        if stream is not None:
+            out.mux(stream.encode())
+    return counts
 
 
-def add_video_feature(root, key: str, frames: list[np.ndarray], *, fps: float | None = None,
+def add_video_feature(root, key: str, frames, *, fps: float | None = None,
                       codec: str = "libsvtav1") -> None:
     """Add a camera to a LeRobot v3.0 dataset directory as LeRobot stores one: every
     episode's frames (uint8 ``[F_e, H, W, 3]`` at ``fps``, default the dataset's, the first at
-    the episode's start) concatenated in ``videos/<key>/chunk-000/file-000.mp4``, each
-    episode's ``from_timestamp`` / ``to_timestamp`` in the episode metadata, the feature in
-    ``meta/info.json``."""
+    the episode's start; a list, or any iterable of them, encoded as they come) concatenated in
+    ``videos/<key>/chunk-000/file-000.mp4``, each episode's ``from_timestamp`` /
+    ``to_timestamp`` in the episode metadata, the feature in ``meta/info.json``."""
+    add_video_features(root, {key: frames}, fps=fps, codec=codec)
+
+
+def add_video_features(root, cameras: dict, *, fps: float | None = None,
+                       codec: str = "libsvtav1") -> None:
+    """:func:`add_video_feature` of several cameras (key -> its episodes' frames), their
+    videos encoded at once on threads (PyAV encodes without the GIL), the metadata written
+    once they are all done."""
     import json
     from pathlib import Path
 
@@ -531,20 +549,30 @@ def add_video_feature(root, key: str, frames: list[np.ndarray], *, fps: float | 
     if info.get("codebase_version") != "v3.0":
         raise DataError(f"{root}: add_video_feature writes LeRobot v3.0 datasets only.")
     fps = float(fps or info["fps"])
-    rel = info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
-    (root / rel).parent.mkdir(parents=True, exist_ok=True)
-    write_video(root / rel, np.concatenate(frames), fps, codec)
-    h, w = frames[0].shape[1:3]
-    info["features"][key] = {
-        "dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
-        "info": {"video.height": h, "video.width": w, "video.codec": codec.removeprefix("lib"),
-                 "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": fps,
-                 "video.channels": 3, "has_audio": False}}
-    (root / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    def one(key: str):
+        rel = info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shape = []
+        lengths = write_video(root / rel, (shape.append(f.shape[1:3]) or f
+                                           for f in cameras[key]), fps, codec)
+        return shape[0], lengths
+
+    with ThreadPoolExecutor(len(cameras)) as pool:
+        written = dict(zip(cameras, pool.map(one, cameras), strict=True))
     meta = root / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
     table = pq.read_table(meta)
-    bounds = np.cumsum([0] + [len(f) for f in frames]) / fps
-    for name, values in (("chunk_index", [0] * len(frames)), ("file_index", [0] * len(frames)),
-                         ("from_timestamp", bounds[:-1]), ("to_timestamp", bounds[1:])):
-        table = table.append_column(f"videos/{key}/{name}", pa.array(values))
+    for key, ((h, w), lengths) in written.items():
+        info["features"][key] = {
+            "dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
+            "info": {"video.height": h, "video.width": w,
+                     "video.codec": codec.removeprefix("lib"), "video.pix_fmt": "yuv420p",
+                     "video.is_depth_map": False, "video.fps": fps, "video.channels": 3,
+                     "has_audio": False}}
+        bounds = np.cumsum([0] + lengths) / fps
+        n = len(lengths)
+        for name, values in (("chunk_index", [0] * n), ("file_index", [0] * n),
+                             ("from_timestamp", bounds[:-1]), ("to_timestamp", bounds[1:])):
+            table = table.append_column(f"videos/{key}/{name}", pa.array(values))
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
     pq.write_table(table, meta)
