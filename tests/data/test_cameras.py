@@ -447,11 +447,16 @@ def test_nvdec_decodes_the_same_frames_as_pyav(tmp_path, codec):
 
 
 @pytest.mark.gpu
-def test_nvdec_leaves_av1_to_pyav(tmp_path):
+def test_nvdec_leaves_av1_to_pyav(tmp_path, monkeypatch):
+    from robocache.data import cameras
+
     _nvdec()
+    monkeypatch.setattr(cameras, "_warned", set())  # one warning per kind, per process
     with pytest.warns(UserWarning, match="av1"):
         m = build(FIXTURES / "lerobot_av1", tmp_path / "c", rate_hz=10.0, progress=False,
                   video_decoder="nvdec")
     assert m["counts"]["cached"] == 2 and set(m["decode"]["video_frames"]) == {"pyav"}
-    auto = build(FIXTURES / "lerobot_h264", tmp_path / "h", rate_hz=10.0, progress=False)
-    assert set(auto["decode"]["video_frames"]) == {"nvdec"}
+    src = _two_cameras(tmp_path / "src", episodes=2, length=5, hw=(144, 176))
+    auto = build(src, tmp_path / "h", rate_hz=10.0, progress=False)  # auto: NVDEC for H.264
+    assert auto["decode"]["video_decoder"] == "auto"
+    assert auto["decode"]["video_frames"] == {"nvdec": 2 * 2 * 5}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -215,22 +216,37 @@ def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, decode
     t, codec, (h, w), rate, position = _scan(path, start_s, end_s, tolerance_s)
     if codec not in NVDEC_CODECS:
         raise _NotForNvdec(f"{codec} ({path})")
-    dec = nvc.SimpleDecoder(str(path), gpu_id=gpu, use_device_memory=True,
-                            output_color_type=nvc.OutputColorType.RGB)
-    if len(position) and int(position[-1]) >= len(dec):
-        raise RuntimeError(f"frame {int(position[-1])} is past the {len(dec)} frames NVDEC "
-                           "counts in the file")
-    out = np.empty((len(t), h, w, 3), np.uint8)
-    for a in range(0, len(t), NVDEC_BATCH):
-        want = position[a:a + NVDEC_BATCH].tolist()
-        got = dec.get_batch_frames_by_index(want)
-        if len(got) != len(want):
-            raise RuntimeError(f"asked for {len(want)} frames, got {len(got)}")
-        batch = torch.stack([_hwc(torch.from_dlpack(f)) for f in got])
-        if tuple(batch.shape[1:]) != (h, w, 3):
-            raise RuntimeError(f"frames of shape {tuple(batch.shape[1:])}, expected {(h, w, 3)}")
-        out[a:a + len(want)] = batch.cpu().numpy()
+    key = (str(path), gpu)
+    if getattr(_nvdec_local, "key", None) != key:  # a file's episodes reuse its decoder
+        _nvdec_local.key, _nvdec_local.decoder = None, None
+        _nvdec_local.decoder = nvc.SimpleDecoder(str(path), gpu_id=gpu, use_device_memory=True,
+                                                 output_color_type=nvc.OutputColorType.RGB)
+        _nvdec_local.key = key
+    dec = _nvdec_local.decoder
+    try:
+        if len(position) and int(position[-1]) >= len(dec):
+            raise RuntimeError(f"frame {int(position[-1])} is past the {len(dec)} frames "
+                               "NVDEC counts in the file")
+        out = np.empty((len(t), h, w, 3), np.uint8)
+        for a in range(0, len(t), NVDEC_BATCH):
+            want = position[a:a + NVDEC_BATCH].tolist()
+            got = dec.get_batch_frames_by_index(want)
+            if len(got) != len(want):
+                raise RuntimeError(f"asked for {len(want)} frames, got {len(got)}")
+            # copied out before the next call: the decoder may reuse the frames' memory
+            batch = torch.stack([_hwc(torch.from_dlpack(f)) for f in got])
+            if tuple(batch.shape[1:]) != (h, w, 3):
+                raise RuntimeError(f"frames of shape {tuple(batch.shape[1:])}, expected "
+                                   f"{(h, w, 3)}")
+            out[a:a + len(want)] = batch.cpu().numpy()
+    except BaseException:
+        _nvdec_local.key, _nvdec_local.decoder = None, None  # never reuse a failed decoder
+        raise
     return out, t, _frame_numbers(t, rate)
+
+
+# each decode worker thread's NVDEC decoder and the (file, GPU) it is open on
+_nvdec_local = threading.local()
 
 
 def _hwc(frame: torch.Tensor) -> torch.Tensor:
