@@ -3,10 +3,13 @@
     $ robocache bench cameras --json benchmarks/results/cameras.json
     $ python benchmarks/bench_cameras.py --quick        # CPU smoke run
 
-The dataset is a LeRobot v3.0 directory written here with two 480x640 cameras (H.264 mp4s
-written the way LeRobot records video: PyAV, yuv420p, keyframe every 2 frames, CRF 30) and a
-state stream. It is ingested once (video decoded by PyAV, frames stored as JPEG quality 95):
-``ingest`` records frames/s over all cores and per core, and cache vs mp4 bytes per frame.
+The dataset is a LeRobot v3.0 directory written here with two 480x640 cameras (H.264 mp4s written
+the way LeRobot records video: PyAV, yuv420p, keyframe every 2 frames, CRF 30), state and action
+streams (:func:`make_dataset`, shared with ``bench_train_vision``). It is ingested (video decoded,
+frames stored as JPEG quality 95) three ways, each timed once: ``ingest`` (PyAV, ``decode_workers``
+= the cores: episodes decoded and encoded in parallel), ``ingest-w1`` (PyAV, one episode at a time)
+and ``ingest-nvdec`` (NVDEC through PyNvVideoCodec, skipped without it or without a GPU); each
+records frames/s over all cores and per core, and cache vs mp4 bytes per frame.
 
 Serving cases, batch 256 samples x 2 cameras x 2 frames (history 2) = 1024 frames a batch:
 
@@ -49,35 +52,43 @@ QUICK = {"hw": (48, 64), "episodes": 3, "length": 12, "batch": 8, "batches": 2,
 
 
 def _frames(rng: np.random.Generator, n: int, hw: tuple[int, int], cam: int) -> np.ndarray:
-    """A textured scene with a moving object: JPEG sizes like a real camera's."""
+    """A textured scene with a moving object: JPEG sizes like a real camera's (sensor noise
+    from a bank of 8 fields, cycled: a frame's noise differs from its neighbours')."""
     h, w = hw
     y, x = np.mgrid[0:h, 0:w].astype(np.float32)
     base = np.stack([128 + 60 * np.sin(x / 23 + cam), 128 + 60 * np.cos(y / 17),
                      100 + 50 * np.sin((x + y) / 31)], -1)
+    noise = rng.normal(0, 6, (min(n, 8), h, w, 3)).astype(np.float32)
     out = np.empty((n, h, w, 3), np.uint8)
     for i in range(n):
-        img = base + rng.normal(0, 6, base.shape)
+        img = base + noise[i % len(noise)]
         cy, cx = int(h * (0.2 + 0.6 * i / n)), int(w * (0.7 - 0.5 * i / n))
         img[max(cy - h // 10, 0):cy + h // 10, max(cx - w // 10, 0):cx + w // 10] = (200, 60, 40)
         out[i] = img.clip(0, 255)
     return out
 
 
-def make_dataset(root: Path, cfg: dict, seed: int = 0) -> Path:
-    from robocache.data.cameras import add_video_feature
+def make_dataset(root: Path, episodes: int, length: int, hw: tuple[int, int],
+                 seed: int = 0) -> Path:
+    """The LeRobot v3.0 dataset the camera benchmarks read: ``episodes`` episodes of
+    ``length`` frames at 30 fps, 6-D ``observation.state`` and ``action``, and two cameras
+    (:data:`CAMS`, ``hw`` frames, one H.264 mp4 each, written as LeRobot records video; the
+    two encoded at once, each episode's frames made as they are encoded)."""
+    from robocache.data.cameras import add_video_features
     from robocache.data.episode import Episode, Stream, StreamSpec
     from robocache.data.formats.lerobot import write_lerobot
 
     rng = np.random.default_rng(seed)
-    spec = StreamSpec("observation.state", "numeric", "float32", (6,), FPS)
-    t = np.arange(cfg["length"]) / FPS
-    eps = [Episode(i, {spec.name: Stream(spec, t, rng.normal(size=(len(t), 6))
-                                         .astype(np.float32))}, {"tasks": ["bench"]})
-           for i in range(cfg["episodes"])]
-    write_lerobot(root, eps, {spec.name: spec}, fps=FPS, version="v3.0")
-    for c, key in enumerate(CAMS):
-        add_video_feature(root, key, [_frames(rng, cfg["length"], cfg["hw"], c)
-                                      for _ in eps], codec="libx264")
+    specs = {k: StreamSpec(k, "numeric", "float32", (6,), FPS)
+             for k in ("observation.state", "action")}
+    t = np.arange(length) / FPS
+    eps = [Episode(i, {k: Stream(s, t, rng.normal(size=(len(t), 6)).astype(np.float32))
+                       for k, s in specs.items()}, {"tasks": ["bench"]})
+           for i in range(episodes)]
+    write_lerobot(root, eps, specs, fps=FPS, version="v3.0")
+    add_video_features(root, {key: (_frames(np.random.default_rng([seed, c]), length, hw, c)
+                                    for _ in range(episodes))
+                              for c, key in enumerate(CAMS)}, codec="libx264")
     return root
 
 
@@ -136,10 +147,44 @@ def _wall(fn, batches: int, repeats: int, device) -> H.Timing:
     return H.summarize(samples)
 
 
+def ingest_cases(root: Path, tmp: Path, name: str, frames: int) -> list[dict]:
+    """Ingest ``root`` (``frames`` video frames) into ``tmp/cache`` (the cache the serving
+    cases read) and time it: ``ingest`` (PyAV, ``decode_workers`` = the cores), ``ingest-w1``
+    (PyAV, one episode at a time) and ``ingest-nvdec`` (NVDEC; only with a CUDA GPU and
+    PyNvVideoCodec), each once, wall clock, with frames/s over all cores and per core."""
+    from robocache.data.cache import build
+    from robocache.data.cameras import nvdec_available
+
+    cores = os.cpu_count() or 1
+    mp4 = sum(p.stat().st_size for p in (root / "videos").rglob("*.mp4"))
+    runs = [("ingest", "cache", "pyav", cores), ("ingest-w1", "cache-w1", "pyav", 1)]
+    if nvdec_available():
+        runs.append(("ingest-nvdec", "cache-nvdec", "nvdec", cores))
+    build(root, tmp / "warmup", rate_hz=FPS, progress=False, episodes=[0])  # imports, first calls
+    records = []
+    for impl, dest, decoder, workers in runs:
+        t0 = time.perf_counter()
+        manifest = build(root, tmp / dest, rate_hz=FPS, progress=False, decode_workers=workers,
+                         video_decoder=decoder)
+        seconds = time.perf_counter() - t0
+        cache_bytes = sum(p.stat().st_size for p in (tmp / dest / "frames").rglob("*")
+                          if p.is_file())
+        records.append(H.case(FAMILY, name, impl, H.summarize([seconds * 1e3]), frames=frames,
+                              frames_per_s=frames / seconds,
+                              frames_per_s_per_core=frames / seconds / cores, cores=cores,
+                              decode_workers=workers, video_decoder=decoder,
+                              decoded_by=manifest["decode"]["video_frames"],
+                              cache_bytes_per_frame=cache_bytes / frames,
+                              mp4_bytes_per_frame=mp4 / frames,
+                              rows=manifest["counts"]["rows"],
+                              note=f"{frames / seconds:,.0f} frames/s, "
+                                   f"{frames / seconds / cores:,.1f} per core"))
+    return records
+
+
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     from robocache import ImageTransformsConfig, image_transform, sample_image_transforms
     from robocache.data import RobotDataset
-    from robocache.data.cache import build
 
     cfg = QUICK if quick else FULL
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -149,22 +194,9 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         "brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 1.0})
     records = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = make_dataset(Path(tmp) / "lerobot", cfg)
-        t0 = time.perf_counter()
-        manifest = build(root, Path(tmp) / "cache", rate_hz=FPS, progress=False)
-        ingest_s = time.perf_counter() - t0
-        frames = 2 * cfg["episodes"] * cfg["length"]
-        mp4 = sum(p.stat().st_size for p in (root / "videos").rglob("*.mp4"))
-        cache_bytes = sum(p.stat().st_size for p in (Path(tmp) / "cache" / "frames")
-                          .rglob("*") if p.is_file())
-        cores = os.cpu_count() or 1
-        records.append(H.case(FAMILY, f"{hw[0]}x{hw[1]}-ingest", "ingest",
-                              H.summarize([ingest_s * 1e3]), frames=frames,
-                              frames_per_s=frames / ingest_s,
-                              frames_per_s_per_core=frames / ingest_s / cores, cores=cores,
-                              cache_bytes_per_frame=cache_bytes / frames,
-                              mp4_bytes_per_frame=mp4 / frames,
-                              rows=manifest["counts"]["rows"]))
+        root = make_dataset(Path(tmp) / "lerobot", cfg["episodes"], cfg["length"], hw)
+        records += ingest_cases(root, Path(tmp), f"{hw[0]}x{hw[1]}-ingest",
+                                2 * cfg["episodes"] * cfg["length"])
 
         ds = RobotDataset(Path(tmp) / "cache", keys=list(CAMS), history=HISTORY,
                           image_size=OUT, image_transforms=jitter).to(device)
@@ -250,7 +282,7 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     by["robocache-b64"]["speedup_vs_best_cpu_loader"] = \
         by["robocache-b64"]["samples_per_s"] / best_cpu
     for r in records:
-        if "frames_per_s" in r and r["impl"] != "ingest":
+        if "frames_per_s" in r and not r["impl"].startswith("ingest"):
             r["note"] = f"{r['frames_per_s']:,.0f} frames/s"
     e2e["note"] += f", {e2e['pct_of_decode']:.0f}% of decode alone"
     return records

@@ -119,3 +119,70 @@ def snapshot() -> dict[str, Any]:
         }
     finally:
         pynvml.nvmlShutdown()
+
+
+class UtilizationSampler:
+    """Samples NVML's GPU utilization (``nvmlDeviceGetUtilizationRates().gpu``: the percent of
+    the driver's last sample period, 1/6 s to 1 s, during which a kernel was running) on a
+    background thread every ``interval_s`` while in a ``with`` block.
+
+    ``summary()`` -> ``{"mean_pct", "min_pct", "max_pct", "samples"}``, or
+    ``{"error": ...}`` where NVML (``nvidia-ml-py``) or the query is unavailable. Coarse: a
+    GPU busy in short bursts reads as busy for the whole period, so read it beside a measure
+    of kernel time (CUDA events).
+
+    Args:
+        index: NVML device index, used when ``pci_bus_id`` is not given.
+        pci_bus_id: the device's PCI bus id (e.g. torch's ``"0000:1A:00.0"``), so the sampled
+            GPU is the CUDA device whatever ``CUDA_VISIBLE_DEVICES`` says.
+    """
+
+    def __init__(self, index: int = 0, pci_bus_id: str | None = None, interval_s: float = 0.05):
+        self.index, self.pci_bus_id, self.interval_s = index, pci_bus_id, interval_s
+        self.values: list[int] = []
+        self.error: str | None = None
+        self._thread = None
+        self._stop = None
+
+    def __enter__(self) -> UtilizationSampler:
+        import threading
+
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = (pynvml.nvmlDeviceGetHandleByPciBusId(self.pci_bus_id)
+                      if self.pci_bus_id else pynvml.nvmlDeviceGetHandleByIndex(self.index))
+            pynvml.nvmlDeviceGetUtilizationRates(handle)
+        except Exception as exc:  # ImportError, NVMLError: no sampling, said why
+            self.error = f"{type(exc).__name__}: {exc}"
+            return self
+        self._stop = threading.Event()
+
+        def poll() -> None:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    self.values.append(int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+                except pynvml.NVMLError as exc:
+                    self.error = f"NVMLError: {exc}"
+                    return
+
+        self._thread = threading.Thread(target=poll, name="robocache-nvml", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._thread is not None:
+            import pynvml
+
+            self._stop.set()
+            self._thread.join()
+            pynvml.nvmlShutdown()
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        if not self.values:
+            return {"error": self.error or "no samples (window shorter than the interval)"}
+        v = self.values
+        return {"mean_pct": sum(v) / len(v), "min_pct": min(v), "max_pct": max(v),
+                "samples": len(v)}

@@ -4,6 +4,7 @@
     $ robocache ingest data/sample/panda_multirate /tmp/panda50.cache --rate 50
     $ robocache ingest pusht.zarr /tmp/pusht.cache --rate 10 --fps 10 --json
     $ robocache ingest SRC /shared/part-3 --shard 3/8     # one of 8 independent jobs
+    $ robocache ingest lerobot/aloha /tmp/aloha.cache --decode-workers 8 --video-decoder pyav
 
 Re-running resumes: episodes already in the cache are skipped.
 """
@@ -148,6 +149,14 @@ def ingest(
     = "jpeg",
     camera_quality: Annotated[int, typer.Option(help="JPEG quality of camera frames (1-95).")]
     = 95,
+    decode_workers: Annotated[int, typer.Option(
+        help="Episodes read, video-decoded and JPEG-encoded at once (threads; default: the "
+             "machine's cores). Each holds one decoded episode in memory; the cache is the "
+             "same whatever the number.")] = None,
+    video_decoder: Annotated[str, typer.Option(
+        help="Who decodes camera videos: auto (NVDEC for H.264/HEVC when a CUDA GPU and "
+             "PyNvVideoCodec are present, else PyAV), pyav (CPU) or nvdec (AV1 and videos NVDEC "
+             "fails on still go to PyAV).")] = "auto",
     **options,
 ):
     """Align every episode to one rate and write a Lance training cache.
@@ -159,7 +168,8 @@ def ingest(
     from robocache.data.cache import build
 
     run(build, "robocache_ingest", source=source, dest=dest, rate=rate, device=device,
-        camera_codec=camera_codec, camera_quality=camera_quality, **options)
+        camera_codec=camera_codec, camera_quality=camera_quality,
+        decode_workers=decode_workers, video_decoder=video_decoder, **options)
 
 
 def _rate(rate: str) -> float | str:

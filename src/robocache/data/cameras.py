@@ -1,16 +1,19 @@
 """Camera streams: decoded once at ingest into per-frame JPEG/PNG, decoded per batch on serving.
 
-Ingest (:func:`decode_videos`, :func:`frames_table`): a video stream's frames are decoded once
-with PyAV (FFmpeg's own threads; AV1, H.264, HEVC, whatever the FFmpeg build reads), for the
-episode's span of the file (LeRobot v3.0 files hold many episodes: ``from_timestamp`` marks
-where this one starts), and every frame becomes one row of ``frames/<stream>.lance``:
-``episode_index``, ``frame`` (row within the episode), ``source_frame`` (index in the source
-file or array), ``timestamp`` (seconds from the episode start) and ``encoded`` (the image; a
-source's own JPEG/PNG bytes, as RLDS stores them, are kept as they came).
+Ingest (:func:`decode_videos`, :func:`frames_table`): a video stream's frames are decoded once with
+PyAV (FFmpeg's own threads; AV1, H.264, HEVC, whatever the FFmpeg build reads), or with NVDEC
+through PyNvVideoCodec (H.264 and HEVC, on a CUDA GPU; ``decoder="nvdec"``/``"auto"``, see
+:func:`decode_video`), for the episode's span of the file (LeRobot v3.0 files hold many episodes:
+``from_timestamp`` marks where this one starts), and every frame becomes one row of
+``frames/<stream>.lance``: ``episode_index``, ``frame`` (row within the episode), ``source_frame``
+(index in the source file or array), ``timestamp`` (seconds from the episode start) and ``encoded``
+(the image; a source's own JPEG/PNG bytes, as RLDS stores them, are kept as they came).
 RGB frames are stored as JPEG (``quality`` 95 by default: decoded, they are within 1 dB PSNR of
 the source decode against the original frames; see docs) or PNG (``codec="png"``, lossless);
 uint16 frames (depth) always as 16-bit PNG. Encoding runs on a thread pool (Pillow releases the
 GIL). Camera streams are then aligned like any stream (``frame_index``).
+:func:`robocache.data.cache.build` decodes and encodes several episodes at once on threads
+(``decode_workers``): PyAV decodes and converts colours without the GIL.
 
 Serving (:class:`EncodedFrames`, :func:`decode`): per batch, the distinct frames a batch needs
 are decoded in one call per camera: ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG)
@@ -22,6 +25,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +39,11 @@ from robocache.observability import metrics
 
 CODECS = ("jpeg", "png")
 DEFAULT_QUALITY = 95
+VIDEO_DECODERS = ("auto", "pyav", "nvdec")
+# what NVDEC decodes here: an AV1 decoder is refused on the H100, so AV1 stays with PyAV
+NVDEC_CODECS = ("h264", "hevc")
+# frames per NVDEC call: bounds the decoded RGB frames held on the GPU (~1 MB each at 480x640)
+NVDEC_BATCH = 32
 
 
 def _threads() -> int:
@@ -58,8 +67,17 @@ def is_camera(dtype, shape: tuple[int, ...]) -> bool:
     return dtype == np.uint16 and (len(shape) == 2 or (len(shape) == 3 and shape[-1] == 1))
 
 
-def decode_video(path, start_s: float, end_s: float, tolerance_s: float = 1e-4):
+def decode_video(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
+                 decoder: str = "pyav", gpu: int = 0):
     """Decode every frame of ``path`` shown in ``[start_s, end_s]`` (file seconds).
+
+    Args:
+        decoder: ``"pyav"`` (CPU), ``"nvdec"`` (NVDEC through PyNvVideoCodec for H.264/HEVC;
+            PyAV for other codecs, or when NVDEC fails, with a warning) or ``"auto"`` (NVDEC
+            when it is available and decodes the codec, else PyAV, silently). Either way the
+            frames and timestamps are the same (PyAV reads the container's timestamps); pixel
+            values differ slightly (colour conversion).
+        gpu: CUDA device index NVDEC runs on.
 
     Returns:
         (uint8 ``[F, H, W, 3]`` frames, float64 ``[F]`` file timestamps, int64 ``[F]`` frame
@@ -69,10 +87,53 @@ def decode_video(path, start_s: float, end_s: float, tolerance_s: float = 1e-4):
         DataError: the file is missing, unreadable, truncated (no frame covers the span) or in
             a codec this FFmpeg build cannot decode.
     """
+    return decode_video_with(path, start_s, end_s, tolerance_s, decoder, gpu)[:3]
+
+
+def decode_video_with(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
+                      decoder: str = "pyav", gpu: int = 0):
+    """:func:`decode_video`, and the decoder that decoded the frames (``"pyav"`` or
+    ``"nvdec"``) as a fourth element."""
+    if decoder not in VIDEO_DECODERS:
+        raise DataError(f"`video_decoder` (--video-decoder) must be one of {VIDEO_DECODERS}; "
+                        f"got {decoder!r}.")
+    if decoder != "pyav" and nvdec_available():
+        try:
+            return (*_decode_nvdec(path, start_s, end_s, tolerance_s, decoder, gpu), "nvdec")
+        except DataError:  # missing, truncated, unreadable: PyAV says so in its own words
+            pass
+        except _NotForNvdec as e:
+            if decoder == "nvdec":
+                _warn_once(str(e).split(" ")[0], f"NVDEC does not decode {e}; PyAV decodes "
+                           "it (and the other videos NVDEC does not decode).")
+        except Exception as e:  # any NVDEC failure: PyAV decodes these frames instead
+            _warn_once(type(e).__name__, f"NVDEC failed on {path} ({type(e).__name__}: {e}); "
+                       "PyAV decodes the videos NVDEC fails on.")
+    return (*_decode_pyav(path, start_s, end_s, tolerance_s), "pyav")
+
+
+def _av():
     try:
         import av
     except ImportError as e:
         raise MissingDependencyError("av", "video", "Decoding video streams") from e
+    return av
+
+
+def _check_span(path, times: list[float], end_s: float, tolerance_s: float,
+                rate: float | None) -> None:
+    if not times or times[-1] < end_s - max(tolerance_s, 1.5 / (rate or 1e9)):
+        got = f"up to {times[-1]:.4f} s" if times else "no frame"
+        raise DataError(f"video {path}: truncated; frames are needed up to {end_s:.4f} s, the "
+                        f"file decodes {got}.")
+
+
+def _frame_numbers(t: np.ndarray, rate: float | None) -> np.ndarray:
+    return np.rint(t * rate).astype(np.int64) if rate else np.arange(len(t), dtype=np.int64)
+
+
+def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float):
+    av = _av()
     frames, times = [], []
     try:
         with av.open(str(path)) as container:
@@ -94,20 +155,134 @@ def decode_video(path, start_s: float, end_s: float, tolerance_s: float = 1e-4):
             rate = float(stream.average_rate or 0) or None
     except (av.error.FFmpegError, OSError, IndexError) as e:
         raise DataError(f"video {path}: cannot decode ({type(e).__name__}: {e}).") from e
-    if not frames or times[-1] < end_s - max(tolerance_s, 1.5 / (rate or 1e9)):
-        got = f"up to {times[-1]:.4f} s" if times else "no frame"
-        raise DataError(f"video {path}: truncated; frames are needed up to {end_s:.4f} s, the "
-                        f"file decodes {got}.")
+    _check_span(path, times, end_s, tolerance_s, rate)
     t = np.asarray(times, np.float64)
-    index = np.rint(t * rate).astype(np.int64) if rate else np.arange(len(t), dtype=np.int64)
-    return np.stack(frames), t, index
+    return np.stack(frames), t, _frame_numbers(t, rate)
+
+
+class _NotForNvdec(Exception):
+    """A stream NVDEC is not used for (its codec): PyAV decodes it."""
+
+
+# packets read past the span's end before the frames in it are known (B-frames come out of
+# order: a frame shown inside the span may follow, in the file, one shown after it)
+_REORDER_PACKETS = 32
+
+
+def _scan(path, start_s: float, end_s: float, tolerance_s: float):
+    """The span's frames, read from the container without decoding (PyAV demuxes): file
+    seconds, the codec, the frame size, the rate and the display position of each frame
+    (frame number from the stream's first)."""
+    av = _av()
+    pts = []
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            tb = float(stream.time_base)
+            codec = stream.codec_context.name
+            size = (stream.codec_context.height, stream.codec_context.width)
+            rate = float(stream.average_rate or 0) or None
+            first = (stream.start_time or 0) * tb
+            if start_s > 0:
+                container.seek(int(start_s / tb), stream=stream, backward=True)
+            after = 0
+            for packet in container.demux(stream):
+                if packet.pts is None:
+                    continue
+                t = packet.pts * tb
+                if t > end_s + tolerance_s:
+                    after += 1
+                    if after >= _REORDER_PACKETS:
+                        break
+                elif t >= start_s - tolerance_s:
+                    pts.append(t)
+    except (av.error.FFmpegError, OSError, IndexError) as e:
+        raise DataError(f"video {path}: cannot decode ({type(e).__name__}: {e}).") from e
+    times = sorted(set(pts))
+    _check_span(path, times, end_s, tolerance_s, rate)
+    t = np.asarray(times, np.float64)
+    if rate is None:
+        raise _NotForNvdec(f"{path}: a stream without an average frame rate")
+    position = np.rint((t - first) * rate).astype(np.int64)
+    return t, codec, size, rate, position
+
+
+def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, decoder: str,
+                  gpu: int):
+    """The frames of :func:`decode_video` decoded by NVDEC (PyNvVideoCodec's SimpleDecoder,
+    RGB output, copied to the host in batches of :data:`NVDEC_BATCH`)."""
+    import PyNvVideoCodec as nvc
+
+    t, codec, (h, w), rate, position = _scan(path, start_s, end_s, tolerance_s)
+    if codec not in NVDEC_CODECS:
+        raise _NotForNvdec(f"{codec} ({path})")
+    key = (str(path), gpu)
+    if getattr(_nvdec_local, "key", None) != key:  # a file's episodes reuse its decoder
+        _nvdec_local.key, _nvdec_local.decoder = None, None
+        _nvdec_local.decoder = nvc.SimpleDecoder(str(path), gpu_id=gpu, use_device_memory=True,
+                                                 output_color_type=nvc.OutputColorType.RGB)
+        _nvdec_local.key = key
+    dec = _nvdec_local.decoder
+    try:
+        if len(position) and int(position[-1]) >= len(dec):
+            raise RuntimeError(f"frame {int(position[-1])} is past the {len(dec)} frames "
+                               "NVDEC counts in the file")
+        out = np.empty((len(t), h, w, 3), np.uint8)
+        for a in range(0, len(t), NVDEC_BATCH):
+            want = position[a:a + NVDEC_BATCH].tolist()
+            got = dec.get_batch_frames_by_index(want)
+            if len(got) != len(want):
+                raise RuntimeError(f"asked for {len(want)} frames, got {len(got)}")
+            # copied out before the next call: the decoder may reuse the frames' memory
+            batch = torch.stack([_hwc(torch.from_dlpack(f)) for f in got])
+            if tuple(batch.shape[1:]) != (h, w, 3):
+                raise RuntimeError(f"frames of shape {tuple(batch.shape[1:])}, expected "
+                                   f"{(h, w, 3)}")
+            out[a:a + len(want)] = batch.cpu().numpy()
+    except BaseException:
+        _nvdec_local.key, _nvdec_local.decoder = None, None  # never reuse a failed decoder
+        raise
+    return out, t, _frame_numbers(t, rate)
+
+
+# each decode worker thread's NVDEC decoder and the (file, GPU) it is open on
+_nvdec_local = threading.local()
+
+
+def _hwc(frame: torch.Tensor) -> torch.Tensor:
+    """An RGB frame as ``[H, W, 3]`` (PyNvVideoCodec's RGB output is interleaved; planar
+    ``[3, H, W]`` is accepted too)."""
+    if frame.ndim == 3 and frame.shape[0] == 3 and frame.shape[-1] != 3:
+        return frame.permute(1, 2, 0)
+    return frame
+
+
+@functools.cache
+def nvdec_available() -> bool:
+    """Whether NVDEC can decode at ingest: a CUDA device and PyNvVideoCodec importable."""
+    import importlib.util
+
+    return torch.cuda.is_available() and importlib.util.find_spec("PyNvVideoCodec") is not None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    """Warn with ``message`` the first time ``key`` comes (one warning per kind of fallback,
+    not one per episode)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=4)
 
 
 def decode_videos(episode: Episode, specs: dict[str, StreamSpec],
-                  tolerance_s: float = 1e-4) -> None:
+                  tolerance_s: float = 1e-4, decoder: str = "pyav", gpu: int = 0) -> None:
     """Replace each video stream of ``episode`` by its decoded frames (in place): the frames
     covering the episode's steps, timed from the episode start, with their source frame
-    numbers in ``episode.meta["source_frame"][name]``."""
+    numbers in ``episode.meta["source_frame"][name]`` and the decoder that decoded them
+    (``"pyav"``/``"nvdec"``) in ``episode.meta["video_decoder"][name]`` (``decoder``: see
+    :func:`decode_video`)."""
     for name, spec in specs.items():
         s = episode.streams.get(name)
         if spec.kind != "video" or s is None or s.video is None:
@@ -115,10 +290,12 @@ def decode_videos(episode: Episode, specs: dict[str, StreamSpec],
         if len(s) == 0:
             raise DataError(f"episode {episode.index}: stream {name!r} has no samples.")
         start = s.video.from_timestamp
-        frames, t, index = decode_video(s.video.path, start + float(s.times[0]),
-                                        start + float(s.times[-1]), tolerance_s)
+        frames, t, index, used = decode_video_with(
+            s.video.path, start + float(s.times[0]), start + float(s.times[-1]), tolerance_s,
+            decoder, gpu)
         episode.streams[name] = Stream(spec, t - start, frames, s.video)
         episode.meta.setdefault("source_frame", {})[name] = index
+        episode.meta.setdefault("video_decoder", {})[name] = used
 
 
 def encode(frame: np.ndarray, codec: str, quality: int) -> bytes:
@@ -137,16 +314,19 @@ def encode(frame: np.ndarray, codec: str, quality: int) -> bytes:
 
 
 def frames_table(episode: Episode, name: str, spec: StreamSpec, codec: str = "jpeg",
-                 quality: int = DEFAULT_QUALITY):
-    """The Lance rows of one camera stream of one episode (see the module docstring)."""
+                 quality: int = DEFAULT_QUALITY, threads: int | None = None):
+    """The Lance rows of one camera stream of one episode (see the module docstring), encoded
+    on ``threads`` threads (default: the cores, at most 16)."""
     import pyarrow as pa
 
     s = episode.streams[name]
     n = len(s)
     if spec.encoding is not None:  # the source's own JPEG/PNG bytes: kept, never re-encoded
         data = list(s.data)
+    elif (threads or _threads()) == 1:
+        data = [encode(f, codec, quality) for f in s.data]
     else:
-        with ThreadPoolExecutor(_threads()) as pool:
+        with ThreadPoolExecutor(threads or _threads()) as pool:
             data = list(pool.map(lambda f: encode(f, codec, quality), s.data))
     source = episode.meta.get("source_frame", {}).get(name, np.arange(n, dtype=np.int64))
     return pa.table({"episode_index": np.full(n, episode.index, np.int64),
@@ -326,36 +506,54 @@ def serve(frames: torch.Tensor, size: tuple[int, int] | None, params, dtype: tor
     return image_transform(flat, (h, w), params, dtype=dtype).reshape(b, t, 3, h, w)
 
 
-def write_video(path, frames: np.ndarray, fps: float, codec: str = "libsvtav1",
-                options: dict[str, str] | None = None) -> None:
-    """Encode uint8 ``[F, H, W, 3]`` frames as an mp4 the way LeRobot records cameras (PyAV,
+def write_video(path, frames, fps: float, codec: str = "libsvtav1",
+                options: dict[str, str] | None = None) -> list[int]:
+    """Encode uint8 ``[F, H, W, 3]`` frames (or an iterable of such arrays, written one after
+    another without holding them all) as an mp4 the way LeRobot records cameras (PyAV,
     yuv420p, keyframe every 2 frames, CRF 30; ``codec`` ``"libsvtav1"`` (AV1, LeRobot's
-    default), ``"libx264"`` or ``"libx265"``)."""
+    default), ``"libx264"`` or ``"libx265"``). Returns the frame count of each array."""
     from fractions import Fraction
 
     try:
         import av
     except ImportError as e:
         raise MissingDependencyError("av", "video", "Writing video streams") from e
+    chunks = [frames] if isinstance(frames, np.ndarray) else frames
     opts = {"g": "2", "crf": "30", **({"preset": "12"} if codec == "libsvtav1" else {}),
             **(options or {})}
+    counts = []
     with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, Fraction(fps).limit_denominator(1001), options=opts)
-        stream.pix_fmt = "yuv420p"
-        stream.height, stream.width = frames.shape[1:3]
-        for f in frames:
-            out.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f),
-                                                             format="rgb24")))
-        out.mux(stream.encode())
+        stream = None
+        for chunk in chunks:
+            if stream is None:
+                stream = out.add_stream(codec, Fraction(fps).limit_denominator(1001),
+                                        options=opts)
+                stream.pix_fmt = "yuv420p"
+                stream.height, stream.width = chunk.shape[1:3]
+            for f in chunk:
+                out.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f),
+                                                                 format="rgb24")))
+            counts.append(len(chunk))
+        if stream is not None:
+            out.mux(stream.encode())
+    return counts
 
 
-def add_video_feature(root, key: str, frames: list[np.ndarray], *, fps: float | None = None,
+def add_video_feature(root, key: str, frames, *, fps: float | None = None,
                       codec: str = "libsvtav1") -> None:
     """Add a camera to a LeRobot v3.0 dataset directory as LeRobot stores one: every
     episode's frames (uint8 ``[F_e, H, W, 3]`` at ``fps``, default the dataset's, the first at
-    the episode's start) concatenated in ``videos/<key>/chunk-000/file-000.mp4``, each
-    episode's ``from_timestamp`` / ``to_timestamp`` in the episode metadata, the feature in
-    ``meta/info.json``."""
+    the episode's start; a list, or any iterable of them, encoded as they come) concatenated in
+    ``videos/<key>/chunk-000/file-000.mp4``, each episode's ``from_timestamp`` /
+    ``to_timestamp`` in the episode metadata, the feature in ``meta/info.json``."""
+    add_video_features(root, {key: frames}, fps=fps, codec=codec)
+
+
+def add_video_features(root, cameras: dict, *, fps: float | None = None,
+                       codec: str = "libsvtav1") -> None:
+    """:func:`add_video_feature` of several cameras (key -> its episodes' frames), their
+    videos encoded at once on threads (PyAV encodes without the GIL), the metadata written
+    once they are all done."""
     import json
     from pathlib import Path
 
@@ -367,20 +565,30 @@ def add_video_feature(root, key: str, frames: list[np.ndarray], *, fps: float | 
     if info.get("codebase_version") != "v3.0":
         raise DataError(f"{root}: add_video_feature writes LeRobot v3.0 datasets only.")
     fps = float(fps or info["fps"])
-    rel = info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
-    (root / rel).parent.mkdir(parents=True, exist_ok=True)
-    write_video(root / rel, np.concatenate(frames), fps, codec)
-    h, w = frames[0].shape[1:3]
-    info["features"][key] = {
-        "dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
-        "info": {"video.height": h, "video.width": w, "video.codec": codec.removeprefix("lib"),
-                 "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": fps,
-                 "video.channels": 3, "has_audio": False}}
-    (root / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    def one(key: str):
+        rel = info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shape = []
+        lengths = write_video(root / rel, (shape.append(f.shape[1:3]) or f
+                                           for f in cameras[key]), fps, codec)
+        return shape[0], lengths
+
+    with ThreadPoolExecutor(len(cameras)) as pool:
+        written = dict(zip(cameras, pool.map(one, cameras), strict=True))
     meta = root / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
     table = pq.read_table(meta)
-    bounds = np.cumsum([0] + [len(f) for f in frames]) / fps
-    for name, values in (("chunk_index", [0] * len(frames)), ("file_index", [0] * len(frames)),
-                         ("from_timestamp", bounds[:-1]), ("to_timestamp", bounds[1:])):
-        table = table.append_column(f"videos/{key}/{name}", pa.array(values))
+    for key, ((h, w), lengths) in written.items():
+        info["features"][key] = {
+            "dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
+            "info": {"video.height": h, "video.width": w,
+                     "video.codec": codec.removeprefix("lib"), "video.pix_fmt": "yuv420p",
+                     "video.is_depth_map": False, "video.fps": fps, "video.channels": 3,
+                     "has_audio": False}}
+        bounds = np.cumsum([0] + lengths) / fps
+        n = len(lengths)
+        for name, values in (("chunk_index", [0] * n), ("file_index", [0] * n),
+                             ("from_timestamp", bounds[:-1]), ("to_timestamp", bounds[1:])):
+            table = table.append_column(f"videos/{key}/{name}", pa.array(values))
+    (root / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
     pq.write_table(table, meta)

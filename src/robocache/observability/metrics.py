@@ -167,6 +167,13 @@ class IngestRecorder:
         if _on:
             _ingest_metrics["stage"].labels(self.dataset, stage).observe(seconds)
 
+    def stage(self, stage: str, seconds: float) -> None:
+        """Stage ``stage`` of this episode took ``seconds``, timed elsewhere (on the worker
+        thread that read and decoded it)."""
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+        if _on:
+            _ingest_metrics["stage"].labels(self.dataset, stage).observe(seconds)
+
     def skipped(self, index: int) -> None:
         self._count("read")
         self._count("skipped")
