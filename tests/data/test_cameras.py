@@ -183,6 +183,27 @@ def test_loader_workers_decode_on_the_cpu(h264_cache):
     torch.testing.assert_close(batch[CAM], want[CAM], rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+def test_resident_camera_batches_come_from_a_prefetch_thread_in_order(h264_cache):
+    """The background thread serves the epoch in the sampler's order, the frames nvJPEG
+    decodes for those indices; leaving the loop early stops the thread."""
+    import threading
+
+    from robocache.data import RobotLoader
+
+    ds = RobotDataset(h264_cache, keys=[CAM, "observation.state"], history=2,
+                      device="cuda")
+    loader = RobotLoader(ds, 3, normalize=None, seed=0, drop_last=False)
+    order = loader.sampler.order()
+    batches = [{k: v.clone() for k, v in b.items()} for b in loader]
+    assert torch.equal(torch.cat([b["index"] for b in batches]).cpu(), order)
+    for b in batches:
+        torch.testing.assert_close(b[CAM], ds[b["index"]][CAM], rtol=0, atol=0)
+    for _ in iter(loader):
+        break
+    assert not any(t.name == "robocache-prefetch" for t in threading.enumerate())
+
+
 def test_decode_decodes_each_distinct_frame_once(h264_cache, monkeypatch):
     from robocache.data import cameras
 
@@ -457,6 +478,6 @@ def test_nvdec_leaves_av1_to_pyav(tmp_path, monkeypatch):
                   video_decoder="nvdec")
     assert m["counts"]["cached"] == 2 and set(m["decode"]["video_frames"]) == {"pyav"}
     src = _two_cameras(tmp_path / "src", episodes=2, length=5, hw=(144, 176))
-    auto = build(src, tmp_path / "h", rate_hz=10.0, progress=False)  # auto: NVDEC for H.264
-    assert auto["decode"]["video_decoder"] == "auto"
+    auto = build(src, tmp_path / "h", rate_hz=10.0, progress=False, video_decoder="auto")
+    assert auto["decode"]["video_decoder"] == "auto"  # NVDEC for H.264
     assert auto["decode"]["video_frames"] == {"nvdec": 2 * 2 * 5}

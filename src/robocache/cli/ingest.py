@@ -154,9 +154,9 @@ def ingest(
              "machine's cores). Each holds one decoded episode in memory; the cache is the "
              "same whatever the number.")] = None,
     video_decoder: Annotated[str, typer.Option(
-        help="Who decodes camera videos: auto (NVDEC for H.264/HEVC when a CUDA GPU and "
-             "PyNvVideoCodec are present, else PyAV), pyav (CPU) or nvdec (AV1 and videos NVDEC "
-             "fails on still go to PyAV).")] = "auto",
+        help="Who decodes camera videos: pyav (CPU, as LeRobot's reader), auto (NVDEC for "
+             "H.264/HEVC when a CUDA GPU and PyNvVideoCodec are present, else PyAV) or nvdec "
+             "(AV1 and videos NVDEC fails on still go to PyAV).")] = "pyav",
     **options,
 ):
     """Align every episode to one rate and write a Lance training cache.

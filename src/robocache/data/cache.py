@@ -111,11 +111,13 @@ class CacheConfig:
         decode_workers: episodes read, video-decoded and JPEG-encoded at once, on threads
             (``None``: the machine's cores); each holds one decoded episode in memory. The
             cache is the same whatever the number.
-        video_decoder: who decodes video streams: ``"auto"`` (NVDEC through PyNvVideoCodec
-            for H.264/HEVC when a CUDA GPU and PyNvVideoCodec are present, else PyAV),
-            ``"pyav"`` (CPU) or ``"nvdec"`` (NVDEC required; AV1, or a video NVDEC fails on,
-            still goes to PyAV, with a warning). Same frames and timestamps either way; pixel
-            values differ slightly (colour conversion), see docs/cameras.md.
+        video_decoder: who decodes video streams: ``"pyav"`` (default: the CPU decode
+            LeRobot's reader does, so cached frames match LeRobot's within the JPEG
+            tolerance), ``"auto"`` (NVDEC through PyNvVideoCodec for H.264/HEVC when a CUDA
+            GPU and PyNvVideoCodec are present, else PyAV) or ``"nvdec"`` (NVDEC required;
+            AV1, or a video NVDEC fails on, still goes to PyAV, with a warning). Same frames
+            and timestamps either way; NVDEC's pixel values differ slightly (its colour
+            conversion), see docs/cameras.md.
     """
 
     rate_hz: float | str = "native"
@@ -133,7 +135,7 @@ class CacheConfig:
     camera_codec: str = "jpeg"
     camera_quality: int = DEFAULT_QUALITY
     decode_workers: int | None = None
-    video_decoder: str = "auto"
+    video_decoder: str = "pyav"
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -15,7 +15,10 @@ Two ways to assemble a batch:
 Either way the next batch is prepared on a side CUDA stream while the current one is in use
 (the consumer's stream waits on an event, tensors are ``record_stream``-ed), and normalization
 (:class:`robocache.Normalizer`, per source cache) runs on the GPU: once over the resident cache,
-or per batch after the copy.
+or per batch after the copy. Resident batches with camera keys are prepared on a background
+thread, :data:`CAMERA_PREFETCH` batches ahead: nvJPEG's batched decode blocks its calling
+thread until the frames are decoded, and on the consumer's thread that wait would keep the
+training step from being queued.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import copy
 import gc
 import math
 import os
+import queue
+import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -402,6 +407,10 @@ def _default_device(distributed: bool) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+# resident camera batches a background thread keeps ready (each holds its decoded frames)
+CAMERA_PREFETCH = 2
+
+
 class RobotLoader:
     """Iterate normalized batches of windows on ``device`` (see the module docstring).
 
@@ -593,6 +602,9 @@ class RobotLoader:
             return
         main = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(main)  # buffers moved to the device on the main stream
+        if self.resident and self.packed.image_keys:
+            yield from self._threaded(source, main)
+            return
 
         def launch():
             parts = next(source, None)
@@ -612,6 +624,50 @@ class RobotLoader:
                 v.record_stream(main)
             ready = launch()  # the next batch is gathered while the caller uses this one
             yield batch
+
+    def _threaded(self, source: Iterator, main: torch.cuda.Stream) -> Iterator[Batch]:
+        """Batches prepared on the side stream by a background thread, up to
+        :data:`CAMERA_PREFETCH` ahead of the caller (in order; an error there is raised
+        here; leaving the loop stops the thread)."""
+        ready: queue.Queue = queue.Queue(CAMERA_PREFETCH)
+        stop = threading.Event()
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            try:
+                with torch.cuda.stream(self.stream):
+                    for parts in source:
+                        batch = self._prepare(parts)
+                        event = torch.cuda.Event()
+                        event.record(self.stream)
+                        if not put((batch, event)):
+                            return
+                put(None)
+            except BaseException as e:  # handed to the caller's thread, raised there
+                put(e)
+
+        worker = threading.Thread(target=produce, name="robocache-prefetch", daemon=True)
+        worker.start()
+        try:
+            while (item := ready.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                batch, event = item
+                main.wait_event(event)
+                for v in batch.values():
+                    v.record_stream(main)
+                yield batch
+        finally:
+            stop.set()
+            worker.join()
 
     def _iter_graphed(self) -> Iterator[Batch]:
         """Batches replayed from the graphs on the side stream, one ahead of the caller; a
