@@ -134,20 +134,6 @@ def _pipeline_kernel(data, times, lens, out, flags, offset_p, scale_p, std_p, st
 
 
 @dataclass(frozen=True)
-class FusedPlan:
-    """Compile-time shape of the chain (hashable: one Triton specialization per plan)."""
-
-    pos: int = -1
-    quat: int = -1
-    terms: int = 0
-    crop: bool = False
-    norm: bool = False
-    clip: bool = False
-    noise: bool = False
-    streams: int = 0
-
-
-@dataclass(frozen=True)
 class PipelineTuning:
     """Launch parameters of the fused kernel; `benchmarks/bench_pipeline.py --sweep` times
     alternatives on the GPU.
@@ -169,14 +155,15 @@ class PipelineTuning:
 TUNING = PipelineTuning()
 
 
-def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
+def pipeline_cuda(plan, data: torch.Tensor, times: torch.Tensor,
                   lengths: torch.Tensor | None, out: torch.Tensor, flags: torch.Tensor,
                   offset: torch.Tensor, scale: torch.Tensor, std: torch.Tensor,
                   stream_of_col: torch.Tensor, k: int, span: float, seed: int | torch.Tensor,
                   max_translation: float, max_rotation: float, warp_amp: float,
                   max_crop: float, drop_p: float,
                   tuning: PipelineTuning | None = None) -> torch.Tensor:
-    """Launch the fused kernel: data ``[B, S, D]`` (unit stride along D), times ``[B, S]``,
+    """Launch the fused kernel of `plan` (the chain's compile-time shape,
+    `robocache.ops.pipeline.FusedPlan`): data ``[B, S, D]`` (unit stride along D), times ``[B, S]``,
     out contiguous ``[B, K, T, D]``, flags bool ``[B, K, NS]``; per-column float32 offset,
     scale, std and int32 stream id (-1: none); seed an int or an int64 device scalar."""
     B, S, D = data.shape
