@@ -43,7 +43,11 @@ def memory_bytes(device: torch.device) -> int:
 
 
 def check_fits(op: str, what: str, need: int, device: torch.device, fix: str) -> None:
-    """Refuse, before allocating, ``need`` bytes for ``what`` that exceed all of ``device``."""
+    """Refuse, before allocating, ``need`` bytes for ``what`` that exceed all of ``device``
+    (in eager calls: a traced call checks when its graph was first run eagerly, or fails to
+    allocate)."""
+    if torch.compiler.is_compiling():
+        return
     have = memory_bytes(device)
     if need > have:
         fail(op, f"{what} needs {need:,} bytes, more than the {have:,} bytes of {device}; {fix}",

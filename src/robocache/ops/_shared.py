@@ -6,6 +6,7 @@ Nothing here validates: callers have checked shapes, dtypes and devices.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -86,13 +87,21 @@ add_noise = Op("add_noise", cpu=_noise_cpu, cuda=_noise_cuda, fake=_noise_fake)
 
 def noise_std_vector(op: str, std, d: int) -> torch.Tensor:
     """Validated per-dimension std as float32 ``[d]`` (CPU)."""
-    sd = torch.as_tensor(std, dtype=torch.float32).flatten().cpu()
+    if isinstance(std, torch.Tensor):
+        sd = std.detach().to("cpu", torch.float32).flatten()
+        # a tensor's values are data: checked eagerly, not while tracing
+        bad = not torch.compiler.is_compiling() and (
+            bool((sd < 0).any()) or not bool(torch.isfinite(sd).all()))
+    else:
+        values = [float(v) for v in (std if isinstance(std, Sequence) else [std])]
+        bad = not all(math.isfinite(v) and v >= 0 for v in values)
+        sd = torch.tensor(values, dtype=torch.float32)
     if sd.numel() == 1:
         sd = sd.expand(d).clone()
     if sd.numel() != d:
         fail(op, f"`std` must be a scalar or have D = {d} entries; got {sd.numel()}.",
              ShapeError)
-    if bool((sd < 0).any()) or not bool(torch.isfinite(sd).all()):
+    if bad:
         fail(op, f"`std` must be finite and >= 0 (noise scales); got {sd.tolist()}.", ValueError)
     return sd
 
