@@ -28,10 +28,21 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["OPS", "Op"]
+__all__ = ["OPS", "Op", "launches_directly"]
 
 #: Every registered op by name (the opcheck tests walk it).
 OPS: dict[str, Op] = {}
+
+
+def launches_directly(t: torch.Tensor) -> bool:
+    """Whether an op called on `t` launches its cached CUDA plan itself: an eager call on CUDA.
+
+    The plan-cached ops (resample, align, key_windows) look their launch plan up by metadata
+    key while validating; an eager CUDA call launches that plan through the same helper their
+    op's CUDA implementation calls, without looking it up twice. Every other call (CPU,
+    traced) goes through their `Op`.
+    """
+    return t.is_cuda and not torch.compiler.is_compiling()
 
 
 class Op:

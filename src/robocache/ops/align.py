@@ -11,7 +11,7 @@ import torch
 from robocache._plancache import PlanCache
 from robocache.observability import nvtx
 from robocache.ops import _checks as C
-from robocache.ops._dispatch import Op
+from robocache.ops._dispatch import Op, launches_directly
 from robocache.ops.resample import OUT_OF_RANGE
 from robocache.reference.interp import compute_dtype, interp_ref
 
@@ -151,7 +151,7 @@ def align(
         plan = _Plan(specs, target_times, out_of_range, concat)
     if C.wants_validation(validate, target_times):
         _validate_values(specs, target_times, plan.B)
-    if target_times.is_cuda and not torch.compiler.is_compiling():
+    if launches_directly(target_times):
         # eager CUDA: the cached plan's one launch for all streams
         return _align_cuda(specs, target_times, plan, key)
     result = _align_traced(specs, target_times, plan)

@@ -7,7 +7,7 @@ import torch
 from robocache._plancache import PlanCache
 from robocache.observability import nvtx
 from robocache.ops import _checks as C
-from robocache.ops._dispatch import Op
+from robocache.ops._dispatch import Op, launches_directly
 from robocache.reference.interp import interp_ref
 
 _OP = "resample"
@@ -90,7 +90,7 @@ def resample(
         C.check_timestamps(_OP, "times", times, lengths)
         if bool(torch.isnan(target_times).any()):
             C.fail(_OP, "`target_times` contains NaN; pass finite target times.", C.DataError)
-    if data.is_cuda and not torch.compiler.is_compiling():
+    if launches_directly(data):
         # eager CUDA: the cached plan's launch, written straight into `out`
         res, mask = _launch(plan, key, data, times, target_times, lengths, method, out_of_range,
                             return_mask, out)

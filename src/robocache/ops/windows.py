@@ -11,7 +11,7 @@ import torch
 from robocache._plancache import PlanCache
 from robocache.observability import nvtx
 from robocache.ops import _checks as C
-from robocache.ops._dispatch import Op
+from robocache.ops._dispatch import Op, launches_directly
 from robocache.reference.windows import episode_bounds, key_windows_ref, windows_ref
 
 _OP = "windows"
@@ -303,7 +303,7 @@ def key_windows(
     if C.wants_validation(validate, data):
         _validate(data, episode_offsets, indices, episodes)
     M = indices.shape[0]
-    if data.is_cuda and not torch.compiler.is_compiling():
+    if launches_directly(data):
         # eager CUDA: the layout's cached plan and device table, launched directly
         plan, table = _key_plan_on(cols, rels, data.device)
         out, pads = _key_windows_launch(data, episode_offsets, indices, episodes, plan, table,
