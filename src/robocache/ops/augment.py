@@ -33,7 +33,7 @@ from robocache.ops._checks import (
     fail,
     wants_validation,
 )
-from robocache.ops._shared import Seed, as_seed, noise_std_vector, stream_of_column, zero_streams
+from robocache.ops._shared import Seed
 from robocache.reference import augment as ref
 
 __all__ = ["RigidParams", "WarpParams", "variants", "sample_rigid", "rigid_transform",
@@ -80,7 +80,7 @@ def sample_rigid(shape: Sequence[int], *, max_translation: float, max_rotation: 
     """
     check_nonneg("sample_rigid", "max_translation", max_translation)
     check_nonneg("sample_rigid", "max_rotation", max_rotation)
-    u = ref.param_uniforms(as_seed("sample_rigid", seed), _count(shape), 0, ref.SLOT_CROP,
+    u = ref.param_uniforms(_shared.as_seed("sample_rigid", seed), _count(shape), 0, ref.SLOT_CROP,
                            device)
     q, t = ref.rigid_from_uniforms(u, max_translation, max_rotation)
     return RigidParams(q.reshape(*shape, 4), t.reshape(*shape, 3))
@@ -159,7 +159,7 @@ def sample_time_warp(shape: Sequence[int], *, strength: float, terms: int = 3,
     check_nonneg(op, "max_crop", max_crop, 0.5)
     if not 1 <= terms <= ref.MAX_WARP_TERMS:
         fail(op, f"`terms` must be in [1, {ref.MAX_WARP_TERMS}]; got {terms}.", ValueError)
-    u = ref.param_uniforms(as_seed(op, seed), _count(shape), 0, ref.SLOT_CROP + 2, device)
+    u = ref.param_uniforms(_shared.as_seed(op, seed), _count(shape), 0, ref.SLOT_CROP + 2, device)
     coeffs, crop = ref.warp_from_uniforms(u, strength, terms, 0.0 if keep_endpoints else max_crop)
     return WarpParams(coeffs.reshape(*shape, terms), crop.reshape(*shape, 2))
 
@@ -261,7 +261,8 @@ def add_noise(x: torch.Tensor, std: float | Sequence[float] | torch.Tensor, *, s
     op = "add_noise"
     check_dtype(op, "x", x, FLOAT_DTYPES, "Convert with x.float().")
     d = x.shape[-1] if x.dim() else 1
-    y = _shared.add_noise(x, noise_std_vector(op, std, d).to(x.device), as_seed(op, seed))
+    std_d = _shared.noise_std_vector(op, std, d).to(x.device)
+    y = _shared.add_noise(x, std_d, _shared.as_seed(op, seed))
     return y if out is None else out.copy_(y)
 
 
@@ -316,7 +317,7 @@ def sample_dropout(shape: Sequence[int], streams: int, p: float, *, seed: Seed,
         fail(op, f"`p` must be in [0, 1]; got {p!r}.", ValueError)
     if not 0 <= streams <= ref.MAX_STREAMS:
         fail(op, f"`streams` must be in [0, {ref.MAX_STREAMS}]; got {streams}.", ValueError)
-    u = ref.param_uniforms(as_seed(op, seed), _count(shape), ref.SLOT_DROP, streams, device)
+    u = ref.param_uniforms(_shared.as_seed(op, seed), _count(shape), ref.SLOT_DROP, streams, device)
     return (u < p).reshape(*shape, streams)
 
 
@@ -334,8 +335,8 @@ def drop_streams(x: torch.Tensor, streams: Sequence[tuple[int, int]],
         A new tensor like `x`.
     """
     check_streams("drop_streams", streams, x.shape[-1])
-    col = stream_of_column(streams, x.shape[-1]).to(x.device)
+    col = _shared.stream_of_column(streams, x.shape[-1]).to(x.device)
     if dropped.shape != (*x.shape[:-2], len(streams)):
         fail("drop_streams", f"`dropped` must have shape {[*x.shape[:-2], len(streams)]}; got "
              f"{list(dropped.shape)}.", ShapeError)
-    return zero_streams(x, col, dropped)
+    return _shared.zero_streams(x, col, dropped)
