@@ -32,6 +32,7 @@ def _calls(dev: str) -> dict:
 
     g = torch.Generator().manual_seed(0)
     data = torch.randn(4, 32, 7, generator=g).to(dev)
+    data3 = torch.randn(4, 32, 3, generator=g).to(dev)
     times = torch.linspace(0, 1, 32, dtype=torch.float64, device=dev)
     target = torch.linspace(0, 1, 16, dtype=torch.float64, device=dev)
     packed = torch.randn(256, 8, generator=g).to(dev)
@@ -48,7 +49,7 @@ def _calls(dev: str) -> dict:
     cols, rels = {"state": (0, 6), "action": (6, 2)}, {"state": [-1, 0], "action": range(8)}
     return {
         "resample": lambda: robocache.resample(data, times, target),
-        "align": lambda: robocache.align({"a": (data, times), "b": (data[..., :3], times)},
+        "align": lambda: robocache.align({"a": (data, times), "b": (data3, times)},
                                          target),
         "windows": lambda: robocache.windows(packed, offsets, idx, history=2, horizon=4),
         "key_windows": lambda: robocache.key_windows(packed, offsets, idx, cols, rels),

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import pkgutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -87,8 +90,14 @@ def _op_args(name: str) -> tuple:
     if name == "image_transform":
         frames = torch.randint(0, 256, (2, 3, 6, 8), dtype=torch.uint8, generator=_g())
         p = robocache.sample_image_transforms(2, (6, 8), seed=0)
+        slots = 0  # the reference reads no slots; the kernel compiles the sampled ops' slots
+        if DEV == "cuda":
+            from robocache.kernels.image import slot_ops
+
+            slots = slot_ops(p.ops)
         return (frames.to(DEV), p.crop.float().to(DEV), p.affine.float().to(DEV),
-                p.ops.to(torch.int32).to(DEV), p.factors.float().to(DEV), 4, 5, 0, torch.uint8)
+                p.ops.to(torch.int32).to(DEV), p.factors.float().to(DEV), 4, 5, slots,
+                torch.uint8)
     if name == "resample":
         return (_rand(2, 5, 3), _times(2, 5), _times(2, 4) + 0.05, None, "linear", "clamp", True)
     if name == "windows":
@@ -134,6 +143,24 @@ def test_eager_skips_the_dispatcher(monkeypatch):
     args = _op_args("normalize_affine")
     torch.testing.assert_close(op(*args), (op.cpu if DEV == "cpu" else op.cuda())(*args))
     assert calls == []
+
+
+def test_cpu_path_imports_no_triton():
+    """CPU calls of the ops reach the references: Triton is imported on the first CUDA call."""
+    code = (
+        "import sys, torch, robocache\n"
+        "from robocache import augment\n"
+        "from robocache.ops.pipeline import Augment, Pipeline, Resample\n"
+        "x, t = torch.randn(2, 6, 4), torch.linspace(0, 1, 6, dtype=torch.float64)\n"
+        "robocache.resample(x, t, t[:3])\n"
+        "robocache.normalize(x, robocache.compute_stats(x))\n"
+        "augment.add_noise(x, 0.1, seed=0)\n"
+        "Pipeline([Resample(10.0, 4), Augment(k=2, noise_std=0.1)])(x, t, seed=1)\n"
+        "robocache.windows(x[0], torch.tensor([0, 6]), torch.tensor([1, 5]), history=2)\n"
+        "assert 'triton' not in sys.modules, 'a CPU call imported triton'\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
 
 
 # ---------------------------------------------------------------- fullgraph trace per public op
