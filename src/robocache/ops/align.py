@@ -377,10 +377,12 @@ def _stack(tensors):
 
 
 def _align_traced(specs, target, plan) -> Aligned:
+    """Through the registered op, on batched views (an unbatched call is a batch of one)."""
     datas = [None if d is None else (d if plan.batched else d.unsqueeze(0))
              for _, d, *_ in specs]
+    tgt = target if plan.batched or target.dim() == 2 else target.unsqueeze(0)
     values, pads, auxs = _ALIGN(
-        target, datas, [s[2] for s in specs], [s[3] for s in specs],
+        tgt, datas, [s[2] for s in specs], [s[3] for s in specs],
         [METHODS.index(s[4]) for s in specs],
         [math.nan if s[5] is None else float(s[5]) for s in specs], plan.oor)
     concat = None
@@ -428,7 +430,8 @@ def _align_op_cuda(target: torch.Tensor, datas: list[torch.Tensor | None],
 
 def _align_fake(target, datas, times, lengths, methods, tolerances, out_of_range):
     B = next((d.shape[0] for d in datas if d is not None),
-             times[0].shape[0] if times[0].dim() == 2 else target.shape[0])
+             times[0].shape[0] if times[0].dim() == 2 else
+             target.shape[0] if target.dim() == 2 else 1)
     T = target.shape[-1]
     values, pads, auxs = [], [], []
     for d, m in zip(datas, methods, strict=True):
