@@ -355,21 +355,20 @@ class Pipeline:
 
     def _fused(self, data, times, lengths, seed, out=None, dropped=None,
                seed_t: torch.Tensor | None = None) -> PipelineOutput:
-        B, _, D = data.shape
+        """The fused kernel: through its registered op; or, while recording a CUDA graph
+        (`out`, `dropped` and the device seed `seed_t` given), into those static buffers."""
+        D = data.shape[2]
         a = self.augment
         data = data if data.stride(-1) == 1 else data.contiguous()
         offset, scale, std, col = self._params(data.device, D)
-        if out is None and seed_t is None:
+        if seed_t is None:
             return PipelineOutput(*_PIPELINE_FUSED(
                 data, times, lengths, seed, offset, scale, std, col, a.k, self.resample.num,
                 self.span, list(self._scalars), self._plan_ints))
         from robocache.kernels.pipeline import pipeline_cuda
 
-        if out is None:
-            out = torch.empty(B, a.k, self.resample.num, D, dtype=data.dtype, device=data.device)
-            dropped = torch.empty(B, a.k, len(a.streams), dtype=torch.bool, device=data.device)
         pipeline_cuda(self.plan, data, times, lengths, out, dropped, offset, scale, std, col,
-                      a.k, self.span, seed if seed_t is None else seed_t, *self._scalars)
+                      a.k, self.span, seed_t, *self._scalars)
         return PipelineOutput(out, dropped)
 
     def sample(self, batch: int, seed: _shared.Seed, device=None) -> dict[str, torch.Tensor]:
