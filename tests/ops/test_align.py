@@ -275,3 +275,15 @@ def test_bad_input(mutate, kwargs, exc, match):
                     method="slerp")
     with pytest.raises(exc, match=match):
         robocache.align(mutate(s), torch.rand(2, 6, dtype=torch.float64), **kwargs)
+
+
+def test_unbatched_frame_index_only_eager_and_compiled():
+    """No stream with data and 1-D times and target: an unbatched call, eager and traced."""
+    t = torch.linspace(0, 1, 7, dtype=torch.float64)
+    streams = {"cam": robocache.Stream(None, t + 0.01, method="frame_index", tolerance_s=0.1)}
+    out = robocache.align(streams, t)
+    assert out.values["cam"].tolist() == list(range(7))
+    assert out.offset["cam"].shape == (7,) and out.is_pad["cam"].shape == (7,)
+    f = torch.compile(lambda tt: robocache.align(streams, tt).values["cam"], fullgraph=True,
+                      backend="eager")
+    assert torch.equal(f(t), out.values["cam"])

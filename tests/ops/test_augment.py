@@ -13,7 +13,8 @@ from helpers import assert_close, seeded
 from scipy.spatial.transform import Rotation
 
 from robocache.errors import DataError, ShapeError
-from robocache.kernels.augment import _sincos_turns, noise_cuda
+from robocache.kernels.augment import noise_cuda
+from robocache.kernels.jit import sincos_turns
 from robocache.ops.augment import (
     add_noise,
     drop_streams,
@@ -47,7 +48,7 @@ def test_noise_kernel_equals_reference(kernel_device, shape):
 @triton.jit
 def _sincos_probe(u_ptr, c_ptr, s_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
-    c, s = _sincos_turns(tl.load(u_ptr + i))
+    c, s = sincos_turns(tl.load(u_ptr + i))
     tl.store(c_ptr + i, c)
     tl.store(s_ptr + i, s)
 

@@ -300,8 +300,9 @@ def test_depth_to_points_vs_pinhole(kernel_device, dtype, with_extrinsics):
     out = pc.depth_to_points(depth, k, extrinsics=e, rgb=rgb, **kw)
     assert torch.equal(out.colors, rgb.reshape(b, h * w, 3))
     dev = kernel_device
-    got_k = pc._depth_to_points_cuda(depth.to(dev), k.to(dev), None if e is None else e.to(dev),
-                                     scale, kw["min_depth"], kw["max_depth"])
+    got_k = pc._DEPTH_TO_POINTS.cuda()(depth.to(dev), k.to(dev),
+                                       None if e is None else e.to(dev), scale, kw["min_depth"],
+                                       kw["max_depth"])
     for points, valid in ((out.points, out.valid), got_k):
         np.testing.assert_array_equal(valid.cpu().numpy(), exp_valid)
         assert points.dtype == torch.float32 and points.shape == (b, h * w, 3)
@@ -332,7 +333,7 @@ def test_fused_equals_unfused_kernel(kernel_device, mode):
     lo, size, dims = (-1.5, -1.0, 0.0), (0.3, 0.25, 0.2), (9, 8, 13)
     fused = pc._kernel_depth(depth, k, e, feats, 0.001, 0.0, math.inf, lo, size, dims, mode,
                              False)
-    points, valid = pc._depth_to_points_cuda(depth, k, e, 0.001, 0.0, math.inf)
+    points, valid = pc._DEPTH_TO_POINTS.cuda()(depth, k, e, 0.001, 0.0, math.inf)
     f = None if feats is None else feats.reshape(b, h * w, 3)
     unfused = pc._kernel_dense(points, f, None, valid, lo, size, dims, mode)
     exact = mode in ("occupancy", "count", "max")
@@ -430,14 +431,8 @@ def test_unbatched_uint8_features_and_max():
 
 @pytest.fixture(scope="module")
 def custom_ops(request):
-    """The three custom ops; without CUDA their launchers are registered for CPU tensors (run by
-    the interpreter) so the fake implementations and tracing are checked in CI too."""
-    ops = [(pc._depth_to_points_op, pc._depth_to_points_cuda),
-           (pc._voxelize_points_op, pc._voxelize_points_cuda),
-           (pc._voxelize_depth_op, pc._voxelize_depth_cuda)]
-    if not torch.cuda.is_available():
-        for op, fn in ops:
-            op.register_kernel("cpu")(fn)
+    """Where the three custom ops run: the voxelizers' launchers serve CPU tensors too (through
+    the interpreter), so the fake implementations and tracing are checked in CI too."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

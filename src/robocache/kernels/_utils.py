@@ -3,18 +3,6 @@
 from __future__ import annotations
 
 import triton
-import triton.language as tl
-
-
-@triton.jit
-def row_tile(n_rows, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's [BLOCK_R, BLOCK_D] tile of a contiguous [n_rows, D] array (grid axis 0
-    over rows, axis 1 over columns): (rows, cols, column mask, tile mask, flat offsets)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = (rows < n_rows)[:, None] & cmask[None, :]
-    return rows, cols, cmask, mask, rows[:, None] * D + cols[None, :]
 
 
 def next_pow2(n: int) -> int:

@@ -28,6 +28,12 @@ import triton
 import triton.language as tl
 
 from robocache.kernels._utils import CachedLaunch, cdiv, tile_2d
+from robocache.kernels.jit import (
+    linear_weight,
+    search_levels,
+    segments,
+    to_compute,
+)
 
 # Method and out-of-range codes (constexpr values).
 LINEAR, NEAREST, PREVIOUS, FRAME_INDEX, PCHIP, CUBIC, SLERP = 0, 1, 2, 3, 4, 5, 6
@@ -57,130 +63,6 @@ class Tuning:
 
 
 TUNING = Tuning()
-
-
-@triton.jit
-def _to_compute(v, F64: tl.constexpr):
-    if F64:
-        return v.to(tl.float64)
-    else:
-        return v.to(tl.float32)
-
-
-@triton.jit
-def _minmax(a0, a1, b0, b1):
-    return tl.minimum(a0, b0), tl.maximum(a1, b1)
-
-
-@triton.jit
-def _count_pair(tlo, thi, xlo, xhi):
-    """(#{tlo <= xlo}, #{thi <= xhi}) in one block reduction: both counts (<= FAN < 2^15)
-    packed into one int32, halving the reductions' barriers."""
-    both = tl.sum((tlo.to(xlo.dtype) <= xlo).to(tl.int32)
-                  + ((thi.to(xhi.dtype) <= xhi).to(tl.int32) << 16), axis=0)
-    return both & 0xFFFF, both >> 16
-
-
-@triton.jit
-def _first_probes(row, sts, n, stride0, FAN: tl.constexpr):
-    """The first search level's FAN samples (every stride0-th): their addresses do not depend
-    on the targets, so this load is issued together with the targets' load."""
-    p = (tl.arange(0, FAN) + 1) * stride0 - 1
-    return tl.load(row + p.to(tl.int64) * sts, mask=p < n, other=float("inf"),
-                   eviction_policy="evict_last")
-
-
-@triton.jit
-def _count_le2(row, sts, n, first, xlo, xhi, n_levels, stride0, FAN: tl.constexpr):
-    """(#{j < n : row[j] <= xlo}, same for xhi) for scalars over a sorted row: a FAN-ary
-    search. `first` holds the first level's probes (`_first_probes`), shared by both; later
-    levels load both probe vectors together so they are in flight at once."""
-    probes = tl.arange(0, FAN) + 1
-    s = stride0
-    clo, chi = _count_pair(first, first, xlo, xhi)
-    lo = clo * s
-    hi = chi * s
-    for _ in range(1, n_levels):
-        s = s // FAN
-        plo = lo + probes * s - 1
-        phi = hi + probes * s - 1
-        tlo = tl.load(row + plo.to(tl.int64) * sts, mask=plo < n, other=float("inf"))
-        thi = tl.load(row + phi.to(tl.int64) * sts, mask=phi < n, other=float("inf"))
-        clo, chi = _count_pair(tlo, thi, xlo, xhi)
-        lo += clo * s
-        hi += chi * s
-    return lo, hi
-
-
-@triton.jit
-def _locate(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS: tl.constexpr,
-            BLOCK_T: tl.constexpr, FAN: tl.constexpr):
-    """cnt[t] = #{j < n : row[j] <= x[t]} for a block of targets (row sorted, n >= 1).
-
-    The block's search window comes from bounds on its targets. ENDS: the scalars xlo / xhi
-    (the block's first and last target, loaded up front); if any valid target lies outside
-    them (unsorted targets), the window is the whole row. Otherwise: a min/max reduction,
-    which costs more instructions (float64: twice the shuffles) but fewer live registers.
-    """
-    first = _first_probes(row, sts, n, stride0, FAN)
-    if ENDS:
-        cmin, cmax = _count_le2(row, sts, n, first, xlo, xhi, n_levels, stride0, FAN)
-        stray = tl.sum((valid & (x == x) & ~((x >= xlo) & (x <= xhi))).to(tl.int32), axis=0)
-        cmin = tl.where(stray > 0, 0, cmin)
-        cmax = tl.where(stray > 0, n, cmax)
-    else:
-        ok = valid & (x == x)
-        xmin, xmax = tl.reduce((tl.where(ok, x, float("inf")), tl.where(ok, x, float("-inf"))),
-                               0, _minmax)
-        cmin, cmax = _count_le2(row, sts, n, first, xmin, xmax, n_levels, stride0, FAN)
-    base = tl.maximum(tl.minimum(cmin, cmax) - 1, 0)
-    width = cmax - base
-    cnt = tl.zeros([BLOCK_T], dtype=tl.int32) + base
-    # Branch-free halving: each count lies in [cnt, cnt + size - 1]. A step probes sample
-    # cnt + half - 1 (always inside the row, so unmasked) and keeps the half holding the
-    # count; `size` is the same for the whole block, so the loop control is scalar.
-    size = width + 1
-    before = row - sts  # before[probe] is row[probe - 1]
-    while size > 1:
-        half = size // 2
-        probe = cnt + half
-        tm = tl.load(before + probe.to(tl.int64) * sts,
-                     eviction_policy="evict_last").to(x.dtype)
-        cnt = tl.where(tm <= x, probe, cnt)
-        size -= half
-    return cnt
-
-
-@triton.jit
-def _segments(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS: tl.constexpr,
-              BLOCK_T: tl.constexpr, FAN: tl.constexpr):
-    """Bracketing samples of each target: (i, seg, seg1, t0, t1, outside).
-
-    i = last sample at or before x (-1 before the first); seg/seg1 = the interpolation
-    segment clamped into the row; t0/t1 their times (x's dtype); outside = x < t[0],
-    x > t[n-1] or NaN.
-    """
-    cnt = _locate(row, sts, n, x, valid, xlo, xhi, n_levels, stride0, ENDS, BLOCK_T, FAN)
-    i = cnt - 1
-    seg = tl.minimum(tl.maximum(i, 0), tl.maximum(n - 2, 0))
-    seg1 = tl.minimum(seg + 1, n - 1)
-    t0 = tl.load(row + seg.to(tl.int64) * sts, mask=valid, other=0.0,
-                 eviction_policy="evict_last").to(x.dtype)
-    t1 = tl.load(row + seg1.to(tl.int64) * sts, mask=valid, other=0.0,
-                 eviction_policy="evict_last").to(x.dtype)
-    t_last = tl.load(row + (n - 1).to(tl.int64) * sts).to(x.dtype)
-    outside = (cnt == 0) | (x > t_last) | (x != x)
-    return i, seg, seg1, t0, t1, outside
-
-
-@triton.jit
-def _linear_weight(x, t0, t1, OOR: tl.constexpr, F64: tl.constexpr):
-    """w = (x - t0) / (t1 - t0) in the compute dtype (0 on an empty interval)."""
-    h = _to_compute(t1 - t0, F64)
-    w = tl.where(h > 0, _to_compute(x - t0, F64) / tl.where(h > 0, h, 1.0), 0.0)
-    if OOR == 0:  # comparisons, not min/max: a NaN weight (NaN target) must stay NaN
-        w = tl.where(w < 0.0, 0.0, tl.where(w > 1.0, 1.0, w))
-    return w
 
 
 @triton.jit
@@ -257,17 +139,17 @@ def _cubic_sweep(data_row, row, scr, n, D, sds, sdd, sts,
         col = offs_d * sdd
         t_prev = tl.load(row)
         t_cur = tl.load(row + tl.minimum(1, n - 1).to(tl.int64) * sts)
-        y_prev = _to_compute(tl.load(data_row + col, mask=dm, other=0.0), CT_F64)
-        y_cur = _to_compute(tl.load(data_row + tl.minimum(1, n - 1) * sds + col, mask=dm,
+        y_prev = to_compute(tl.load(data_row + col, mask=dm, other=0.0), CT_F64)
+        y_cur = to_compute(tl.load(data_row + tl.minimum(1, n - 1) * sds + col, mask=dm,
                                     other=0.0), CT_F64)
-        cp = _to_compute(t_prev - t_prev, CT_F64)
+        cp = to_compute(t_prev - t_prev, CT_F64)
         rp = y_prev * 0.0
         for i in range(1, n - 1):
             t_next = tl.load(row + (i + 1) * sts)
-            y_next = _to_compute(tl.load(data_row + (i + 1) * sds + col, mask=dm, other=0.0),
+            y_next = to_compute(tl.load(data_row + (i + 1) * sds + col, mask=dm, other=0.0),
                                  CT_F64)
-            a = _to_compute(t_cur - t_prev, CT_F64)
-            c = _to_compute(t_next - t_cur, CT_F64)
+            a = to_compute(t_cur - t_prev, CT_F64)
+            c = to_compute(t_next - t_cur, CT_F64)
             a = tl.where(a > 0, a, 1.0)
             c = tl.where(c > 0, c, 1.0)
             den = 2.0 * (a + c) - a * cp
@@ -301,15 +183,15 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
     """One block of BLOCK_T targets of row b of one stream: locate, interpolate, store."""
     offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = offs_t < T
-    # Linear streams bound the search by the block's end targets (`_locate`); measured on
+    # Linear streams bound the search by the block's end targets (`locate`); measured on
     # the grouped align kernel, the other methods' paths need the registers more.
     ENDS: tl.constexpr = METHOD == 0
-    xlo = _to_compute(tl.load(tgt + b * sxb + (tb * BLOCK_T) * sxt), TIME_F64)
-    xhi = _to_compute(tl.load(tgt + b * sxb + (tl.minimum(tb * BLOCK_T + BLOCK_T, T) - 1) * sxt),
+    xlo = to_compute(tl.load(tgt + b * sxb + (tb * BLOCK_T) * sxt), TIME_F64)
+    xhi = to_compute(tl.load(tgt + b * sxb + (tl.minimum(tb * BLOCK_T + BLOCK_T, T) - 1) * sxt),
                       TIME_F64)
-    x = _to_compute(tl.load(tgt + b * sxb + offs_t * sxt, mask=valid, other=float("nan"),
+    x = to_compute(tl.load(tgt + b * sxb + offs_t * sxt, mask=valid, other=float("nan"),
                             eviction_policy="evict_first"), TIME_F64)
-    i, seg, seg1, t0, t1, outside = _segments(row, sts, n, x, valid, xlo, xhi, n_levels, stride0,
+    i, seg, seg1, t0, t1, outside = segments(row, sts, n, x, valid, xlo, xhi, n_levels, stride0,
                                               ENDS, BLOCK_T, FAN)
     nanx = x != x
     flat = b * T + offs_t
@@ -321,7 +203,7 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
     elif (METHOD == 1) | (METHOD == 3):  # nearest / frame_index: ties to the earlier sample
         idx0 = tl.where((t1 - x) < (x - t0), seg1, seg)
     else:  # linear, pchip, cubic, slerp: interpolate on [seg, seg1]
-        w = _linear_weight(x, t0, t1, OOR, CT_F64)
+        w = linear_weight(x, t0, t1, OOR, CT_F64)
         idx0 = seg
         idx1 = seg1
     if METHOD == 4:  # pchip needs the neighbours seg-1 and seg+2 (clamped)
@@ -329,14 +211,14 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
         i3 = tl.minimum(seg + 2, n - 1)
         tp = tl.load(row + ip.to(tl.int64) * sts, mask=valid, other=0.0).to(x.dtype)
         t3 = tl.load(row + i3.to(tl.int64) * sts, mask=valid, other=0.0).to(x.dtype)
-        h0 = _to_compute(t0 - tp, CT_F64)
-        h1 = _to_compute(t1 - t0, CT_F64)
-        h2 = _to_compute(t3 - t1, CT_F64)
+        h0 = to_compute(t0 - tp, CT_F64)
+        h1 = to_compute(t1 - t0, CT_F64)
+        h2 = to_compute(t3 - t1, CT_F64)
         at_start = seg == 0
         at_end = seg1 == n - 1
         two = n == 2
     if METHOD == 5:
-        h1 = _to_compute(t1 - t0, CT_F64)
+        h1 = to_compute(t1 - t0, CT_F64)
 
     if METHOD == 3:  # frame_index: the index and its offset, no data
         t_idx = tl.where(idx0 == seg1, t1, t0)
@@ -351,10 +233,10 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
             offs_d = d0 + tl.arange(0, BLOCK_D)
             m2 = valid[:, None] & (offs_d < D)[None, :]
             col = offs_d[None, :] * sdd
-            y = _to_compute(tl.load(data_row + idx0[:, None] * sds + col, mask=m2, other=0.0),
+            y = to_compute(tl.load(data_row + idx0[:, None] * sds + col, mask=m2, other=0.0),
                             CT_F64)
             if (METHOD == 0) | (METHOD == 4) | (METHOD == 5) | (METHOD == 6):
-                y1 = _to_compute(tl.load(data_row + idx1[:, None] * sds + col, mask=m2,
+                y1 = to_compute(tl.load(data_row + idx1[:, None] * sds + col, mask=m2,
                                          other=0.0), CT_F64)
             if METHOD == 0:
                 ww = w[:, None]  # exact at both ends (w = 0 or 1), one conversion of w
@@ -362,9 +244,9 @@ def _target_block(tb, b, tgt, T, sxb, sxt, data_row, row, n, out, pad, aux, scr,
             elif METHOD == 6:
                 y = _slerp(y, y1, w)
             elif METHOD == 4:
-                yp = _to_compute(tl.load(data_row + ip[:, None] * sds + col, mask=m2,
+                yp = to_compute(tl.load(data_row + ip[:, None] * sds + col, mask=m2,
                                          other=0.0), CT_F64)
-                y3 = _to_compute(tl.load(data_row + i3[:, None] * sds + col, mask=m2,
+                y3 = to_compute(tl.load(data_row + i3[:, None] * sds + col, mask=m2,
                                          other=0.0), CT_F64)
                 m0 = (y - yp) / tl.where(h0 > 0, h0, 1.0)[:, None]
                 m1 = (y1 - y) / tl.where(h1 > 0, h1, 1.0)[:, None]
@@ -483,14 +365,6 @@ def _strides2(t: torch.Tensor) -> tuple[int, int]:
     return (t.stride(0), t.stride(1)) if t.dim() == 2 else (0, t.stride(0))
 
 
-def _levels(size: int, fan: int) -> tuple[int, int]:
-    """(levels, first stride) of a fan-ary search over `size` samples."""
-    levels, span = 1, fan
-    while span < size:
-        levels, span = levels + 1, span * fan
-    return levels, span // fan
-
-
 def _tile_limits(s: StreamLaunch, tu: Tuning) -> dict:
     """tile_2d limits of one stream. `tu.elements` counts 2-byte values; wider data gets the
     same bytes (4-byte tiles of 4096 values held 144 registers, 18 % occupancy). PCHIP holds
@@ -531,7 +405,7 @@ class InterpPlan:
             bt, bd = tile_2d(T, max(width, 1), **_tile_limits(s, tu))
             ntb = 1 if s.method == CUBIC else cdiv(T, bt)  # cubic: one program per row
             starts.append(starts[-1] + batch * ntb)
-            levels, stride0 = _levels(s.times.shape[-1], tu.fan)
+            levels, stride0 = search_levels(s.times.shape[-1], tu.fan)
             rows.append((
                 s.times.shape[-1], width, float(s.tolerance_s or 0.0), *sd, *_strides2(s.times),
                 *so, levels, stride0, ntb, s.pad_offset, s.aux_offset,

@@ -6,7 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import cdiv, row_tile, tile_2d
+from robocache.kernels._utils import cdiv, tile_2d
+from robocache.kernels.jit import row_tile
 
 
 @triton.jit

@@ -4,7 +4,7 @@ in ONE Triton kernel, no intermediate tensor in device memory.
 One program = one variant (b, k) x BLOCKS blocks of BLOCK_T output times x all D columns. It
 draws its variant's parameters from Philox (`kernels.augment`), builds its warped target times
 in registers, finds them among the row's source times and interpolates with the grouped
-interpolation kernel's helpers (`kernels.interp._segments` / `_linear_weight`), then applies
+interpolation kernel's helpers (`kernels.jit.segments` / `linear_weight`), then applies
 the per-element chain and writes `[B, K, T, D]` once. Semantics: `ops.pipeline` and its
 unfused composition (`Pipeline(..., fused=False)`), which the tests compare bit-for-bit up to
 float rounding.
@@ -19,16 +19,18 @@ import triton
 import triton.language as tl
 
 from robocache.kernels._utils import cdiv, next_pow2
-from robocache.kernels.augment import (
-    _dropped,
-    _normals,
-    _quat_mul,
-    _quat_rotate,
-    _rigid,
-    _variant_uniforms,
-    _warp,
+from robocache.kernels.jit import (
+    dropped,
+    linear_weight,
+    normals,
+    quat_mul,
+    quat_rotate,
+    rigid,
+    search_levels,
+    segments,
+    variant_uniforms,
+    warp,
 )
-from robocache.kernels.interp import _levels, _linear_weight, _segments
 
 
 @triton.jit
@@ -59,11 +61,11 @@ def _pipeline_kernel(data, times, lens, out, flags, offset_p, scale_p, std_p, st
     b = variant // K
     if SEED_PTR:  # CUDA-graph replays read a new seed from device memory
         seed = tl.load(seed)
-    u, slots = _variant_uniforms(seed, variant)
+    u, slots = variant_uniforms(seed, variant)
     if POS >= 0 or QUAT >= 0:
-        qw, qx, qy, qz, tx, ty, tz = _rigid(u, slots, max_t, max_r)
+        qw, qx, qy, qz, tx, ty, tz = rigid(u, slots, max_t, max_r)
     if NS > 0:
-        drop = _dropped(seed, variant, drop_p, NS_P2) & (tl.arange(0, NS_P2) < NS)
+        drop = dropped(seed, variant, drop_p, NS_P2) & (tl.arange(0, NS_P2) < NS)
         if first == 0:
             tl.store(flags + variant * NS + tl.arange(0, NS_P2), drop,
                      mask=tl.arange(0, NS_P2) < NS)
@@ -81,22 +83,22 @@ def _pipeline_kernel(data, times, lens, out, flags, offset_p, scale_p, std_p, st
         # Warped target times: t_first + span * phi(j / (T - 1)), phi float32, sum in time dtype.
         tn = offs_t.to(tl.float32) / tl.maximum(T - 1, 1).to(tl.float32)
         if TERMS > 0 or CROP:
-            tn = _warp(tn, u, slots, warp_amp, max_crop, TERMS, CROP)
+            tn = warp(tn, u, slots, warp_amp, max_crop, TERMS, CROP)
         if TIME_F64:
             x = t_first.to(tl.float64) + (tn * span).to(tl.float64)
         else:
             x = t_first.to(tl.float32) + tn * span
-        _, seg, seg1, t0, t1, _ = _segments(row, sts, n, x, valid, x, x, n_levels, stride0, False,
+        _, seg, seg1, t0, t1, _ = segments(row, sts, n, x, valid, x, x, n_levels, stride0, False,
                                             BLOCK_T, FAN)
-        w = _linear_weight(x, t0, t1, 0, False)
+        w = linear_weight(x, t0, t1, 0, False)
         if POS >= 0:
-            px, py, pz = _quat_rotate(qw, qx, qy, qz,
+            px, py, pz = quat_rotate(qw, qx, qy, qz,
                                       _lerp_col(src, seg, seg1, w, POS, sds, valid),
                                       _lerp_col(src, seg, seg1, w, POS + 1, sds, valid),
                                       _lerp_col(src, seg, seg1, w, POS + 2, sds, valid))
             px, py, pz = px + tx, py + ty, pz + tz
         if QUAT >= 0:
-            ow, ox, oy, oz = _quat_mul(qw, qx, qy, qz,
+            ow, ox, oy, oz = quat_mul(qw, qx, qy, qz,
                                        _lerp_col(src, seg, seg1, w, QUAT, sds, valid),
                                        _lerp_col(src, seg, seg1, w, QUAT + 1, sds, valid),
                                        _lerp_col(src, seg, seg1, w, QUAT + 2, sds, valid),
@@ -124,27 +126,13 @@ def _pipeline_kernel(data, times, lens, out, flags, offset_p, scale_p, std_p, st
                     y = tl.minimum(tl.maximum(y, -1.0), 1.0)
             if NOISE:
                 std = tl.load(std_p + cols, mask=cmask, other=0.0)[None, :]
-                y += std * _normals(seed, out_rows, d0, D, BLOCK_T, BLOCK_D)
+                y += std * normals(seed, out_rows, d0, D, BLOCK_T, BLOCK_D)
             if NS > 0:
                 sid = tl.load(stream_p + cols, mask=cmask, other=-1)
                 hit = (sid[:, None] == tl.arange(0, NS_P2)[None, :]) & drop[None, :]
                 y = tl.where((tl.sum(hit.to(tl.int32), axis=1) > 0)[None, :], 0.0, y)
             tl.store(out + out_rows[:, None] * D + cols[None, :], y.to(out.dtype.element_ty),
                      mask=m2)
-
-
-@dataclass(frozen=True)
-class FusedPlan:
-    """Compile-time shape of the chain (hashable: one Triton specialization per plan)."""
-
-    pos: int = -1
-    quat: int = -1
-    terms: int = 0
-    crop: bool = False
-    norm: bool = False
-    clip: bool = False
-    noise: bool = False
-    streams: int = 0
 
 
 @dataclass(frozen=True)
@@ -169,14 +157,15 @@ class PipelineTuning:
 TUNING = PipelineTuning()
 
 
-def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
+def pipeline_cuda(plan, data: torch.Tensor, times: torch.Tensor,
                   lengths: torch.Tensor | None, out: torch.Tensor, flags: torch.Tensor,
                   offset: torch.Tensor, scale: torch.Tensor, std: torch.Tensor,
                   stream_of_col: torch.Tensor, k: int, span: float, seed: int | torch.Tensor,
                   max_translation: float, max_rotation: float, warp_amp: float,
                   max_crop: float, drop_p: float,
                   tuning: PipelineTuning | None = None) -> torch.Tensor:
-    """Launch the fused kernel: data ``[B, S, D]`` (unit stride along D), times ``[B, S]``,
+    """Launch the fused kernel of `plan` (the chain's compile-time shape,
+    `robocache.ops.pipeline.FusedPlan`): data ``[B, S, D]`` (unit stride along D), times ``[B, S]``,
     out contiguous ``[B, K, T, D]``, flags bool ``[B, K, NS]``; per-column float32 offset,
     scale, std and int32 stream id (-1: none); seed an int or an int64 device scalar."""
     B, S, D = data.shape
@@ -184,7 +173,7 @@ def pipeline_cuda(plan: FusedPlan, data: torch.Tensor, times: torch.Tensor,
     if B == 0 or T == 0 or k == 0:
         return out
     tu = tuning or TUNING
-    levels, stride0 = _levels(S, tu.fan)
+    levels, stride0 = search_levels(S, tu.fan)
     bd = max(min(next_pow2(D), 128), 4)  # the noise draws 4 columns per Philox call
     bt = min(tu.block_t, max(next_pow2(T), 8))
     ntb = cdiv(T, bt)

@@ -43,7 +43,11 @@ def memory_bytes(device: torch.device) -> int:
 
 
 def check_fits(op: str, what: str, need: int, device: torch.device, fix: str) -> None:
-    """Refuse, before allocating, ``need`` bytes for ``what`` that exceed all of ``device``."""
+    """Refuse, before allocating, ``need`` bytes for ``what`` that exceed all of ``device``
+    (in eager calls: a traced call checks when its graph was first run eagerly, or fails to
+    allocate)."""
+    if torch.compiler.is_compiling():
+        return
     have = memory_bytes(device)
     if need > have:
         fail(op, f"{what} needs {need:,} bytes, more than the {have:,} bytes of {device}; {fix}",
@@ -152,3 +156,18 @@ def check_series(op: str, where: str, data: torch.Tensor | None, times, target,
         fail(op, f"`target_times` must have shape {want}; got {list(target.shape)}.")
     if lengths is not None:
         check_lengths(op, lengths, 1 if batch is None else batch, S, dev, values=False)
+
+
+def check_nonneg(op: str, name: str, value: float, upper: float | None = None) -> None:
+    """`value` >= 0 (and < `upper` when given)."""
+    if not value >= 0 or (upper is not None and not value < upper):
+        rng = f"[0, {upper})" if upper is not None else ">= 0"
+        fail(op, f"`{name}` must be {rng}; got {value!r}.", ValueError)
+
+
+def check_streams(op: str, streams, d: int) -> None:
+    """Column ranges ``(start, stop)`` inside ``[0, d]``."""
+    for s, (a, b) in enumerate(streams):
+        if not 0 <= a < b <= d:
+            fail(op, f"stream {s} = ({a}, {b}) must be a column range with 0 <= start < stop "
+                 f"<= D = {d}.", ShapeError)

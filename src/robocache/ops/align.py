@@ -11,6 +11,7 @@ import torch
 from robocache._plancache import PlanCache
 from robocache.observability import nvtx
 from robocache.ops import _checks as C
+from robocache.ops._dispatch import Op, launches_directly
 from robocache.ops.resample import OUT_OF_RANGE
 from robocache.reference.interp import compute_dtype, interp_ref
 
@@ -150,14 +151,12 @@ def align(
         plan = _Plan(specs, target_times, out_of_range, concat)
     if C.wants_validation(validate, target_times):
         _validate_values(specs, target_times, plan.B)
-    if torch.compiler.is_compiling():
-        result = _align_traced(specs, target_times, plan)
-    elif target_times.is_cuda:
-        result = _align_cuda(specs, target_times, plan, key)
-    else:
-        result = _align_cpu(specs, target_times, plan)
-        if key is not None:
-            _PLANS.put(key, plan)
+    if launches_directly(target_times):
+        # eager CUDA: the cached plan's one launch for all streams
+        return _align_cuda(specs, target_times, plan, key)
+    result = _align_traced(specs, target_times, plan)
+    if key is not None and not torch.compiler.is_compiling():
+        _PLANS.put(key, plan)
     return result
 
 
@@ -354,7 +353,7 @@ def _align_cuda(specs, target, plan, key) -> Aligned:
     return _result(plan, outs, pads, auxs, concat)
 
 
-def _align_cpu(specs, target, plan) -> Aligned:
+def _align_cpu(specs, target, plan, key=None) -> Aligned:
     B = plan.B
     x = target.expand(B, -1) if target.dim() == 1 else target
     outs, pads, auxs = [], [], []
@@ -378,10 +377,12 @@ def _stack(tensors):
 
 
 def _align_traced(specs, target, plan) -> Aligned:
+    """Through the registered op, on batched views (an unbatched call is a batch of one)."""
     datas = [None if d is None else (d if plan.batched else d.unsqueeze(0))
              for _, d, *_ in specs]
-    values, pads, auxs = torch.ops.robocache.align(
-        target, datas, [s[2] for s in specs], [s[3] for s in specs],
+    tgt = target if plan.batched or target.dim() == 2 else target.unsqueeze(0)
+    values, pads, auxs = _ALIGN(
+        tgt, datas, [s[2] for s in specs], [s[3] for s in specs],
         [METHODS.index(s[4]) for s in specs],
         [math.nan if s[5] is None else float(s[5]) for s in specs], plan.oor)
     concat = None
@@ -394,18 +395,16 @@ def _align_traced(specs, target, plan) -> Aligned:
                    concat)
 
 
-@torch.library.custom_op("robocache::align", mutates_args=())
-def _align_op(target: torch.Tensor, datas: list[torch.Tensor | None],
-              times: list[torch.Tensor], lengths: list[torch.Tensor | None],
-              methods: list[int], tolerances: list[float], out_of_range: str,
-              ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Traceable form of `align` on batched data (used under torch.compile): methods as
-    indices into METHODS, tolerances NaN where unset; aux entries are empty for streams
+def _align_lists(run, target, datas, times, lengths, methods, tolerances, out_of_range):
+    """`run` (`_align_cpu` / `_align_cuda`) on the op's list arguments (batched data, methods
+    as indices into METHODS, tolerances NaN where unset); aux entries are empty for streams
     without age/offset."""
     streams = {str(k): Stream(d, t, ln, METHODS[m], None if math.isnan(tol) else tol)
                for k, (d, t, ln, m, tol) in enumerate(zip(datas, times, lengths, methods,
                                                           tolerances, strict=True))}
-    res = align(streams, target, out_of_range=out_of_range, validate=False)
+    specs, key = _normalize(streams, None, None, None, target, out_of_range, False)
+    plan = _PLANS.get(key) or _Plan(specs, target, out_of_range, False)
+    res = run(specs, target, plan, key)
     empty = target.new_empty((0,), dtype=torch.float32)
     auxs = [res.age[k] if k in res.age else res.offset.get(k, empty) for k in streams]
     # pads and auxes are views of one buffer each: outputs of a custom op may not alias
@@ -413,10 +412,26 @@ def _align_op(target: torch.Tensor, datas: list[torch.Tensor | None],
             [a.clone() for a in auxs])
 
 
-@_align_op.register_fake
-def _(target, datas, times, lengths, methods, tolerances, out_of_range):
+def _align_op_cpu(target: torch.Tensor, datas: list[torch.Tensor | None],
+                  times: list[torch.Tensor], lengths: list[torch.Tensor | None],
+                  methods: list[int], tolerances: list[float], out_of_range: str,
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    return _align_lists(_align_cpu, target, datas, times, lengths, methods, tolerances,
+                        out_of_range)
+
+
+def _align_op_cuda(target: torch.Tensor, datas: list[torch.Tensor | None],
+                   times: list[torch.Tensor], lengths: list[torch.Tensor | None],
+                   methods: list[int], tolerances: list[float], out_of_range: str,
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    return _align_lists(_align_cuda, target, datas, times, lengths, methods, tolerances,
+                        out_of_range)
+
+
+def _align_fake(target, datas, times, lengths, methods, tolerances, out_of_range):
     B = next((d.shape[0] for d in datas if d is not None),
-             times[0].shape[0] if times[0].dim() == 2 else target.shape[0])
+             times[0].shape[0] if times[0].dim() == 2 else
+             target.shape[0] if target.dim() == 2 else 1)
     T = target.shape[-1]
     values, pads, auxs = [], [], []
     for d, m in zip(datas, methods, strict=True):
@@ -427,3 +442,6 @@ def _(target, datas, times, lengths, methods, tolerances, out_of_range):
         auxs.append(target.new_empty((B, T) if m in ("previous", "frame_index") else (0,),
                                      dtype=torch.float32))
     return values, pads, auxs
+
+
+_ALIGN = Op("align", cpu=_align_op_cpu, cuda=_align_op_cuda, fake=_align_fake)

@@ -23,31 +23,22 @@ import torch
 
 from robocache.errors import DataError, ShapeError
 from robocache.observability import nvtx
-from robocache.ops._checks import FLOAT_DTYPES, check_choice, check_dtype, fail, wants_validation
+from robocache.ops import _shared
+from robocache.ops._checks import (
+    FLOAT_DTYPES,
+    check_choice,
+    check_dtype,
+    check_nonneg,
+    check_streams,
+    fail,
+    wants_validation,
+)
+from robocache.ops._shared import Seed
 from robocache.reference import augment as ref
 
 __all__ = ["RigidParams", "WarpParams", "variants", "sample_rigid", "rigid_transform",
            "sample_time_warp", "warp_phase", "time_warp", "add_noise", "smooth",
            "sample_dropout", "drop_streams"]
-
-Seed = int | torch.Generator
-
-
-def as_seed(op: str, seed: Seed) -> int:
-    """An int seed in [0, 2**63) from an int or a torch.Generator."""
-    if isinstance(seed, torch.Generator):
-        return int(torch.randint(0, 2**62, (1,), generator=seed))
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        fail(op, f"`seed` must be an int in [0, 2**63) or a torch.Generator; got {seed!r}.",
-             ValueError)
-    return seed
-
-
-def check_nonneg(op: str, name: str, value: float, upper: float | None = None) -> None:
-    if not value >= 0 or (upper is not None and not value < upper):
-        rng = f"[0, {upper})" if upper is not None else ">= 0"
-        fail(op, f"`{name}` must be {rng}; got {value!r}.", ValueError)
-
 
 def variants(x: torch.Tensor, k: int) -> torch.Tensor:
     """K views of each trajectory: ``[B, ...] -> [B, K, ...]`` (an expand, no copy).
@@ -89,7 +80,7 @@ def sample_rigid(shape: Sequence[int], *, max_translation: float, max_rotation: 
     """
     check_nonneg("sample_rigid", "max_translation", max_translation)
     check_nonneg("sample_rigid", "max_rotation", max_rotation)
-    u = ref.param_uniforms(as_seed("sample_rigid", seed), _count(shape), 0, ref.SLOT_CROP,
+    u = ref.param_uniforms(_shared.as_seed("sample_rigid", seed), _count(shape), 0, ref.SLOT_CROP,
                            device)
     q, t = ref.rigid_from_uniforms(u, max_translation, max_rotation)
     return RigidParams(q.reshape(*shape, 4), t.reshape(*shape, 3))
@@ -168,7 +159,7 @@ def sample_time_warp(shape: Sequence[int], *, strength: float, terms: int = 3,
     check_nonneg(op, "max_crop", max_crop, 0.5)
     if not 1 <= terms <= ref.MAX_WARP_TERMS:
         fail(op, f"`terms` must be in [1, {ref.MAX_WARP_TERMS}]; got {terms}.", ValueError)
-    u = ref.param_uniforms(as_seed(op, seed), _count(shape), 0, ref.SLOT_CROP + 2, device)
+    u = ref.param_uniforms(_shared.as_seed(op, seed), _count(shape), 0, ref.SLOT_CROP + 2, device)
     coeffs, crop = ref.warp_from_uniforms(u, strength, terms, 0.0 if keep_endpoints else max_crop)
     return WarpParams(coeffs.reshape(*shape, terms), crop.reshape(*shape, 2))
 
@@ -270,37 +261,9 @@ def add_noise(x: torch.Tensor, std: float | Sequence[float] | torch.Tensor, *, s
     op = "add_noise"
     check_dtype(op, "x", x, FLOAT_DTYPES, "Convert with x.float().")
     d = x.shape[-1] if x.dim() else 1
-    return noise_apply(x, noise_std_vector(op, std, d).to(x.device), as_seed(op, seed), out)
-
-
-def noise_apply(x: torch.Tensor, std: torch.Tensor, seed: int,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    """`add_noise` after validation: std float32 ``[D]`` already on x's device (no copy, no
-    sync: safe inside CUDA-graph capture)."""
-    d = x.shape[-1] if x.dim() else 1
-    xc = x.contiguous()
-    if x.device.type == "cuda":
-        from robocache.kernels.augment import noise_cuda
-
-        dst = torch.empty_like(xc) if out is None else out
-        noise_cuda(xc.view(-1, d), std, seed, dst.view(-1, d))
-        return dst
-    z = ref.normals(seed, xc.numel() // max(d, 1), d).view(xc.shape)
-    y = (xc.float() + std * z).to(x.dtype)
+    std_d = _shared.noise_std_vector(op, std, d).to(x.device)
+    y = _shared.add_noise(x, std_d, _shared.as_seed(op, seed))
     return y if out is None else out.copy_(y)
-
-
-def noise_std_vector(op: str, std, d: int) -> torch.Tensor:
-    """Validated per-dimension std as float32 ``[d]`` (CPU)."""
-    sd = torch.as_tensor(std, dtype=torch.float32).flatten().cpu()
-    if sd.numel() == 1:
-        sd = sd.expand(d).clone()
-    if sd.numel() != d:
-        fail(op, f"`std` must be a scalar or have D = {d} entries; got {sd.numel()}.",
-             ShapeError)
-    if bool((sd < 0).any()) or not bool(torch.isfinite(sd).all()):
-        fail(op, f"`std` must be finite and >= 0 (noise scales); got {sd.tolist()}.", ValueError)
-    return sd
 
 
 @nvtx.annotate("robocache.augment.smooth")
@@ -354,7 +317,7 @@ def sample_dropout(shape: Sequence[int], streams: int, p: float, *, seed: Seed,
         fail(op, f"`p` must be in [0, 1]; got {p!r}.", ValueError)
     if not 0 <= streams <= ref.MAX_STREAMS:
         fail(op, f"`streams` must be in [0, {ref.MAX_STREAMS}]; got {streams}.", ValueError)
-    u = ref.param_uniforms(as_seed(op, seed), _count(shape), ref.SLOT_DROP, streams, device)
+    u = ref.param_uniforms(_shared.as_seed(op, seed), _count(shape), ref.SLOT_DROP, streams, device)
     return (u < p).reshape(*shape, streams)
 
 
@@ -372,30 +335,8 @@ def drop_streams(x: torch.Tensor, streams: Sequence[tuple[int, int]],
         A new tensor like `x`.
     """
     check_streams("drop_streams", streams, x.shape[-1])
-    col = stream_of_column(streams, x.shape[-1]).to(x.device)
+    col = _shared.stream_of_column(streams, x.shape[-1]).to(x.device)
     if dropped.shape != (*x.shape[:-2], len(streams)):
         fail("drop_streams", f"`dropped` must have shape {[*x.shape[:-2], len(streams)]}; got "
              f"{list(dropped.shape)}.", ShapeError)
-    return zero_streams(x, col, dropped)
-
-
-def zero_streams(x: torch.Tensor, col: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
-    """`drop_streams` after validation, with the column -> stream map on x's device."""
-    padded = torch.cat([dropped, dropped.new_zeros(*dropped.shape[:-1], 1)], -1)
-    zero = padded[..., col]  # [*L, D]; column -1 reads the appended False
-    return x.masked_fill(zero.unsqueeze(-2), 0)
-
-
-def check_streams(op: str, streams: Sequence[tuple[int, int]], d: int) -> None:
-    for s, (a, b) in enumerate(streams):
-        if not 0 <= a < b <= d:
-            fail(op, f"stream {s} = ({a}, {b}) must be a column range with 0 <= start < stop "
-                 f"<= D = {d}.", ShapeError)
-
-
-def stream_of_column(streams: Sequence[tuple[int, int]], d: int) -> torch.Tensor:
-    """int32 ``[d]``: the stream each column belongs to (-1: none; later streams win)."""
-    col = torch.full((d,), -1, dtype=torch.int32)
-    for s, (a, b) in enumerate(streams):
-        col[a:b] = s
-    return col
+    return _shared.zero_streams(x, col, dropped)

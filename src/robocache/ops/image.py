@@ -26,6 +26,7 @@ import torch
 from robocache.errors import DTypeError
 from robocache.observability import nvtx
 from robocache.ops._checks import check_device, check_dtype, fail
+from robocache.ops._dispatch import Op
 from robocache.reference import image as ref
 
 __all__ = ["ImageTransformsConfig", "ImageTransformParams", "sample_image_transforms",
@@ -182,19 +183,29 @@ def sample_image_transforms(n: int, src_hw: tuple[int, int],
     return ImageTransformParams(crop.float(), affine.float(), ops, factors.float())
 
 
-@torch.library.custom_op("robocache::image_transform", mutates_args=(), device_types="cuda")
-def _image_transform_op(frames: torch.Tensor, crop: torch.Tensor, affine: torch.Tensor,
-                        ops: torch.Tensor, factors: torch.Tensor, h: int, w: int,
-                        slots: int) -> torch.Tensor:
+def _image_cpu(frames: torch.Tensor, crop: torch.Tensor, affine: torch.Tensor, ops: torch.Tensor,
+               factors: torch.Tensor, h: int, w: int, slots: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    y = ref.image_transform(frames, crop, affine, ops, factors, (h, w))
+    return ((y * 255.0).round() if dtype == torch.uint8 else y).to(dtype)
+
+
+def _image_cuda(frames: torch.Tensor, crop: torch.Tensor, affine: torch.Tensor,
+                ops: torch.Tensor, factors: torch.Tensor, h: int, w: int, slots: int,
+                dtype: torch.dtype) -> torch.Tensor:
     from robocache.kernels.image import image_transform_cuda
 
-    out = frames.new_empty(frames.shape[0], 3, h, w, dtype=torch.float32)
+    out = frames.new_empty(frames.shape[0], 3, h, w, dtype=dtype)
     return image_transform_cuda(frames, crop, affine, ops, factors, out, slots=slots)
 
 
-@_image_transform_op.register_fake
-def _(frames, crop, affine, ops, factors, h, w, slots):
-    return frames.new_empty(frames.shape[0], 3, h, w, dtype=torch.float32)
+def _image_fake(frames, crop, affine, ops, factors, h, w, slots, dtype):
+    return frames.new_empty(frames.shape[0], 3, h, w, dtype=dtype)
+
+
+# ``slots``: the kernel's per-slot op set (`kernels.image.slot_ops`), host-known from the
+# sampled parameters; 0 on CPU, where the reference does not use it.
+_IMAGE_TRANSFORM = Op("image_transform", cpu=_image_cpu, cuda=_image_cuda, fake=_image_fake)
 
 
 def image_transform(frames: torch.Tensor, size: tuple[int, int],
@@ -251,17 +262,10 @@ def image_transform(frames: torch.Tensor, size: tuple[int, int],
     crop, affine = params.crop.float(), params.affine.float()
     ops, factors = params.ops.to(torch.int32), params.factors.float()
     with nvtx.range(op):
-        if frames.device.type != "cuda":
-            y = ref.image_transform(frames, crop, affine, ops, factors, (h, w))
-            y = (y * 255.0).round() if dtype == torch.uint8 else y
-            if out is None:
-                return y.to(dtype)
-            return out.copy_(y)
-        from robocache.kernels.image import image_transform_cuda, slot_ops
+        slots = 0
+        if frames.is_cuda:
+            from robocache.kernels.image import slot_ops
 
-        slots = slot_ops(params.host_ops if params.host_ops is not None else params.ops.cpu())
-        if torch.compiler.is_compiling():
-            return _image_transform_op(frames, crop, affine, ops, factors, h, w,
-                                       slots).to(dtype)
-        out = out if out is not None else frames.new_empty(n, 3, h, w, dtype=dtype)
-        return image_transform_cuda(frames, crop, affine, ops, factors, out, slots=slots)
+            slots = slot_ops(params.host_ops if params.host_ops is not None else params.ops.cpu())
+        y = _IMAGE_TRANSFORM(frames, crop, affine, ops, factors, h, w, slots, dtype)
+        return y if out is None else out.copy_(y)

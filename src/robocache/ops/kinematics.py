@@ -19,6 +19,7 @@ from robocache.chain import Chain, asset_path
 from robocache.errors import DataError, ShapeError, URDFError
 from robocache.observability import nvtx
 from robocache.ops._checks import check_device, check_dtype, check_fits, fail, wants_validation
+from robocache.ops._dispatch import Op
 from robocache.ops.geometry import check_rotation
 from robocache.reference.kinematics import fk_jacobian_reference, fk_reference, ik_reference
 
@@ -27,62 +28,45 @@ __all__ = ["Chain", "IKResult", "URDFError", "asset_path", "fk", "ik", "jacobian
 KIN_DTYPES = (torch.float32, torch.float64)
 
 
-# --------------------------------------------------------------------------- custom ops
+# --------------------------------------------------------------------------- registered ops
 
-def _fk_impl(q: torch.Tensor, params: torch.Tensor, movable: int, prismatic: int,
-             all_links: bool) -> torch.Tensor:
-    if q.is_cuda:
-        from robocache.kernels.kinematics import fk_cuda
-        return fk_cuda(q, params, movable, prismatic, all_links)
+def _ik_cpu(target: torch.Tensor, q0: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
+            params: torch.Tensor, movable: int, prismatic: int, seeds: int, max_iters: int,
+            tol_pos: float, tol_half_chord: float
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return ik_reference(target, q0, lower, upper, params, movable, prismatic, seeds, max_iters,
+                        tol_pos, tol_half_chord)
+
+
+def _fk_cpu(q: torch.Tensor, params: torch.Tensor, movable: int, prismatic: int,
+            all_links: bool) -> torch.Tensor:
     return fk_reference(q, params, movable, prismatic, all_links)
 
 
-def _jacobian_impl(q: torch.Tensor, params: torch.Tensor, movable: int,
-                   prismatic: int) -> torch.Tensor:
-    if q.is_cuda:
-        from robocache.kernels.kinematics import jacobian_cuda
-        return jacobian_cuda(q, params, movable, prismatic)
+def _jacobian_cpu(q: torch.Tensor, params: torch.Tensor, movable: int,
+                  prismatic: int) -> torch.Tensor:
     return fk_jacobian_reference(q, params, movable, prismatic)[1]
 
 
-def _ik_impl(target: torch.Tensor, q0: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
-             params: torch.Tensor, movable: int, prismatic: int, seeds: int, max_iters: int,
-             tol_pos: float, tol_half_chord: float
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    fn = ik_reference
-    if q0.is_cuda:
-        from robocache.kernels.kinematics import ik_cuda as fn
-    return fn(target, q0, lower, upper, params, movable, prismatic, seeds, max_iters, tol_pos,
-              tol_half_chord)
-
-
-_fk_op = torch.library.custom_op("robocache::kinematics_fk", _fk_impl, mutates_args=())
-_jacobian_op = torch.library.custom_op("robocache::kinematics_jacobian", _jacobian_impl,
-                                       mutates_args=())
-_ik_op = torch.library.custom_op("robocache::kinematics_ik", _ik_impl, mutates_args=())
-
-
-@_fk_op.register_fake
-def _(q, params, movable, prismatic, all_links):
+def _fk_fake(q, params, movable, prismatic, all_links):
     n, nj = q.shape[0], params.shape[0]
     return q.new_empty((n, nj, 4, 4) if all_links else (n, 4, 4))
 
 
-@_jacobian_op.register_fake
-def _(q, params, movable, prismatic):
+def _jacobian_fake(q, params, movable, prismatic):
     return q.new_empty((q.shape[0], 6, q.shape[1]))
 
 
-@_ik_op.register_fake
-def _(target, q0, lower, upper, params, movable, prismatic, seeds, max_iters, tol_pos,
-      tol_half_chord):
+def _ik_fake(target, q0, lower, upper, params, movable, prismatic, seeds, max_iters, tol_pos,
+             tol_half_chord):
     return torch.empty_like(q0), q0.new_empty(q0.shape[0]), q0.new_empty(q0.shape[0])
 
 
-def _dispatch(impl, op, *args):
-    """Eager calls go straight to the implementation (no dispatcher overhead); traced calls go
-    through the registered custom op so torch.compile sees one opaque node."""
-    return op(*args) if torch.compiler.is_compiling() else impl(*args)
+_K = "robocache.kernels.kinematics:"
+_FK = Op("kinematics_fk", cpu=_fk_cpu, cuda=_K + "fk_cuda", fake=_fk_fake)
+_JACOBIAN = Op("kinematics_jacobian", cpu=_jacobian_cpu, cuda=_K + "jacobian_cuda",
+               fake=_jacobian_fake)
+_IK = Op("kinematics_ik", cpu=_ik_cpu, cuda=_K + "ik_cuda", fake=_ik_fake)
 
 
 # --------------------------------------------------------------------------- public ops
@@ -134,8 +118,7 @@ def fk(chain: Chain, q: torch.Tensor, *, all_links: bool = False,
     lead = q.shape[:-1] if isinstance(q, torch.Tensor) else ()
     flat = _check_q("fk", chain, q, validate)
     params, _, _ = chain.tensors(q.device, q.dtype)
-    out = _dispatch(_fk_impl, _fk_op, flat, params, chain.movable, chain.prismatic,
-                    bool(all_links))
+    out = _FK(flat, params, chain.movable, chain.prismatic, bool(all_links))
     return out if q.dim() == 2 else out.reshape(*lead, *out.shape[1:])
 
 
@@ -165,7 +148,7 @@ def jacobian(chain: Chain, q: torch.Tensor, *, validate: bool | None = None) -> 
     lead = q.shape[:-1] if isinstance(q, torch.Tensor) else ()
     flat = _check_q("jacobian", chain, q, validate)
     params, _, _ = chain.tensors(q.device, q.dtype)
-    out = _dispatch(_jacobian_impl, _jacobian_op, flat, params, chain.movable, chain.prismatic)
+    out = _JACOBIAN(flat, params, chain.movable, chain.prismatic)
     return out if q.dim() == 2 else out.reshape(*lead, 6, chain.dof)
 
 
@@ -271,9 +254,8 @@ def ik(chain: Chain, target: torch.Tensor, *, q_init: torch.Tensor | None = None
                                            lower), upper)
         q0[:, 0] = init
     tol_chord = math.sin(min(tol_rot, math.pi) / 2)
-    q, perr, chord = _dispatch(_ik_impl, _ik_op, tgt, q0.reshape(-1, dof), lower, upper, params,
-                               chain.movable, chain.prismatic, num_seeds, int(max_iters),
-                               float(tol_pos), tol_chord)
+    q, perr, chord = _IK(tgt, q0.reshape(-1, dof), lower, upper, params, chain.movable,
+                         chain.prismatic, num_seeds, int(max_iters), float(tol_pos), tol_chord)
     q, perr, chord = q.reshape(n, num_seeds, dof), perr.reshape(n, -1), chord.reshape(n, -1)
     ok = (perr <= tol_pos) & (chord <= tol_chord)
     err = perr / tol_pos + chord / tol_chord

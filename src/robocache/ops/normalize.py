@@ -32,6 +32,8 @@ import torch
 from robocache.errors import DataError, ShapeError
 from robocache.observability import nvtx
 from robocache.ops._checks import FLOAT_DTYPES, check_choice, check_dtype, fail
+from robocache.ops._dispatch import Op
+from robocache.ops._shared import affine
 from robocache.reference import normalize as ref
 
 MODES = ("mean_std", "min_max", "quantile", "identity")
@@ -134,23 +136,43 @@ def compute_stats(x: torch.Tensor, *, bins: int = DEFAULT_BINS) -> Stats:
     if bins < 2:
         fail("compute_stats", f"`bins` must be >= 2; got {bins}.", ValueError)
     x2 = x.reshape(-1, x.shape[-1])
-    if not bool(torch.isfinite(x2).all()):
-        row = int((~torch.isfinite(x2)).any(1).nonzero()[0])
+    names = ("mean", "std", "min", "max", "q01", "q99", "hist_exponent", "hist_origin",
+             "hist_counts")
+    cpu = {k: v.cpu() for k, v in zip(names, _STATS(x2, int(bins)), strict=True)}
+    return Stats(count=x2.shape[0], **cpu)
+
+
+def _stats_impl(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                    torch.Tensor, torch.Tensor, torch.Tensor,
+                                                    torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`compute_stats` of validated ``x [N, D]`` on x's device: mean, std, min, max, q01, q99
+    (float64 ``[D]``), histogram exponent and origin (int64 ``[D]``), counts (int64
+    ``[D, bins]``). Checks finiteness (the statistics come back to the host anyway)."""
+    if not bool(torch.isfinite(x).all()):
+        row = int((~torch.isfinite(x)).any(1).nonzero()[0])
         fail("compute_stats", f"`x` holds NaN or infinity (first at flattened row {row}); "
              "drop or repair those samples before computing statistics.", DataError)
-    srt = torch.sort(x2, dim=0).values
-    lo, hi = srt[0].double(), srt[-1].double()
+    srt = torch.sort(x, dim=0).values
+    lo, hi = srt[0].double().clone(), srt[-1].double().clone()
     q01, q99 = ref.quantiles_exact(srt, (0.01, 0.99))
-    xd = x2.double()
+    xd = x.double()
     mean = xd.mean(0)
     std = xd.std(0, correction=0)
     e = ref.fit_exponent(lo, hi, bins)
     origin = ref.grid_index(lo, e)
     counts = ref.histogram(xd, e, origin, bins)
-    cpu = {k: v.cpu() for k, v in dict(mean=mean, std=std, min=lo, max=hi, q01=q01, q99=q99,
-                                       hist_exponent=e, hist_origin=origin,
-                                       hist_counts=counts).items()}
-    return Stats(count=x2.shape[0], **cpu)
+    return mean, std, lo, hi, q01, q99, e, origin, counts
+
+
+def _stats_fake(x, bins):
+    d = x.shape[-1]
+    f64 = [x.new_empty(d, dtype=torch.float64) for _ in range(6)]
+    i64 = [x.new_empty(d, dtype=torch.int64) for _ in range(2)]
+    return (*f64, *i64, x.new_empty((d, bins), dtype=torch.int64))
+
+
+# Sort, moments and histogram are PyTorch on every device (no Triton kernel of its own).
+_STATS = Op("compute_stats", cpu=_stats_impl, cuda=_stats_impl, fake=_stats_fake)
 
 
 def merge_stats(parts: Iterable[Stats]) -> Stats:
@@ -229,21 +251,8 @@ def _apply(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: boo
                             or out.device != x.device):
         fail(_OP, f"`out` must match `{name}` (shape {list(x.shape)}, {x.dtype}, {x.device}); "
              f"got shape {list(out.shape)}, {out.dtype}, {out.device}.")
-    if x.device.type != "cuda":
-        y = ref.affine_reference(x, offset, scale, clip, inverse)
-        return y if out is None else out.copy_(y)
-    if torch.compiler.is_compiling():
-        y = torch.ops.robocache.normalize_affine(x, offset, scale, clip, inverse)
-        return y if out is None else out.copy_(y)
-    from robocache.kernels.normalize import affine_cuda
-
-    xc = x.contiguous()
-    dst = out if out is not None and out.is_contiguous() else torch.empty_like(xc)
-    affine_cuda(xc.view(-1, d), offset, scale, clip, inverse, dst.view(-1, d))
-    if out is not None and dst is not out:
-        out.copy_(dst)
-        return out
-    return dst
+    y = affine(x, offset, scale, clip, inverse)
+    return y if out is None else out.copy_(y)
 
 
 @nvtx.annotate("robocache.normalize")
@@ -337,23 +346,6 @@ class Normalizer:
     def inverse(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Back to data units (e.g. a policy's predicted actions)."""
         return self._run(batch, True)
-
-
-@torch.library.custom_op("robocache::normalize_affine", mutates_args=())
-def _normalize_affine_op(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
-                         inverse: bool) -> torch.Tensor:
-    from robocache.kernels.normalize import affine_cuda
-
-    xc = x.contiguous()
-    out = torch.empty_like(xc)
-    d = offset.shape[0]
-    affine_cuda(xc.view(-1, d), offset, scale, clip, inverse, out.view(-1, d))
-    return out
-
-
-@_normalize_affine_op.register_fake
-def _(x, offset, scale, clip, inverse):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 __all__ = ["EPS", "MODES", "Normalizer", "Stats", "compute_stats", "merge_stats", "normalize",

@@ -47,9 +47,8 @@ import torch
 
 from robocache._plancache import PlanCache
 from robocache.errors import DeviceError, ShapeError
-from robocache.kernels.pipeline import FusedPlan
 from robocache.observability import nvtx
-from robocache.ops import augment as aug
+from robocache.ops import _shared
 from robocache.ops._checks import (
     FLOAT_DTYPES,
     TIME_DTYPES,
@@ -57,15 +56,32 @@ from robocache.ops._checks import (
     check_dtype,
     check_fits,
     check_lengths,
+    check_nonneg,
+    check_streams,
     check_timestamps,
     fail,
     wants_validation,
 )
+from robocache.ops._dispatch import Op
 from robocache.ops.normalize import EPS, Stats, affine_params
 from robocache.reference import augment as ref
 
 __all__ = ["Pipeline", "PipelineOutput", "Resample", "Normalize", "Augment"]
 _OP = "Pipeline"
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """Compile-time shape of the chain (hashable: one Triton specialization per plan)."""
+
+    pos: int = -1
+    quat: int = -1
+    terms: int = 0
+    crop: bool = False
+    norm: bool = False
+    clip: bool = False
+    noise: bool = False
+    streams: int = 0
 
 
 @dataclass(frozen=True)
@@ -201,10 +217,10 @@ class Pipeline:
         if not isinstance(a.k, int) or a.k < 1:
             fail(_OP, f"Augment.k (variants per trajectory) must be an int >= 1; got {a.k!r}.",
                  ValueError)
-        aug.check_nonneg(_OP, "Augment.max_translation", a.max_translation)
-        aug.check_nonneg(_OP, "Augment.max_rotation", a.max_rotation)
-        aug.check_nonneg(_OP, "Augment.time_warp", a.time_warp, 1.0)
-        aug.check_nonneg(_OP, "Augment.max_crop", a.max_crop, 0.5)
+        check_nonneg(_OP, "Augment.max_translation", a.max_translation)
+        check_nonneg(_OP, "Augment.max_rotation", a.max_rotation)
+        check_nonneg(_OP, "Augment.time_warp", a.time_warp, 1.0)
+        check_nonneg(_OP, "Augment.max_crop", a.max_crop, 0.5)
         if not 0 <= a.dropout <= 1:
             fail(_OP, f"Augment.dropout must be in [0, 1]; got {a.dropout!r}.", ValueError)
         if not 1 <= a.warp_terms <= ref.MAX_WARP_TERMS:
@@ -213,7 +229,7 @@ class Pipeline:
         if len(a.streams) > ref.MAX_STREAMS:
             fail(_OP, f"at most {ref.MAX_STREAMS} streams; got {len(a.streams)}.", ValueError)
         std = torch.as_tensor(a.noise_std, dtype=torch.float32).flatten()
-        self._std = aug.noise_std_vector(_OP, std, std.numel())
+        self._std = _shared.noise_std_vector(_OP, std, std.numel())
         if n is not None:
             self._affine = affine_params(n.stats, n.mode, eps=n.eps)
         if a.dropout > 0 and not a.streams:
@@ -229,6 +245,7 @@ class Pipeline:
             crop=not a.keep_endpoints and a.max_crop > 0,
             norm=n is not None, clip=n is not None and self._affine[2],
             noise=bool((self._std > 0).any()), streams=len(a.streams))
+        self._plan_ints = [int(v) for v in astuple(self.plan)]
 
     def _check(self, data: torch.Tensor, times: torch.Tensor,
                lengths: torch.Tensor | None) -> torch.Tensor:
@@ -271,7 +288,7 @@ class Pipeline:
         if self._std.numel() not in (1, D):
             fail(_OP, f"Augment.noise_std has {self._std.numel()} entries but data has D = {D}.",
                  ShapeError)
-        aug.check_streams(_OP, a.streams, D)
+        check_streams(_OP, a.streams, D)
 
     def _params(self, device: torch.device, d: int) -> tuple:
         """Per-column float32 offset, scale, std and int32 stream id on `device` (cached)."""
@@ -282,7 +299,7 @@ class Pipeline:
             else:
                 offset, scale = torch.zeros(d), torch.ones(d)
             std = self._std.expand(d) if self._std.numel() == 1 else self._std
-            col = aug.stream_of_column(self.augment.streams, d)
+            col = _shared.stream_of_column(self.augment.streams, d)
             hit = tuple(t.contiguous().to(device) for t in (offset, scale, std, col))
             self._device_params[(device, d)] = hit
         return hit
@@ -294,7 +311,7 @@ class Pipeline:
     # ------------------------------------------------------------------ running
     @nvtx.annotate("robocache.pipeline")
     def __call__(self, data: torch.Tensor, times: torch.Tensor, *,
-                 lengths: torch.Tensor | None = None, seed: aug.Seed,
+                 lengths: torch.Tensor | None = None, seed: _shared.Seed,
                  fused: bool | None = None, validate: bool | None = None) -> PipelineOutput:
         """Run the pipeline on a batch.
 
@@ -318,7 +335,7 @@ class Pipeline:
                 ``[1, S]``.
         """
         tb = self._check(data, times, lengths)
-        s = aug.as_seed(_OP, seed)
+        s = _shared.as_seed(_OP, seed)
         if wants_validation(validate, data):
             if lengths is not None:
                 check_lengths(_OP, lengths, data.shape[0], data.shape[1], data.device,
@@ -338,29 +355,28 @@ class Pipeline:
 
     def _fused(self, data, times, lengths, seed, out=None, dropped=None,
                seed_t: torch.Tensor | None = None) -> PipelineOutput:
-        B, _, D = data.shape
+        """The fused kernel: through its registered op; or, while recording a CUDA graph
+        (`out`, `dropped` and the device seed `seed_t` given), into those static buffers."""
+        D = data.shape[2]
         a = self.augment
         data = data if data.stride(-1) == 1 else data.contiguous()
         offset, scale, std, col = self._params(data.device, D)
-        if torch.compiler.is_compiling():
-            return PipelineOutput(*torch.ops.robocache.pipeline_fused(
+        if seed_t is None:
+            return PipelineOutput(*_PIPELINE_FUSED(
                 data, times, lengths, seed, offset, scale, std, col, a.k, self.resample.num,
-                self.span, list(self._scalars), [int(v) for v in astuple(self.plan)]))
+                self.span, list(self._scalars), self._plan_ints))
         from robocache.kernels.pipeline import pipeline_cuda
 
-        if out is None:
-            out = torch.empty(B, a.k, self.resample.num, D, dtype=data.dtype, device=data.device)
-            dropped = torch.empty(B, a.k, len(a.streams), dtype=torch.bool, device=data.device)
         pipeline_cuda(self.plan, data, times, lengths, out, dropped, offset, scale, std, col,
-                      a.k, self.span, seed if seed_t is None else seed_t, *self._scalars)
+                      a.k, self.span, seed_t, *self._scalars)
         return PipelineOutput(out, dropped)
 
-    def sample(self, batch: int, seed: aug.Seed, device=None) -> dict[str, torch.Tensor]:
+    def sample(self, batch: int, seed: _shared.Seed, device=None) -> dict[str, torch.Tensor]:
         """The parameters a call with `seed` uses, materialized (``[B, K, ...]``): rotation,
         translation, warp coeffs/crop and dropped. Same Philox draws as the kernel."""
         a, k, ns = self.augment, self.augment.k, len(self.augment.streams)
         # One Philox pass over every slot (the same draws as sample_rigid/_time_warp/_dropout).
-        u = ref.param_uniforms(aug.as_seed(_OP, seed), batch * k, 0, ref.SLOT_DROP + ns, device)
+        u = ref.param_uniforms(_shared.as_seed(_OP, seed), batch * k, 0, ref.SLOT_DROP + ns, device)
         u = u.view(batch, k, -1)
         rot, trans = ref.rigid_from_uniforms(u, a.max_translation, a.max_rotation)
         coeffs, crop = ref.warp_from_uniforms(u, a.time_warp, a.warp_terms,
@@ -371,7 +387,6 @@ class Pipeline:
     def _compose(self, data, times, lengths, seed) -> PipelineOutput:
         """The chain as separate ops (CPU path, ``fused=False``, and the oracle)."""
         from robocache.ops.geometry import quat_apply, quat_multiply
-        from robocache.ops.normalize import _apply
         from robocache.ops.resample import resample
 
         B, S, D = data.shape
@@ -395,11 +410,11 @@ class Pipeline:
             y = torch.cat([y[..., :c], quat_multiply(r, y[..., c:c + 4]), y[..., c + 4:]], -1)
         offset, scale, std, col = self._params(dev, D)
         if self.plan.norm:
-            y = _apply(y, offset, scale, self.plan.clip, False, None, "data")
+            y = _shared.affine(y, offset, scale, self.plan.clip, False)
         if self.plan.noise:
-            y = aug.noise_apply(y, std, seed)
+            y = _shared.add_noise(y, std, seed)
         if self.plan.streams:
-            y = aug.zero_streams(y, col, p["dropped"])
+            y = _shared.zero_streams(y, col, p["dropped"])
         return PipelineOutput(y.to(data.dtype), p["dropped"])
 
     # ------------------------------------------------------------------ CUDA graphs
@@ -469,12 +484,11 @@ class Pipeline:
         return g
 
 
-@torch.library.custom_op("robocache::pipeline_fused", mutates_args=())
-def _pipeline_fused_op(data: torch.Tensor, times: torch.Tensor, lengths: torch.Tensor | None,
-                       seed: int, offset: torch.Tensor, scale: torch.Tensor, std: torch.Tensor,
-                       col: torch.Tensor, k: int, num: int, span: float, scalars: list[float],
-                       plan: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused kernel as a torch op, so torch.compile(fullgraph=True) traces a Pipeline."""
+def _pipeline_fused_cuda(data: torch.Tensor, times: torch.Tensor,
+                         lengths: torch.Tensor | None, seed: int, offset: torch.Tensor,
+                         scale: torch.Tensor, std: torch.Tensor, col: torch.Tensor, k: int,
+                         num: int, span: float, scalars: list[float],
+                         plan: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     from robocache.kernels.pipeline import pipeline_cuda
 
     B, _, D = data.shape
@@ -485,8 +499,15 @@ def _pipeline_fused_op(data: torch.Tensor, times: torch.Tensor, lengths: torch.T
     return out, dropped
 
 
-@_pipeline_fused_op.register_fake
-def _(data, times, lengths, seed, offset, scale, std, col, k, num, span, scalars, plan):
+def _pipeline_fused_fake(data, times, lengths, seed, offset, scale, std, col, k, num, span,
+                         scalars, plan):
     B, _, D = data.shape
     return (data.new_empty(B, k, num, D),
             data.new_empty(B, k, plan[-1], dtype=torch.bool))
+
+
+# The fused kernel has no CPU twin of its own (the CPU path is the composition `_compose`): its
+# launcher serves every device, CPU tensors only under TRITON_INTERPRET=1.
+_PIPELINE_FUSED = Op(
+    "pipeline_fused", cpu=None, cuda=_pipeline_fused_cuda, fake=_pipeline_fused_fake,
+    schema=torch.library.infer_schema(_pipeline_fused_cuda, mutates_args=()))

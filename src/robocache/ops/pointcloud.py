@@ -28,6 +28,7 @@ from robocache.ops._checks import (
     fail,
     wants_validation,
 )
+from robocache.ops._dispatch import Op
 from robocache.reference import pointcloud as ref
 
 __all__ = ["PointCloud", "SparseVoxels", "VoxelGrid", "depth_to_points", "depth_to_voxels",
@@ -108,13 +109,17 @@ def _grid_spec(op: str, bounds_min, voxel_size, grid_size):
     return lo, size, dims
 
 
-@functools.cache
 def _check_mode(op: str, mode: str, features: torch.Tensor | None, name: str) -> None:
+    _check_mode_of(op, mode, features is None, name)
+
+
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments; keyed without tensors
+def _check_mode_of(op: str, mode: str, no_features: bool, name: str) -> None:
     check_choice(op, "mode", mode, ref.MODES)
-    if mode in ref.FEATURE_MODES and features is None:
+    if mode in ref.FEATURE_MODES and no_features:
         fail(op, f"mode {mode!r} reduces features, but `{name}` is None; pass `{name}` "
              "([..., F] per point) or use mode 'occupancy' or 'count'.", ValueError)
-    if mode not in ref.FEATURE_MODES and features is not None:
+    if mode not in ref.FEATURE_MODES and not no_features:
         fail(op, f"mode {mode!r} does not use features, but `{name}` was given; use mode "
              "'sum', 'mean' or 'max' to reduce them, or drop the argument.", ValueError)
 
@@ -190,37 +195,12 @@ def _camera_tensors(d, intrinsics, extrinsics):
     return d.contiguous(), k, e
 
 
-# ---------------------------------------------------------------- CUDA custom ops
+# ---------------------------------------------------------------- registered ops
 
-def _depth_to_points_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
-                          extrinsics: torch.Tensor | None, depth_scale: float, min_depth: float,
-                          max_depth: float) -> tuple[torch.Tensor, torch.Tensor]:
-    from robocache.kernels.pointcloud import depth_to_points_cuda
-
-    return depth_to_points_cuda(depth, intrinsics, extrinsics, depth_scale, min_depth, max_depth)
-
-
-def _voxelize_points_cuda(points: torch.Tensor, features: torch.Tensor | None,
-                          lengths: torch.Tensor | None, mask: torch.Tensor | None,
-                          bounds_min: list[float], voxel_size: list[float],
-                          grid_size: list[int], mode: str,
-                          keys: bool) -> torch.Tensor:
-    from robocache.kernels.pointcloud import voxelize_cuda
-
-    return voxelize_cuda(points, features, lengths, mask, bounds_min, voxel_size, grid_size,
-                         mode, keys)
-
-
-def _voxelize_depth_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
-                         extrinsics: torch.Tensor | None, features: torch.Tensor | None,
-                         depth_scale: float, min_depth: float, max_depth: float,
-                         bounds_min: list[float], voxel_size: list[float], grid_size: list[int],
-                         mode: str, keys: bool) -> torch.Tensor:
-    from robocache.kernels.pointcloud import depth_to_voxels_cuda
-
-    return depth_to_voxels_cuda(depth, intrinsics, extrinsics, features, depth_scale,
-                                min_depth, max_depth, bounds_min, voxel_size, grid_size, mode,
-                                keys)
+def _depth_to_points_cpu(depth: torch.Tensor, intrinsics: torch.Tensor,
+                         extrinsics: torch.Tensor | None, depth_scale: float, min_depth: float,
+                         max_depth: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return ref.backproject_ref(depth, intrinsics, extrinsics, depth_scale, min_depth, max_depth)
 
 
 def _fake_buffer(like: torch.Tensor, b: int, n: int, f: int, grid_size, mode: str,
@@ -231,38 +211,39 @@ def _fake_buffer(like: torch.Tensor, b: int, n: int, f: int, grid_size, mode: st
     return like.new_empty(numel, dtype=dtype)
 
 
-_depth_to_points_op = torch.library.custom_op(
-    "robocache::depth_to_points", _depth_to_points_cuda, mutates_args=(), device_types="cuda")
-_voxelize_points_op = torch.library.custom_op(
-    "robocache::voxelize_points", _voxelize_points_cuda, mutates_args=(), device_types="cuda")
-_voxelize_depth_op = torch.library.custom_op(
-    "robocache::voxelize_depth", _voxelize_depth_cuda, mutates_args=(), device_types="cuda")
-
-
-@_depth_to_points_op.register_fake
-def _(depth, intrinsics, extrinsics, depth_scale, min_depth, max_depth):
+def _depth_to_points_fake(depth, intrinsics, extrinsics, depth_scale, min_depth, max_depth):
     b, h, w = depth.shape
     return (depth.new_empty(b, h * w, 3, dtype=torch.float32),
             depth.new_empty(b, h * w, dtype=torch.bool))
 
 
-@_voxelize_points_op.register_fake
-def _(points, features, lengths, mask, bounds_min, voxel_size, grid_size, mode, keys):
+def _voxelize_points_fake(points, features, lengths, mask, bounds_min, voxel_size, grid_size,
+                          mode, keys):
     f = 1 if features is None else features.shape[-1]
     return _fake_buffer(points, points.shape[0], points.shape[1], f, grid_size, mode, keys)
 
 
-@_voxelize_depth_op.register_fake
-def _(depth, intrinsics, extrinsics, features, depth_scale, min_depth, max_depth, bounds_min,
-      voxel_size, grid_size, mode, keys):
+def _voxelize_depth_fake(depth, intrinsics, extrinsics, features, depth_scale, min_depth,
+                         max_depth, bounds_min, voxel_size, grid_size, mode, keys):
     b, h, w = depth.shape
     f = 1 if features is None else features.shape[-1]
     return _fake_buffer(depth, b, h * w, f, grid_size, mode, keys)
 
 
-def _pick(op, fn):
-    """Eager: the launcher itself (lean); while tracing: the registered custom op."""
-    return op if torch.compiler.is_compiling() else fn
+_K = "robocache.kernels.pointcloud:"
+_DEPTH_TO_POINTS = Op("depth_to_points", cpu=_depth_to_points_cpu,
+                      cuda=_K + "depth_to_points_cuda", fake=_depth_to_points_fake)
+# The voxelizers' packed buffers have no reference of the same layout (the CPU path of the
+# public ops is the reference's own algorithm): their launchers serve every device.
+_VOXELIZE_POINTS = Op(
+    "voxelize_points", cpu=None, cuda=_K + "voxelize_cuda", fake=_voxelize_points_fake,
+    schema="(Tensor points, Tensor? features, Tensor? lengths, Tensor? mask, float[] bounds_min, "
+           "float[] voxel_size, int[] grid_size, str mode, bool keys) -> Tensor")
+_VOXELIZE_DEPTH = Op(
+    "voxelize_depth", cpu=None, cuda=_K + "depth_to_voxels_cuda", fake=_voxelize_depth_fake,
+    schema="(Tensor depth, Tensor intrinsics, Tensor? extrinsics, Tensor? features, "
+           "float depth_scale, float min_depth, float max_depth, float[] bounds_min, "
+           "float[] voxel_size, int[] grid_size, str mode, bool keys) -> Tensor")
 
 
 # ---------------------------------------------------------------- dispatch
@@ -276,24 +257,23 @@ def _split(buf, b, n, f, dims, mode, keys):
 
 def _kernel_dense(points, features, lengths, mask, lo, size, dims, mode):
     """Dense grid from the Triton kernel: (grid, count, dropped)."""
-    launch = _pick(_voxelize_points_op, _voxelize_points_cuda)
-    buf = launch(points, features, lengths, mask, list(lo), list(size), list(dims), mode, False)
+    buf = _VOXELIZE_POINTS(points, features, lengths, mask, list(lo), list(size), list(dims),
+                           mode, False)
     b, n, _ = points.shape
     return _split(buf, b, n, 1 if features is None else features.shape[-1], dims, mode, False)
 
 
 def _kernel_keys(points, lengths, mask, lo, size, dims):
     """Per-point keys [B, N] and dropped counts from the Triton kernel."""
-    launch = _pick(_voxelize_points_op, _voxelize_points_cuda)
-    buf = launch(points, None, lengths, mask, list(lo), list(size), list(dims), "occupancy", True)
+    buf = _VOXELIZE_POINTS(points, None, lengths, mask, list(lo), list(size), list(dims),
+                           "occupancy", True)
     return _split(buf, points.shape[0], points.shape[1], 1, dims, "occupancy", True)
 
 
 def _kernel_depth(d, k, e, feats, scale, min_depth, max_depth, lo, size, dims, mode, keys):
     """The fused kernel: (grid, count, dropped), or (keys, dropped) with ``keys``."""
-    launch = _pick(_voxelize_depth_op, _voxelize_depth_cuda)
-    buf = launch(d, k, e, feats, scale, min_depth, max_depth, list(lo), list(size), list(dims),
-                 mode, keys)
+    buf = _VOXELIZE_DEPTH(d, k, e, feats, scale, min_depth, max_depth, list(lo), list(size),
+                          list(dims), mode, keys)
     b, h, w = d.shape
     return _split(buf, b, h * w, 1 if feats is None else feats.shape[-1], dims, mode, keys)
 
@@ -366,11 +346,7 @@ def depth_to_points(depth: torch.Tensor, intrinsics: torch.Tensor, *,
     d, scale = _check_camera(op, depth, intrinsics, extrinsics, rgb, depth_scale, min_depth,
                              max_depth, validate)
     d, k, e = _camera_tensors(d, intrinsics, extrinsics)
-    if d.is_cuda:
-        launch = _pick(_depth_to_points_op, _depth_to_points_cuda)
-        points, valid = launch(d, k, e, scale, float(min_depth), float(max_depth))
-    else:
-        points, valid = ref.backproject_ref(d, k, e, scale, min_depth, max_depth)
+    points, valid = _DEPTH_TO_POINTS(d, k, e, scale, float(min_depth), float(max_depth))
     colors = None if rgb is None else rgb.reshape(d.shape[0], -1, rgb.shape[-1])
     if depth.dim() == 2:
         return PointCloud(points[0], valid[0], None if colors is None else colors[0])

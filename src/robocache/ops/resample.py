@@ -7,6 +7,7 @@ import torch
 from robocache._plancache import PlanCache
 from robocache.observability import nvtx
 from robocache.ops import _checks as C
+from robocache.ops._dispatch import Op, launches_directly
 from robocache.reference.interp import interp_ref
 
 _OP = "resample"
@@ -75,12 +76,7 @@ def resample(
         torch.Size([4, 50, 7])
     """
     try:
-        key = (data.shape, data.stride(), data.dtype, data.device, times.shape, times.stride(),
-               times.dtype, times.device, target_times.shape, target_times.stride(),
-               target_times.dtype, target_times.device,
-               None if lengths is None else (lengths.shape, lengths.dtype, lengths.device),
-               method, out_of_range, return_mask,
-               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+        key = _key(data, times, target_times, lengths, method, out_of_range, return_mask, out)
         plan = _PLANS.get(key)
     except (AttributeError, TypeError):  # not tensors: let _check name the argument
         key, plan = None, None
@@ -94,35 +90,18 @@ def resample(
         C.check_timestamps(_OP, "times", times, lengths)
         if bool(torch.isnan(target_times).any()):
             C.fail(_OP, "`target_times` contains NaN; pass finite target times.", C.DataError)
-    if torch.compiler.is_compiling():
-        res, mask = torch.ops.robocache.resample(
-            _batched(data, plan.batched), times, target_times, lengths, method, out_of_range,
-            return_mask)
+    if launches_directly(data):
+        # eager CUDA: the cached plan's launch, written straight into `out`
+        res, mask = _launch(plan, key, data, times, target_times, lengths, method, out_of_range,
+                            return_mask, out)
+    else:
+        res, mask = _RESAMPLE(_batched(data, plan.batched), times, target_times, lengths, method,
+                              out_of_range, return_mask)
         if not plan.batched:
             res, mask = res[0], mask[0] if return_mask else mask
         if out is not None:
-            out.copy_(res)
-            res = out
-    elif data.is_cuda:
-        if out is None:
-            out = torch.empty(plan.out_shape, dtype=data.dtype, device=data.device)
-        mask = torch.empty(plan.mask_shape, dtype=torch.bool, device=data.device) \
-            if return_mask else None
-        if plan.launch is None:
-            plan.launch = _cuda_plan(data, times, target_times, lengths, method, out_of_range,
-                                     out, mask, plan)
-            if key is not None:
-                _PLANS.put(key, plan)
-        res = out
-        plan.launch.launch(target_times, (data,), (times,),
-                           (target_times if lengths is None else lengths,),
-                           (out if plan.batched else out[None],),
-                           (target_times if mask is None else mask,), (target_times,),
-                           (target_times,))
-    else:
-        res, mask = _resample_cpu(data, times, target_times, lengths, method, out_of_range,
-                                  return_mask, out, plan)
-        if key is not None:
+            res = out.copy_(res)
+        if key is not None and not torch.compiler.is_compiling():
             _PLANS.put(key, plan)
     return (res, mask) if return_mask else res
 
@@ -142,6 +121,15 @@ class _Plan:
 
 
 _PLANS = PlanCache()
+
+
+def _key(data, times, target, lengths, method, out_of_range, return_mask, out) -> tuple:
+    """The metadata a plan depends on."""
+    return (data.shape, data.stride(), data.dtype, data.device, times.shape, times.stride(),
+            times.dtype, times.device, target.shape, target.stride(), target.dtype, target.device,
+            None if lengths is None else (lengths.shape, lengths.dtype, lengths.device),
+            method, out_of_range, return_mask,
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device))
 
 
 def _check(data, times, target, lengths, method, out_of_range, out) -> None:
@@ -170,6 +158,23 @@ def _batched(data: torch.Tensor, batched: bool) -> torch.Tensor:
     return data if batched else data.unsqueeze(0)
 
 
+def _launch(plan, key, data, times, target, lengths, method, out_of_range, want_mask, out):
+    """One launch of the geometry's cached plan (made and cached on first use)."""
+    if out is None:
+        out = torch.empty(plan.out_shape, dtype=data.dtype, device=data.device)
+    mask = torch.empty(plan.mask_shape, dtype=torch.bool, device=data.device) \
+        if want_mask else None
+    if plan.launch is None:
+        plan.launch = _cuda_plan(data, times, target, lengths, method, out_of_range, out, mask,
+                                 plan)
+        if key is not None:
+            _PLANS.put(key, plan)
+    plan.launch.launch(target, (data,), (times,), (target if lengths is None else lengths,),
+                       (out if plan.batched else out[None],),
+                       (target if mask is None else mask,), (target,), (target,))
+    return out, mask
+
+
 def _cuda_plan(data, times, target, lengths, method, out_of_range, out, mask, plan):
     from robocache.kernels import interp as K
 
@@ -178,32 +183,36 @@ def _cuda_plan(data, times, target, lengths, method, out_of_range, out, mask, pl
     return K.InterpPlan([stream], target, plan.B)
 
 
-def _resample_cpu(data, times, target, lengths, method, out_of_range, want_mask, out, plan):
-    """The PyTorch reference on canonical batched views."""
-    B = plan.B
+def _resample_cpu(data: torch.Tensor, times: torch.Tensor, target_times: torch.Tensor,
+                  lengths: torch.Tensor | None, method: str, out_of_range: str,
+                  return_mask: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PyTorch reference on batched data ``[B, S, D]``."""
+    B = data.shape[0]
     t2 = times.expand(B, -1) if times.dim() == 1 else times
-    x2 = target.expand(B, -1) if target.dim() == 1 else target
-    res, pad, _ = interp_ref(_batched(data, plan.batched), t2, x2, lengths, method,
-                             out_of_range)
-    if not plan.batched:
-        res, pad = res[0], pad[0]
-    if out is not None:
-        res = out.copy_(res)
-    return res, pad if want_mask else None
+    x2 = target_times.expand(B, -1) if target_times.dim() == 1 else target_times
+    res, pad, _ = interp_ref(data, t2, x2, lengths, method, out_of_range)
+    return res, pad if return_mask else _no_mask(data)
 
 
-@torch.library.custom_op("robocache::resample", mutates_args=())
-def _resample_op(data: torch.Tensor, times: torch.Tensor, target_times: torch.Tensor,
-                 lengths: torch.Tensor | None, method: str, out_of_range: str,
-                 return_mask: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Traceable form of `resample` on batched data (used under torch.compile)."""
-    res, mask = resample(data, times, target_times, lengths=lengths, method=method,
-                         out_of_range=out_of_range, return_mask=True, validate=False)
-    return res, mask if return_mask else data.new_empty((0,), dtype=torch.bool)
+def _resample_cuda(data: torch.Tensor, times: torch.Tensor, target_times: torch.Tensor,
+                   lengths: torch.Tensor | None, method: str, out_of_range: str,
+                   return_mask: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton kernel on batched data, through the geometry's cached plan."""
+    key = _key(data, times, target_times, lengths, method, out_of_range, return_mask, None)
+    plan = _PLANS.get(key) or _Plan(data, target_times)
+    res, mask = _launch(plan, key, data, times, target_times, lengths, method, out_of_range,
+                        return_mask, None)
+    return res, mask if return_mask else _no_mask(data)
 
 
-@_resample_op.register_fake
-def _(data, times, target_times, lengths, method, out_of_range, return_mask):
+def _no_mask(data: torch.Tensor) -> torch.Tensor:
+    return data.new_empty((0,), dtype=torch.bool)
+
+
+def _resample_fake(data, times, target_times, lengths, method, out_of_range, return_mask):
     B, T = data.shape[0], target_times.shape[-1]
     mask_shape = (B, T) if return_mask else (0,)
     return data.new_empty((B, T, data.shape[-1])), data.new_empty(mask_shape, dtype=torch.bool)
+
+
+_RESAMPLE = Op("resample", cpu=_resample_cpu, cuda=_resample_cuda, fake=_resample_fake)

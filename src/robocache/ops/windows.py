@@ -11,6 +11,7 @@ import torch
 from robocache._plancache import PlanCache
 from robocache.observability import nvtx
 from robocache.ops import _checks as C
+from robocache.ops._dispatch import Op, launches_directly
 from robocache.reference.windows import episode_bounds, key_windows_ref, windows_ref
 
 _OP = "windows"
@@ -88,26 +89,8 @@ def windows(
     _check(data, episode_offsets, indices, episodes, pad)
     if C.wants_validation(validate, data):
         _validate(data, episode_offsets, indices, episodes)
-    M, D = indices.shape[0], data.shape[1]
-    K1 = len(rel) - split
-    if torch.compiler.is_compiling():
-        return Windows(*torch.ops.robocache.windows(data, episode_offsets, indices, episodes,
-                                                    list(rel), split, pad == "zero"))
-    if data.is_cuda:
-        from robocache.kernels.windows import windows_cuda
-
-        dev = data.device
-        out0 = torch.empty((M, split, D), dtype=data.dtype, device=dev)
-        out1 = torch.empty((M, K1, D), dtype=data.dtype, device=dev)
-        pad0 = torch.empty((M, split), dtype=torch.bool, device=dev)
-        pad1 = torch.empty((M, K1), dtype=torch.bool, device=dev)
-        windows_cuda(data, episode_offsets, indices, episodes, _rel_tensor(rel, dev), split,
-                     out0, out1, pad0, pad1, pad == "zero")
-        return Windows(out0, pad0, out1, pad1)
-    values, is_pad = windows_ref(data, episode_offsets, indices,
-                                 torch.tensor(rel, dtype=torch.int64), pad == "zero", episodes)
-    return Windows(values[:, :split].contiguous(), is_pad[:, :split].contiguous(),
-                   values[:, split:].contiguous(), is_pad[:, split:].contiguous())
+    return Windows(*_WINDOWS(data, episode_offsets, indices, episodes, list(rel), split,
+                             pad == "zero"))
 
 
 def _relative(history, horizon, offsets) -> tuple[tuple[int, ...], int]:
@@ -126,7 +109,7 @@ def _relative(history, horizon, offsets) -> tuple[tuple[int, ...], int]:
     return tuple(range(1 - history, 1)) + tuple(range(horizon)), history
 
 
-_REL_CACHE: dict[tuple, torch.Tensor] = {}
+_REL_CACHE = PlanCache(256)
 
 
 def _rel_tensor(rel: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -134,7 +117,7 @@ def _rel_tensor(rel: tuple[int, ...], device: torch.device) -> torch.Tensor:
     key = (rel, device)
     t = _REL_CACHE.get(key)
     if t is None:
-        t = _REL_CACHE[key] = torch.tensor(rel, dtype=torch.int64, device=device)
+        t = _REL_CACHE.put(key, torch.tensor(rel, dtype=torch.int64, device=device))
     return t
 
 
@@ -186,23 +169,37 @@ def _validate(data, offsets, indices, episodes) -> None:
                    f"{int(episodes[m])} (rows {int(lo[m])} .. {int(hi[m]) - 1}).", C.DataError)
 
 
-@torch.library.custom_op("robocache::windows", mutates_args=())
-def _windows_op(data: torch.Tensor, episode_offsets: torch.Tensor, indices: torch.Tensor,
-                episodes: torch.Tensor | None, rel: list[int], split: int, zero_pad: bool,
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Traceable form of `windows` (used under torch.compile)."""
-    w = windows(data, episode_offsets, indices, offsets=rel, pad="zero" if zero_pad else "edge",
-                episodes=episodes, validate=False)
-    values, is_pad = w.history, w.history_is_pad
+def _windows_cpu(data: torch.Tensor, episode_offsets: torch.Tensor, indices: torch.Tensor,
+                 episodes: torch.Tensor | None, rel: list[int], split: int, zero_pad: bool,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    values, is_pad = windows_ref(data, episode_offsets, indices,
+                                 torch.tensor(rel, dtype=torch.int64), zero_pad, episodes)
     return (values[:, :split].contiguous(), is_pad[:, :split].contiguous(),
             values[:, split:].contiguous(), is_pad[:, split:].contiguous())
 
 
-@_windows_op.register_fake
-def _(data, episode_offsets, indices, episodes, rel, split, zero_pad):
+def _windows_cuda(data: torch.Tensor, episode_offsets: torch.Tensor, indices: torch.Tensor,
+                  episodes: torch.Tensor | None, rel: list[int], split: int, zero_pad: bool,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from robocache.kernels.windows import windows_cuda
+
+    M, D, K1, dev = indices.shape[0], data.shape[1], len(rel) - split, data.device
+    out0 = torch.empty((M, split, D), dtype=data.dtype, device=dev)
+    out1 = torch.empty((M, K1, D), dtype=data.dtype, device=dev)
+    pad0 = torch.empty((M, split), dtype=torch.bool, device=dev)
+    pad1 = torch.empty((M, K1), dtype=torch.bool, device=dev)
+    windows_cuda(data, episode_offsets, indices, episodes, _rel_tensor(tuple(rel), dev), split,
+                 out0, out1, pad0, pad1, zero_pad)
+    return out0, pad0, out1, pad1
+
+
+def _windows_fake(data, episode_offsets, indices, episodes, rel, split, zero_pad):
     M, D, K1 = indices.shape[0], data.shape[1], len(rel) - split
     return (data.new_empty((M, split, D)), data.new_empty((M, split), dtype=torch.bool),
             data.new_empty((M, K1, D)), data.new_empty((M, K1), dtype=torch.bool))
+
+
+_WINDOWS = Op("windows", cpu=_windows_cpu, cuda=_windows_cuda, fake=_windows_fake)
 
 
 class KeyPlan(NamedTuple):
@@ -306,28 +303,17 @@ def key_windows(
     if C.wants_validation(validate, data):
         _validate(data, episode_offsets, indices, episodes)
     M = indices.shape[0]
-    if torch.compiler.is_compiling():
-        names = list(cols)
-        flat = [v for n in names for v in (*cols[n], len(rels[n]))]
-        out, pads = torch.ops.robocache.key_windows(data, episode_offsets, indices, episodes,
-                                                    flat, [o for n in names for o in rels[n]],
-                                                    pad == "zero")
-        return _split(out, pads, M, _key_plan(cols, rels).layout)
-    if data.is_cuda:
-        from robocache.kernels.windows import key_windows_cuda
-
+    if launches_directly(data):
+        # eager CUDA: the layout's cached plan and device table, launched directly
         plan, table = _key_plan_on(cols, rels, data.device)
-        out = torch.empty(M * plan.n_values, dtype=data.dtype, device=data.device)
-        pads = torch.empty(M * plan.n_pads, dtype=torch.bool, device=data.device)
-        key_windows_cuda(data, episode_offsets, indices, episodes, table, plan.n_values,
-                         plan.n_pads, plan.align, out, pads, pad == "zero")
+        out, pads = _key_windows_launch(data, episode_offsets, indices, episodes, plan, table,
+                                        pad == "zero")
         return _split(out, pads, M, plan.layout)
-    result = {}
-    for name, (values, is_pad) in zip(cols, key_windows_ref(
-            data, episode_offsets, indices, list(cols.values()), list(rels.values()),
-            pad == "zero", episodes), strict=True):
-        result[name], result[f"{name}_is_pad"] = values, is_pad
-    return result
+    names = list(cols)
+    flat = [v for n in names for v in (*cols[n], len(rels[n]))]
+    out, pads = _KEY_WINDOWS(data, episode_offsets, indices, episodes, flat,
+                             [o for n in names for o in rels[n]], pad == "zero")
+    return _split(out, pads, M, _key_plan(cols, rels).layout)
 
 
 def _key_layout(data, columns, offsets) -> tuple[dict[str, tuple[int, int]],
@@ -361,25 +347,52 @@ def _split(out: torch.Tensor, pads: torch.Tensor, M: int, layout: list) -> dict[
     return result
 
 
-@torch.library.custom_op("robocache::key_windows", mutates_args=())
-def _key_windows_op(data: torch.Tensor, episode_offsets: torch.Tensor, indices: torch.Tensor,
-                    episodes: torch.Tensor | None, layout: list[int], rel: list[int],
-                    zero_pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Traceable form of `key_windows`: ``layout`` is (first, width, count) per key, ``rel``
-    their offsets back to back; returns the flat value and pad buffers."""
+def _key_windows_launch(data, episode_offsets, indices, episodes, plan: KeyPlan,
+                        table: torch.Tensor, zero_pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    from robocache.kernels.windows import key_windows_cuda
+
+    M = indices.shape[0]
+    out = torch.empty(M * plan.n_values, dtype=data.dtype, device=data.device)
+    pads = torch.empty(M * plan.n_pads, dtype=torch.bool, device=data.device)
+    key_windows_cuda(data, episode_offsets, indices, episodes, table, plan.n_values,
+                     plan.n_pads, plan.align, out, pads, zero_pad)
+    return out, pads
+
+
+def _unflatten(layout: list[int], rel: list[int]) -> tuple[dict, dict]:
+    """Columns and offsets per key from the op's flat ``layout`` (first, width, count per key)
+    and ``rel`` (their offsets back to back)."""
     columns, offsets, at = {}, {}, 0
     for k in range(len(layout) // 3):
         c, w, n = layout[3 * k:3 * k + 3]
-        columns[str(k)], offsets[str(k)] = (c, w), rel[at:at + n]
+        columns[str(k)], offsets[str(k)] = (c, w), tuple(rel[at:at + n])
         at += n
-    w = key_windows(data, episode_offsets, indices, columns, offsets,
-                    pad="zero" if zero_pad else "edge", episodes=episodes, validate=False)
-    return (torch.cat([w[k].reshape(-1) for k in columns]),
-            torch.cat([w[f"{k}_is_pad"].reshape(-1) for k in columns]))
+    return columns, offsets
 
 
-@_key_windows_op.register_fake
-def _(data, episode_offsets, indices, episodes, layout, rel, zero_pad):
+def _key_windows_cpu(data: torch.Tensor, episode_offsets: torch.Tensor, indices: torch.Tensor,
+                     episodes: torch.Tensor | None, layout: list[int], rel: list[int],
+                     zero_pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference into the flat value and pad buffers (keys back to back)."""
+    columns, offsets = _unflatten(layout, rel)
+    parts = key_windows_ref(data, episode_offsets, indices, list(columns.values()),
+                            list(offsets.values()), zero_pad, episodes)
+    return (torch.cat([v.reshape(-1) for v, _ in parts]),
+            torch.cat([p.reshape(-1) for _, p in parts]))
+
+
+def _key_windows_cuda(data: torch.Tensor, episode_offsets: torch.Tensor, indices: torch.Tensor,
+                      episodes: torch.Tensor | None, layout: list[int], rel: list[int],
+                      zero_pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    plan, table = _key_plan_on(*_unflatten(layout, rel), data.device)
+    return _key_windows_launch(data, episode_offsets, indices, episodes, plan, table, zero_pad)
+
+
+def _key_windows_fake(data, episode_offsets, indices, episodes, layout, rel, zero_pad):
     M = indices.shape[0]
     per_m = sum(layout[3 * k + 1] * layout[3 * k + 2] for k in range(len(layout) // 3))
     return data.new_empty(M * per_m), data.new_empty(M * len(rel), dtype=torch.bool)
+
+
+_KEY_WINDOWS = Op("key_windows", cpu=_key_windows_cpu, cuda=_key_windows_cuda,
+                  fake=_key_windows_fake)
