@@ -37,15 +37,20 @@ def _affine_cpu(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip
     return normalize_ref.affine_reference(x, offset, scale, clip, inverse)
 
 
-def _affine_cuda(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
-                 inverse: bool) -> torch.Tensor:
+def affine_into(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
+                inverse: bool, out: torch.Tensor) -> torch.Tensor:
+    """The CUDA launch of `affine` into a contiguous `out` like `x` (an eager ``out=``)."""
     from robocache.kernels.normalize import affine_cuda
 
-    xc = x.contiguous()
-    out = torch.empty_like(xc)
     d = offset.shape[0]
-    affine_cuda(xc.view(-1, d), offset, scale, clip, inverse, out.view(-1, d))
+    affine_cuda(x.contiguous().view(-1, d), offset, scale, clip, inverse, out.view(-1, d))
     return out
+
+
+def _affine_cuda(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
+                 inverse: bool) -> torch.Tensor:
+    return affine_into(x, offset, scale, clip, inverse,
+                       torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
 def _affine_fake(x, offset, scale, clip, inverse):
@@ -66,14 +71,18 @@ def _noise_cpu(x: torch.Tensor, std: torch.Tensor, seed: int) -> torch.Tensor:
     return (xc.float() + std * z).to(x.dtype)
 
 
-def _noise_cuda(x: torch.Tensor, std: torch.Tensor, seed: int) -> torch.Tensor:
+def noise_into(x: torch.Tensor, std: torch.Tensor, seed: int,
+               out: torch.Tensor) -> torch.Tensor:
+    """The CUDA launch of `add_noise` into a contiguous `out` like `x` (an eager ``out=``)."""
     from robocache.kernels.augment import noise_cuda
 
     d = x.shape[-1] if x.dim() else 1
-    xc = x.contiguous()
-    out = torch.empty_like(xc)
-    noise_cuda(xc.view(-1, d), std, seed, out.view(-1, d))
+    noise_cuda(x.contiguous().view(-1, d), std, seed, out.view(-1, d))
     return out
+
+
+def _noise_cuda(x: torch.Tensor, std: torch.Tensor, seed: int) -> torch.Tensor:
+    return noise_into(x, std, seed, torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
 def _noise_fake(x, std, seed):

@@ -33,6 +33,7 @@ from robocache.ops._checks import (
     fail,
     wants_validation,
 )
+from robocache.ops._dispatch import launches_directly
 from robocache.ops._shared import Seed
 from robocache.reference import augment as ref
 
@@ -262,6 +263,8 @@ def add_noise(x: torch.Tensor, std: float | Sequence[float] | torch.Tensor, *, s
     check_dtype(op, "x", x, FLOAT_DTYPES, "Convert with x.float().")
     d = x.shape[-1] if x.dim() else 1
     std_d = _shared.noise_std_vector(op, std, d).to(x.device)
+    if out is not None and out.is_contiguous() and launches_directly(x):
+        return _shared.noise_into(x, std_d, _shared.as_seed(op, seed), out)
     y = _shared.add_noise(x, std_d, _shared.as_seed(op, seed))
     return y if out is None else out.copy_(y)
 

@@ -26,7 +26,7 @@ import torch
 from robocache.errors import DTypeError
 from robocache.observability import nvtx
 from robocache.ops._checks import check_device, check_dtype, fail
-from robocache.ops._dispatch import Op
+from robocache.ops._dispatch import Op, launches_directly
 from robocache.reference import image as ref
 
 __all__ = ["ImageTransformsConfig", "ImageTransformParams", "sample_image_transforms",
@@ -267,5 +267,9 @@ def image_transform(frames: torch.Tensor, size: tuple[int, int],
             from robocache.kernels.image import slot_ops
 
             slots = slot_ops(params.host_ops if params.host_ops is not None else params.ops.cpu())
+        if out is not None and launches_directly(frames):  # the kernel writes any strides
+            from robocache.kernels.image import image_transform_cuda
+
+            return image_transform_cuda(frames, crop, affine, ops, factors, out, slots=slots)
         y = _IMAGE_TRANSFORM(frames, crop, affine, ops, factors, h, w, slots, dtype)
         return y if out is None else out.copy_(y)

@@ -32,8 +32,8 @@ import torch
 from robocache.errors import DataError, ShapeError
 from robocache.observability import nvtx
 from robocache.ops._checks import FLOAT_DTYPES, check_choice, check_dtype, fail
-from robocache.ops._dispatch import Op
-from robocache.ops._shared import affine
+from robocache.ops._dispatch import Op, launches_directly
+from robocache.ops._shared import affine, affine_into
 from robocache.reference import normalize as ref
 
 MODES = ("mean_std", "min_max", "quantile", "identity")
@@ -251,6 +251,8 @@ def _apply(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: boo
                             or out.device != x.device):
         fail(_OP, f"`out` must match `{name}` (shape {list(x.shape)}, {x.dtype}, {x.device}); "
              f"got shape {list(out.shape)}, {out.dtype}, {out.device}.")
+    if out is not None and out.is_contiguous() and launches_directly(x):
+        return affine_into(x, offset, scale, clip, inverse, out)
     y = affine(x, offset, scale, clip, inverse)
     return y if out is None else out.copy_(y)
 
