@@ -275,3 +275,24 @@ def test_fullgraph_trace(name):
     torch.manual_seed(0)
     want = fn(*args)
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.gpu
+def test_out_is_written_by_the_kernel_on_cuda():
+    """An eager CUDA call with out= returns out, holding what a call without it returns
+    (contiguous outs for normalize/add_noise, a strided one for image_transform)."""
+    import robocache
+
+    x = torch.randn(33, 5, device="cuda")
+    s = robocache.compute_stats(x.cpu())
+    out = torch.full_like(x, float("nan"))
+    assert robocache.normalize(x, s, "mean_std", out=out) is out
+    torch.testing.assert_close(out, robocache.normalize(x, s, "mean_std"), rtol=0, atol=0)
+    out = torch.full_like(x, float("nan"))
+    assert robocache.augment.add_noise(x, 0.1, seed=3, out=out) is out
+    torch.testing.assert_close(out, robocache.augment.add_noise(x, 0.1, seed=3), rtol=0, atol=0)
+    frames = torch.randint(0, 256, (2, 3, 8, 10), dtype=torch.uint8, device="cuda")
+    out = torch.full((2, 4, 5, 3), 7, dtype=torch.uint8, device="cuda").permute(0, 3, 1, 2)
+    assert robocache.image_transform(frames, (4, 5), dtype=torch.uint8, out=out) is out
+    torch.testing.assert_close(out, robocache.image_transform(frames, (4, 5), dtype=torch.uint8),
+                               rtol=0, atol=0)
