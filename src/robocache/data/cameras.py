@@ -171,8 +171,8 @@ _REORDER_PACKETS = 32
 
 def _scan(path, start_s: float, end_s: float, tolerance_s: float):
     """The span's frames, read from the container without decoding (PyAV demuxes): file
-    seconds, the codec, the frame size, the rate and the display position of each frame
-    (frame number from the stream's first)."""
+    seconds, the codec, whether it reorders frames (B-frames), the frame size, the rate and
+    the display position of each frame (frame number from the stream's first)."""
     av = _av()
     pts = []
     try:
@@ -180,6 +180,7 @@ def _scan(path, start_s: float, end_s: float, tolerance_s: float):
             stream = container.streams.video[0]
             tb = float(stream.time_base)
             codec = stream.codec_context.name
+            reordered = bool(stream.codec_context.has_b_frames)
             size = (stream.codec_context.height, stream.codec_context.width)
             rate = float(stream.average_rate or 0) or None
             first = (stream.start_time or 0) * tb
@@ -204,7 +205,7 @@ def _scan(path, start_s: float, end_s: float, tolerance_s: float):
     if rate is None:
         raise _NotForNvdec(f"{path}: a stream without an average frame rate")
     position = np.rint((t - first) * rate).astype(np.int64)
-    return t, codec, size, rate, position
+    return t, codec, reordered, size, rate, position
 
 
 def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, decoder: str,
@@ -213,9 +214,11 @@ def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, decode
     RGB output, copied to the host in batches of :data:`NVDEC_BATCH`)."""
     import PyNvVideoCodec as nvc
 
-    t, codec, (h, w), rate, position = _scan(path, start_s, end_s, tolerance_s)
+    t, codec, reordered, (h, w), rate, position = _scan(path, start_s, end_s, tolerance_s)
     if codec not in NVDEC_CODECS:
         raise _NotForNvdec(f"{codec} ({path})")
+    if reordered:  # H100, HEVC with B-frames: frames by index came one display position late
+        raise _NotForNvdec(f"{codec}-with-B-frames ({path})")
     key = (str(path), gpu)
     if getattr(_nvdec_local, "key", None) != key:  # a file's episodes reuse its decoder
         _nvdec_local.key, _nvdec_local.decoder = None, None
