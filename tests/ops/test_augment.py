@@ -189,6 +189,16 @@ def test_savgol_matches_scipy(window, order):
                  exp.transpose(0, 2, 1), scale=10)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["gaussian", "savgol"])
+def test_smoothing_on_cuda_matches_cpu(method):
+    x = torch.randn(3, 40, 5, dtype=torch.float64)
+    kw = {"sigma": 1.5} if method == "gaussian" else {"window": 7, "polyorder": 2}
+    y = smooth(x.cuda(), method=method, **kw)
+    assert y.is_cuda
+    assert_close(y.cpu(), smooth(x, method=method, **kw))
+
+
 def test_dropout_zeroes_exactly_the_flagged_streams():
     rng = seeded()
     x = torch.randn(6, 4, 9) + 5

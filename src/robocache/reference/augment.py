@@ -156,5 +156,5 @@ def smooth_reference(x: torch.Tensor, taps: torch.Tensor, dim: int) -> torch.Ten
     shape = xt.shape
     r = taps.shape[0] // 2
     flat = torch.nn.functional.pad(xt.reshape(-1, 1, shape[-1]), (r, r), mode="replicate")
-    y = torch.nn.functional.conv1d(flat, taps.to(acc).view(1, 1, -1))
+    y = torch.nn.functional.conv1d(flat, taps.to(x.device, acc).view(1, 1, -1))
     return y.reshape(shape).movedim(-1, dim).to(x.dtype)
