@@ -185,6 +185,13 @@ OPS = [
         lambda r: [("≤ 2 ms", r.ms("kinematics", "ik-256targets", "robocache 32x50") <= 2),
                    ("≥ 99 % converged", r.case("kinematics", "ik-256targets", "robocache 32x50")
                     ["converged_frac"] >= 0.99)]),
+    Row("eager call on a tiny CUDA input, host time ÷ the bare Triton launch of its kernel", FULL,
+        lambda r: [", ".join(f"{op} {_host_ratio(r, 'dispatch', f'{op}-tiny', 'robocache host overhead', 'bare Triton launch host overhead'):.2f}×"  # noqa: E501
+                             for op in DISPATCH), "", "", ""],
+        lambda r: [("each ≤ 1.5×", all(_host_ratio(r, "dispatch", f"{op}-tiny",
+                                                   "robocache host overhead",
+                                                   "bare Triton launch host overhead") <= 1.5
+                                       for op in DISPATCH))]),
     Row("pipeline 256×10 variants (resample→normalize→SE(3)+noise+warp)", FULL,
         lambda r: [f"fused **{dur(r.ms('pipeline', PIPE, 'robocache fused (eager)'))}** "
                    f"({dur(r.ms('pipeline', PIPE, 'robocache fused (graph replay)'))} *graph*); "
@@ -197,16 +204,20 @@ OPS = [
 ]
 
 # --- the data path, one file per family ----------------------------------------------------
-KW = "benchmarks/results/windows-h100-2026-11-24.json"
+KW = FULL
 KWN = "M65536-3keys-L2,16,3-D32,32,16-fp32"
-CAM = "benchmarks/results/cameras-h100-2026-11-24.json"
+CAM = "benchmarks/results/cameras-h100-2026-11-26.json"
 CAMB = "480x640-b256-cams2-t2-to224"
 LRC, LRG = "benchmarks/results/lerobot-cpu-2026-11-24.json", \
     "benchmarks/results/lerobot-h100-2026-11-24.json"
 LR = "E12x192-state2-action16"
 MIX = "benchmarks/results/mixture-h100-2026-11-24.json"
-LOAD = "benchmarks/results/loader-h100-2026-11-24.json"
-TRAIN = "benchmarks/results/train-h100-2026-11-22.json"
+LOAD = FULL
+TRAIN = FULL
+TV = "benchmarks/results/train_vision-h100-2026-11-26.json"
+TVN = "resnet18-480x640-to224-b64-cams2-t2-e120"
+DISPATCH = ("resample", "align", "windows", "key_windows", "normalize", "add_noise", "fk",
+            "jacobian", "image_transform", "depth_to_points", "pipeline")
 
 
 def _fps(r: Results, name: str, impl: str) -> float:
@@ -268,6 +279,15 @@ DATA = [
                    f"{r.case('train', 'policy-d256x6-b256', 'torch-dataloader-w8')['busy']:.1%}"],
         lambda r: [("≥ 95 % busy", r.case("train", "policy-d256x6-b256",
                                           "robocache-resident")["busy"] >= 0.95)]),
+    Row("training loop, ResNet-18 on 2 cameras (480×640 → 224×224, 2 frames) + state, "
+        "batch 64", TV,
+        lambda r: [f"GPU busy **{r.case('train_vision', TVN, 'robocache')['gpu_busy']:.0%}**, "
+                   f"{rate(r.case('train_vision', TVN, 'robocache')['samples_per_s'])} samples/s "
+                   f"(model alone: {rate(r.case('train_vision', TVN, 'model-only')['samples_per_s'])})",  # noqa: E501
+                   "per-sample PyAV DataLoader, 8 / 15 workers: GPU busy "
+                   f"{r.case('train_vision', TVN, 'cpu-loader-w8')['gpu_busy']:.0%} / "
+                   f"{r.case('train_vision', TVN, 'cpu-loader-w15')['gpu_busy']:.0%}"],
+        lambda r: [("≥ 95 % busy", r.case("train_vision", TVN, "robocache")["gpu_busy"] >= 0.95)]),
     Row("loader with Prometheus metrics on vs off", LOAD,
         lambda r: [f"{r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-on') / r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-off') - 1:+.1%} time",  # noqa: E501
                    ""],
