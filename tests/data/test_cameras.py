@@ -319,14 +319,14 @@ def _clip(n: int, shift: int, hw: tuple[int, int] = (48, 64)) -> np.ndarray:
 
 
 def _two_cameras(root: Path, episodes: int = 6, length: int = 7, hw=(48, 64),
-                 codec: str = "libx264") -> Path:
+                 codec: str = "libx264", options: dict[str, str] | None = None) -> Path:
     """A LeRobot v3.0 dataset: a state stream and two cameras, one mp4 per camera."""
     from robocache.data.cameras import add_video_feature
 
     root = _lerobot_state_only(root, [length] * episodes)
     for c, key in enumerate((CAM, CAM2)):
         add_video_feature(root, key, [_clip(length, 13 * i + 50 * c, hw)
-                                      for i in range(episodes)], codec=codec)
+                                      for i in range(episodes)], codec=codec, options=options)
     return root
 
 
@@ -439,11 +439,17 @@ def _nvdec():
 NVDEC_MIN_PSNR = 40.0
 
 
+# encoder options without B-frames, per codec
+NO_B_FRAMES = {"libx264": {"bf": "0"}, "libx265": {"x265-params": "bframes=0"}}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("codec", ["libx264", "libx265"])
-def test_nvdec_decodes_the_same_frames_as_pyav(tmp_path, codec, monkeypatch):
-    """NVDEC serves the frames PyAV serves; a stream with B-frames (x265's here) is left to
-    PyAV, with a warning (NVDEC's frames by index came one display position late there)."""
+@pytest.mark.parametrize("codec,b_frames", [("libx264", False), ("libx265", False),
+                                            ("libx264", True), ("libx265", True)],
+                         ids=["h264", "hevc", "h264-b-frames", "hevc-b-frames"])
+def test_nvdec_decodes_the_same_frames_as_pyav(tmp_path, codec, b_frames, monkeypatch):
+    """NVDEC serves the frames PyAV serves; a stream with B-frames is left to PyAV, with a
+    warning (H100, HEVC: NVDEC's frames by index came one display position late there)."""
     import av
 
     from robocache.data import cameras
@@ -452,10 +458,12 @@ def test_nvdec_decodes_the_same_frames_as_pyav(tmp_path, codec, monkeypatch):
     _nvdec()
     monkeypatch.setattr(cameras, "_warned", set())
     # 144x176: NVDEC decodes HEVC from 144x144 up
-    src = _two_cameras(tmp_path / "src", episodes=3, length=9, hw=(144, 176), codec=codec)
+    src = _two_cameras(tmp_path / "src", episodes=3, length=9, hw=(144, 176), codec=codec,
+                       options=None if b_frames else NO_B_FRAMES[codec])
     video = next((src / "videos" / CAM).rglob("*.mp4"))
     with av.open(str(video)) as container:
         reordered = bool(container.streams.video[0].codec_context.has_b_frames)
+    assert reordered == b_frames
     if reordered:
         with pytest.warns(UserWarning, match="B-frames"):
             got = decode_video_with(video, 0.0, 0.8, decoder="nvdec")
@@ -490,7 +498,8 @@ def test_nvdec_leaves_av1_to_pyav(tmp_path, monkeypatch):
         m = build(FIXTURES / "lerobot_av1", tmp_path / "c", rate_hz=10.0, progress=False,
                   video_decoder="nvdec")
     assert m["counts"]["cached"] == 2 and set(m["decode"]["video_frames"]) == {"pyav"}
-    src = _two_cameras(tmp_path / "src", episodes=2, length=5, hw=(144, 176))
+    src = _two_cameras(tmp_path / "src", episodes=2, length=5, hw=(144, 176),
+                       options=NO_B_FRAMES["libx264"])
     auto = build(src, tmp_path / "h", rate_hz=10.0, progress=False, video_decoder="auto")
     assert auto["decode"]["video_decoder"] == "auto"  # NVDEC for H.264
     assert auto["decode"]["video_frames"] == {"nvdec": 2 * 2 * 5}

@@ -543,17 +543,18 @@ def write_video(path, frames, fps: float, codec: str = "libsvtav1",
 
 
 def add_video_feature(root, key: str, frames, *, fps: float | None = None,
-                      codec: str = "libsvtav1") -> None:
+                      codec: str = "libsvtav1", options: dict[str, str] | None = None) -> None:
     """Add a camera to a LeRobot v3.0 dataset directory as LeRobot stores one: every
     episode's frames (uint8 ``[F_e, H, W, 3]`` at ``fps``, default the dataset's, the first at
     the episode's start; a list, or any iterable of them, encoded as they come) concatenated in
     ``videos/<key>/chunk-000/file-000.mp4``, each episode's ``from_timestamp`` /
-    ``to_timestamp`` in the episode metadata, the feature in ``meta/info.json``."""
-    add_video_features(root, {key: frames}, fps=fps, codec=codec)
+    ``to_timestamp`` in the episode metadata, the feature in ``meta/info.json``. ``options``:
+    encoder options over :func:`write_video`'s (e.g. ``{"bf": "0"}``: no B-frames)."""
+    add_video_features(root, {key: frames}, fps=fps, codec=codec, options=options)
 
 
 def add_video_features(root, cameras: dict, *, fps: float | None = None,
-                       codec: str = "libsvtav1") -> None:
+                       codec: str = "libsvtav1", options: dict[str, str] | None = None) -> None:
     """:func:`add_video_feature` of several cameras (key -> its episodes' frames), their
     videos encoded at once on threads (PyAV encodes without the GIL), the metadata written
     once they are all done."""
@@ -574,7 +575,7 @@ def add_video_features(root, cameras: dict, *, fps: float | None = None,
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shape = []
         lengths = write_video(root / rel, (shape.append(f.shape[1:3]) or f
-                                           for f in cameras[key]), fps, codec)
+                                           for f in cameras[key]), fps, codec, options)
         return shape[0], lengths
 
     with ThreadPoolExecutor(len(cameras)) as pool:
