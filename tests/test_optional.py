@@ -19,3 +19,22 @@ def test_require_names_the_package_and_the_extra():
 def test_require_defaults_to_the_top_level_module_name():
     with pytest.raises(MissingDependencyError, match="'robocache_missing'"):
         require("robocache_missing.sub", "data", "Something")
+
+
+@pytest.mark.parametrize("blocked,code", [
+    ("pyarrow", "from robocache.data.formats import lerobot"),
+    ("lance", "from robocache.data import RobotDataset; RobotDataset('data/sample')"),
+], ids=["pyarrow-lerobot-reader", "lance-dataset"])
+def test_a_missing_data_package_names_the_pip_command(blocked, code):
+    """Without the package (blocked from importing), the data path raises one
+    MissingDependencyError naming it and `pip install 'robocache[data]'`."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.modules[{blocked!r}] = None\n{code}"],
+        capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("robocache.errors.MissingDependencyError"), last
+    assert "pip install 'robocache[data]'" in last

@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from robocache._optional import require
 from robocache.data.cameras import (
     CODECS,
     DEFAULT_QUALITY,
@@ -165,7 +166,7 @@ def default_method(spec: StreamSpec) -> str:
 
 
 def _schema(specs: dict[str, StreamSpec]):
-    import pyarrow as pa
+    pa = require("pyarrow", "data", "Arrow tables")
 
     fields = [pa.field("episode_index", pa.int64()), pa.field("step", pa.int64()),
               pa.field("timestamp", pa.float64()), pa.field("task", pa.string())]
@@ -483,7 +484,7 @@ def _numeric_column(data: np.ndarray, values: np.ndarray, method: str,
 
 
 def _table(cols: dict[str, Any], schema):
-    import pyarrow as pa
+    pa = require("pyarrow", "data", "Arrow tables")
 
     arrays = []
     for f in schema:
@@ -540,7 +541,7 @@ def commit(dest: Path, episodes: list[int], written: list[tuple[str, Any, list]]
     """Add the fragments of :func:`write_episode` (for ``episodes``) to the cache, one Lance
     commit per table, rows last: an episode is cached once its rows are. Image frames a killed
     run left for these episodes are dropped first, so nothing is ever duplicated."""
-    import lance
+    lance = require("lance", "data", "The Lance cache", "pylance")
 
     for rel, schema, fragments in written:
         uri = str(dest / rel)
@@ -561,7 +562,7 @@ def _committed(uri: Path) -> bool:
 
 
 def _done_episodes(uri: Path) -> set[int]:
-    import lance
+    lance = require("lance", "data", "The Lance cache", "pylance")
 
     if not _committed(uri):
         return set()
@@ -572,10 +573,11 @@ def _done_episodes(uri: Path) -> set[int]:
 def _compute_stats(uri: Path, specs: dict[str, StreamSpec]) -> dict[str, dict]:
     """Per-dimension stats of every numeric stream over its non-padded steps (merged over
     batches of ``STATS_BATCH_ROWS`` rows, see :func:`robocache.merge_stats`)."""
-    import lance
     import torch
 
     import robocache
+
+    lance = require("lance", "data", "The Lance cache", "pylance")
 
     ds = lance.dataset(str(uri))
     stats = {}
@@ -597,7 +599,7 @@ def _compute_stats(uri: Path, specs: dict[str, StreamSpec]) -> dict[str, dict]:
 
 
 def _episode_summary(uri: Path) -> list[dict[str, Any]]:
-    import lance
+    lance = require("lance", "data", "The Lance cache", "pylance")
 
     table = lance.dataset(str(uri)).to_table(columns=["episode_index", "timestamp", "task"])
     ep = table.column("episode_index").to_numpy()
@@ -919,7 +921,7 @@ def finish(dest: Path, header: dict[str, Any], *, wanted: list[int], done: set[i
     """Compact ``data.lance``, write ``stats.json`` (computed over the rows for ``specs``, or
     ``stats`` as given) and the complete manifest (``decode``: how this run decoded video,
     when given); returns the manifest."""
-    import lance
+    lance = require("lance", "data", "The Lance cache", "pylance")
 
     uri = dest / "data.lance"
     if _committed(uri):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from robocache._optional import require
 from robocache.data.episode import Episode, Stream, StreamSpec
 from robocache.errors import DataError, MissingDependencyError
 from robocache.observability import metrics
@@ -320,7 +321,7 @@ def frames_table(episode: Episode, name: str, spec: StreamSpec, codec: str = "jp
                  quality: int = DEFAULT_QUALITY, threads: int | None = None):
     """The Lance rows of one camera stream of one episode (see the module docstring), encoded
     on ``threads`` threads (default: the cores, at most 16)."""
-    import pyarrow as pa
+    pa = require("pyarrow", "data", "Arrow tables")
 
     s = episode.streams[name]
     n = len(s)
@@ -386,7 +387,7 @@ class EncodedFrames:
 
     @classmethod
     def from_table(cls, table, shape, dtype: str, codec: str) -> EncodedFrames:
-        import pyarrow as pa
+        pa = require("pyarrow", "data", "Arrow tables")
 
         col = table.column("encoded").combine_chunks().cast(pa.large_binary())
         offsets = np.frombuffer(col.buffers()[1], np.int64)[col.offset:col.offset + len(col) + 1]
@@ -561,8 +562,8 @@ def add_video_features(root, cameras: dict, *, fps: float | None = None,
     import json
     from pathlib import Path
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa = require("pyarrow", "data", "Arrow tables")
+    pq = require("pyarrow.parquet", "data", "Parquet files")
 
     root = Path(root)
     info = json.loads((root / "meta" / "info.json").read_text())

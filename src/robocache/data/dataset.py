@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from robocache._optional import require
 from robocache.errors import DataError
 
 Batch = dict[str, torch.Tensor]
@@ -147,11 +148,11 @@ class RobotDataset(torch.utils.data.Dataset):
                  tolerance_s: float = 1e-4, episodes: Sequence[int] | None = None,
                  image_size: tuple[int, int] | None = None, image_transforms: Any = None,
                  image_dtype: torch.dtype = torch.float32, seed: int = 0):
-        import lance
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         from robocache.ops.normalize import Stats
+
+        lance = require("lance", "data", "The Lance cache", "pylance")
+        pa = require("pyarrow", "data", "Arrow tables")
+        pc = require("pyarrow.compute", "data", "Arrow tables")
 
         self.path = Path(cache)
         manifest_path = self.path / "manifest.json"
@@ -285,9 +286,10 @@ class RobotDataset(torch.utils.data.Dataset):
                     pad: np.ndarray) -> np.ndarray:
         """Load the key's encoded frames (:class:`~robocache.data.cameras.EncodedFrames`);
         return each step's global frame row (int64 ``[T, 1]``)."""
-        import lance
 
         from robocache.data.cameras import EncodedFrames
+
+        lance = require("lance", "data", "The Lance cache", "pylance")
 
         table = lance.dataset(str(self.path / "frames" / f"{key}.lance")).to_table()
         fep = table.column("episode_index").to_numpy()

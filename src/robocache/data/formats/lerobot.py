@@ -24,12 +24,14 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from robocache._optional import require
 from robocache.data.episode import Episode, Stream, StreamSpec, VideoRef
 from robocache.errors import DataError
+
+pa = require("pyarrow", "data", "Reading LeRobot datasets")
+pc = require("pyarrow.compute", "data", "Reading LeRobot datasets")
+pq = require("pyarrow.parquet", "data", "Reading LeRobot datasets")
 
 # Bookkeeping columns of every LeRobot data file; not streams.
 INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
