@@ -18,16 +18,15 @@ Either way the next batch is prepared on a side CUDA stream while the current on
 or per batch after the copy. Resident batches with camera keys are prepared on a background
 thread, :data:`CAMERA_PREFETCH` batches ahead: nvJPEG's batched decode blocks its calling
 thread until the frames are decoded, and on the consumer's thread that wait would keep the
-training step from being queued. Small camera batches are fetched in groups of about
-:data:`CAMERA_FRAMES` frames (one nvJPEG call; its throughput grows with the batch) and split;
-the side stream is high-priority, so the feed's kernels are not queued behind the training's.
+training step from being queued. The side stream is high-priority, so the feed's kernels are
+not queued behind the training's (H100, ResNet-18 on two 480x640 cameras at batch 64: GPU busy
+79 % -> 82 %; fetching four batches in one nvJPEG call measured 76 % and is not done).
 """
 
 from __future__ import annotations
 
 import copy
 import gc
-import itertools
 import math
 import os
 import queue
@@ -410,14 +409,8 @@ def _default_device(distributed: bool) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-# resident camera batches a background thread keeps ready (each holds its decoded frames),
-# at least one fetch group's
+# resident camera batches a background thread keeps ready (each holds its decoded frames)
 CAMERA_PREFETCH = 2
-# frames decoded per nvJPEG call that small camera batches are grouped up to. H100, 480x640
-# JPEG, ResNet-18 training at batch 64 (256 frames a batch): the batch alone decoded in 15.6
-# ms (16.4k frames/s) and 21-28 ms beside the training (GPU busy 81 %); ~1024 frames a call
-# decoded at 34.9k frames/s.
-CAMERA_FRAMES = 1024
 
 
 class RobotLoader:
@@ -639,7 +632,7 @@ class RobotLoader:
         """Batches prepared on the side stream by a background thread, up to
         :data:`CAMERA_PREFETCH` ahead of the caller (in order; an error there is raised
         here; leaving the loop stops the thread)."""
-        ready: queue.Queue = queue.Queue(max(CAMERA_PREFETCH, self._camera_group()))
+        ready: queue.Queue = queue.Queue(CAMERA_PREFETCH)
         stop = threading.Event()
 
         def put(item) -> bool:
@@ -651,18 +644,15 @@ class RobotLoader:
                     continue
             return False
 
-        group = self._camera_group()
-
         def produce() -> None:
             try:
                 with torch.cuda.stream(self.stream):
-                    while parts := list(itertools.islice(source, group)):
-                        batches = self._prepare_group(parts)
+                    for parts in source:
+                        batch = self._prepare(parts)
                         event = torch.cuda.Event()
                         event.record(self.stream)
-                        for batch in batches:
-                            if not put((batch, event)):
-                                return
+                        if not put((batch, event)):
+                            return
                 put(None)
             except BaseException as e:  # handed to the caller's thread, raised there
                 put(e)
@@ -681,23 +671,6 @@ class RobotLoader:
         finally:
             stop.set()
             worker.join()
-
-    def _camera_group(self) -> int:
-        """Batches fetched at once on the camera thread: about :data:`CAMERA_FRAMES` frames."""
-        deltas = getattr(self.packed, "deltas", {})
-        frames = sum(len(deltas.get(k, (0,))) for k in self.packed.image_keys)
-        return max(1, CAMERA_FRAMES // max(1, self.sampler.batch_size * frames))
-
-    def _prepare_group(self, group: list) -> list[Batch]:
-        """:meth:`_prepare` of each of a group of resident batches, in one fetch (one decode),
-        split back into the batches (views of the group's tensors)."""
-        if len(group) == 1:
-            return [self._prepare(group[0])]
-        sizes = [parts[0][1].shape[0] for parts in group]
-        batch = self.packed.fetch(torch.cat([parts[0][1] for parts in group])
-                                  .to(self.device, non_blocking=True))
-        split = {k: v.split(sizes) for k, v in batch.items()}
-        return [{k: v[i] for k, v in split.items()} for i in range(len(sizes))]
 
     def _iter_graphed(self) -> Iterator[Batch]:
         """Batches replayed from the graphs on the side stream, one ahead of the caller; a
