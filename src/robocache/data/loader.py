@@ -18,7 +18,7 @@ Either way the next batch is prepared on a side CUDA stream while the current on
 or per batch after the copy. Resident batches with camera keys are prepared on a background
 thread, :data:`CAMERA_PREFETCH` batches ahead: nvJPEG's batched decode blocks its calling
 thread until the frames are decoded, and on the consumer's thread that wait would keep the
-training step from being queued. The side stream is high-priority, so the feed's kernels are
+training step from being queued. Their side stream is high-priority, so the feed's kernels are
 not queued behind the training's (H100, ResNet-18 on two 480x640 cameras at batch 64: GPU busy
 79 % -> 82 %; fetching four batches in one nvJPEG call measured 76 % and is not done).
 """
@@ -507,8 +507,10 @@ class RobotLoader:
                 num_workers=num_workers, pin_memory=cuda,
                 persistent_workers=num_workers > 0,
                 prefetch_factor=prefetch_factor if num_workers > 0 else None)
-        # high priority: the next batch's kernels go before the training's queued ones
-        self.stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
+        # camera batches: high priority, so their decode's kernels go before the training's
+        cameras = self.resident and bool(self.packed.image_keys)
+        self.stream = torch.cuda.Stream(self.device, priority=-1 if cameras else 0) \
+            if cuda else None
         self._metrics = None  # robocache.observability.metrics.LoaderStats while metrics are on
 
     def __len__(self) -> int:
