@@ -13,12 +13,12 @@ ratio; the target is <= 1.5. Host rows gate only as this ratio (`robocache.bench
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import torch
 
 from robocache.bench import harness as H
+from robocache.bench.standalone import main
 
 FAMILY = "dispatch"
 
@@ -86,11 +86,4 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    results = {"meta": {**H.metadata(), "d2d_copy_GBps": None}, "cases": run(quick=args.quick)}
-    H.print_table(results)
-    if args.json:
-        H.write_json(args.json, results)
+    main(run, __doc__)

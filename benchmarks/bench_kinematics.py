@@ -12,13 +12,13 @@ at 1 mm / 0.01 rad next to the time of one full solve.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
 from robocache.bench import harness as H
 from robocache.bench.launch import bare_launch
+from robocache.bench.standalone import main
 from robocache.kinematics import Chain, asset_path, fk, ik, jacobian
 from robocache.reference.kinematics import fk_jacobian_reference, fk_reference
 
@@ -156,13 +156,4 @@ def _ik_cases(chain, pk, pk_chain, quick) -> list[dict]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    copy = H.copy_bandwidth_gbps() if torch.cuda.is_available() and not args.quick else None
-    results = {"meta": {**H.metadata(), "d2d_copy_GBps": copy},
-               "cases": run(quick=args.quick, copy_gbps=copy)}
-    H.print_table(results)
-    if args.json:
-        H.write_json(args.json, results)
+    main(run, __doc__)
