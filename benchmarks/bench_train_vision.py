@@ -62,7 +62,9 @@ OPTIONS = {"episodes": (int, "episodes in the dataset (default 200; quick 3)"),
            "length": (int, "frames per episode at 30 fps (default 30)"),
            "seconds": (float, "seconds of training timed per feed (default 30)"),
            "min_steps": (int, "steps timed per feed at least (default 20)"),
-           "workers": (str, "CPU DataLoader worker counts, comma-separated (default 8,15)")}
+           "workers": (str, "CPU DataLoader worker counts, comma-separated (default 8,15)"),
+           "camera_size": (str, "store the cache's frames at HEIGHTxWIDTH (ingest's "
+                                "--camera-size; default: the source's 480x640)")}
 
 
 def _backbone(kind: str) -> tuple[torch.nn.Module, int]:
@@ -219,7 +221,8 @@ def run(quick: bool = False, copy_gbps: float | None = None, **options) -> list[
         root = C.make_dataset(Path(tmp) / "lerobot", cfg["episodes"], cfg["length"], cfg["hw"])
         write_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        manifest = build(root, Path(tmp) / "cache", rate_hz=C.FPS, progress=False)
+        manifest = build(root, Path(tmp) / "cache", rate_hz=C.FPS, progress=False,
+                         camera_size=cfg.get("camera_size"))
         ingest_s = time.perf_counter() - t0
         ds = RobotDataset(Path(tmp) / "cache", keys=[*C.CAMS, STATE, ACTION],
                           action_keys=[ACTION], history=C.HISTORY, horizon=horizon,
@@ -248,8 +251,9 @@ def run(quick: bool = False, copy_gbps: float | None = None, **options) -> list[
             results[f"cpu-loader-w{w}"] = measure(cpu_batches(), cpu_inputs, cfg["seconds"])
             del dl
     ideal = results["model-only"][0] / results["model-only"][1]
-    name = (f"{cfg['model']}-{cfg['hw'][0]}x{cfg['hw'][1]}-to{size[0]}-b{batch}-cams2-t2"
-            f"-e{cfg['episodes']}")
+    stored = f"-stored{cfg['camera_size']}" if cfg.get("camera_size") else ""
+    name = (f"{cfg['model']}-{cfg['hw'][0]}x{cfg['hw'][1]}{stored}-to{size[0]}-b{batch}-cams2"
+            f"-t2-e{cfg['episodes']}")
     versions = _versions()
     records = []
     for impl, (wall, steps, busy, util) in results.items():

@@ -136,6 +136,51 @@ def test_unknown_camera_key_names_the_available_ones(tmp_path):
         RobotDataset(tmp_path / "c", keys=["observation.images.back"])
 
 
+def test_camera_size_stores_frames_resized_at_ingest(tmp_path, frames):
+    """--camera-size: RGB frames stored (and served) at that size, equal to the source decode
+    resized by Pillow within the JPEG tolerance; the manifest keeps the source's shape."""
+    from robocache.data.cameras import resize
+
+    m = build(FIXTURES / "lerobot_h264", tmp_path / "c", rate_hz=10.0, progress=False,
+              device="cpu", camera_size="24x32")
+    assert m["streams"][CAM]["shape"] == [24, 32, 3]
+    assert m["streams"][CAM]["source_shape"] == [48, 64, 3]
+    got = served(tmp_path / "c")
+    want = np.stack([resize(f, (24, 32)) for f in frames["lerobot_h264"]])
+    assert got.shape == want.shape == (len(want), 24, 32, 3)
+    assert psnr(got, want) > 33.0
+
+
+def test_camera_size_resizes_a_sources_own_image_bytes_and_keeps_depth(tmp_path):
+    """Images the source stores encoded (the sample's PNG camera) are decoded, resized and
+    re-encoded; uint16 depth keeps its size."""
+    import zarr
+
+    sample = Path(__file__).parents[2] / "data" / "sample" / "panda_multirate"
+    m = build(sample, tmp_path / "c", progress=False, device="cpu", camera_size=(8, 8))
+    top = m["streams"]["observation.images.top"]
+    assert top["shape"] == [8, 8, 3] and top["codec"] == "jpeg"
+    ds = RobotDataset(tmp_path / "c", keys=["observation.images.top"])
+    assert ds[torch.arange(2)]["observation.images.top"].shape[-2:] == (8, 8)
+    rng = np.random.default_rng(0)
+    root = zarr.open_group(str(tmp_path / "rb.zarr"), mode="w", zarr_format=2)
+    root.create_array("data/depth", data=rng.integers(300, 5000, (6, 12, 16)).astype(np.uint16))
+    root.create_array("data/state", data=rng.normal(size=(6, 2)).astype(np.float32))
+    root.create_array("meta/episode_ends", data=np.array([3, 6]))
+    m = build(tmp_path / "rb.zarr", tmp_path / "d", rate_hz=10.0, progress=False,
+              device="cpu", source_options={"fps": 10.0}, camera_size=(8, 8))
+    depth = m["streams"]["depth"]
+    assert depth["shape"] == [12, 16] and "source_shape" not in depth
+
+
+@pytest.mark.parametrize("size", ["24by32", "0x32", (24,), (24.5, 32)],
+                         ids=["not-HxW", "zero", "one-number", "not-integers"])
+def test_camera_size_must_be_two_positive_integers(tmp_path, size):
+    with pytest.raises(DataError, match=r"`camera_size` \(--camera-size\) must be"):
+        build(FIXTURES / "lerobot_h264", tmp_path / "c", progress=False, device="cpu",
+              camera_size=size)
+
+
 def test_zarr_rgb_and_depth_cameras(tmp_path):
     import zarr
 

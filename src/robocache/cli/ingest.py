@@ -149,6 +149,10 @@ def ingest(
     = "jpeg",
     camera_quality: Annotated[int, typer.Option(help="JPEG quality of camera frames (1-95).")]
     = 95,
+    camera_size: Annotated[str, typer.Option(
+        help="Store RGB camera frames resized to HEIGHTxWIDTH (e.g. 224x224; default: the "
+             "source's size). Each batch then decodes that many fewer pixels; the frames are "
+             "no longer the source's.")] = None,
     decode_workers: Annotated[int, typer.Option(
         help="Episodes read, video-decoded and JPEG-encoded at once (threads; default: the "
              "machine's cores). Each holds one decoded episode in memory; the cache is the "
@@ -169,7 +173,9 @@ def ingest(
 
     run(build, "robocache_ingest", source=source, dest=dest, rate=rate, device=device,
         camera_codec=camera_codec, camera_quality=camera_quality,
-        decode_workers=decode_workers, video_decoder=video_decoder, **options)
+        camera_size=camera_size, decode_workers=decode_workers,
+        video_decoder=video_decoder, **options)
+
 
 
 def _rate(rate: str) -> float | str:

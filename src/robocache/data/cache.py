@@ -109,6 +109,11 @@ class CacheConfig:
         camera_codec: how camera frames are stored: ``"jpeg"`` (GPU-decodable) or ``"png"``
             (lossless); uint16 (depth) frames are always PNG.
         camera_quality: JPEG quality (1-95).
+        camera_size: ``(height, width)`` (or ``"HEIGHTxWIDTH"``) to store RGB camera frames
+            at, resized at ingest (antialiased bilinear), or ``None`` (default) for the
+            source's size. Training usually resizes to a fixed input anyway; stored at that
+            size, each batch decodes that many fewer pixels. The cache's frames are then no
+            longer the source's (not what LeRobot serves); depth frames keep their size.
         decode_workers: episodes read, video-decoded and JPEG-encoded at once, on threads
             (``None``: the machine's cores); each holds one decoded episode in memory. The
             cache is the same whatever the number.
@@ -135,6 +140,7 @@ class CacheConfig:
     shard: tuple[int, int] | str | None = None
     camera_codec: str = "jpeg"
     camera_quality: int = DEFAULT_QUALITY
+    camera_size: tuple[int, int] | str | None = None
     decode_workers: int | None = None
     video_decoder: str = "pyav"
 
@@ -295,7 +301,8 @@ def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
         episode = load_episode(src, index, specs, config.video_decoder, gpu, lock)
         t1 = time.perf_counter()
         out.frames = {name: frames_table(episode, name, spec, config.camera_codec,
-                                         config.camera_quality, threads)
+                                         config.camera_quality, threads,
+                                         size=stored_size(spec, config))
                       for name, spec in specs.items() if spec.kind in ("image", "video")}
         for name in out.frames:  # alignment needs a video's timestamps, not its decoded pixels
             s = episode.streams[name]
@@ -497,12 +504,40 @@ def _table(cols: dict[str, Any], schema):
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def parse_size(size: tuple[int, int] | str) -> tuple[int, int]:
+    """``camera_size`` as ``(height, width)``, from a pair or ``"HEIGHTxWIDTH"``."""
+    try:
+        hw = tuple(int(v) for v in size.lower().split("x")) if isinstance(size, str) \
+            else tuple(size)
+    except (TypeError, ValueError):
+        hw = ()
+    if len(hw) != 2 or not all(isinstance(v, int) and v >= 1 for v in hw):
+        raise DataError(f"`camera_size` (--camera-size) must be HEIGHTxWIDTH (or (height, "
+                        f"width)), two integers >= 1, e.g. 224x224; got {size!r}.")
+    return hw
+
+
+def stored_size(spec: StreamSpec, config: CacheConfig) -> tuple[int, int] | None:
+    """The ``(height, width)`` a camera stream's frames are resized to at ingest: the
+    ``camera_size`` of ``config`` for RGB uint8 frames, else ``None`` (stored as they come)."""
+    if config.camera_size is None or spec.kind not in ("image", "video") or \
+            spec.dtype != "uint8" or len(spec.shape) != 3 or spec.shape[2] != 3:
+        return None
+    return tuple(config.camera_size)
+
+
 def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
-    """Manifest fields of a camera stream: how its frames are stored."""
+    """Manifest fields of a camera stream: how its frames are stored (and at which shape,
+    when resized)."""
     if spec.kind not in ("image", "video"):
         return {}
-    codec = spec.encoding or ("png" if spec.dtype == "uint16" else config.camera_codec)
-    return {"codec": codec, "quality": config.camera_quality if codec == "jpeg" else None}
+    size = stored_size(spec, config)
+    kept = spec.encoding if size is None else None  # a source's own bytes, unless resized
+    codec = kept or ("png" if spec.dtype == "uint16" else config.camera_codec)
+    entry = {"codec": codec, "quality": config.camera_quality if codec == "jpeg" else None}
+    if size is not None:
+        entry.update(shape=[*size, 3], source_shape=list(spec.shape))
+    return entry
 
 
 def write_episode(dest: Path, episode: Episode, cols: dict[str, Any],
@@ -516,7 +551,8 @@ def write_episode(dest: Path, episode: Episode, cols: dict[str, Any],
     config = config or CacheConfig()
     frames = frames or {}
     tables = [(f"frames/{name}.lance", frames[name] if name in frames else
-               frames_table(episode, name, spec, config.camera_codec, config.camera_quality))
+               frames_table(episode, name, spec, config.camera_codec, config.camera_quality,
+                            size=stored_size(spec, config)))
               for name, spec in specs.items() if spec.kind in ("image", "video")]
     tables.append(("data.lance", _table(cols, _schema(specs))))
     return [(rel, t.schema, write_files(t, dest / rel)) for rel, t in tables]
@@ -786,6 +822,8 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     if config.camera_codec not in CODECS or not 1 <= config.camera_quality <= 95:
         raise DataError(f"`camera_codec` must be one of {CODECS} and `camera_quality` in "
                         f"[1, 95]; got {config.camera_codec!r}, {config.camera_quality}.")
+    if config.camera_size is not None:
+        config.camera_size = parse_size(config.camera_size)
     if config.shard is not None:
         config.shard = parse_shard(config.shard if isinstance(config.shard, str)
                                    else "/".join(map(str, config.shard)))

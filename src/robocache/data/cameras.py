@@ -317,21 +317,41 @@ def encode(frame: np.ndarray, codec: str, quality: int) -> bytes:
     return buf.getvalue()
 
 
+def resize(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """An RGB uint8 ``[H, W, 3]`` frame at ``size`` ``(height, width)``: Pillow's bilinear
+    filter, antialiased when shrinking (what ``torchvision.transforms.v2.Resize`` with
+    ``antialias=True`` approximates)."""
+    if frame.shape[:2] == tuple(size):
+        return frame
+    image = _pil().fromarray(np.ascontiguousarray(frame))
+    return np.asarray(image.resize((size[1], size[0]), _pil().Resampling.BILINEAR))
+
+
 def frames_table(episode: Episode, name: str, spec: StreamSpec, codec: str = "jpeg",
-                 quality: int = DEFAULT_QUALITY, threads: int | None = None):
+                 quality: int = DEFAULT_QUALITY, threads: int | None = None,
+                 size: tuple[int, int] | None = None):
     """The Lance rows of one camera stream of one episode (see the module docstring), encoded
-    on ``threads`` threads (default: the cores, at most 16)."""
+    on ``threads`` threads (default: the cores, at most 16); RGB frames resized to ``size``
+    ``(height, width)`` first when given (antialiased bilinear, as Pillow resizes)."""
     pa = require("pyarrow", "data", "Arrow tables")
 
     s = episode.streams[name]
     n = len(s)
-    if spec.encoding is not None:  # the source's own JPEG/PNG bytes: kept, never re-encoded
+    if spec.encoding is not None and size is None:  # the source's own JPEG/PNG bytes: kept
         data = list(s.data)
-    elif (threads or _threads()) == 1:
-        data = [encode(f, codec, quality) for f in s.data]
     else:
-        with ThreadPoolExecutor(threads or _threads()) as pool:
-            data = list(pool.map(lambda f: encode(f, codec, quality), s.data))
+        def one(frame) -> bytes:
+            if spec.encoding is not None:  # the source's bytes, decoded to be resized
+                frame = np.asarray(_pil().open(io.BytesIO(bytes(frame))).convert("RGB"))
+            if size is not None:
+                frame = resize(frame, size)
+            return encode(frame, codec, quality)
+
+        if (threads or _threads()) == 1:
+            data = [one(f) for f in s.data]
+        else:
+            with ThreadPoolExecutor(threads or _threads()) as pool:
+                data = list(pool.map(one, s.data))
     source = episode.meta.get("source_frame", {}).get(name, np.arange(n, dtype=np.int64))
     return pa.table({"episode_index": np.full(n, episode.index, np.int64),
                      "frame": np.arange(n, dtype=np.int64), "source_frame": source,
