@@ -35,7 +35,7 @@ import torch
 
 from robocache._optional import require
 from robocache.data.episode import Episode, Stream, StreamSpec
-from robocache.errors import DataError, MissingDependencyError
+from robocache.errors import DataError
 from robocache.observability import metrics
 
 CODECS = ("jpeg", "png")
@@ -52,11 +52,7 @@ def _threads() -> int:
 
 
 def _pil():
-    try:
-        from PIL import Image
-    except ImportError as e:  # pragma: no cover - pillow ships with the data extra
-        raise MissingDependencyError("pillow", "data", "Encoding camera frames") from e
-    return Image
+    return require("PIL.Image", "data", "Encoding camera frames", "pillow")
 
 
 def is_camera(dtype, shape: tuple[int, ...]) -> bool:
@@ -114,11 +110,7 @@ def decode_video_with(path, start_s: float, end_s: float, tolerance_s: float = 1
 
 
 def _av():
-    try:
-        import av
-    except ImportError as e:
-        raise MissingDependencyError("av", "video", "Decoding video streams") from e
-    return av
+    return require("av", "video", "Decoding video streams")
 
 
 def _check_span(path, times: list[float], end_s: float, tolerance_s: float,
@@ -538,10 +530,7 @@ def write_video(path, frames, fps: float, codec: str = "libsvtav1",
     default), ``"libx264"`` or ``"libx265"``). Returns the frame count of each array."""
     from fractions import Fraction
 
-    try:
-        import av
-    except ImportError as e:
-        raise MissingDependencyError("av", "video", "Writing video streams") from e
+    av = require("av", "video", "Writing video streams")
     chunks = [frames] if isinstance(frames, np.ndarray) else frames
     opts = {"g": "2", "crf": "30", **({"preset": "12"} if codec == "libsvtav1" else {}),
             **(options or {})}

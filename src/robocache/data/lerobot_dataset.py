@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from robocache._optional import require
 from robocache.data.dataset import RobotDataset, seconds_to_steps
-from robocache.errors import DataError, MissingDependencyError
+from robocache.errors import DataError
 
 Batch = dict[str, Any]
 
@@ -95,10 +96,7 @@ class LeRobotDatasetMetadata:
 
     @property
     def tasks(self):
-        try:
-            import pandas as pd
-        except ImportError as e:
-            raise MissingDependencyError("pandas", "lerobot", "LeRobot's meta.tasks table") from e
+        pd = require("pandas", "lerobot", "LeRobot's meta.tasks table")
         return pd.DataFrame({"task_index": range(len(self.task_names))},
                             index=pd.Index(self.task_names, name="task"))
 

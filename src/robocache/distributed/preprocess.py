@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from robocache._optional import require
 from robocache.data.cache import (
     CacheConfig,
     _progress,
@@ -42,7 +43,7 @@ from robocache.data.cache import (
     open_specs,
     write_episode,
 )
-from robocache.errors import ClusterError, DataError, DeviceError, MissingDependencyError
+from robocache.errors import ClusterError, DataError, DeviceError
 from robocache.observability import metrics
 
 # The driver commits finished episodes in groups (a Lance commit costs ~10-20 ms whatever its
@@ -53,12 +54,9 @@ COMMIT_SECONDS = 2.0
 
 
 def _ray():
-    try:
-        import ray
-        import ray.data  # noqa: F401  (the `data` part of Ray needs pandas: the extra has it)
-    except ImportError as e:
-        raise MissingDependencyError("ray[data]", "ray", "robocache preprocess") from e
-    return ray
+    # the `data` part of Ray needs pandas: the extra has it
+    require("ray.data", "ray", "robocache preprocess", "ray[data]")
+    return require("ray", "ray", "robocache preprocess", "ray[data]")
 
 
 def connect(address: str | None) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from robocache._optional import require
 from robocache.observability import logs
 
 _on = False
@@ -72,12 +73,7 @@ def enable() -> None:
     with _lock:
         if _on:
             return
-        try:
-            import prometheus_client as pc
-        except ImportError as e:
-            from robocache.errors import MissingDependencyError
-
-            raise MissingDependencyError("prometheus-client", "metrics", "Metrics") from e
+        pc = require("prometheus_client", "metrics", "Metrics", "prometheus-client")
         if not _ingest_metrics:
             _ingest_metrics.update(_make_ingest_metrics(pc))
             pc.REGISTRY.register(_Collector())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -420,14 +421,6 @@ def _align_op_cpu(target: torch.Tensor, datas: list[torch.Tensor | None],
                         out_of_range)
 
 
-def _align_op_cuda(target: torch.Tensor, datas: list[torch.Tensor | None],
-                   times: list[torch.Tensor], lengths: list[torch.Tensor | None],
-                   methods: list[int], tolerances: list[float], out_of_range: str,
-                   ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    return _align_lists(_align_cuda, target, datas, times, lengths, methods, tolerances,
-                        out_of_range)
-
-
 def _align_fake(target, datas, times, lengths, methods, tolerances, out_of_range):
     B = next((d.shape[0] for d in datas if d is not None),
              times[0].shape[0] if times[0].dim() == 2 else
@@ -444,4 +437,6 @@ def _align_fake(target, datas, times, lengths, methods, tolerances, out_of_range
     return values, pads, auxs
 
 
-_ALIGN = Op("align", cpu=_align_op_cpu, cuda=_align_op_cuda, fake=_align_fake)
+# the schema comes from the typed CPU implementation; the CUDA one takes the same arguments
+_ALIGN = Op("align", cpu=_align_op_cpu, cuda=functools.partial(_align_lists, _align_cuda),
+            fake=_align_fake)

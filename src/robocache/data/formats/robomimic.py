@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from robocache._optional import require
 from robocache.data.cameras import is_camera
 from robocache.data.episode import Episode, Stream, StreamSpec
 from robocache.data.formats import check_fps
-from robocache.errors import DataError, MissingDependencyError
+from robocache.errors import DataError
 
 SKIP = ("states",)  # simulator state vectors: replay data, not a training stream
 
@@ -50,11 +51,7 @@ class RobomimicSource:
     format = "robomimic"
 
     def __init__(self, path: str | Path, fps: float | None = None):
-        try:
-            import h5py
-        except ImportError as e:
-            raise MissingDependencyError("h5py", "data", "Reading robomimic HDF5 files") from e
-
+        h5py = require("h5py", "data", "Reading robomimic HDF5 files")
         self.path = Path(path)
         try:
             self.file = h5py.File(self.path, "r")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from robocache._optional import require
 from robocache.errors import DataError, MissingDependencyError
 
 _HEADER = struct.Struct("<QI")
@@ -30,12 +31,8 @@ _MASK_DELTA = 0xA282EAD8
 
 
 def _crc32c():
-    try:
-        import google_crc32c
-    except ImportError as e:
-        raise MissingDependencyError("google-crc32c", "data",
-                                     "Verifying TFRecord checksums") from e
-    return google_crc32c.value
+    return require("google_crc32c", "data", "Verifying TFRecord checksums",
+                   "google-crc32c").value
 
 
 def masked_crc32c(data: bytes) -> int:

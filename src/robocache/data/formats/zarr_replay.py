@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from robocache._optional import require
 from robocache.data.cameras import is_camera
 from robocache.data.episode import Episode, Stream, StreamSpec
 from robocache.data.formats import check_fps
@@ -24,11 +25,7 @@ TIME_KEY = "timestamp"
 
 
 def _open(path: Path):
-    try:
-        import zarr
-    except ImportError as e:
-        raise MissingDependencyError("zarr", "data", "Reading zarr ReplayBuffers") from e
-
+    zarr = require("zarr", "data", "Reading zarr ReplayBuffers")
     if path.suffix == ".zip":
         return zarr.open_group(zarr.storage.ZipStore(path, mode="r"), mode="r")
     return zarr.open_group(str(path), mode="r")
