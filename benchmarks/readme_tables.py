@@ -13,6 +13,7 @@ when they differ from what this script renders.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -45,6 +46,12 @@ class Results:
         return c["median_ms"] / 1000 if c.get("unit") == "us" else c["median_ms"]
 
 
+@functools.cache
+def load(rel: str) -> Results:
+    """A results file, read once."""
+    return Results(rel)
+
+
 def dur(ms: float) -> str:
     """A duration in the unit that reads best: µs below 1 ms, s above 1000 ms."""
     if ms < 1:
@@ -71,10 +78,9 @@ class Row:
 
 
 def _render(rows: list[Row], header: list[str]) -> list[str]:
-    loaded: dict[str, Results] = {}
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        r = loaded.get(row.file) or loaded.setdefault(row.file, Results(row.file))
+        r = load(row.file)
         target = "; ".join(f"{text} {'✓' if met else '✗'}" for text, met in row.targets(r))
         cells = [row.label, *row.cells(r), target, f"`{Path(row.file).name}`"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -166,7 +172,7 @@ OPS = [
                           f"({dur(r.ms('kinematics', f'fk-N{n}', 'robocache (CUDA graph)'))} "
                           "*graph*)",
                           dur(r.ms("kinematics", f"fk-N{n}", "torch eager (reference)")), "",
-                          f"pytorch_kinematics {dur(Results(PK).ms('kinematics', f'fk-N{n}', 'pytorch_kinematics'))} "  # noqa: E501
+                          f"pytorch_kinematics {dur(load(PK).ms('kinematics', f'fk-N{n}', 'pytorch_kinematics'))} "  # noqa: E501
                           f"(`{Path(PK).name}`)"],
           lambda r, n=n, t=t: [(f"≤ {t} µs", r.ms("kinematics", f"fk-N{n}", "robocache")
                                 <= t / 1e3)])
@@ -180,7 +186,7 @@ OPS = [
     Row("Panda IK, 256 targets, 32 seeds × 50 iterations", FULL,
         lambda r: [f"**{dur(r.ms('kinematics', 'ik-256targets', 'robocache 32x50'))}, "
                    f"{r.case('kinematics', 'ik-256targets', 'robocache 32x50')['converged_frac']:.1%}** converged",  # noqa: E501
-                   "", "", f"pytorch_kinematics {dur(Results(PK).ms('kinematics', 'ik-256targets', 'pytorch_kinematics 10x30'))} "  # noqa: E501
+                   "", "", f"pytorch_kinematics {dur(load(PK).ms('kinematics', 'ik-256targets', 'pytorch_kinematics 10x30'))} "  # noqa: E501
                    f"(`{Path(PK).name}`)"],
         lambda r: [("≤ 2 ms", r.ms("kinematics", "ik-256targets", "robocache 32x50") <= 2),
                    ("≥ 99 % converged", r.case("kinematics", "ik-256targets", "robocache 32x50")
@@ -299,7 +305,7 @@ DATA = [
 
 
 def render() -> str:
-    full = Results(FULL).meta
+    full = load(FULL).meta
     lines = [BEGIN,
              f"Op families: one `robocache bench` run ({full.get('device')}, torch "
              f"{full.get('torch')}, Triton {full.get('triton')}, "
