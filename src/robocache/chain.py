@@ -333,11 +333,9 @@ class Chain:
     def tensors(self, device: torch.device | str, dtype: torch.dtype):
         """(params [NJ, 16], lower [DOF], upper [DOF]) on `device` in `dtype`, made once and
         cached (so calls copy nothing host-to-device after the first)."""
-        key = (torch.device(device), dtype)
-        if key not in self._cache:
-            self._cache[key] = (
-                torch.as_tensor(self.params, dtype=dtype).to(key[0]),
-                torch.as_tensor(self.lower, dtype=dtype).to(key[0]),
-                torch.as_tensor(self.upper, dtype=dtype).to(key[0]),
-            )
-        return self._cache[key]
+        key = (device if isinstance(device, torch.device) else torch.device(device), dtype)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = tuple(torch.as_tensor(v, dtype=dtype).to(key[0])
+                                           for v in (self.params, self.lower, self.upper))
+        return hit

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from robocache.kernels import _utils
-from robocache.kernels._utils import CachedLaunch, fast_launch_supported
+from robocache.kernels._utils import CachedLaunch, fast_launch_supported, int_type
 
 
 @pytest.mark.parametrize(("version", "ok"), [
@@ -30,10 +30,12 @@ class _Kernel:
 
     def __init__(self):
         self.calls = 0
+        self.args = []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.calls += 1
+            self.args.append(args)
             return _Compiled()
         return launch
 
@@ -48,6 +50,17 @@ def test_relaunch_only_when_enabled(monkeypatch, enabled):
     for _ in range(3):
         launch((t, 4), (t,))
     assert (kernel.calls, len(direct)) == ((1, 2) if enabled else (3, 0))
+
+
+def test_constants_follow_the_arguments_on_both_paths(monkeypatch):
+    direct = []
+    monkeypatch.setattr(CachedLaunch, "enabled", True)
+    monkeypatch.setattr(_utils, "_launch_compiled", lambda c, g, a: direct.append(a))
+    kernel, t = _Kernel(), torch.zeros(4)
+    launch = CachedLaunch(kernel, (1,), (16, True))
+    launch((t, 4), (t,))
+    launch((t, 4), (t,))
+    assert kernel.args == [(t, 4, 16, True)] and direct == [(t, 4, 16, True)]
 
 
 def test_misaligned_tensor_takes_the_bound_path(monkeypatch):
@@ -66,3 +79,11 @@ def test_unverified_release_is_decided_at_import():
             "from robocache.kernels._utils import CachedLaunch\n"
             "assert CachedLaunch.enabled is False")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("value,kind", [
+    (0, 0), (2**31 - 1, 0), (-(2**31), 0), (2**31, 1), (2**32 - 1, 1), (2**32, 2),
+    (2**63 - 1, 2), (-(2**31) - 1, 2), (2**63, 3)])
+def test_int_type_follows_tritons_integer_widths(value, kind):
+    """i32, u32, i64, u64: the type Triton binds a Python int to (a cached launch's key)."""
+    assert int_type(value) == kind

@@ -45,6 +45,17 @@ def test_noise_kernel_equals_reference(kernel_device, shape):
     assert_close(out, add_noise(x, std, seed=s), scale=5)
 
 
+def test_noise_kernel_takes_seeds_of_every_integer_width(kernel_device):
+    """Triton passes a seed as int32, uint32 or int64 by value: one cached launch per width,
+    each drawing what the reference draws."""
+    x = torch.randn(9, 6)
+    std = torch.full((6,), 0.5)
+    for s in (0, 1, 16, 2**31 - 1, 2**31 + 3, 2**32 + 5, 2**62 + 7, 3):
+        out = torch.full_like(x, float("nan"), device=kernel_device)
+        noise_cuda(x.to(kernel_device), std.to(kernel_device), s, out)
+        assert_close(out, add_noise(x, std, seed=s), scale=5)
+
+
 @triton.jit
 def _sincos_probe(u_ptr, c_ptr, s_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
@@ -247,3 +258,16 @@ def test_bad_input():
     with pytest.raises(ShapeError, match="`positions` must have shape"):
         rigid_transform(sample_rigid((4,), max_translation=0.0, max_rotation=0.1, seed=0),
                         positions=torch.randn(3, 5, 3))
+
+
+def test_noise_std_given_as_numbers_is_validated_and_copied_once():
+    from robocache.ops import _shared
+
+    a = _shared.noise_std_on("add_noise", [0.1, 0.2, 0.3], 3, torch.device("cpu"))
+    assert _shared.noise_std_on("add_noise", (0.1, 0.2, 0.3), 3, torch.device("cpu")) is a
+    assert _shared.noise_std_on("add_noise", 0.5, 3, torch.device("cpu")).tolist() == [0.5] * 3
+    t = torch.tensor([0.1, 0.2, 0.3])
+    assert _shared.noise_std_on("add_noise", t, 3, torch.device("cpu")) is not a
+    for _ in range(2):  # a bad value is never cached: it fails on every call
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            add_noise(torch.zeros(2, 3), [0.1, -1.0, 0.1], seed=0)

@@ -297,3 +297,17 @@ def test_out_is_written_by_the_kernel_on_cuda():
     assert robocache.image_transform(frames, (4, 5), dtype=torch.uint8, out=out) is out
     torch.testing.assert_close(out, robocache.image_transform(frames, (4, 5), dtype=torch.uint8),
                                rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", _NAMES, ids=_NAMES)
+def test_relaunch_with_inputs_at_new_addresses_equals_the_first_call(name):
+    """The eager path's cached launches (compiled kernel reused, binding skipped) give what
+    the first, fully bound launch gave: on the same inputs and on copies at new addresses."""
+    fn, args = _cases()[name]
+    results = []
+    for inputs in (args, tuple(a.clone() for a in args), args):
+        torch.manual_seed(0)
+        results.append(fn(*inputs))
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(results[2], results[0], rtol=0, atol=0, equal_nan=True)

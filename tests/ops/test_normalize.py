@@ -254,3 +254,26 @@ def test_normalize_rejects_bad_input():
         norm({"a": torch.randn(2, 5)})
     with pytest.raises(ValueError, match="without statistics"):
         Normalizer({"a": s}, {"b": "min_max"})
+
+
+def test_parameters_are_derived_once_per_device_and_not_pickled():
+    """`normalize` keeps what it derives from a Stats on it (per mode, eps, device, dtype):
+    a second call reuses the same parameter tensors; a pickled Stats travels without them."""
+    import pickle
+
+    s = compute_stats(torch.randn(200, 4))
+    x = torch.randn(8, 4)
+    first = normalize(x, s, "min_max")
+    cached = dict(s._derived)
+    assert len(cached) == 1
+    torch.testing.assert_close(normalize(x, s, "min_max"), first, rtol=0, atol=0)
+    assert all(a is b for a, b in zip(next(iter(s._derived.values())),
+                                      next(iter(cached.values())), strict=True))
+    normalize(x.double(), s, "min_max")
+    normalize(x, s, "quantile", eps=1e-3)
+    assert len(s._derived) == 3
+    copy = pickle.loads(pickle.dumps(s))
+    assert len(copy._derived) == 0 and torch.equal(copy.q99, s.q99)
+    torch.testing.assert_close(normalize(x, copy, "min_max"), first, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="mode"):
+        normalize(x, s, "minmax")

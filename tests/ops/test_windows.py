@@ -253,3 +253,21 @@ def test_key_windows_validation():
         robocache.key_windows(*args, {}, rels)
     with pytest.raises(ValueError, match=r"offsets\['state'\].*2\*\*31"):
         robocache.key_windows(*args, cols, {**rels, "state": [-2**31]})
+
+
+def test_key_layout_cache_revalidates_what_it_has_not_seen():
+    """The eager CUDA path looks a layout up by the arguments as given; a layout that differs
+    in any key, column or offset (or a malformed one) goes through validation again."""
+    from robocache.ops.windows import _key_plan, _layout_on
+
+    data = torch.zeros(10, 6)
+    cols, offs = {"s": (0, 2), "a": (2, 4)}, {"s": [-1, 0], "a": range(3)}
+    plan, table = _layout_on(data, cols, offs)
+    assert plan == _key_plan({"s": (0, 2), "a": (2, 4)}, {"s": (-1, 0), "a": (0, 1, 2)})
+    assert _layout_on(data, dict(cols), {"s": (-1, 0), "a": [0, 1, 2]})[1] is table
+    with pytest.raises(ValueError, match="inside data's 6 columns"):
+        _layout_on(data, {"s": (0, 2), "a": (2, 5)}, offs)
+    with pytest.raises(ValueError, match="missing or empty"):
+        _layout_on(data, cols, {"s": [-1, 0]})
+    with pytest.raises(ValueError, match="missing or empty"):
+        _layout_on(data, cols, {"s": [-1, 0], "a": []})

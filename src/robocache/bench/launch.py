@@ -23,7 +23,7 @@ def bare_launch(call: Callable[[], Any]) -> Callable[[], Any]:
     original_cached, original_run = CachedLaunch.__call__, JITFunction.run
 
     def record_cached(self, args, tensors):
-        cached.append((self.kernel, self.grid, args, self.kwargs))
+        cached.append((self.kernel, self.grid, args + self.consts, self.options))
         return original_cached(self, args, tensors)
 
     def record_run(self, *args, grid, warmup, **kwargs):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import triton
+from triton.runtime import driver
 
 
 def next_pow2(n: int) -> int:
@@ -28,8 +29,14 @@ def tile_2d(rows: int, cols: int, *, max_cols: int, elements: int, min_rows: int
     return block_rows, block_cols
 
 
-__all__ = ["VERIFIED_TRITON", "CachedLaunch", "cdiv", "fast_launch_supported", "next_pow2",
-           "tile_2d", "triton"]
+def int_type(v: int) -> int:
+    """Which integer type Triton passes `v` as (i32, u32, i64, u64 -> 0..3): a cached launch
+    whose integer argument varies in value (a seed, ``do_not_specialize``) keys on it."""
+    return (v >= 1 << 31) + (v >= 1 << 32) + (v >= 1 << 63) if v >= 0 else int(v < -(1 << 31)) * 2
+
+
+__all__ = ["VERIFIED_TRITON", "CachedLaunch", "cdiv", "fast_launch_supported", "int_type",
+           "next_pow2", "tile_2d", "triton"]
 
 
 # Triton releases whose ``CompiledKernel.run`` signature `_launch_compiled` was written and
@@ -48,6 +55,11 @@ def fast_launch_supported(version: str) -> bool:
     return major_minor in VERIFIED_TRITON
 
 
+_FAST_LAUNCH = fast_launch_supported(triton.__version__)
+if _FAST_LAUNCH:  # `triton.knobs` (launch hooks) exists on the verified releases only
+    from triton import knobs
+
+
 class CachedLaunch:
     """Relaunch one Triton kernel signature without Triton's per-call argument binding.
 
@@ -59,41 +71,50 @@ class CachedLaunch:
     aligned, this keeps the compiled kernel and calls it directly while that still holds;
     otherwise (or under TRITON_INTERPRET, where nothing is compiled, or on a Triton release
     outside `VERIFIED_TRITON`) it launches the normal way. Constexprs and integers must be
-    fixed for the plan that owns this object.
+    fixed for the plan that owns this object: a launcher keeps one per launch key (a
+    `robocache._plancache.PlanCache`) that determines the grid and every non-tensor argument.
+
+    Args:
+        kernel: the ``@triton.jit`` function.
+        grid: the launch grid.
+        consts: values of the kernel's trailing parameters (its constexprs, in signature
+            order), appended to the arguments of every call.
+        options: launch options such as ``num_warps``.
     """
 
-    __slots__ = ("kernel", "grid", "kwargs", "compiled")
+    __slots__ = ("kernel", "grid", "consts", "options", "compiled")
     # Decided once, at import, from the installed Triton's version.
-    enabled = fast_launch_supported(triton.__version__)
+    enabled = _FAST_LAUNCH
 
-    def __init__(self, kernel, grid: tuple[int, ...], **kwargs):
-        self.kernel, self.grid, self.kwargs, self.compiled = kernel, grid, kwargs, None
+    def __init__(self, kernel, grid: tuple[int, ...], consts: tuple = (), **options):
+        self.kernel, self.grid, self.consts, self.options = kernel, grid, consts, options
+        self.compiled = None
 
     def __call__(self, args: tuple, tensors: tuple) -> None:
-        """Launch with `args` (every kernel parameter, in order); `tensors` lists every
-        tensor among them (for the alignment check)."""
+        """Launch with `args` (the kernel's leading parameters, in order; `consts` follow);
+        `tensors` lists every tensor among them (for the alignment check)."""
         aligned = True
         for t in tensors:
             if t.data_ptr() & 15:
                 aligned = False
                 break
         compiled = self.compiled
+        if self.consts:
+            args = args + self.consts
         if aligned and compiled is not None:
             _launch_compiled(compiled, self.grid, args)
             return
-        result = self.kernel[self.grid](*args, **self.kwargs)
+        result = self.kernel[self.grid](*args, **self.options)
         if aligned and CachedLaunch.enabled and hasattr(result, "packed_metadata"):
             self.compiled = result
 
 
 def _launch_compiled(compiled, grid: tuple[int, ...], args: tuple) -> None:
     """What ``JITFunction.run`` does after binding, for an already-compiled kernel."""
-    from triton import knobs
-    from triton.runtime import driver
-
     drv = driver.active
     stream = drv.get_current_stream(drv.get_current_device())
+    hooks = knobs.runtime
     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
                  stream, compiled.function, compiled.packed_metadata,
                  compiled.launch_metadata(grid, stream, *args),
-                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+                 hooks.launch_enter_hook, hooks.launch_exit_hook, *args)

@@ -11,11 +11,12 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import cdiv, tile_2d
+from robocache._plancache import PlanCache
+from robocache.kernels._utils import CachedLaunch, cdiv, int_type, tile_2d
 from robocache.kernels.jit import normals, row_tile
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _noise_kernel(x_ptr, std_ptr, out_ptr, seed, n_rows, D,
                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     rows, cols, cmask, mask, offs = row_tile(n_rows, D, BLOCK_R, BLOCK_D)
@@ -25,12 +26,29 @@ def _noise_kernel(x_ptr, std_ptr, out_ptr, seed, n_rows, D,
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def noise_cuda(x: torch.Tensor, std: torch.Tensor, seed: int, out: torch.Tensor) -> torch.Tensor:
-    """``out = x + std * normals(seed, N, D)`` for contiguous `x [N, D]`, std float32 [D]."""
-    n, d = x.shape
-    if n == 0 or d == 0:
+# Eager calls relaunch a CachedLaunch per geometry (rows, columns, dtypes, device) and the
+# integer type Triton gives the seed (its value is not specialized on).
+_PLANS = PlanCache(256)
+
+
+def noise_cuda(x: torch.Tensor, std: torch.Tensor, seed: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """``out = x + std * normals(seed, N, D)`` for `x [..., D]` (made contiguous; N rows of
+    the ``[N, D]`` view), std float32 ``[D]`` on x's device; `out` contiguous like `x`
+    (allocated when None)."""
+    d = std.shape[0]
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    n = out.numel() // d if d else 0
+    if n == 0:
         return out
-    block_r, block_d = tile_2d(n, max(d, 4), max_cols=128, elements=4096)
-    _noise_kernel[(cdiv(n, block_r), cdiv(d, block_d))](x, std, out, seed, n, d,
-                                                        BLOCK_R=block_r, BLOCK_D=block_d)
+    x = x.contiguous()
+    key = (n, d, x.dtype, out.dtype, x.device, int_type(seed))
+    launch = _PLANS.get(key) or _PLANS.put(key, _noise_plan(n, d))
+    launch((x, std, out, seed, n, d), (x, std, out))
     return out
+
+
+def _noise_plan(n: int, d: int) -> CachedLaunch:
+    block_r, block_d = tile_2d(n, max(d, 4), max_cols=128, elements=4096)
+    return CachedLaunch(_noise_kernel, (cdiv(n, block_r), cdiv(d, block_d)), (block_r, block_d))

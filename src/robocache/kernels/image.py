@@ -17,11 +17,13 @@ interpreter, which runs programs one by one, cannot show it).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import cdiv
+from robocache._plancache import PlanCache
+from robocache.kernels._utils import CachedLaunch, cdiv
 from robocache.reference.image import BRIGHTNESS, CONTRAST, GRAY, HUE, SATURATION, SHARPNESS
 
 OP_BRIGHTNESS = tl.constexpr(BRIGHTNESS)
@@ -207,12 +209,13 @@ def _image_kernel(src, out, crop, affine, ops, factors, mean, partial,
 def slot_ops(ops: torch.Tensor) -> int:
     """The kernel's ``SLOT_OPS``: bit ``5 k + op`` set when some image has ``op`` in slot ``k``
     (``ops``: the host copy of the int ``[N, K]`` op ids)."""
-    mask = 0
-    for k in range(ops.shape[1]):
-        for op in torch.unique(ops[:, k]).tolist():
-            if op >= 0:
-                mask |= 1 << (5 * k + op)
-    return mask
+    ids = ops.numpy().astype(np.int64)
+    bits = (ids + 5 * np.arange(ids.shape[1]))[ids >= 0]
+    return sum(1 << int(b) for b in np.unique(bits))
+
+
+# Eager calls relaunch a CachedLaunch per (geometry, strides, output dtype, op set, device).
+_PLANS = PlanCache(256)
 
 
 def image_transform_cuda(frames: torch.Tensor, crop: torch.Tensor, affine: torch.Tensor,
@@ -222,23 +225,46 @@ def image_transform_cuda(frames: torch.Tensor, crop: torch.Tensor, affine: torch
     :func:`slot_ops` of the batch's op ids (host-known from the sampled parameters), which
     picks the ops compiled per slot, the 16-column tile (sharpness) and the mean pass
     (contrast)."""
-    n, _, H, W = frames.shape
-    h, w = out.shape[-2:]
-    k = ops.shape[1]
-    crop, affine, ops, factors = (t.contiguous() for t in (crop, affine, ops, factors))
-    used = {op for op in range(5) for s in range(k) if slots >> (5 * s + op) & 1}
-    nb = 16 if SHARPNESS in used else 1
-    # 128 pixels x 16 neighbours (2048 values per live tensor) or 1024 pixels per program
-    block = 128 if nb > 1 else 1024
-    blocks = cdiv(h * w, block)
-    grid = (n, blocks)
-    mean = torch.zeros(n, device=frames.device, dtype=torch.float32)
-    args = (frames, out, crop, affine, ops, factors, mean)
-    strides = (H, W, h, w, *frames.stride(), *out.stride(), blocks)
-    meta = dict(K=k, NB=nb, BLOCK=block, OUT_U8=out.dtype == torch.uint8, SLOT_OPS=slots)
-    if CONTRAST in used:
-        partial = torch.empty(n, blocks, device=frames.device, dtype=torch.float32)
-        _image_kernel[grid](*args, partial, *strides, MEAN=True, **meta)
-        torch.div(partial.sum(1), h * w, out=mean)
-    _image_kernel[grid](*args, mean, *strides, MEAN=False, **meta)
+    n = frames.shape[0]
+    if n == 0:
+        return out
+    crop, affine, ops, factors = crop.contiguous(), affine.contiguous(), ops.contiguous(), \
+        factors.contiguous()
+    key = (frames.shape, out.shape, frames.stride(), out.stride(), out.dtype, ops.shape[1],
+           slots, frames.device)
+    plan = _PLANS.get(key) or _PLANS.put(key, _ImagePlan(frames, out, ops.shape[1], slots))
+    plan.launch(frames, out, crop, affine, ops, factors)
     return out
+
+
+class _ImagePlan:
+    """Grid and cached launches of one transform geometry (sizes, strides, op set)."""
+
+    __slots__ = ("n", "blocks", "hw", "ints", "mean_pass", "render")
+
+    def __init__(self, frames: torch.Tensor, out: torch.Tensor, k: int, slots: int):
+        n = frames.shape[0]
+        h, w = out.shape[-2:]
+        used = {op for op in range(5) for s in range(k) if slots >> (5 * s + op) & 1}
+        nb = 16 if SHARPNESS in used else 1
+        # 128 pixels x 16 neighbours (2048 values per live tensor) or 1024 pixels per program
+        block = 128 if nb > 1 else 1024
+        self.n, self.blocks, self.hw = n, cdiv(h * w, block), h * w
+        self.ints = (*frames.shape[-2:], h, w, *frames.stride(), *out.stride(), self.blocks)
+        grid, u8 = (n, self.blocks), out.dtype == torch.uint8
+        self.render = CachedLaunch(_image_kernel, grid, (k, nb, block, False, u8, slots))
+        self.mean_pass = CachedLaunch(_image_kernel, grid, (k, nb, block, True, u8, slots)) \
+            if CONTRAST in used else None
+
+    def launch(self, frames, out, crop, affine, ops, factors) -> None:
+        ints = self.ints
+        if self.mean_pass is None:  # no contrast: the kernel reads neither mean nor partial
+            self.render((frames, out, crop, affine, ops, factors, factors, factors, *ints),
+                        (frames, out, crop, affine, ops, factors))
+            return
+        mean = torch.zeros(self.n, device=frames.device, dtype=torch.float32)
+        partial = torch.empty(self.n, self.blocks, device=frames.device, dtype=torch.float32)
+        tensors = (frames, out, crop, affine, ops, factors, mean, partial)
+        self.mean_pass((*tensors, *ints), tensors)
+        torch.div(partial.sum(1), self.hw, out=mean)
+        self.render((frames, out, crop, affine, ops, factors, mean, mean, *ints), tensors[:7])

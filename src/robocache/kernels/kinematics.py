@@ -447,8 +447,9 @@ def _launch(kernel, q: torch.Tensor, params: torch.Tensor, out: torch.Tensor, *c
     key = (kernel, n, dof, params.shape[0], q.dtype, q.device, *constexprs)
     launch = _LAUNCHES.get(key)
     if launch is None:
-        launch = _LAUNCHES.put(key, CachedLaunch(kernel, (cdiv(n, _BLOCK),), num_warps=_WARPS))
-    launch((q, params, out, n, dof, params.shape[0], *constexprs, _BLOCK), (q, params, out))
+        launch = _LAUNCHES.put(key, CachedLaunch(kernel, (cdiv(n, _BLOCK),), (*constexprs, _BLOCK),
+                                                 num_warps=_WARPS))
+    launch((q, params, out, n, dof, params.shape[0]), (q, params, out))
 
 
 def fk_cuda(q: torch.Tensor, params: torch.Tensor, movable: int, prismatic: int,

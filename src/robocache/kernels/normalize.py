@@ -6,7 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import cdiv, tile_2d
+from robocache._plancache import PlanCache
+from robocache.kernels._utils import CachedLaunch, cdiv, tile_2d
 from robocache.kernels.jit import row_tile
 
 
@@ -29,14 +30,28 @@ def _affine_kernel(x_ptr, offset_ptr, scale_ptr, out_ptr, n_rows, D,
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# Eager calls relaunch a CachedLaunch per geometry (rows, columns, dtypes, flags, device).
+_PLANS = PlanCache(256)
+
+
 def affine_cuda(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
-                inverse: bool, out: torch.Tensor) -> torch.Tensor:
-    """Apply the affine map to contiguous `x [N, D]` into contiguous `out [N, D]`."""
-    n, d = x.shape
-    if n == 0 or d == 0:
+                inverse: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Apply the affine map to `x [..., D]` (made contiguous) into contiguous `out` like `x`
+    (allocated when None); offset and scale ``[D]`` on x's device in the arithmetic dtype."""
+    d = offset.shape[0]
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    n = out.numel() // d if d else 0
+    if n == 0:
         return out
-    block_r, block_d = tile_2d(n, d, max_cols=128, elements=4096)
-    grid = (cdiv(n, block_r), cdiv(d, block_d))
-    _affine_kernel[grid](x, offset, scale, out, n, d, CLIP=clip, INVERSE=inverse,
-                         BLOCK_R=block_r, BLOCK_D=block_d)
+    x = x.contiguous()
+    key = (n, d, x.dtype, out.dtype, offset.dtype, clip, inverse, x.device)
+    launch = _PLANS.get(key) or _PLANS.put(key, _affine_plan(n, d, clip, inverse))
+    launch((x, offset, scale, out, n, d), (x, offset, scale, out))
     return out
+
+
+def _affine_plan(n: int, d: int, clip: bool, inverse: bool) -> CachedLaunch:
+    block_r, block_d = tile_2d(n, d, max_cols=128, elements=4096)
+    return CachedLaunch(_affine_kernel, (cdiv(n, block_r), cdiv(d, block_d)),
+                        (clip, inverse, block_r, block_d))

@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import cdiv, next_pow2
+from robocache._plancache import PlanCache
+from robocache.kernels._utils import CachedLaunch, cdiv, int_type, next_pow2
 from robocache.kernels.jit import (
     dropped,
     linear_weight,
@@ -157,6 +158,40 @@ class PipelineTuning:
 TUNING = PipelineTuning()
 
 
+# Eager calls relaunch a CachedLaunch per launch key (plan, sizes, strides, dtypes, seed kind,
+# tuning, device); the key fixes every constexpr and integer argument.
+_PLANS = PlanCache(256)
+
+
+class _PipelineLaunch(CachedLaunch):
+    """A cached launch of the fused kernel and its search integers (levels, stride0, chunks)."""
+
+    __slots__ = ("ints",)
+
+
+def _plan_launch(plan, S: int, T: int, D: int, variants: int, time_dtype: torch.dtype,
+                 has_len: bool, seed_ptr: bool, tu: PipelineTuning) -> _PipelineLaunch:
+    levels, stride0 = search_levels(S, tu.fan)
+    bd = max(min(next_pow2(D), 128), 4)  # the noise draws 4 columns per Philox call
+    bt = min(tu.block_t, max(next_pow2(T), 8))
+    ntb = cdiv(T, bt)
+    chunks = cdiv(ntb, tu.blocks)
+    warps = bt * bd // (32 * tu.per_thread)
+    if D % 16:
+        # Triton proves 16-byte row alignment only for D % 16 == 0; otherwise it lays the tile
+        # out one column per lane with whole rows per thread, ~13 registers per row (ptxas,
+        # sm_90: D = 30, 16 rows in 1 warp: 255 + spills; in 4 warps: 96). <= 4 rows a thread.
+        warps = max(warps, bt // 4)
+    warps = min(max(warps, 1), 16)
+    launch = _PipelineLaunch(
+        _pipeline_kernel, (variants * chunks,),
+        (seed_ptr, has_len, time_dtype == torch.float64, plan.pos, plan.quat, plan.terms,
+         plan.crop, plan.norm, plan.clip, plan.noise, plan.streams,
+         max(next_pow2(plan.streams), 2), bt, bd, tu.blocks, tu.fan), num_warps=warps)
+    launch.ints = (levels, stride0, chunks)
+    return launch
+
+
 def pipeline_cuda(plan, data: torch.Tensor, times: torch.Tensor,
                   lengths: torch.Tensor | None, out: torch.Tensor, flags: torch.Tensor,
                   offset: torch.Tensor, scale: torch.Tensor, std: torch.Tensor,
@@ -172,32 +207,19 @@ def pipeline_cuda(plan, data: torch.Tensor, times: torch.Tensor,
     T = out.shape[2]
     if B == 0 or T == 0 or k == 0:
         return out
-    tu = tuning or TUNING
-    levels, stride0 = search_levels(S, tu.fan)
-    bd = max(min(next_pow2(D), 128), 4)  # the noise draws 4 columns per Philox call
-    bt = min(tu.block_t, max(next_pow2(T), 8))
-    ntb = cdiv(T, bt)
-    chunks = cdiv(ntb, tu.blocks)
-    warps = bt * bd // (32 * tu.per_thread)
-    if D % 16:
-        # Triton proves 16-byte row alignment only for D % 16 == 0; otherwise it lays the tile
-        # out one column per lane with whole rows per thread, ~13 registers per row (ptxas,
-        # sm_90: D = 30, 16 rows in 1 warp: 255 + spills; in 4 warps: 96). <= 4 rows a thread.
-        warps = max(warps, bt // 4)
-    warps = min(max(warps, 1), 16)
-    _pipeline_kernel[(B * k * chunks,)](
-        # absent tensors are passed as `data` (never touched): an empty tensor's null pointer
-        # is rejected by the launcher
-        data, times, data if lengths is None else lengths, out,
-        flags if plan.streams else data, offset, scale, std,
-        stream_of_col, S, T, D, k, span, seed, max_translation, max_rotation, warp_amp,
-        max_crop, drop_p, data.stride(0), data.stride(1), times.stride(0), times.stride(1),
-        levels, stride0, chunks,
-        SEED_PTR=isinstance(seed, torch.Tensor), HAS_LEN=lengths is not None,
-        TIME_F64=times.dtype == torch.float64, POS=plan.pos, QUAT=plan.quat, TERMS=plan.terms,
-        CROP=plan.crop, NORM=plan.norm, CLIP=plan.clip,
-        NOISE=plan.noise, NS=plan.streams, NS_P2=max(next_pow2(plan.streams), 2),
-        BLOCK_T=bt, BLOCK_D=bd, BLOCKS=tu.blocks, FAN=tu.fan,
-        num_warps=warps,
-    )
+    seed_ptr = isinstance(seed, torch.Tensor)
+    key = (plan, B, S, T, D, k, data.stride(), times.stride(), data.dtype, times.dtype,
+           None if lengths is None else lengths.dtype,
+           "pointer" if seed_ptr else int_type(seed), tuning, data.device)
+    launch = _PLANS.get(key) or _PLANS.put(key, _plan_launch(plan, S, T, D, B * k, times.dtype,
+                                                             lengths is not None, seed_ptr,
+                                                             tuning or TUNING))
+    # absent tensors are passed as `data` (never touched): an empty tensor's null pointer is
+    # rejected by the launcher
+    lens = data if lengths is None else lengths
+    flag_t = flags if plan.streams else data
+    tensors = (data, times, lens, out, flag_t, offset, scale, std, stream_of_col)
+    launch((*tensors, S, T, D, k, span, seed, max_translation, max_rotation, warp_amp,
+            max_crop, drop_p, *data.stride()[:2], *times.stride()[:2], *launch.ints),
+           (*tensors, seed) if seed_ptr else tensors)
     return out

@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import cdiv, next_pow2
+from robocache._plancache import PlanCache
+from robocache.kernels._utils import CachedLaunch, cdiv, next_pow2
 
 MODE_IDS = {"occupancy": 0, "count": 1, "sum": 2, "mean": 3, "max": 4}
 FLT_MAX = 3.4028234663852886e38
@@ -297,6 +298,10 @@ def depth_to_voxels_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
     return buf
 
 
+# Eager calls relaunch a CachedLaunch per (batch, image size, camera layout, dtypes, device).
+_POINT_PLANS = PlanCache(256)
+
+
 def depth_to_points_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
                          extrinsics: torch.Tensor | None, depth_scale: float, min_depth: float,
                          max_depth: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,9 +312,15 @@ def depth_to_points_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
     valid = torch.empty(b, h * w, dtype=torch.bool, device=depth.device)
     k, e, k_stride, e_stride = _camera_args(intrinsics, extrinsics, b)
     if b and h * w:
-        block = 512
-        _depth_to_points_kernel[(cdiv(h * w, block), b)](
-            depth, k, e, points, valid.view(torch.uint8), h * w, w, depth_scale, min_depth,
-            min(max_depth, FLT_MAX), K_STRIDE=k_stride, E_STRIDE=e_stride,
-            HAS_EXT=extrinsics is not None, BLOCK=block)
+        key = (b, h, w, k_stride, e_stride, extrinsics is None, depth.dtype, k.dtype, e.dtype,
+               depth.device)
+        launch = _POINT_PLANS.get(key)
+        if launch is None:
+            block = 512
+            launch = _POINT_PLANS.put(key, CachedLaunch(
+                _depth_to_points_kernel, (cdiv(h * w, block), b),
+                (k_stride, e_stride, extrinsics is not None, block)))
+        flags = valid.view(torch.uint8)
+        launch((depth, k, e, points, flags, h * w, w, depth_scale, min_depth,
+                min(max_depth, FLT_MAX)), (depth, k, e, points, flags))
     return points, valid

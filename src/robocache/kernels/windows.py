@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from robocache.kernels._utils import next_pow2
+from robocache._plancache import PlanCache
+from robocache.kernels._utils import CachedLaunch, next_pow2
 
 
 @triton.jit
@@ -85,6 +86,11 @@ def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad
     _store_pads(pad1, rel, r, first, last, offs_m, mm, K0, K1, KP1)
 
 
+# Eager calls relaunch a CachedLaunch per launch key: everything that fixes the grid, the
+# constexprs and the integer arguments (sizes, episode count, strides, dtype, device).
+_PLANS = PlanCache(256)
+
+
 def windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
                  episodes: torch.Tensor | None, rel: torch.Tensor, split: int,
                  out0: torch.Tensor, out1: torch.Tensor, pad0: torch.Tensor,
@@ -94,18 +100,22 @@ def windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tenso
     M, D = indices.shape[0], data.shape[1]
     if M == 0:
         return
-    n_episodes = offsets.shape[0] - 1
-    block_d = min(next_pow2(max(D, 1)), 128)
-    # 16 windows x K rows per program: every row load in flight at ~4 values per thread.
-    block_m = 16
-    _windows_kernel[(triton.cdiv(M, block_m),)](
-        data, offsets, indices, indices if episodes is None else episodes, rel,
-        out0, out1, pad0, pad1, M, n_episodes, max(n_episodes, 1).bit_length(),
-        data.stride(0), data.stride(1), D=D, K0=split, K1=rel.shape[0] - split,
-        HAS_EPISODES=episodes is not None, ZERO_PAD=zero_pad, BLOCK_M=block_m,
-        BLOCK_D=block_d, KP0=next_pow2(max(split, 1)),
-        KP1=next_pow2(max(rel.shape[0] - split, 1)), num_warps=4,
-    )
+    n_episodes, K = offsets.shape[0] - 1, rel.shape[0]
+    key = (_windows_kernel, M, D, K, split, n_episodes, data.stride(), data.dtype,
+           episodes is None, zero_pad, data.device)
+    launch = _PLANS.get(key)
+    if launch is None:
+        block_d = min(next_pow2(max(D, 1)), 128)
+        # 16 windows x K rows per program: every row load in flight at ~4 values per thread.
+        block_m = 16
+        launch = _PLANS.put(key, CachedLaunch(
+            _windows_kernel, (triton.cdiv(M, block_m),),
+            (D, split, K - split, episodes is not None, zero_pad, block_m, block_d,
+             next_pow2(max(split, 1)), next_pow2(max(K - split, 1))), num_warps=4))
+    ep = indices if episodes is None else episodes
+    launch((data, offsets, indices, ep, rel, out0, out1, pad0, pad1, M, n_episodes,
+            max(n_episodes, 1).bit_length(), *data.stride()),
+           (data, offsets, indices, ep, rel, out0, out1, pad0, pad1))
 
 
 @triton.jit
@@ -179,18 +189,22 @@ def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.T
     # (512 + 128 positions): 0.125-0.127 ms. Stores: plain (write-back) 0.1197-0.1203 ms,
     # streaming (`.cs`, as `windows` stores) 0.1224 ms, `.cg` 0.1201-0.1208, `.wt` 0.1205,
     # three runs each in one process: unlike `windows`, the plain store wins here.
-    block_p = block_p or min(1024, next_pow2(max(n_values, 16)))
-    block_m = block_m or max(4, min(128, 4096 // block_p))
-    vec = 1
-    if data.stride(1) == 1:  # widest 16-byte vector dividing the columns, widths and row stride
-        vec = max(1, 16 // data.element_size())
-        while vec > 1 and (align % vec or data.stride(0) % vec):
-            vec //= 2
-    _key_windows_kernel[(triton.cdiv(M, block_m),)](
-        data, offsets, indices, indices if episodes is None else episodes, table, out, pad,
-        M, n_values, n_pads, n_episodes, max(n_episodes, 1).bit_length(), data.stride(0),
-        data.stride(1), HAS_EPISODES=episodes is not None, ZERO_PAD=zero_pad,
-        BLOCK_M=block_m, BLOCK_P=block_p, CHUNKS=triton.cdiv(n_values, block_p),
-        BLOCK_Q=next_pow2(n_pads), ALIGN=vec,
-        num_warps=num_warps,
-    )
+    key = (_key_windows_kernel, M, n_values, n_pads, align, n_episodes, data.stride(),
+           data.dtype, episodes is None, zero_pad, block_m, block_p, num_warps, data.device)
+    launch = _PLANS.get(key)
+    if launch is None:
+        block_p = block_p or min(1024, next_pow2(max(n_values, 16)))
+        block_m = block_m or max(4, min(128, 4096 // block_p))
+        vec = 1
+        if data.stride(1) == 1:  # widest 16-byte vector dividing the columns, widths, row stride
+            vec = max(1, 16 // data.element_size())
+            while vec > 1 and (align % vec or data.stride(0) % vec):
+                vec //= 2
+        launch = _PLANS.put(key, CachedLaunch(
+            _key_windows_kernel, (triton.cdiv(M, block_m),),
+            (episodes is not None, zero_pad, block_m, block_p, triton.cdiv(n_values, block_p),
+             next_pow2(n_pads), vec), num_warps=num_warps))
+    ep = indices if episodes is None else episodes
+    launch((data, offsets, indices, ep, table, out, pad, M, n_values, n_pads, n_episodes,
+            max(n_episodes, 1).bit_length(), *data.stride()),
+           (data, offsets, indices, ep, table, out, pad))

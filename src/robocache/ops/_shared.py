@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from robocache._plancache import PlanCache
 from robocache.errors import ShapeError
 from robocache.ops._checks import fail
 from robocache.ops._dispatch import Op
@@ -37,29 +38,20 @@ def _affine_cpu(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip
     return normalize_ref.affine_reference(x, offset, scale, clip, inverse)
 
 
-def affine_into(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
-                inverse: bool, out: torch.Tensor) -> torch.Tensor:
-    """The CUDA launch of `affine` into a contiguous `out` like `x` (an eager ``out=``)."""
-    from robocache.kernels.normalize import affine_cuda
-
-    d = offset.shape[0]
-    affine_cuda(x.contiguous().view(-1, d), offset, scale, clip, inverse, out.view(-1, d))
-    return out
-
-
-def _affine_cuda(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
-                 inverse: bool) -> torch.Tensor:
-    return affine_into(x, offset, scale, clip, inverse,
-                       torch.empty_like(x, memory_format=torch.contiguous_format))
-
-
 def _affine_fake(x, offset, scale, clip, inverse):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 #: ``(x - offset) * scale`` (clipped to [-1, 1] with ``clip``), or its inverse, per column of
 #: ``x [..., D]``; offset and scale ``[D]`` on x's device in the arithmetic dtype.
-affine = Op("normalize_affine", cpu=_affine_cpu, cuda=_affine_cuda, fake=_affine_fake)
+affine = Op("normalize_affine", cpu=_affine_cpu,
+            cuda="robocache.kernels.normalize:affine_cuda", fake=_affine_fake)
+
+
+def affine_into(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
+                inverse: bool, out: torch.Tensor) -> torch.Tensor:
+    """The CUDA launch of `affine` into a contiguous `out` like `x` (an eager ``out=``)."""
+    return affine.cuda()(x, offset, scale, clip, inverse, out)
 
 
 # ---------------------------------------------------------------- augment: noise
@@ -71,27 +63,38 @@ def _noise_cpu(x: torch.Tensor, std: torch.Tensor, seed: int) -> torch.Tensor:
     return (xc.float() + std * z).to(x.dtype)
 
 
-def noise_into(x: torch.Tensor, std: torch.Tensor, seed: int,
-               out: torch.Tensor) -> torch.Tensor:
-    """The CUDA launch of `add_noise` into a contiguous `out` like `x` (an eager ``out=``)."""
-    from robocache.kernels.augment import noise_cuda
-
-    d = x.shape[-1] if x.dim() else 1
-    noise_cuda(x.contiguous().view(-1, d), std, seed, out.view(-1, d))
-    return out
-
-
-def _noise_cuda(x: torch.Tensor, std: torch.Tensor, seed: int) -> torch.Tensor:
-    return noise_into(x, std, seed, torch.empty_like(x, memory_format=torch.contiguous_format))
-
-
 def _noise_fake(x, std, seed):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 #: ``x + std * N(0, 1)`` (`robocache.add_noise` after validation): std float32 ``[D]`` on x's
 #: device, seed an int (no copy, no sync: safe inside CUDA-graph capture).
-add_noise = Op("add_noise", cpu=_noise_cpu, cuda=_noise_cuda, fake=_noise_fake)
+add_noise = Op("add_noise", cpu=_noise_cpu, cuda="robocache.kernels.augment:noise_cuda",
+               fake=_noise_fake)
+
+
+def noise_into(x: torch.Tensor, std: torch.Tensor, seed: int,
+               out: torch.Tensor) -> torch.Tensor:
+    """The CUDA launch of `add_noise` into a contiguous `out` like `x` (an eager ``out=``)."""
+    return add_noise.cuda()(x, std, seed, out)
+
+
+_STD_ON_DEVICE = PlanCache(256)
+
+
+def noise_std_on(op: str, std, d: int, device: torch.device) -> torch.Tensor:
+    """`noise_std_vector` on `device`. A std given as numbers is validated and copied once per
+    (values, D, device); a tensor std is data, read on every call."""
+    if isinstance(std, torch.Tensor):
+        return noise_std_vector(op, std, d).to(device)
+    try:
+        key = (tuple(std) if isinstance(std, Sequence) else std, d, device)
+        hit = _STD_ON_DEVICE.get(key)
+    except TypeError:  # unhashable entries: no caching (validation names the problem)
+        return noise_std_vector(op, std, d).to(device)
+    if hit is None:
+        hit = _STD_ON_DEVICE.put(key, noise_std_vector(op, std, d).to(device))
+    return hit
 
 
 def noise_std_vector(op: str, std, d: int) -> torch.Tensor:

@@ -262,10 +262,11 @@ def add_noise(x: torch.Tensor, std: float | Sequence[float] | torch.Tensor, *, s
     op = "add_noise"
     check_dtype(op, "x", x, FLOAT_DTYPES, "Convert with x.float().")
     d = x.shape[-1] if x.dim() else 1
-    std_d = _shared.noise_std_vector(op, std, d).to(x.device)
+    std_d = _shared.noise_std_on(op, std, d, x.device)
+    seed = _shared.as_seed(op, seed)
     if out is not None and out.is_contiguous() and launches_directly(x):
-        return _shared.noise_into(x, std_d, _shared.as_seed(op, seed), out)
-    y = _shared.add_noise(x, std_d, _shared.as_seed(op, seed))
+        return _shared.noise_into(x, std_d, seed, out)
+    y = _shared.add_noise(x, std_d, seed)
     return y if out is None else out.copy_(y)
 
 

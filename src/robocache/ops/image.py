@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from robocache._plancache import PlanCache
 from robocache.errors import DTypeError
 from robocache.observability import nvtx
 from robocache.ops._checks import check_device, check_dtype, fail
@@ -192,10 +193,12 @@ def _image_cpu(frames: torch.Tensor, crop: torch.Tensor, affine: torch.Tensor, o
 
 def _image_cuda(frames: torch.Tensor, crop: torch.Tensor, affine: torch.Tensor,
                 ops: torch.Tensor, factors: torch.Tensor, h: int, w: int, slots: int,
-                dtype: torch.dtype) -> torch.Tensor:
+                dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The CUDA implementation; an eager call may pass `out` (any strides) to write into."""
     from robocache.kernels.image import image_transform_cuda
 
-    out = frames.new_empty(frames.shape[0], 3, h, w, dtype=dtype)
+    if out is None:
+        out = frames.new_empty(frames.shape[0], 3, h, w, dtype=dtype)
     return image_transform_cuda(frames, crop, affine, ops, factors, out, slots=slots)
 
 
@@ -247,13 +250,16 @@ def image_transform(frames: torch.Tensor, size: tuple[int, int],
     if h < 1 or w < 1:
         fail(op, f"`size` must be positive (height, width); got {size}.", ValueError)
     n = frames.shape[0]
-    params = params or ImageTransformParams.identity(n, tuple(frames.shape[-2:])).to(frames.device)
-    for name in ("crop", "affine", "ops", "factors"):
-        t = getattr(params, name)
-        if t.shape[0] != n:
-            fail(op, f"`params.{name}` has {t.shape[0]} rows for {n} frames; sample one row per "
-                 "frame (repeat_interleave for frames that share a sample).")
-        check_device(op, f"params.{name}", t, frames.device, "frames")
+    if params is None:  # resize only: cached identity parameters, no colour op in any slot
+        params, slots = _identity_on(n, tuple(frames.shape[-2:]), frames.device), 0
+    else:
+        for name in ("crop", "affine", "ops", "factors"):
+            t = getattr(params, name)
+            if t.shape[0] != n:
+                fail(op, f"`params.{name}` has {t.shape[0]} rows for {n} frames; sample one row "
+                     "per frame (repeat_interleave for frames that share a sample).")
+            check_device(op, f"params.{name}", t, frames.device, "frames")
+        slots = _slots(params) if frames.is_cuda else 0
     if out is not None:
         if tuple(out.shape) != (n, 3, h, w) or out.dtype != dtype:
             fail(op, f"`out` must be [{n}, 3, {h}, {w}] of {dtype}; got {list(out.shape)} of "
@@ -262,16 +268,30 @@ def image_transform(frames: torch.Tensor, size: tuple[int, int],
     crop, affine = params.crop.float(), params.affine.float()
     ops, factors = params.ops.to(torch.int32), params.factors.float()
     with nvtx.range(op):
-        slots = 0
-        if frames.is_cuda and torch.compiler.is_compiling():  # op ids unknown: every op, slot
-            slots = (1 << 5 * params.ops.shape[1]) - 1
-        elif frames.is_cuda:
-            from robocache.kernels.image import slot_ops
-
-            slots = slot_ops(params.host_ops if params.host_ops is not None else params.ops.cpu())
         if out is not None and launches_directly(frames):  # the kernel writes any strides
-            from robocache.kernels.image import image_transform_cuda
-
-            return image_transform_cuda(frames, crop, affine, ops, factors, out, slots=slots)
+            return _IMAGE_TRANSFORM.cuda()(frames, crop, affine, ops, factors, h, w, slots,
+                                           dtype, out)
         y = _IMAGE_TRANSFORM(frames, crop, affine, ops, factors, h, w, slots, dtype)
         return y if out is None else out.copy_(y)
+
+
+_IDENTITY = PlanCache(64)
+
+
+def _identity_on(n: int, src_hw: tuple[int, int], device: torch.device) -> ImageTransformParams:
+    """`ImageTransformParams.identity` on `device`, made once per (n, size, device)."""
+    key = (n, src_hw, device)
+    hit = _IDENTITY.get(key)
+    if hit is None:
+        hit = _IDENTITY.put(key, ImageTransformParams.identity(n, src_hw).to(device))
+    return hit
+
+
+def _slots(params: ImageTransformParams) -> int:
+    """The kernel's per-slot op set of a batch on CUDA (`kernels.image.slot_ops`); every op in
+    every slot while tracing, where the op ids are not known."""
+    if torch.compiler.is_compiling():
+        return (1 << 5 * params.ops.shape[1]) - 1
+    from robocache.kernels.image import slot_ops
+
+    return slot_ops(params.host_ops if params.host_ops is not None else params.ops.cpu())

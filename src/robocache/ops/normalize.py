@@ -24,11 +24,12 @@ dimension maps to 0 and back exactly instead of dividing by ~0.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from robocache._plancache import PlanCache
 from robocache.errors import DataError, ShapeError
 from robocache.observability import nvtx
 from robocache.ops._checks import FLOAT_DTYPES, check_choice, check_dtype, fail
@@ -58,6 +59,9 @@ class Stats:
             bin j of dimension d covers ``[(origin + j) 2**e, (origin + j + 1) 2**e)``;
             counts are int64 `[D, bins]`.
         exact_quantiles: whether q01/q99 are exact (one pass) or histogram estimates (merged).
+
+    Treat it as immutable (do not write into its tensors): the normalization parameters derived
+    from it are cached on it, per device.
     """
 
     count: int
@@ -71,6 +75,16 @@ class Stats:
     hist_origin: torch.Tensor
     hist_counts: torch.Tensor
     exact_quantiles: bool = True
+    # (mode, eps, device, arithmetic dtype) -> (offset, scale, clip) on that device: `Stats` is
+    # immutable, so what `normalize` derives from it is made once per device, not per call
+    _derived: PlanCache = field(default_factory=lambda: PlanCache(64), init=False, repr=False,
+                                compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled without the per-device cache
+        return {k: v for k, v in self.__dict__.items() if k != "_derived"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _derived=PlanCache(64))
 
     @property
     def dim(self) -> int:
@@ -240,6 +254,19 @@ def affine_params(stats: Stats, mode: str, *, eps: float = EPS) -> tuple[torch.T
     return center.clone(), scale, mode == "quantile"
 
 
+def _params_on(stats: Stats, mode: str, eps: float, device: torch.device,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """`affine_params` on `device` in the arithmetic dtype for `dtype` (float64 for float64,
+    else float32), derived once per (stats, mode, eps, device, dtype) and kept on `stats`."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    key = (mode, eps, device, acc)
+    hit = stats._derived.get(key)
+    if hit is None:
+        offset, scale, clip = affine_params(stats, mode, eps=eps)
+        hit = stats._derived.put(key, (offset.to(device, acc), scale.to(device, acc), clip))
+    return hit
+
+
 def _apply(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip: bool,
            inverse: bool, out: torch.Tensor | None, name: str) -> torch.Tensor:
     check_dtype(_OP, name, x, FLOAT_DTYPES, f"Convert with {name}.float().")
@@ -285,9 +312,10 @@ def normalize(x: torch.Tensor, stats: Stats, mode: str = "mean_std", *, inverse:
         >>> normalize(a, s, "min_max").amax() <= 1
         tensor(True)
     """
-    offset, scale, clip = affine_params(stats, mode, eps=eps)
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    return _apply(x, offset.to(x.device, acc), scale.to(x.device, acc), clip, inverse, out, "x")
+    if not isinstance(x, torch.Tensor):
+        fail(_OP, f"`x` must be a torch.Tensor; got {type(x).__name__}.", TypeError)
+    offset, scale, clip = _params_on(stats, mode, eps, x.device, x.dtype)
+    return _apply(x, offset, scale, clip, inverse, out, "x")
 
 
 class Normalizer:
@@ -319,23 +347,18 @@ class Normalizer:
         if unknown:
             fail("Normalizer", f"`modes` names keys without statistics: {unknown}; add their "
                  f"Stats to `stats` (have: {sorted(stats)}).", ValueError)
-        self._params = {k: affine_params(s, per_key.get(k, "mean_std"), eps=eps)
-                        for k, s in stats.items()}
         self.modes = {k: per_key.get(k, "mean_std") for k in stats}
-        self._cache: dict[tuple[str, torch.device, torch.dtype], tuple] = {}
+        for k, s in stats.items():  # unknown modes and a negative eps fail here, not at call
+            affine_params(s, self.modes[k], eps=eps)
+        self.stats, self.eps = dict(stats), eps
 
     def params(self, key: str, device: torch.device, dtype: torch.dtype):
         """(offset, scale, clip) of `key` on `device` in the arithmetic dtype for `dtype`."""
-        acc = torch.float64 if dtype == torch.float64 else torch.float32
-        hit = self._cache.get((key, device, acc))
-        if hit is None:
-            o, s, clip = self._params[key]
-            hit = self._cache[(key, device, acc)] = (o.to(device, acc), s.to(device, acc), clip)
-        return hit
+        return _params_on(self.stats[key], self.modes[key], self.eps, device, dtype)
 
     def _run(self, batch: Mapping[str, torch.Tensor], inverse: bool) -> dict[str, torch.Tensor]:
         result = dict(batch)
-        for key in self._params.keys() & batch.keys():
+        for key in self.stats.keys() & batch.keys():
             x = batch[key]
             o, s, clip = self.params(key, x.device, x.dtype)
             result[key] = _apply(x, o, s, clip, inverse, None, f"batch[{key!r}]")

@@ -299,13 +299,15 @@ def key_windows(
         (torch.Size([2, 2, 7]), torch.Size([2, 16, 2]), 15)
     """
     _check(data, episode_offsets, indices, episodes, pad)
-    cols, rels = _key_layout(data, columns, offsets)
+    direct = launches_directly(data)  # eager CUDA: the layout's cached plan, launched directly
+    if direct:
+        plan, table = _layout_on(data, columns, offsets)
+    else:
+        cols, rels = _key_layout(data, columns, offsets)
     if C.wants_validation(validate, data):
         _validate(data, episode_offsets, indices, episodes)
     M = indices.shape[0]
-    if launches_directly(data):
-        # eager CUDA: the layout's cached plan and device table, launched directly
-        plan, table = _key_plan_on(cols, rels, data.device)
+    if direct:
         out, pads = _key_windows_launch(data, episode_offsets, indices, episodes, plan, table,
                                         pad == "zero")
         return _split(out, pads, M, plan.layout)
@@ -314,6 +316,25 @@ def key_windows(
     out, pads = _KEY_WINDOWS(data, episode_offsets, indices, episodes, flat,
                              [o for n in names for o in rels[n]], pad == "zero")
     return _split(out, pads, M, _key_plan(cols, rels).layout)
+
+
+_LAYOUTS = PlanCache()
+
+
+def _layout_on(data: torch.Tensor, columns, offsets) -> tuple[KeyPlan, torch.Tensor]:
+    """`_key_plan_on` of the validated layout, looked up by the arguments as given: a layout
+    seen before (same keys, columns, offsets, data width and device) is not re-validated."""
+    try:
+        key = (tuple((n, tuple(cw), tuple(offsets[n])) for n, cw in columns.items()),
+               data.shape[1], data.device)
+        hit = _LAYOUTS.get(key)
+    except (KeyError, TypeError):  # a missing or malformed entry: validation names it
+        key = hit = None
+    if hit is None:
+        hit = _key_plan_on(*_key_layout(data, columns, offsets), data.device)
+        if key is not None:
+            _LAYOUTS.put(key, hit)
+    return hit
 
 
 def _key_layout(data, columns, offsets) -> tuple[dict[str, tuple[int, int]],
@@ -340,10 +361,12 @@ def _key_layout(data, columns, offsets) -> tuple[dict[str, tuple[int, int]],
 
 
 def _split(out: torch.Tensor, pads: torch.Tensor, M: int, layout: list) -> dict[str, torch.Tensor]:
+    values = out.split_with_sizes([M * L * W for _, _, L, W, _ in layout])
+    flags = pads.split_with_sizes([M * L for _, _, L, _, _ in layout])
     result = {}
-    for name, base, L, W, pbase in layout:
-        result[name] = out[M * base:M * (base + L * W)].view(M, L, W)
-        result[f"{name}_is_pad"] = pads[M * pbase:M * (pbase + L)].view(M, L)
+    for (name, _, L, W, _), v, f in zip(layout, values, flags, strict=True):
+        result[name] = v.view(M, L, W)
+        result[f"{name}_is_pad"] = f.view(M, L)
     return result
 
 
