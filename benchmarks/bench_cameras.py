@@ -74,7 +74,8 @@ def make_dataset(root: Path, episodes: int, length: int, hw: tuple[int, int],
                  seed: int = 0) -> Path:
     """The LeRobot v3.0 dataset the camera benchmarks read: ``episodes`` episodes of
     ``length`` frames at 30 fps, 6-D ``observation.state`` and ``action``, and two cameras
-    (:data:`CAMS`, ``hw`` frames, one H.264 mp4 each, written as LeRobot records video; the
+    (:data:`CAMS`, ``hw`` frames, one H.264 mp4 each, written as LeRobot records video but
+    without B-frames, which NVDEC ingest leaves to PyAV, so the NVDEC row decodes on NVDEC; the
     two encoded at once, each episode's frames made as they are encoded)."""
     from robocache.data.cameras import add_video_features
     from robocache.data.episode import Episode, Stream, StreamSpec
@@ -90,7 +91,8 @@ def make_dataset(root: Path, episodes: int, length: int, hw: tuple[int, int],
     write_lerobot(root, eps, specs, fps=FPS, version="v3.0")
     add_video_features(root, {key: (_frames(np.random.default_rng([seed, c]), length, hw, c)
                                     for _ in range(episodes))
-                              for c, key in enumerate(CAMS)}, codec="libx264")
+                              for c, key in enumerate(CAMS)}, codec="libx264",
+                       options={"bf": "0"})
     return root
 
 

@@ -256,18 +256,52 @@ def test_key_windows_validation():
 
 
 def test_key_layout_cache_revalidates_what_it_has_not_seen():
-    """The eager CUDA path looks a layout up by the arguments as given; a layout that differs
-    in any key, column or offset (or a malformed one) goes through validation again."""
-    from robocache.ops.windows import _key_plan, _layout_on
+    """Calls are looked up by the arguments as given (tensor metadata, layout, pad); a call
+    that differs in any key, column or offset (or a malformed one) is validated again."""
+    from robocache.ops import windows as W
 
-    data = torch.zeros(10, 6)
-    cols, offs = {"s": (0, 2), "a": (2, 4)}, {"s": [-1, 0], "a": range(3)}
-    plan, table = _layout_on(data, cols, offs)
-    assert plan == _key_plan({"s": (0, 2), "a": (2, 4)}, {"s": (-1, 0), "a": (0, 1, 2)})
-    assert _layout_on(data, dict(cols), {"s": (-1, 0), "a": [0, 1, 2]})[1] is table
+    data, offs, idx = torch.zeros(10, 6), torch.tensor([0, 4, 10]), torch.tensor([0, 5])
+    cols, rels = {"s": (0, 2), "a": (2, 4)}, {"s": [-1, 0], "a": range(3)}
+    W._KEY_CALLS.clear()
+    first = robocache.key_windows(data, offs, idx, cols, rels)
+    again = robocache.key_windows(data, offs, idx, dict(cols), {"s": (-1, 0), "a": [0, 1, 2]})
+    assert len(W._KEY_CALLS) == 1 and all(torch.equal(first[k], again[k]) for k in first)
     with pytest.raises(ValueError, match="inside data's 6 columns"):
-        _layout_on(data, {"s": (0, 2), "a": (2, 5)}, offs)
+        robocache.key_windows(data, offs, idx, {"s": (0, 2), "a": (2, 5)}, rels)
     with pytest.raises(ValueError, match="missing or empty"):
-        _layout_on(data, cols, {"s": [-1, 0]})
+        robocache.key_windows(data, offs, idx, cols, {"s": [-1, 0]})
     with pytest.raises(ValueError, match="missing or empty"):
-        _layout_on(data, cols, {"s": [-1, 0], "a": []})
+        robocache.key_windows(data, offs, idx, cols, {"s": [-1, 0], "a": []})
+    with pytest.raises(TypeError, match="episode_offsets"):
+        robocache.key_windows(data, [0, 4, 10], idx, cols, rels)
+    assert len(W._KEY_CALLS) == 1
+
+
+def test_launchers_read_strided_index_tensors(kernel_device):
+    """Index tensors that are views with a stride (every third window) gather the same windows
+    as their contiguous copies."""
+    from robocache.kernels.windows import key_windows_cuda
+    from robocache.ops.windows import _key_plan_on
+
+    data = torch.randn(40, 6, device=kernel_device)
+    offs = torch.tensor([0, 0, 7, 7, 19, 19, 40], device=kernel_device)[::2]
+    idx = torch.arange(40, device=kernel_device)[::3]
+    M, rel = idx.shape[0], torch.tensor([-2, 0, 1, 3], device=kernel_device)
+    got = [torch.full((M, 2, 6), float("nan"), device=kernel_device),
+           torch.full((M, 2, 6), float("nan"), device=kernel_device),
+           torch.ones(M, 2, dtype=torch.bool, device=kernel_device),
+           torch.ones(M, 2, dtype=torch.bool, device=kernel_device)]
+    windows_cuda(data, offs, idx, None, rel, 2, *got, False)
+    values, is_pad = windows_ref(data.cpu(), offs.cpu(), idx.cpu(), rel.cpu(), False, None)
+    assert torch.equal(got[0].cpu(), values[:, :2]) and torch.equal(got[1].cpu(), values[:, 2:])
+    assert torch.equal(got[2].cpu(), is_pad[:, :2]) and torch.equal(got[3].cpu(), is_pad[:, 2:])
+    plan, table = _key_plan_on({"a": (0, 2), "b": (2, 4)}, {"a": (-1, 0), "b": (0, 1, 2)},
+                               data.device)
+    outs = []
+    for o, i in ((offs, idx), (offs.contiguous(), idx.contiguous())):
+        out = torch.full((M * plan.n_values,), float("nan"), device=kernel_device)
+        pads = torch.ones(M * plan.n_pads, dtype=torch.bool, device=kernel_device)
+        key_windows_cuda(data, o, i, None, table, plan.n_values, plan.n_pads, plan.align, out,
+                         pads, False)
+        outs.append((out, pads))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

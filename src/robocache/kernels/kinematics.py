@@ -444,7 +444,7 @@ _LAUNCHES = PlanCache()
 def _launch(kernel, q: torch.Tensor, params: torch.Tensor, out: torch.Tensor, *constexprs):
     """Launch ``kernel(q, params, out, N, DOF, NJ, *constexprs, BLOCK)`` over q's rows."""
     n, dof = q.shape
-    key = (kernel, n, dof, params.shape[0], q.dtype, q.device, *constexprs)
+    key = (id(kernel), n, dof, params.shape[0], q.dtype, q.device, *constexprs)
     launch = _LAUNCHES.get(key)
     if launch is None:
         launch = _LAUNCHES.put(key, CachedLaunch(kernel, (cdiv(n, _BLOCK),), (*constexprs, _BLOCK),

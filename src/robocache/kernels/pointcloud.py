@@ -298,6 +298,39 @@ def depth_to_voxels_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
     return buf
 
 
+class PointsLaunch:
+    """The backprojection of one geometry (batch, image size, camera layout), its launch
+    cached: call it with contiguous depth and camera tensors (any shape holding ``[B*H*W]``,
+    ``[9]`` / ``[B*9]`` and ``[16]`` / ``[B*16]`` values) and outputs of ``B*H*W`` points."""
+
+    __slots__ = ("launch", "ints")
+
+    def __init__(self, b: int, h: int, w: int, k_stride: int, e_stride: int, has_ext: bool):
+        block = 512
+        self.launch = CachedLaunch(_depth_to_points_kernel, (cdiv(h * w, block), b),
+                                   (k_stride, e_stride, has_ext, block)) if b and h * w else None
+        self.ints = (h * w, w)
+
+    def __call__(self, depth, k, e, points, valid, depth_scale: float, min_depth: float,
+                 max_depth: float) -> None:
+        if self.launch is None:
+            return
+        flags = valid.view(torch.uint8)
+        self.launch((depth, k, e, points, flags, *self.ints, depth_scale, min_depth,
+                     min(max_depth, FLT_MAX)), (depth, k, e, points, flags))
+
+
+def points_plan(depth: torch.Tensor, b: int, h: int, w: int, intrinsics: torch.Tensor,
+                extrinsics: torch.Tensor | None) -> PointsLaunch:
+    """The `PointsLaunch` of a geometry (`_camera_args` strides), made once per key."""
+    k_stride = 9 if intrinsics.numel() == 9 * b and b > 1 else 0
+    e_stride = 16 if extrinsics is not None and extrinsics.numel() == 16 * b and b > 1 else 0
+    key = (b, h, w, k_stride, e_stride, depth.dtype, intrinsics.dtype,
+           None if extrinsics is None else extrinsics.dtype, depth.device)
+    return _POINT_PLANS.get(key) or _POINT_PLANS.put(key, PointsLaunch(
+        b, h, w, k_stride, e_stride, extrinsics is not None))
+
+
 # Eager calls relaunch a CachedLaunch per (batch, image size, camera layout, dtypes, device).
 _POINT_PLANS = PlanCache(256)
 
@@ -310,17 +343,7 @@ def depth_to_points_cuda(depth: torch.Tensor, intrinsics: torch.Tensor,
     b, h, w = depth.shape
     points = torch.empty(b, h * w, 3, dtype=torch.float32, device=depth.device)
     valid = torch.empty(b, h * w, dtype=torch.bool, device=depth.device)
-    k, e, k_stride, e_stride = _camera_args(intrinsics, extrinsics, b)
-    if b and h * w:
-        key = (b, h, w, k_stride, e_stride, extrinsics is None, depth.dtype, k.dtype, e.dtype,
-               depth.device)
-        launch = _POINT_PLANS.get(key)
-        if launch is None:
-            block = 512
-            launch = _POINT_PLANS.put(key, CachedLaunch(
-                _depth_to_points_kernel, (cdiv(h * w, block), b),
-                (k_stride, e_stride, extrinsics is not None, block)))
-        flags = valid.view(torch.uint8)
-        launch((depth, k, e, points, flags, h * w, w, depth_scale, min_depth,
-                min(max_depth, FLT_MAX)), (depth, k, e, points, flags))
+    k, e, _, _ = _camera_args(intrinsics, extrinsics, b)
+    points_plan(depth, b, h, w, k, None if extrinsics is None else e)(
+        depth, k, e, points, valid, depth_scale, min_depth, max_depth)
     return points, valid

@@ -86,9 +86,46 @@ def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad
     _store_pads(pad1, rel, r, first, last, offs_m, mm, K0, K1, KP1)
 
 
-# Eager calls relaunch a CachedLaunch per launch key: everything that fixes the grid, the
-# constexprs and the integer arguments (sizes, episode count, strides, dtype, device).
+class WindowsLaunch:
+    """The gather of one geometry (window count, data shape and strides, episode count, row
+    offsets, pad mode, device), its launch cached: call it with the tensors. Index tensors
+    are made contiguous (the kernel reads them as dense 1-D arrays)."""
+
+    __slots__ = ("launch", "ints")
+
+    def __init__(self, data: torch.Tensor, n_episodes: int, M: int, K: int, split: int,
+                 has_episodes: bool, zero_pad: bool):
+        D = data.shape[1]
+        block_d = min(next_pow2(max(D, 1)), 128)
+        # 16 windows x K rows per program: every row load in flight at ~4 values per thread.
+        block_m = 16
+        self.launch = CachedLaunch(
+            _windows_kernel, (triton.cdiv(M, block_m),),
+            (D, split, K - split, has_episodes, zero_pad, block_m, block_d,
+             next_pow2(max(split, 1)), next_pow2(max(K - split, 1))), num_warps=4) if M else None
+        self.ints = (M, n_episodes, max(n_episodes, 1).bit_length(), *data.stride())
+
+    def __call__(self, data, offsets, indices, episodes, rel, out0, out1, pad0, pad1) -> None:
+        if self.launch is None:
+            return
+        offsets, indices = offsets.contiguous(), indices.contiguous()
+        ep = indices if episodes is None else episodes.contiguous()
+        tensors = (data, offsets, indices, ep, rel, out0, out1, pad0, pad1)
+        self.launch((*tensors, *self.ints), tensors)
+
+
+# Eager calls of the launchers keep one plan per launch key: everything that fixes the grid,
+# the constexprs and the integer arguments (sizes, episode count, strides, dtype, device).
 _PLANS = PlanCache(256)
+
+
+def windows_plan(data: torch.Tensor, n_episodes: int, M: int, K: int, split: int,
+                 has_episodes: bool, zero_pad: bool) -> WindowsLaunch:
+    """The `WindowsLaunch` of a geometry, made once per launch key."""
+    key = ("windows", M, data.shape[1], K, split, n_episodes, data.stride(), data.dtype,
+           has_episodes, zero_pad, data.device)
+    return _PLANS.get(key) or _PLANS.put(key, WindowsLaunch(data, n_episodes, M, K, split,
+                                                            has_episodes, zero_pad))
 
 
 def windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
@@ -97,25 +134,9 @@ def windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tenso
                  pad1: torch.Tensor, zero_pad: bool) -> None:
     """Gather windows of `data [total, D]`: entries ``rel[:split]`` into out0/pad0
     (``[M, split, D]`` / ``[M, split]``), the rest into out1/pad1; outputs contiguous."""
-    M, D = indices.shape[0], data.shape[1]
-    if M == 0:
-        return
-    n_episodes, K = offsets.shape[0] - 1, rel.shape[0]
-    key = (_windows_kernel, M, D, K, split, n_episodes, data.stride(), data.dtype,
-           episodes is None, zero_pad, data.device)
-    launch = _PLANS.get(key)
-    if launch is None:
-        block_d = min(next_pow2(max(D, 1)), 128)
-        # 16 windows x K rows per program: every row load in flight at ~4 values per thread.
-        block_m = 16
-        launch = _PLANS.put(key, CachedLaunch(
-            _windows_kernel, (triton.cdiv(M, block_m),),
-            (D, split, K - split, episodes is not None, zero_pad, block_m, block_d,
-             next_pow2(max(split, 1)), next_pow2(max(K - split, 1))), num_warps=4))
-    ep = indices if episodes is None else episodes
-    launch((data, offsets, indices, ep, rel, out0, out1, pad0, pad1, M, n_episodes,
-            max(n_episodes, 1).bit_length(), *data.stride()),
-           (data, offsets, indices, ep, rel, out0, out1, pad0, pad1))
+    windows_plan(data, offsets.shape[0] - 1, indices.shape[0], rel.shape[0], split,
+                 episodes is not None, zero_pad)(data, offsets, indices, episodes, rel, out0,
+                                                 out1, pad0, pad1)
 
 
 @triton.jit
@@ -166,6 +187,50 @@ def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, P,
              mask=mm[:, None] & mj[None, :])
 
 
+class KeyWindowsLaunch:
+    """The per-key gather of one geometry (window count, value positions and pad entries per
+    window, alignment, data strides, episode count, pad mode, tile, device), its launch
+    cached: call it with the tensors (index tensors made contiguous)."""
+
+    __slots__ = ("launch", "ints")
+
+    def __init__(self, data: torch.Tensor, n_episodes: int, M: int, n_values: int, n_pads: int,
+                 align: int, has_episodes: bool, zero_pad: bool, block_m: int | None = None,
+                 block_p: int | None = None, num_warps: int = 4):
+        # One chunk of up to 1024 positions, ~4K values per program, 4 warps. H100, M = 65536
+        # windows of 624 fp32 values (3 keys, `bench windows`), two runs: 4 windows x 1024
+        # positions, 4 warps: 0.1223 / 0.1219 ms (90.3 % of copy); 8 x 1024, 8 warps: 0.1222 /
+        # 0.1242 ms; chunks of 64-256 positions unrolled: 0.125-0.141 ms (more programs per
+        # window but more registers a thread: 32 x 128 positions needs 112 and ran at 0.1555 ms).
+        # Also measured and not adopted (three runs each): int32 element offsets, 0.1220-0.1228
+        # vs 0.1212-0.1213 ms with int64 (pointers are 64-bit: every offset is widened anyway);
+        # evict-first source loads, 0.134 ms; a power-of-two chunk plus a smaller tail chunk
+        # (512 + 128 positions): 0.125-0.127 ms. Stores: plain (write-back) 0.1197-0.1203 ms,
+        # streaming (`.cs`, as `windows` stores) 0.1224 ms, `.cg` 0.1201-0.1208, `.wt` 0.1205,
+        # three runs each in one process: unlike `windows`, the plain store wins here.
+        block_p = block_p or min(1024, next_pow2(max(n_values, 16)))
+        block_m = block_m or max(4, min(128, 4096 // block_p))
+        vec = 1
+        if data.stride(1) == 1:  # widest 16-byte vector dividing the columns, widths, row stride
+            vec = max(1, 16 // data.element_size())
+            while vec > 1 and (align % vec or data.stride(0) % vec):
+                vec //= 2
+        self.launch = CachedLaunch(
+            _key_windows_kernel, (triton.cdiv(M, block_m),),
+            (has_episodes, zero_pad, block_m, block_p, triton.cdiv(n_values, block_p),
+             next_pow2(n_pads), vec), num_warps=num_warps) if M and n_values else None
+        self.ints = (M, n_values, n_pads, n_episodes, max(n_episodes, 1).bit_length(),
+                     *data.stride())
+
+    def __call__(self, data, offsets, indices, episodes, table, out, pad) -> None:
+        if self.launch is None:
+            return
+        offsets, indices = offsets.contiguous(), indices.contiguous()
+        ep = indices if episodes is None else episodes.contiguous()
+        tensors = (data, offsets, indices, ep, table, out, pad)
+        self.launch((*tensors, *self.ints), tensors)
+
+
 def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,
                      episodes: torch.Tensor | None, table: torch.Tensor, n_values: int,
                      n_pads: int, align: int, out: torch.Tensor, pad: torch.Tensor,
@@ -174,37 +239,17 @@ def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.T
     """Gather per-key windows of `data [total, C]` into the flat `out` / `pad` buffers in one
     launch: `table` (int32, see the kernel) lists each window's `n_values` value positions and
     `n_pads` pad entries; `align` divides every key's first column and width."""
-    M = indices.shape[0]
-    if M == 0 or n_values == 0:
-        return
-    n_episodes = offsets.shape[0] - 1
-    # One chunk of up to 1024 positions, ~4K values per program, 4 warps. H100, M = 65536
-    # windows of 624 fp32 values (3 keys, `bench windows`), two runs: 4 windows x 1024
-    # positions, 4 warps: 0.1223 / 0.1219 ms (90.3 % of copy); 8 x 1024, 8 warps: 0.1222 /
-    # 0.1242 ms; chunks of 64-256 positions unrolled: 0.125-0.141 ms (more programs per window
-    # but more registers a thread: 32 x 128 positions needs 112 and ran at 0.1555 ms).
-    # Also measured and not adopted (three runs each): int32 element offsets, 0.1220-0.1228
-    # vs 0.1212-0.1213 ms with int64 (pointers are 64-bit: every offset is widened anyway);
-    # evict-first source loads, 0.134 ms; a power-of-two chunk plus a smaller tail chunk
-    # (512 + 128 positions): 0.125-0.127 ms. Stores: plain (write-back) 0.1197-0.1203 ms,
-    # streaming (`.cs`, as `windows` stores) 0.1224 ms, `.cg` 0.1201-0.1208, `.wt` 0.1205,
-    # three runs each in one process: unlike `windows`, the plain store wins here.
-    key = (_key_windows_kernel, M, n_values, n_pads, align, n_episodes, data.stride(),
-           data.dtype, episodes is None, zero_pad, block_m, block_p, num_warps, data.device)
-    launch = _PLANS.get(key)
-    if launch is None:
-        block_p = block_p or min(1024, next_pow2(max(n_values, 16)))
-        block_m = block_m or max(4, min(128, 4096 // block_p))
-        vec = 1
-        if data.stride(1) == 1:  # widest 16-byte vector dividing the columns, widths, row stride
-            vec = max(1, 16 // data.element_size())
-            while vec > 1 and (align % vec or data.stride(0) % vec):
-                vec //= 2
-        launch = _PLANS.put(key, CachedLaunch(
-            _key_windows_kernel, (triton.cdiv(M, block_m),),
-            (episodes is not None, zero_pad, block_m, block_p, triton.cdiv(n_values, block_p),
-             next_pow2(n_pads), vec), num_warps=num_warps))
-    ep = indices if episodes is None else episodes
-    launch((data, offsets, indices, ep, table, out, pad, M, n_values, n_pads, n_episodes,
-            max(n_episodes, 1).bit_length(), *data.stride()),
-           (data, offsets, indices, ep, table, out, pad))
+    key_windows_plan(data, offsets.shape[0] - 1, indices.shape[0], n_values, n_pads, align,
+                     episodes is not None, zero_pad, block_m, block_p, num_warps)(
+        data, offsets, indices, episodes, table, out, pad)
+
+
+def key_windows_plan(data: torch.Tensor, n_episodes: int, M: int, n_values: int, n_pads: int,
+                     align: int, has_episodes: bool, zero_pad: bool, block_m: int | None = None,
+                     block_p: int | None = None, num_warps: int = 4) -> KeyWindowsLaunch:
+    """The `KeyWindowsLaunch` of a geometry, made once per launch key."""
+    key = ("key_windows", M, n_values, n_pads, align, n_episodes, data.stride(), data.dtype,
+           has_episodes, zero_pad, block_m, block_p, num_warps, data.device)
+    return _PLANS.get(key) or _PLANS.put(key, KeyWindowsLaunch(
+        data, n_episodes, M, n_values, n_pads, align, has_episodes, zero_pad, block_m, block_p,
+        num_warps))

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from robocache._plancache import PlanCache
 from robocache.errors import DataError
 from robocache.observability import nvtx
 from robocache.ops._checks import (
@@ -28,7 +29,7 @@ from robocache.ops._checks import (
     fail,
     wants_validation,
 )
-from robocache.ops._dispatch import Op
+from robocache.ops._dispatch import Op, launches_directly
 from robocache.reference import pointcloud as ref
 
 __all__ = ["PointCloud", "SparseVoxels", "VoxelGrid", "depth_to_points", "depth_to_voxels",
@@ -160,16 +161,7 @@ def _check_camera(op: str, depth: torch.Tensor, intrinsics: torch.Tensor,
     b, h, w = d.shape
     _check_camera_matrix(op, "intrinsics", intrinsics, 3, b, depth.device)
     if wants_validation(validate, intrinsics):
-        k = intrinsics.reshape(-1, 3, 3).double()
-        focal, centre = k[:, [0, 1], [0, 1]], k[:, [0, 1], [2, 2]]
-        bad = ~(torch.isfinite(focal) & (focal > 0)).all(1) | ~torch.isfinite(centre).all(1)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            fail(op, f"`intrinsics` of camera {i} has fx = {float(k[i, 0, 0])!r}, fy = "
-                 f"{float(k[i, 1, 1])!r}, cx = {float(k[i, 0, 2])!r}, cy = "
-                 f"{float(k[i, 1, 2])!r}; the focal lengths must be finite and > 0 pixels and "
-                 "the principal point finite: pass the camera matrix [[fx, 0, cx], [0, fy, cy], "
-                 "[0, 0, 1]].", DataError)
+        _check_intrinsic_values(op, intrinsics)
     if extrinsics is not None:
         _check_camera_matrix(op, "extrinsics (camera-to-world)", extrinsics, 4, b, depth.device)
     if rgb is not None:
@@ -187,6 +179,20 @@ def _check_camera(op: str, depth: torch.Tensor, intrinsics: torch.Tensor,
         fail(op, f"depth range must satisfy 0 <= min_depth <= max_depth (metres); got "
              f"min_depth={min_depth!r}, max_depth={max_depth!r}.", ValueError)
     return d, scale
+
+
+def _check_intrinsic_values(op: str, intrinsics: torch.Tensor) -> None:
+    """fx, fy finite and > 0, cx, cy finite, for every camera (one sync)."""
+    k = intrinsics.reshape(-1, 3, 3).double()
+    focal, centre = k[:, [0, 1], [0, 1]], k[:, [0, 1], [2, 2]]
+    bad = ~(torch.isfinite(focal) & (focal > 0)).all(1) | ~torch.isfinite(centre).all(1)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        fail(op, f"`intrinsics` of camera {i} has fx = {float(k[i, 0, 0])!r}, fy = "
+             f"{float(k[i, 1, 1])!r}, cx = {float(k[i, 0, 2])!r}, cy = "
+             f"{float(k[i, 1, 2])!r}; the focal lengths must be finite and > 0 pixels and "
+             "the principal point finite: pass the camera matrix [[fx, 0, cx], [0, fy, cy], "
+             "[0, 0, 1]].", DataError)
 
 
 def _camera_tensors(d, intrinsics, extrinsics):
@@ -343,14 +349,69 @@ def depth_to_points(depth: torch.Tensor, intrinsics: torch.Tensor, *,
         (torch.Size([2, 307200, 3]), torch.Size([2, 307200]))
     """
     op = "depth_to_points"
-    d, scale = _check_camera(op, depth, intrinsics, extrinsics, rgb, depth_scale, min_depth,
-                             max_depth, validate)
-    d, k, e = _camera_tensors(d, intrinsics, extrinsics)
-    points, valid = _DEPTH_TO_POINTS(d, k, e, scale, float(min_depth), float(max_depth))
-    colors = None if rgb is None else rgb.reshape(d.shape[0], -1, rgb.shape[-1])
-    if depth.dim() == 2:
-        return PointCloud(points[0], valid[0], None if colors is None else colors[0])
+    try:
+        key = (_meta(depth), _meta(intrinsics), _meta(extrinsics), _meta(rgb), depth_scale,
+               min_depth, max_depth)
+        call = _POINT_CALLS.get(key)
+    except (AttributeError, TypeError):  # not tensors: the checks name the argument
+        key = call = None
+    if call is None:
+        # metadata checks are a pure function of the key: run once per geometry
+        d, scale = _check_camera(op, depth, intrinsics, extrinsics, rgb, depth_scale,
+                                 min_depth, max_depth, False)
+        call = _PointsCall(d.shape, scale, float(min_depth), float(max_depth))
+        if key is not None:
+            _POINT_CALLS.put(key, call)
+    if wants_validation(validate, intrinsics):
+        _check_intrinsic_values(op, intrinsics)
+    b = call.shape[0]
+    if launches_directly(depth):
+        points, valid = call.launch(depth, intrinsics, extrinsics)
+    else:
+        d, k, e = _camera_tensors(depth if depth.dim() == 3 else depth.unsqueeze(0),
+                                  intrinsics, extrinsics)
+        points, valid = _DEPTH_TO_POINTS(d, k, e, call.scale, call.min_depth, call.max_depth)
+        if depth.dim() == 2:
+            points, valid = points[0], valid[0]
+    colors = None if rgb is None else rgb.reshape(b, -1, rgb.shape[-1])
+    if depth.dim() == 2 and colors is not None:
+        colors = colors[0]
     return PointCloud(points, valid, colors)
+
+
+def _meta(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+_POINT_CALLS = PlanCache()
+
+
+class _PointsCall:
+    """A validated `depth_to_points` geometry: depth as ``[B, H, W]``, the resolved scale and
+    range and, once launched on CUDA, the backprojection's cached launch."""
+
+    __slots__ = ("shape", "scale", "min_depth", "max_depth", "gather")
+
+    def __init__(self, shape: torch.Size, scale: float, min_depth: float, max_depth: float):
+        self.shape, self.scale, self.min_depth, self.max_depth = shape, scale, min_depth, max_depth
+        self.gather = None
+
+    def launch(self, depth, intrinsics, extrinsics) -> tuple[torch.Tensor, torch.Tensor]:
+        """Points and valid flags of one eager CUDA call, in depth's batching."""
+        b, h, w = self.shape
+        depth, intrinsics = depth.contiguous(), intrinsics.contiguous()
+        extrinsics = intrinsics if extrinsics is None else extrinsics.contiguous()
+        if self.gather is None:
+            from robocache.kernels.pointcloud import points_plan
+
+            self.gather = points_plan(depth, b, h, w, intrinsics,
+                                      None if extrinsics is intrinsics else extrinsics)
+        lead = (b,) if depth.dim() == 3 else ()
+        points = torch.empty(*lead, h * w, 3, dtype=torch.float32, device=depth.device)
+        valid = torch.empty(*lead, h * w, dtype=torch.bool, device=depth.device)
+        self.gather(depth, intrinsics, extrinsics, points, valid, self.scale, self.min_depth,
+                    self.max_depth)
+        return points, valid
 
 
 @nvtx.annotate("robocache.voxelize")

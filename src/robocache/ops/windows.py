@@ -85,12 +85,59 @@ def windows(
         >>> w.history.shape, w.horizon.shape, w.horizon_is_pad[1].sum().item()
         (torch.Size([3, 2, 32]), torch.Size([3, 16, 32]), 15)
     """
-    rel, split = _relative(history, horizon, offsets)
-    _check(data, episode_offsets, indices, episodes, pad)
+    try:
+        key = (_meta(data, episode_offsets, indices, episodes), history, horizon,
+               None if offsets is None else tuple(offsets), pad)
+        plan = _WINDOW_PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors, or odd offsets: _check names them
+        key = plan = None
+    if plan is None:
+        # metadata checks are a pure function of the key: run once per geometry
+        rel, split = _relative(history, horizon, offsets)
+        _check(data, episode_offsets, indices, episodes, pad)
+        plan = _WindowPlan(rel, split)
+        if key is not None:
+            _WINDOW_PLANS.put(key, plan)
     if C.wants_validation(validate, data):
         _validate(data, episode_offsets, indices, episodes)
-    return Windows(*_WINDOWS(data, episode_offsets, indices, episodes, list(rel), split,
-                             pad == "zero"))
+    if launches_directly(data):  # eager CUDA: the plan's cached launch
+        return Windows(*plan.launch(data, episode_offsets, indices, episodes, pad == "zero"))
+    return Windows(*_WINDOWS(data, episode_offsets, indices, episodes, list(plan.rel),
+                             plan.split, pad == "zero"))
+
+
+def _meta(data, episode_offsets, indices, episodes) -> tuple:
+    """The tensor metadata a windows plan depends on."""
+    return (data.shape, data.stride(), data.dtype, data.device, episode_offsets.shape,
+            episode_offsets.dtype, episode_offsets.device, indices.shape, indices.dtype,
+            indices.device,
+            None if episodes is None else (episodes.shape, episodes.dtype, episodes.device))
+
+
+_WINDOW_PLANS = PlanCache()
+
+
+class _WindowPlan:
+    """A validated `windows` geometry: relative rows, the history split and, once launched
+    on CUDA, the gather's cached launch and device offsets."""
+
+    __slots__ = ("rel", "split", "gather", "rel_t")
+
+    def __init__(self, rel: tuple[int, ...], split: int):
+        self.rel, self.split, self.gather, self.rel_t = rel, split, None, None
+
+    def launch(self, data, episode_offsets, indices, episodes, zero_pad: bool):
+        """Outputs ``(history, history_is_pad, horizon, horizon_is_pad)`` of one eager CUDA
+        call (the plan's geometry fixes every size)."""
+        if self.gather is None:
+            from robocache.kernels.windows import WindowsLaunch
+
+            self.rel_t = _rel_tensor(self.rel, data.device)
+            self.gather = WindowsLaunch(data, episode_offsets.shape[0] - 1, indices.shape[0],
+                                        len(self.rel), self.split, episodes is not None,
+                                        zero_pad)
+        return _windows_into(data, episode_offsets, indices, episodes, self.rel_t, self.split,
+                             self.gather)
 
 
 def _relative(history, horizon, offsets) -> tuple[tuple[int, ...], int]:
@@ -181,15 +228,22 @@ def _windows_cpu(data: torch.Tensor, episode_offsets: torch.Tensor, indices: tor
 def _windows_cuda(data: torch.Tensor, episode_offsets: torch.Tensor, indices: torch.Tensor,
                   episodes: torch.Tensor | None, rel: list[int], split: int, zero_pad: bool,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from robocache.kernels.windows import windows_cuda
+    from robocache.kernels.windows import windows_plan
 
-    M, D, K1, dev = indices.shape[0], data.shape[1], len(rel) - split, data.device
+    gather = windows_plan(data, episode_offsets.shape[0] - 1, indices.shape[0], len(rel), split,
+                          episodes is not None, zero_pad)
+    return _windows_into(data, episode_offsets, indices, episodes,
+                         _rel_tensor(tuple(rel), data.device), split, gather)
+
+
+def _windows_into(data, episode_offsets, indices, episodes, rel_t, split, gather):
+    """Allocate the four outputs and run `gather` (the launcher's tensor arguments) into them."""
+    M, D, K1, dev = indices.shape[0], data.shape[1], rel_t.shape[0] - split, data.device
     out0 = torch.empty((M, split, D), dtype=data.dtype, device=dev)
     out1 = torch.empty((M, K1, D), dtype=data.dtype, device=dev)
     pad0 = torch.empty((M, split), dtype=torch.bool, device=dev)
     pad1 = torch.empty((M, K1), dtype=torch.bool, device=dev)
-    windows_cuda(data, episode_offsets, indices, episodes, _rel_tensor(tuple(rel), dev), split,
-                 out0, out1, pad0, pad1, zero_pad)
+    gather(data, episode_offsets, indices, episodes, rel_t, out0, out1, pad0, pad1)
     return out0, pad0, out1, pad1
 
 
@@ -298,43 +352,57 @@ def key_windows(
         >>> w["state"].shape, w["action"].shape, w["action_is_pad"][1].sum().item()
         (torch.Size([2, 2, 7]), torch.Size([2, 16, 2]), 15)
     """
-    _check(data, episode_offsets, indices, episodes, pad)
-    direct = launches_directly(data)  # eager CUDA: the layout's cached plan, launched directly
-    if direct:
-        plan, table = _layout_on(data, columns, offsets)
-    else:
-        cols, rels = _key_layout(data, columns, offsets)
+    try:
+        key = (_meta(data, episode_offsets, indices, episodes),
+               tuple((n, tuple(cw), tuple(offsets[n])) for n, cw in columns.items()), pad)
+        call = _KEY_CALLS.get(key)
+    except (AttributeError, TypeError, KeyError):  # malformed arguments: validation names them
+        key = call = None
+    if call is None:
+        # metadata and layout checks are a pure function of the key: run once per geometry
+        _check(data, episode_offsets, indices, episodes, pad)
+        call = _KeyCall(*_key_layout(data, columns, offsets))
+        if key is not None:
+            _KEY_CALLS.put(key, call)
     if C.wants_validation(validate, data):
         _validate(data, episode_offsets, indices, episodes)
     M = indices.shape[0]
-    if direct:
-        out, pads = _key_windows_launch(data, episode_offsets, indices, episodes, plan, table,
-                                        pad == "zero")
-        return _split(out, pads, M, plan.layout)
+    if launches_directly(data):  # eager CUDA: the call's cached launch
+        out, pads = call.launch(data, episode_offsets, indices, episodes, pad == "zero")
+        return _split(out, pads, M, call.plan.layout)
+    cols, rels = call.cols, call.rels
     names = list(cols)
     flat = [v for n in names for v in (*cols[n], len(rels[n]))]
     out, pads = _KEY_WINDOWS(data, episode_offsets, indices, episodes, flat,
                              [o for n in names for o in rels[n]], pad == "zero")
-    return _split(out, pads, M, _key_plan(cols, rels).layout)
+    return _split(out, pads, M, call.plan.layout)
 
 
-_LAYOUTS = PlanCache()
+_KEY_CALLS = PlanCache()
 
 
-def _layout_on(data: torch.Tensor, columns, offsets) -> tuple[KeyPlan, torch.Tensor]:
-    """`_key_plan_on` of the validated layout, looked up by the arguments as given: a layout
-    seen before (same keys, columns, offsets, data width and device) is not re-validated."""
-    try:
-        key = (tuple((n, tuple(cw), tuple(offsets[n])) for n, cw in columns.items()),
-               data.shape[1], data.device)
-        hit = _LAYOUTS.get(key)
-    except (KeyError, TypeError):  # a missing or malformed entry: validation names it
-        key = hit = None
-    if hit is None:
-        hit = _key_plan_on(*_key_layout(data, columns, offsets), data.device)
-        if key is not None:
-            _LAYOUTS.put(key, hit)
-    return hit
+class _KeyCall:
+    """A validated `key_windows` geometry: columns and offsets per key, their `KeyPlan` and,
+    once launched on CUDA, the device table and the gather's cached launch."""
+
+    __slots__ = ("cols", "rels", "plan", "table", "gather")
+
+    def __init__(self, cols: dict[str, tuple[int, int]], rels: dict[str, tuple[int, ...]]):
+        self.cols, self.rels, self.plan = cols, rels, _key_plan(cols, rels)
+        self.table = self.gather = None
+
+    def launch(self, data, episode_offsets, indices, episodes, zero_pad: bool):
+        """The flat value and pad buffers of one eager CUDA call."""
+        plan = self.plan
+        if self.gather is None:
+            from robocache.kernels.windows import KeyWindowsLaunch
+
+            self.table = _key_plan_on(self.cols, self.rels, data.device)[1]
+            self.gather = KeyWindowsLaunch(data, episode_offsets.shape[0] - 1, indices.shape[0],
+                                           plan.n_values, plan.n_pads, plan.align,
+                                           episodes is not None, zero_pad)
+        return _key_windows_launch(data, episode_offsets, indices, episodes, plan, self.table,
+                                   self.gather)
 
 
 def _key_layout(data, columns, offsets) -> tuple[dict[str, tuple[int, int]],
@@ -361,24 +429,23 @@ def _key_layout(data, columns, offsets) -> tuple[dict[str, tuple[int, int]],
 
 
 def _split(out: torch.Tensor, pads: torch.Tensor, M: int, layout: list) -> dict[str, torch.Tensor]:
-    values = out.split_with_sizes([M * L * W for _, _, L, W, _ in layout])
-    flags = pads.split_with_sizes([M * L for _, _, L, _, _ in layout])
+    """Each key's contiguous ``[M, L, W]`` values and ``[M, L]`` flags, as views of the flat
+    buffers the op made (fresh tensors: storage offset 0)."""
     result = {}
-    for (name, _, L, W, _), v, f in zip(layout, values, flags, strict=True):
-        result[name] = v.view(M, L, W)
-        result[f"{name}_is_pad"] = f.view(M, L)
+    for name, base, L, W, pbase in layout:
+        result[name] = out.as_strided((M, L, W), (L * W, W, 1), M * base)
+        result[f"{name}_is_pad"] = pads.as_strided((M, L), (L, 1), M * pbase)
     return result
 
 
 def _key_windows_launch(data, episode_offsets, indices, episodes, plan: KeyPlan,
-                        table: torch.Tensor, zero_pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    from robocache.kernels.windows import key_windows_cuda
-
+                        table: torch.Tensor, gather) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate the flat value and pad buffers and run `gather` (a `KeyWindowsLaunch`) into
+    them."""
     M = indices.shape[0]
     out = torch.empty(M * plan.n_values, dtype=data.dtype, device=data.device)
     pads = torch.empty(M * plan.n_pads, dtype=torch.bool, device=data.device)
-    key_windows_cuda(data, episode_offsets, indices, episodes, table, plan.n_values,
-                     plan.n_pads, plan.align, out, pads, zero_pad)
+    gather(data, episode_offsets, indices, episodes, table, out, pads)
     return out, pads
 
 
@@ -407,8 +474,13 @@ def _key_windows_cpu(data: torch.Tensor, episode_offsets: torch.Tensor, indices:
 def _key_windows_cuda(data: torch.Tensor, episode_offsets: torch.Tensor, indices: torch.Tensor,
                       episodes: torch.Tensor | None, layout: list[int], rel: list[int],
                       zero_pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    from robocache.kernels.windows import key_windows_plan
+
     plan, table = _key_plan_on(*_unflatten(layout, rel), data.device)
-    return _key_windows_launch(data, episode_offsets, indices, episodes, plan, table, zero_pad)
+    gather = key_windows_plan(data, episode_offsets.shape[0] - 1, indices.shape[0],
+                              plan.n_values, plan.n_pads, plan.align, episodes is not None,
+                              zero_pad)
+    return _key_windows_launch(data, episode_offsets, indices, episodes, plan, table, gather)
 
 
 def _key_windows_fake(data, episode_offsets, indices, episodes, layout, rel, zero_pad):
