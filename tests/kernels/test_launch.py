@@ -87,3 +87,24 @@ def test_unverified_release_is_decided_at_import():
 def test_int_type_follows_tritons_integer_widths(value, kind):
     """i32, u32, i64, u64: the type Triton binds a Python int to (a cached launch's key)."""
     assert int_type(value) == kind
+
+
+@pytest.mark.gpu
+def test_cached_launch_feeds_attached_launch_hooks():
+    """Without hooks a cached launch skips building launch metadata; a hook attached later
+    (as a profiler attaches one) gets it on the next cached launch."""
+    from triton import knobs
+
+    import robocache
+
+    seen = []
+    x = torch.randn(64, 7, device="cuda")
+    stats = robocache.compute_stats(x.cpu())
+    for _ in range(2):  # the second call relaunches the compiled kernel
+        robocache.normalize(x, stats)
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        robocache.normalize(x, stats)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert len(seen) == 1 and seen[0] is not None

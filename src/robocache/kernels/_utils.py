@@ -82,12 +82,13 @@ class CachedLaunch:
         options: launch options such as ``num_warps``.
     """
 
-    __slots__ = ("kernel", "grid", "consts", "options", "compiled")
+    __slots__ = ("kernel", "grid", "grid3", "consts", "options", "compiled")
     # Decided once, at import, from the installed Triton's version.
     enabled = _FAST_LAUNCH
 
     def __init__(self, kernel, grid: tuple[int, ...], consts: tuple = (), **options):
         self.kernel, self.grid, self.consts, self.options = kernel, grid, consts, options
+        self.grid3 = (*grid, 1, 1)[:3]
         self.compiled = None
 
     def __call__(self, args: tuple, tensors: tuple) -> None:
@@ -102,19 +103,22 @@ class CachedLaunch:
         if self.consts:
             args = args + self.consts
         if aligned and compiled is not None:
-            _launch_compiled(compiled, self.grid, args)
+            _launch_compiled(compiled, self.grid3, args)
             return
         result = self.kernel[self.grid](*args, **self.options)
         if aligned and CachedLaunch.enabled and hasattr(result, "packed_metadata"):
             self.compiled = result
 
 
-def _launch_compiled(compiled, grid: tuple[int, ...], args: tuple) -> None:
-    """What ``JITFunction.run`` does after binding, for an already-compiled kernel."""
+def _launch_compiled(compiled, grid: tuple[int, int, int], args: tuple) -> None:
+    """What ``JITFunction.run`` does after binding, for an already-compiled kernel. The launch
+    metadata exists for Triton's launch hooks; while no hook is attached (empty hook chains,
+    as without a profiler) the launcher passes None to them, which they never read."""
     drv = driver.active
     stream = drv.get_current_stream(drv.get_current_device())
     hooks = knobs.runtime
-    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                 stream, compiled.function, compiled.packed_metadata,
-                 compiled.launch_metadata(grid, stream, *args),
-                 hooks.launch_enter_hook, hooks.launch_exit_hook, *args)
+    enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+    meta = compiled.launch_metadata(grid, stream, *args) \
+        if getattr(enter, "calls", enter) or getattr(leave, "calls", leave) else None
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
+                 meta, enter, leave, *args)

@@ -353,8 +353,9 @@ def key_windows(
         (torch.Size([2, 2, 7]), torch.Size([2, 16, 2]), 15)
     """
     try:
-        key = (_meta(data, episode_offsets, indices, episodes),
-               tuple((n, tuple(cw), tuple(offsets[n])) for n, cw in columns.items()), pad)
+        key = (_meta(data, episode_offsets, indices, episodes), tuple(columns),
+               tuple(map(tuple, columns.values())), tuple(offsets),
+               tuple(map(tuple, offsets.values())), pad)
         call = _KEY_CALLS.get(key)
     except (AttributeError, TypeError, KeyError):  # malformed arguments: validation names them
         key = call = None
