@@ -7,8 +7,9 @@ op on a tiny CUDA input against the bare Triton launch of the same kernel, in on
 Each op gives two rows of the same name: ``robocache host overhead`` (host us per eager call:
 validation, cached plan, dispatch, allocation, launch) and ``bare Triton launch host overhead``
 (its first kernel launch replayed through ``kernel[grid](...)``, nothing else), both the wall
-clock of back-to-back calls with one CUDA sync per repeat. The first row carries ``x_bare``, their
-ratio; the target is <= 1.5. Host rows gate only as this ratio (`robocache.bench.compare`).
+clock of back-to-back calls with one CUDA sync per repeat, the two rows' repeats alternating.
+The first row carries ``x_bare``, their ratio; the target is <= 1.5. Host rows gate only as
+this ratio (`robocache.bench.compare`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,16 @@ def _calls(dev: str) -> dict:
     }
 
 
+def _interleaved(call, bare, *, calls: int, repeats: int = 7):
+    """Host time of `call` and of `bare`, their repeats alternating, so that drift of the
+    host (clocks, other load) reaches both alike."""
+    runs: tuple[list, list] = ([], [])
+    for _ in range(repeats):
+        for fn, out in zip((call, bare), runs, strict=True):
+            out.append(H.host_time_us(fn, calls=calls, repeats=1).median_ms)
+    return H.summarize(runs[0]), H.summarize(runs[1])
+
+
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     if not torch.cuda.is_available():
         return []  # host cost against a bare launch means CUDA launches
@@ -73,8 +84,7 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     for name, call in calls.items():
         call()  # compile and cache plans outside the timing
         bare = bare_launch(call)
-        eager_t = H.host_time_us(call, calls=200 if quick else 2000)
-        bare_t = H.host_time_us(bare, calls=200 if quick else 2000)
+        eager_t, bare_t = _interleaved(call, bare, calls=200 if quick else 2000)
         out.append(H.case(FAMILY, f"{name}-tiny", "robocache host overhead", eager_t,
                           unit="us", x_bare=eager_t.median_ms / bare_t.median_ms,
                           note="host us per eager call of the public op"))

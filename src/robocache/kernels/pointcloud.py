@@ -312,12 +312,15 @@ class PointsLaunch:
         self.ints = (h * w, w)
 
     def __call__(self, depth, k, e, points, valid, depth_scale: float, min_depth: float,
-                 max_depth: float) -> None:
+                 max_depth: float, *, fresh: bool = False) -> None:
+        """``fresh``: the outputs come from the allocator (16-byte aligned), so only the
+        inputs' alignment is checked."""
         if self.launch is None:
             return
         flags = valid.view(torch.uint8)
         self.launch((depth, k, e, points, flags, *self.ints, depth_scale, min_depth,
-                     min(max_depth, FLT_MAX)), (depth, k, e, points, flags))
+                     min(max_depth, FLT_MAX)), (depth, k, e) if fresh else
+                    (depth, k, e, points, flags))
 
 
 def points_plan(depth: torch.Tensor, b: int, h: int, w: int, intrinsics: torch.Tensor,

@@ -105,13 +105,16 @@ class WindowsLaunch:
              next_pow2(max(split, 1)), next_pow2(max(K - split, 1))), num_warps=4) if M else None
         self.ints = (M, n_episodes, max(n_episodes, 1).bit_length(), *data.stride())
 
-    def __call__(self, data, offsets, indices, episodes, rel, out0, out1, pad0, pad1) -> None:
+    def __call__(self, data, offsets, indices, episodes, rel, out0, out1, pad0, pad1, *,
+                 fresh: bool = False) -> None:
+        """``fresh``: `rel` and the outputs come from the allocator (16-byte aligned), so only
+        the inputs' alignment is checked."""
         if self.launch is None:
             return
         offsets, indices = offsets.contiguous(), indices.contiguous()
         ep = indices if episodes is None else episodes.contiguous()
         tensors = (data, offsets, indices, ep, rel, out0, out1, pad0, pad1)
-        self.launch((*tensors, *self.ints), tensors)
+        self.launch((*tensors, *self.ints), tensors[:4] if fresh else tensors)
 
 
 # Eager calls of the launchers keep one plan per launch key: everything that fixes the grid,
@@ -222,13 +225,16 @@ class KeyWindowsLaunch:
         self.ints = (M, n_values, n_pads, n_episodes, max(n_episodes, 1).bit_length(),
                      *data.stride())
 
-    def __call__(self, data, offsets, indices, episodes, table, out, pad) -> None:
+    def __call__(self, data, offsets, indices, episodes, table, out, pad, *,
+                 fresh: bool = False) -> None:
+        """``fresh``: `table` and the outputs come from the allocator (16-byte aligned), so
+        only the inputs' alignment is checked."""
         if self.launch is None:
             return
         offsets, indices = offsets.contiguous(), indices.contiguous()
         ep = indices if episodes is None else episodes.contiguous()
         tensors = (data, offsets, indices, ep, table, out, pad)
-        self.launch((*tensors, *self.ints), tensors)
+        self.launch((*tensors, *self.ints), tensors[:4] if fresh else tensors)
 
 
 def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,

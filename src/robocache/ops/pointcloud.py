@@ -410,7 +410,7 @@ class _PointsCall:
         points = torch.empty(*lead, h * w, 3, dtype=torch.float32, device=depth.device)
         valid = torch.empty(*lead, h * w, dtype=torch.bool, device=depth.device)
         self.gather(depth, intrinsics, extrinsics, points, valid, self.scale, self.min_depth,
-                    self.max_depth)
+                    self.max_depth, fresh=True)
         return points, valid
 
 

@@ -243,7 +243,7 @@ def _windows_into(data, episode_offsets, indices, episodes, rel_t, split, gather
     out1 = torch.empty((M, K1, D), dtype=data.dtype, device=dev)
     pad0 = torch.empty((M, split), dtype=torch.bool, device=dev)
     pad1 = torch.empty((M, K1), dtype=torch.bool, device=dev)
-    gather(data, episode_offsets, indices, episodes, rel_t, out0, out1, pad0, pad1)
+    gather(data, episode_offsets, indices, episodes, rel_t, out0, out1, pad0, pad1, fresh=True)
     return out0, pad0, out1, pad1
 
 
@@ -446,7 +446,7 @@ def _key_windows_launch(data, episode_offsets, indices, episodes, plan: KeyPlan,
     M = indices.shape[0]
     out = torch.empty(M * plan.n_values, dtype=data.dtype, device=data.device)
     pads = torch.empty(M * plan.n_pads, dtype=torch.bool, device=data.device)
-    gather(data, episode_offsets, indices, episodes, table, out, pads)
+    gather(data, episode_offsets, indices, episodes, table, out, pads, fresh=True)
     return out, pads
 
 
