@@ -44,7 +44,7 @@ class _Kernel:
 def test_relaunch_only_when_enabled(monkeypatch, enabled):
     direct = []
     monkeypatch.setattr(CachedLaunch, "enabled", enabled)
-    monkeypatch.setattr(_utils, "_launch_compiled", lambda c, g, a: direct.append(a))
+    monkeypatch.setattr(_utils, "_launch_compiled", lambda c, g, a, d: direct.append(a))
     kernel, t = _Kernel(), torch.zeros(4)
     launch = CachedLaunch(kernel, (1,), num_warps=1)
     for _ in range(3):
@@ -55,7 +55,7 @@ def test_relaunch_only_when_enabled(monkeypatch, enabled):
 def test_constants_follow_the_arguments_on_both_paths(monkeypatch):
     direct = []
     monkeypatch.setattr(CachedLaunch, "enabled", True)
-    monkeypatch.setattr(_utils, "_launch_compiled", lambda c, g, a: direct.append(a))
+    monkeypatch.setattr(_utils, "_launch_compiled", lambda c, g, a, d: direct.append(a))
     kernel, t = _Kernel(), torch.zeros(4)
     launch = CachedLaunch(kernel, (1,), (16, True))
     launch((t, 4), (t,))
@@ -66,7 +66,7 @@ def test_constants_follow_the_arguments_on_both_paths(monkeypatch):
 def test_misaligned_tensor_takes_the_bound_path(monkeypatch):
     direct = []
     monkeypatch.setattr(CachedLaunch, "enabled", True)
-    monkeypatch.setattr(_utils, "_launch_compiled", lambda c, g, a: direct.append(a))
+    monkeypatch.setattr(_utils, "_launch_compiled", lambda c, g, a, d: direct.append(a))
     kernel, t = _Kernel(), torch.zeros(8)
     launch = CachedLaunch(kernel, (1,))
     launch((t, 8), (t,))
@@ -108,3 +108,44 @@ def test_cached_launch_feeds_attached_launch_hooks():
     finally:
         knobs.runtime.launch_enter_hook.remove(seen.append)
     assert len(seen) == 1 and seen[0] is not None
+
+
+class _Launcher:
+    """Stands in for Triton 3.6's CUDA launcher: ``run(...)`` and the ``launch`` it wraps."""
+
+    def __init__(self, scratch: int):
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.ran, self.launched = [], []
+
+    def __call__(self, *args):
+        self.ran.append(args)
+
+    def launch(self, *args):
+        self.launched.append(args)
+
+
+class _Driver:
+    class active:  # noqa: N801 - the attribute Triton's driver config exposes
+        get_current_device = staticmethod(lambda: 0)
+        get_current_stream = staticmethod(lambda device: 1234)
+
+
+@pytest.mark.parametrize("scratch", [0, 64], ids=["no-scratch", "scratch"])
+def test_cached_launch_calls_the_compiled_launch_directly_without_scratch(monkeypatch, scratch):
+    """Without scratch to allocate, a cached launch skips the launcher's Python wrapper and
+    passes what it would: the cooperative-grid and PDL flags and two null scratch pointers."""
+    compiled = _Compiled()
+    compiled.run, compiled.function = _Launcher(scratch), "fn"
+    compiled.launch_metadata = lambda grid, stream, *args: "meta"
+    monkeypatch.setattr(_utils, "driver", _Driver)
+    direct = _utils._direct_launcher(compiled)
+    assert (direct is None) == bool(scratch)
+    _utils._launch_compiled(compiled, (2, 1, 1), ("x", 7), direct)
+    run = compiled.run
+    if scratch:
+        assert run.ran[0][:6] == (2, 1, 1, 1234, "fn", ()) and run.ran[0][-2:] == ("x", 7)
+        assert not run.launched
+    else:
+        assert run.launched[0][:10] == (2, 1, 1, 1234, "fn", False, True, None, None, ())
+        assert run.launched[0][-2:] == ("x", 7) and not run.ran

@@ -82,14 +82,14 @@ class CachedLaunch:
         options: launch options such as ``num_warps``.
     """
 
-    __slots__ = ("kernel", "grid", "grid3", "consts", "options", "compiled")
+    __slots__ = ("kernel", "grid", "grid3", "consts", "options", "compiled", "direct")
     # Decided once, at import, from the installed Triton's version.
     enabled = _FAST_LAUNCH
 
     def __init__(self, kernel, grid: tuple[int, ...], consts: tuple = (), **options):
         self.kernel, self.grid, self.consts, self.options = kernel, grid, consts, options
         self.grid3 = (*grid, 1, 1)[:3]
-        self.compiled = None
+        self.compiled = self.direct = None
 
     def __call__(self, args: tuple, tensors: tuple) -> None:
         """Launch with `args` (the kernel's leading parameters, in order; `consts` follow);
@@ -103,22 +103,44 @@ class CachedLaunch:
         if self.consts:
             args = args + self.consts
         if aligned and compiled is not None:
-            _launch_compiled(compiled, self.grid3, args)
+            _launch_compiled(compiled, self.grid3, args, self.direct)
             return
         result = self.kernel[self.grid](*args, **self.options)
         if aligned and CachedLaunch.enabled and hasattr(result, "packed_metadata"):
-            self.compiled = result
+            self.compiled, self.direct = result, _direct_launcher(result)
 
 
-def _launch_compiled(compiled, grid: tuple[int, int, int], args: tuple) -> None:
+def _direct_launcher(compiled) -> tuple | None:
+    """``(launch, cooperative grid, PDL)`` of a compiled kernel's Triton 3.6 CUDA launcher
+    when the kernel needs no global or profile scratch: then ``compiled.run(...)`` only
+    forwards to the compiled ``launch`` with those flags and two null scratch pointers, and a
+    cached launch calls it directly. None (other launchers, or scratch to allocate per
+    launch): go through ``run``."""
+    try:
+        run = compiled.run
+        if run.global_scratch_size == 0 and run.profile_scratch_size == 0:
+            return run.launch, run.launch_cooperative_grid, run.launch_pdl
+    except AttributeError:
+        pass
+    return None
+
+
+def _launch_compiled(compiled, grid: tuple[int, int, int], args: tuple,
+                     direct: tuple | None = None) -> None:
     """What ``JITFunction.run`` does after binding, for an already-compiled kernel. The launch
     metadata exists for Triton's launch hooks; while no hook is attached (empty hook chains,
-    as without a profiler) the launcher passes None to them, which they never read."""
+    as without a profiler) the launcher passes None to them, which they never read. `direct`:
+    `_direct_launcher` of the compiled kernel's launcher."""
     drv = driver.active
     stream = drv.get_current_stream(drv.get_current_device())
     hooks = knobs.runtime
     enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
     meta = compiled.launch_metadata(grid, stream, *args) \
         if getattr(enter, "calls", enter) or getattr(leave, "calls", leave) else None
-    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
-                 meta, enter, leave, *args)
+    if direct is None:
+        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function,
+                     compiled.packed_metadata, meta, enter, leave, *args)
+    else:
+        launch, cooperative, pdl = direct
+        launch(grid[0], grid[1], grid[2], stream, compiled.function, cooperative, pdl, None,
+               None, compiled.packed_metadata, meta, enter, leave, *args)
