@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import triton
 from triton.runtime import driver
 
@@ -29,6 +30,15 @@ def tile_2d(rows: int, cols: int, *, max_cols: int, elements: int, min_rows: int
     return block_rows, block_cols
 
 
+def rows_of(x: torch.Tensor, d: int, out: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """For a row-wise kernel over `x [..., D]` seen as ``[N, D]``: x made contiguous, `out`
+    (contiguous like x; allocated when None) and N (0: nothing to launch)."""
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return x.contiguous(), out, out.numel() // d if d else 0
+
+
 def int_type(v: int) -> int:
     """Which integer type Triton passes `v` as (i32, u32, i64, u64 -> 0..3): a cached launch
     whose integer argument varies in value (a seed, ``do_not_specialize``) keys on it."""
@@ -36,7 +46,7 @@ def int_type(v: int) -> int:
 
 
 __all__ = ["VERIFIED_TRITON", "CachedLaunch", "cdiv", "fast_launch_supported", "int_type",
-           "next_pow2", "tile_2d", "triton"]
+           "next_pow2", "rows_of", "tile_2d", "triton"]
 
 
 # Triton releases whose ``CompiledKernel.run`` signature `_launch_compiled` was written and

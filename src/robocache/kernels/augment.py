@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from robocache._plancache import PlanCache
-from robocache.kernels._utils import CachedLaunch, cdiv, int_type, tile_2d
+from robocache.kernels._utils import CachedLaunch, cdiv, int_type, rows_of, tile_2d
 from robocache.kernels.jit import normals, row_tile
 
 
@@ -37,12 +37,9 @@ def noise_cuda(x: torch.Tensor, std: torch.Tensor, seed: int,
     the ``[N, D]`` view), std float32 ``[D]`` on x's device; `out` contiguous like `x`
     (allocated when None)."""
     d = std.shape[0]
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    n = out.numel() // d if d else 0
+    x, out, n = rows_of(x, d, out)
     if n == 0:
         return out
-    x = x.contiguous()
     key = (n, d, x.dtype, out.dtype, x.device, int_type(seed))
     launch = _PLANS.get(key) or _PLANS.put(key, _noise_plan(n, d))
     launch((x, std, out, seed, n, d), (x, std, out))

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from robocache._plancache import PlanCache
-from robocache.kernels._utils import CachedLaunch, cdiv, tile_2d
+from robocache.kernels._utils import CachedLaunch, cdiv, rows_of, tile_2d
 from robocache.kernels.jit import row_tile
 
 
@@ -39,12 +39,9 @@ def affine_cuda(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, clip
     """Apply the affine map to `x [..., D]` (made contiguous) into contiguous `out` like `x`
     (allocated when None); offset and scale ``[D]`` on x's device in the arithmetic dtype."""
     d = offset.shape[0]
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    n = out.numel() // d if d else 0
+    x, out, n = rows_of(x, d, out)
     if n == 0:
         return out
-    x = x.contiguous()
     key = (n, d, x.dtype, out.dtype, offset.dtype, clip, inverse, x.device)
     launch = _PLANS.get(key) or _PLANS.put(key, _affine_plan(n, d, clip, inverse))
     launch((x, offset, scale, out, n, d), (x, offset, scale, out))
