@@ -86,12 +86,32 @@ def _windows_kernel(data, offsets, indices, episodes, rel, out0, out1, pad0, pad
     _store_pads(pad1, rel, r, first, last, offs_m, mm, K0, K1, KP1)
 
 
-class WindowsLaunch:
-    """The gather of one geometry (window count, data shape and strides, episode count, row
-    offsets, pad mode, device), its launch cached: call it with the tensors. Index tensors
-    are made contiguous (the kernel reads them as dense 1-D arrays)."""
+class _GatherLaunch:
+    """A window gather of one geometry, its launch cached (`launch`, None when there is
+    nothing to gather) with its integer arguments (`ints`): call it with data, episode
+    offsets, indices, episodes (or None) and the kernel's remaining tensors. Index tensors
+    are made contiguous (the kernel reads them as dense 1-D arrays). ``fresh``: those
+    remaining tensors come from the allocator (16-byte aligned), so only the inputs'
+    alignment is checked."""
 
     __slots__ = ("launch", "ints")
+
+    def __call__(self, data, offsets, indices, episodes, *buffers, fresh: bool = False
+                 ) -> None:
+        if self.launch is None:
+            return
+        offsets, indices = offsets.contiguous(), indices.contiguous()
+        ep = indices if episodes is None else episodes.contiguous()
+        inputs = (data, offsets, indices, ep)
+        self.launch((*inputs, *buffers, *self.ints), inputs if fresh else (*inputs, *buffers))
+
+
+class WindowsLaunch(_GatherLaunch):
+    """The gather of one geometry (window count, data shape and strides, episode count, row
+    offsets, pad mode, device); called with ``(data, offsets, indices, episodes, rel, out0,
+    out1, pad0, pad1)``."""
+
+    __slots__ = ()
 
     def __init__(self, data: torch.Tensor, n_episodes: int, M: int, K: int, split: int,
                  has_episodes: bool, zero_pad: bool):
@@ -104,17 +124,6 @@ class WindowsLaunch:
             (D, split, K - split, has_episodes, zero_pad, block_m, block_d,
              next_pow2(max(split, 1)), next_pow2(max(K - split, 1))), num_warps=4) if M else None
         self.ints = (M, n_episodes, max(n_episodes, 1).bit_length(), *data.stride())
-
-    def __call__(self, data, offsets, indices, episodes, rel, out0, out1, pad0, pad1, *,
-                 fresh: bool = False) -> None:
-        """``fresh``: `rel` and the outputs come from the allocator (16-byte aligned), so only
-        the inputs' alignment is checked."""
-        if self.launch is None:
-            return
-        offsets, indices = offsets.contiguous(), indices.contiguous()
-        ep = indices if episodes is None else episodes.contiguous()
-        tensors = (data, offsets, indices, ep, rel, out0, out1, pad0, pad1)
-        self.launch((*tensors, *self.ints), tensors[:4] if fresh else tensors)
 
 
 # Eager calls of the launchers keep one plan per launch key: everything that fixes the grid,
@@ -190,12 +199,12 @@ def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, P,
              mask=mm[:, None] & mj[None, :])
 
 
-class KeyWindowsLaunch:
+class KeyWindowsLaunch(_GatherLaunch):
     """The per-key gather of one geometry (window count, value positions and pad entries per
-    window, alignment, data strides, episode count, pad mode, tile, device), its launch
-    cached: call it with the tensors (index tensors made contiguous)."""
+    window, alignment, data strides, episode count, pad mode, tile, device); called with
+    ``(data, offsets, indices, episodes, table, out, pad)``."""
 
-    __slots__ = ("launch", "ints")
+    __slots__ = ()
 
     def __init__(self, data: torch.Tensor, n_episodes: int, M: int, n_values: int, n_pads: int,
                  align: int, has_episodes: bool, zero_pad: bool, block_m: int | None = None,
@@ -229,17 +238,6 @@ class KeyWindowsLaunch:
              next_pow2(n_pads), vec), num_warps=num_warps) if M and n_values else None
         self.ints = (M, n_values, n_pads, n_episodes, max(n_episodes, 1).bit_length(),
                      *data.stride())
-
-    def __call__(self, data, offsets, indices, episodes, table, out, pad, *,
-                 fresh: bool = False) -> None:
-        """``fresh``: `table` and the outputs come from the allocator (16-byte aligned), so
-        only the inputs' alignment is checked."""
-        if self.launch is None:
-            return
-        offsets, indices = offsets.contiguous(), indices.contiguous()
-        ep = indices if episodes is None else episodes.contiguous()
-        tensors = (data, offsets, indices, ep, table, out, pad)
-        self.launch((*tensors, *self.ints), tensors[:4] if fresh else tensors)
 
 
 def key_windows_cuda(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor,

@@ -43,6 +43,11 @@ DEFAULT_BINS = 1024
 _OP = "normalize"
 
 
+def _derived_cache() -> PlanCache:
+    """What `normalize` derives from one `Stats` (a few modes, devices and dtypes)."""
+    return PlanCache(64)
+
+
 @dataclass(frozen=True)
 class Stats:
     """Per-dimension statistics of a `[N, D]` sample (float64 tensors `[D]` on the CPU).
@@ -77,14 +82,14 @@ class Stats:
     exact_quantiles: bool = True
     # (mode, eps, device, arithmetic dtype) -> (offset, scale, clip) on that device: `Stats` is
     # immutable, so what `normalize` derives from it is made once per device, not per call
-    _derived: PlanCache = field(default_factory=lambda: PlanCache(64), init=False, repr=False,
-                                compare=False)
+    _derived: PlanCache = field(default_factory=_derived_cache, init=False,
+                                repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:  # pickled without the per-device cache
         return {k: v for k, v in self.__dict__.items() if k != "_derived"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _derived=PlanCache(64))
+        self.__dict__.update(state, _derived=_derived_cache())
 
     @property
     def dim(self) -> int:

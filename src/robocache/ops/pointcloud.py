@@ -400,17 +400,17 @@ class _PointsCall:
         """Points and valid flags of one eager CUDA call, in depth's batching."""
         b, h, w = self.shape
         depth, intrinsics = depth.contiguous(), intrinsics.contiguous()
-        extrinsics = intrinsics if extrinsics is None else extrinsics.contiguous()
+        extrinsics = None if extrinsics is None else extrinsics.contiguous()
         if self.gather is None:
             from robocache.kernels.pointcloud import points_plan
 
-            self.gather = points_plan(depth, b, h, w, intrinsics,
-                                      None if extrinsics is intrinsics else extrinsics)
+            self.gather = points_plan(depth, b, h, w, intrinsics, extrinsics)
         lead = (b,) if depth.dim() == 3 else ()
         points = torch.empty(*lead, h * w, 3, dtype=torch.float32, device=depth.device)
         valid = torch.empty(*lead, h * w, dtype=torch.bool, device=depth.device)
-        self.gather(depth, intrinsics, extrinsics, points, valid, self.scale, self.min_depth,
-                    self.max_depth, fresh=True)
+        # without extrinsics the kernel is passed the intrinsics, which it never reads as such
+        self.gather(depth, intrinsics, intrinsics if extrinsics is None else extrinsics, points,
+                    valid, self.scale, self.min_depth, self.max_depth, fresh=True)
         return points, valid
 
 

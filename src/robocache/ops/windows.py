@@ -130,12 +130,11 @@ class _WindowPlan:
         """Outputs ``(history, history_is_pad, horizon, horizon_is_pad)`` of one eager CUDA
         call (the plan's geometry fixes every size)."""
         if self.gather is None:
-            from robocache.kernels.windows import WindowsLaunch
+            from robocache.kernels.windows import windows_plan
 
             self.rel_t = _rel_tensor(self.rel, data.device)
-            self.gather = WindowsLaunch(data, episode_offsets.shape[0] - 1, indices.shape[0],
-                                        len(self.rel), self.split, episodes is not None,
-                                        zero_pad)
+            self.gather = windows_plan(data, episode_offsets.shape[0] - 1, indices.shape[0],
+                                       len(self.rel), self.split, episodes is not None, zero_pad)
         return _windows_into(data, episode_offsets, indices, episodes, self.rel_t, self.split,
                              self.gather)
 
@@ -396,10 +395,10 @@ class _KeyCall:
         """The flat value and pad buffers of one eager CUDA call."""
         plan = self.plan
         if self.gather is None:
-            from robocache.kernels.windows import KeyWindowsLaunch
+            from robocache.kernels.windows import key_windows_plan
 
             self.table = _key_plan_on(self.cols, self.rels, data.device)[1]
-            self.gather = KeyWindowsLaunch(data, episode_offsets.shape[0] - 1, indices.shape[0],
+            self.gather = key_windows_plan(data, episode_offsets.shape[0] - 1, indices.shape[0],
                                            plan.n_values, plan.n_pads, plan.align,
                                            episodes is not None, zero_pad)
         return _key_windows_launch(data, episode_offsets, indices, episodes, plan, self.table,
