@@ -186,7 +186,7 @@ ALIGNED = {"state": (0, 8, [-1, 0]), "action": (8, 4, list(range(5))), "env": (1
 @pytest.mark.parametrize("pad", ["edge", "zero"])
 def test_key_windows_kernel_matches_reference(kernel_device, keys, dtype, with_episodes, pad):
     from robocache.kernels.windows import key_windows_cuda
-    from robocache.ops.windows import _key_plan, _split
+    from robocache.ops.windows import _key_plan, _split, _views
     from robocache.reference.windows import key_windows_ref
 
     rng = seeded()
@@ -201,7 +201,7 @@ def test_key_windows_kernel_matches_reference(kernel_device, keys, dtype, with_e
     key_windows_cuda(d, o, i, eps, torch.tensor(plan.table, dtype=torch.int32, device=dev),
                      plan.n_values, plan.n_pads, plan.align, out, pads, pad == "zero",
                      block_m=16, block_p=32)
-    got = _split(out, pads, len(idx), plan.layout)
+    got = _split(out, pads, _views(len(idx), plan.layout))
     want = key_windows_ref(d.cpu(), o.cpu(), i.cpu(), list(cols.values()), list(rels.values()),
                            pad == "zero")
     for k, (values, is_pad) in zip(cols, want, strict=True):

@@ -35,6 +35,11 @@ def wants_validation(validate: bool | None, tensor: torch.Tensor) -> bool:
     return validate
 
 
+def validates_eager_cuda(validate: bool | None) -> bool:
+    """`wants_validation` for an eager call on CUDA inputs (known not to be traced)."""
+    return _VALIDATE_ON_CUDA if validate is None else validate
+
+
 def memory_bytes(device: torch.device) -> int:
     """Total memory of ``device`` in bytes (the GPU's, or the host's physical memory)."""
     if device.type == "cuda":

@@ -98,10 +98,12 @@ def windows(
         plan = _WindowPlan(rel, split)
         if key is not None:
             _WINDOW_PLANS.put(key, plan)
+    if launches_directly(data):  # eager CUDA: the plan's cached launch
+        if C.validates_eager_cuda(validate):
+            _validate(data, episode_offsets, indices, episodes)
+        return plan.launch(data, episode_offsets, indices, episodes, pad == "zero")
     if C.wants_validation(validate, data):
         _validate(data, episode_offsets, indices, episodes)
-    if launches_directly(data):  # eager CUDA: the plan's cached launch
-        return Windows(*plan.launch(data, episode_offsets, indices, episodes, pad == "zero"))
     return Windows(*_WINDOWS(data, episode_offsets, indices, episodes, list(plan.rel),
                              plan.split, pad == "zero"))
 
@@ -119,23 +121,24 @@ _WINDOW_PLANS = PlanCache()
 
 class _WindowPlan:
     """A validated `windows` geometry: relative rows, the history split and, once launched
-    on CUDA, the gather's cached launch and device offsets."""
+    on CUDA, the gather's cached launch, device offsets and output shapes."""
 
-    __slots__ = ("rel", "split", "gather", "rel_t")
+    __slots__ = ("rel", "split", "gather", "rel_t", "shapes")
 
     def __init__(self, rel: tuple[int, ...], split: int):
         self.rel, self.split, self.gather, self.rel_t = rel, split, None, None
 
-    def launch(self, data, episode_offsets, indices, episodes, zero_pad: bool):
-        """Outputs ``(history, history_is_pad, horizon, horizon_is_pad)`` of one eager CUDA
-        call (the plan's geometry fixes every size)."""
+    def launch(self, data, episode_offsets, indices, episodes, zero_pad: bool) -> Windows:
+        """The `Windows` of one eager CUDA call (the plan's geometry fixes every size)."""
         if self.gather is None:
             from robocache.kernels.windows import windows_plan
 
+            M, D, K1 = indices.shape[0], data.shape[1], len(self.rel) - self.split
+            self.shapes = ((M, self.split, D), (M, K1, D), (M, self.split), (M, K1))
             self.rel_t = _rel_tensor(self.rel, data.device)
-            self.gather = windows_plan(data, episode_offsets.shape[0] - 1, indices.shape[0],
-                                       len(self.rel), self.split, episodes is not None, zero_pad)
-        return _windows_into(data, episode_offsets, indices, episodes, self.rel_t, self.split,
+            self.gather = windows_plan(data, episode_offsets.shape[0] - 1, M, len(self.rel),
+                                       self.split, episodes is not None, zero_pad)
+        return _windows_into(data, episode_offsets, indices, episodes, self.rel_t, self.shapes,
                              self.gather)
 
 
@@ -229,21 +232,22 @@ def _windows_cuda(data: torch.Tensor, episode_offsets: torch.Tensor, indices: to
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from robocache.kernels.windows import windows_plan
 
-    gather = windows_plan(data, episode_offsets.shape[0] - 1, indices.shape[0], len(rel), split,
+    M, D, K1 = indices.shape[0], data.shape[1], len(rel) - split
+    gather = windows_plan(data, episode_offsets.shape[0] - 1, M, len(rel), split,
                           episodes is not None, zero_pad)
     return _windows_into(data, episode_offsets, indices, episodes,
-                         _rel_tensor(tuple(rel), data.device), split, gather)
+                         _rel_tensor(tuple(rel), data.device),
+                         ((M, split, D), (M, K1, D), (M, split), (M, K1)), gather)
 
 
-def _windows_into(data, episode_offsets, indices, episodes, rel_t, split, gather):
-    """Allocate the four outputs and run `gather` (the launcher's tensor arguments) into them."""
-    M, D, K1, dev = indices.shape[0], data.shape[1], rel_t.shape[0] - split, data.device
-    out0 = torch.empty((M, split, D), dtype=data.dtype, device=dev)
-    out1 = torch.empty((M, K1, D), dtype=data.dtype, device=dev)
-    pad0 = torch.empty((M, split), dtype=torch.bool, device=dev)
-    pad1 = torch.empty((M, K1), dtype=torch.bool, device=dev)
+def _windows_into(data, episode_offsets, indices, episodes, rel_t, shapes, gather) -> Windows:
+    """Allocate the four outputs (`shapes`: history and horizon values, then their masks) and
+    run `gather` (the launcher's tensor arguments) into them."""
+    out0, out1 = data.new_empty(shapes[0]), data.new_empty(shapes[1])
+    pad0 = data.new_empty(shapes[2], dtype=torch.bool)
+    pad1 = data.new_empty(shapes[3], dtype=torch.bool)
     gather(data, episode_offsets, indices, episodes, rel_t, out0, out1, pad0, pad1, fresh=True)
-    return out0, pad0, out1, pad1
+    return Windows(out0, pad0, out1, pad1)
 
 
 def _windows_fake(data, episode_offsets, indices, episodes, rel, split, zero_pad):
@@ -364,18 +368,19 @@ def key_windows(
         call = _KeyCall(*_key_layout(data, columns, offsets))
         if key is not None:
             _KEY_CALLS.put(key, call)
+    if launches_directly(data):  # eager CUDA: the call's cached launch
+        if C.validates_eager_cuda(validate):
+            _validate(data, episode_offsets, indices, episodes)
+        return call.launch(data, episode_offsets, indices, episodes, pad == "zero")
     if C.wants_validation(validate, data):
         _validate(data, episode_offsets, indices, episodes)
     M = indices.shape[0]
-    if launches_directly(data):  # eager CUDA: the call's cached launch
-        out, pads = call.launch(data, episode_offsets, indices, episodes, pad == "zero")
-        return _split(out, pads, M, call.plan.layout)
     cols, rels = call.cols, call.rels
     names = list(cols)
     flat = [v for n in names for v in (*cols[n], len(rels[n]))]
     out, pads = _KEY_WINDOWS(data, episode_offsets, indices, episodes, flat,
                              [o for n in names for o in rels[n]], pad == "zero")
-    return _split(out, pads, M, call.plan.layout)
+    return _split(out, pads, _views(M, call.plan.layout))
 
 
 _KEY_CALLS = PlanCache()
@@ -383,26 +388,31 @@ _KEY_CALLS = PlanCache()
 
 class _KeyCall:
     """A validated `key_windows` geometry: columns and offsets per key, their `KeyPlan` and,
-    once launched on CUDA, the device table and the gather's cached launch."""
+    once launched on CUDA, the device table, the gather's cached launch, the flat buffers'
+    sizes and each key's views of them (`_views`)."""
 
-    __slots__ = ("cols", "rels", "plan", "table", "gather")
+    __slots__ = ("cols", "rels", "plan", "table", "gather", "sizes", "views")
 
     def __init__(self, cols: dict[str, tuple[int, int]], rels: dict[str, tuple[int, ...]]):
         self.cols, self.rels, self.plan = cols, rels, _key_plan(cols, rels)
         self.table = self.gather = None
 
-    def launch(self, data, episode_offsets, indices, episodes, zero_pad: bool):
-        """The flat value and pad buffers of one eager CUDA call."""
-        plan = self.plan
+    def launch(self, data, episode_offsets, indices, episodes, zero_pad: bool
+               ) -> dict[str, torch.Tensor]:
+        """The per-key windows and masks of one eager CUDA call."""
         if self.gather is None:
             from robocache.kernels.windows import key_windows_plan
 
+            plan, M = self.plan, indices.shape[0]
             self.table = _key_plan_on(self.cols, self.rels, data.device)[1]
-            self.gather = key_windows_plan(data, episode_offsets.shape[0] - 1, indices.shape[0],
+            self.gather = key_windows_plan(data, episode_offsets.shape[0] - 1, M,
                                            plan.n_values, plan.n_pads, plan.align,
                                            episodes is not None, zero_pad)
-        return _key_windows_launch(data, episode_offsets, indices, episodes, plan, self.table,
-                                   self.gather)
+            self.sizes, self.views = (M * plan.n_values, M * plan.n_pads), \
+                _views(M, plan.layout)
+        out, pads = _buffers(data, *self.sizes)
+        self.gather(data, episode_offsets, indices, episodes, self.table, out, pads, fresh=True)
+        return _split(out, pads, self.views)
 
 
 def _key_layout(data, columns, offsets) -> tuple[dict[str, tuple[int, int]],
@@ -428,25 +438,26 @@ def _key_layout(data, columns, offsets) -> tuple[dict[str, tuple[int, int]],
     return cols, rels
 
 
-def _split(out: torch.Tensor, pads: torch.Tensor, M: int, layout: list) -> dict[str, torch.Tensor]:
-    """Each key's contiguous ``[M, L, W]`` values and ``[M, L]`` flags, as views of the flat
-    buffers the op made (fresh tensors: storage offset 0)."""
+def _buffers(data: torch.Tensor, n_values: int, n_pads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flat value (data's dtype) and pad (bool) buffers of a gather, on data's device."""
+    return data.new_empty(n_values), data.new_empty(n_pads, dtype=torch.bool)
+
+
+def _views(M: int, layout: list) -> list[tuple]:
+    """Per key of a `KeyPlan` layout, its values' and its flags' names, and their
+    ``as_strided`` arguments in the flat buffers: ``[M, L, W]`` and ``[M, L]``, contiguous."""
+    return [(name, f"{name}_is_pad", ((M, L, W), (L * W, W, 1), M * base),
+             ((M, L), (L, 1), M * pbase)) for name, base, L, W, pbase in layout]
+
+
+def _split(out: torch.Tensor, pads: torch.Tensor, views: list[tuple]) -> dict[str, torch.Tensor]:
+    """Each key's values and flags (`_views`) in the flat buffers the op made (fresh tensors:
+    storage offset 0)."""
     result = {}
-    for name, base, L, W, pbase in layout:
-        result[name] = out.as_strided((M, L, W), (L * W, W, 1), M * base)
-        result[f"{name}_is_pad"] = pads.as_strided((M, L), (L, 1), M * pbase)
+    for name, pad_name, value, flag in views:
+        result[name] = out.as_strided(*value)
+        result[pad_name] = pads.as_strided(*flag)
     return result
-
-
-def _key_windows_launch(data, episode_offsets, indices, episodes, plan: KeyPlan,
-                        table: torch.Tensor, gather) -> tuple[torch.Tensor, torch.Tensor]:
-    """Allocate the flat value and pad buffers and run `gather` (a `KeyWindowsLaunch`) into
-    them."""
-    M = indices.shape[0]
-    out = torch.empty(M * plan.n_values, dtype=data.dtype, device=data.device)
-    pads = torch.empty(M * plan.n_pads, dtype=torch.bool, device=data.device)
-    gather(data, episode_offsets, indices, episodes, table, out, pads, fresh=True)
-    return out, pads
 
 
 def _unflatten(layout: list[int], rel: list[int]) -> tuple[dict, dict]:
@@ -480,7 +491,9 @@ def _key_windows_cuda(data: torch.Tensor, episode_offsets: torch.Tensor, indices
     gather = key_windows_plan(data, episode_offsets.shape[0] - 1, indices.shape[0],
                               plan.n_values, plan.n_pads, plan.align, episodes is not None,
                               zero_pad)
-    return _key_windows_launch(data, episode_offsets, indices, episodes, plan, table, gather)
+    out, pads = _buffers(data, indices.shape[0] * plan.n_values, indices.shape[0] * plan.n_pads)
+    gather(data, episode_offsets, indices, episodes, table, out, pads, fresh=True)
+    return out, pads
 
 
 def _key_windows_fake(data, episode_offsets, indices, episodes, layout, rel, zero_pad):
