@@ -125,12 +125,6 @@ class _Launcher:
         self.launched.append(args)
 
 
-class _Driver:
-    class active:  # noqa: N801 - the attribute Triton's driver config exposes
-        get_current_device = staticmethod(lambda: 0)
-        get_current_stream = staticmethod(lambda device: 1234)
-
-
 @pytest.mark.parametrize("scratch", [0, 64], ids=["no-scratch", "scratch"])
 def test_cached_launch_calls_the_compiled_launch_directly_without_scratch(monkeypatch, scratch):
     """Without scratch to allocate, a cached launch skips the launcher's Python wrapper and
@@ -138,7 +132,7 @@ def test_cached_launch_calls_the_compiled_launch_directly_without_scratch(monkey
     compiled = _Compiled()
     compiled.run, compiled.function = _Launcher(scratch), "fn"
     compiled.launch_metadata = lambda grid, stream, *args: "meta"
-    monkeypatch.setattr(_utils, "driver", _Driver)
+    monkeypatch.setattr(_utils, "_current_stream", lambda: 1234)
     direct = _utils._direct_launcher(compiled)
     assert (direct is None) == bool(scratch)
     _utils._launch_compiled(compiled, (2, 1, 1), ("x", 7), direct)
@@ -149,3 +143,18 @@ def test_cached_launch_calls_the_compiled_launch_directly_without_scratch(monkey
     else:
         assert run.launched[0][:10] == (2, 1, 1, 1234, "fn", False, True, None, None, ())
         assert run.launched[0][-2:] == ("x", 7) and not run.ran
+
+
+@pytest.mark.gpu
+def test_current_stream_is_the_stream_triton_launches_on():
+    """A cached launch finds the stream Triton's driver would: the current device's current
+    stream, inside a stream context too."""
+    from triton.runtime import driver
+
+    def triton_stream():
+        drv = driver.active
+        return drv.get_current_stream(drv.get_current_device())
+
+    assert _utils._current_stream() == triton_stream()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        assert _utils._current_stream() == triton_stream() != 0

@@ -135,14 +135,27 @@ def _direct_launcher(compiled) -> tuple | None:
     return None
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def _current_stream() -> int:
+    """The current device's current CUDA stream, as Triton's driver finds it for a launch
+    (``torch.cuda.current_device()``, then torch's raw stream of that device) without
+    ``current_device``'s lazy-initialization check: a compiled kernel exists, so CUDA is up."""
+    if _RAW_STREAM is None or _DEVICE is None:  # builds without these bindings
+        drv = driver.active
+        return drv.get_current_stream(drv.get_current_device())
+    return _RAW_STREAM(_DEVICE())
+
+
 def _launch_compiled(compiled, grid: tuple[int, int, int], args: tuple,
                      direct: tuple | None = None) -> None:
     """What ``JITFunction.run`` does after binding, for an already-compiled kernel. The launch
     metadata exists for Triton's launch hooks; while no hook is attached (empty hook chains,
     as without a profiler) the launcher passes None to them, which they never read. `direct`:
     `_direct_launcher` of the compiled kernel's launcher."""
-    drv = driver.active
-    stream = drv.get_current_stream(drv.get_current_device())
+    stream = _current_stream()
     hooks = knobs.runtime
     enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
     meta = compiled.launch_metadata(grid, stream, *args) \
