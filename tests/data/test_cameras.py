@@ -249,6 +249,32 @@ def test_resident_camera_batches_come_from_a_prefetch_thread_in_order(h264_cache
     assert not any(t.name == "robocache-prefetch" for t in threading.enumerate())
 
 
+@pytest.mark.gpu
+def test_an_error_preparing_a_camera_batch_is_raised_to_the_caller(h264_cache, monkeypatch):
+    """A batch that fails on the prefetch thread raises in the caller's loop after the batches
+    before it, and the thread stops."""
+    import threading
+
+    from robocache.data import RobotLoader
+
+    loader = RobotLoader(RobotDataset(h264_cache, keys=[CAM], history=2), 2, device="cuda",
+                         normalize=None, seed=0)
+    gather, third = type(loader.packed).gather, loader.sampler.order()[4:6]
+
+    def failing(self, indices):
+        if torch.equal(indices.cpu(), third):
+            raise OSError("disk gone")
+        return gather(self, indices)
+
+    monkeypatch.setattr(type(loader.packed), "gather", failing)
+    got = []
+    with pytest.raises(OSError, match="disk gone"):
+        for b in loader:
+            got.append(b["index"].clone())
+    assert len(got) == 2
+    assert not any(t.name == "robocache-prefetch" for t in threading.enumerate())
+
+
 def test_decode_decodes_each_distinct_frame_once(h264_cache, monkeypatch):
     from robocache.data import cameras
 

@@ -409,8 +409,12 @@ def _default_device(distributed: bool) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-# resident camera batches a background thread keeps ready (each holds its decoded frames)
-CAMERA_PREFETCH = 2
+# Resident camera batches a background thread keeps ready (each holds its decoded frames).
+# H100, ResNet-18 on two cameras stored at 224x224, batch 64, two rounds on one machine: 3
+# ahead served 2,643 / 2,644 samples/s (GPU busy 95.8 % both), 2 ahead 2,518 / 2,568 (92.2 /
+# 95.1 %). Two threads preparing batches (3 ahead) served 2,564 / 2,558: nvJPEG decodes one
+# call at a time, and the second thread's host work slowed the training thread's.
+CAMERA_PREFETCH = 3
 
 
 class RobotLoader:
@@ -515,6 +519,17 @@ class RobotLoader:
 
     def __len__(self) -> int:
         return len(self.sampler)
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches prepared ahead of the caller: workers x ``prefetch_factor``,
+        :data:`CAMERA_PREFETCH` for resident camera batches on a GPU, else 1 on a GPU (the
+        side stream's next batch) and 0 on the CPU."""
+        if self.loader is not None and self.loader.num_workers:
+            return self.loader.num_workers * (self.loader.prefetch_factor or 0)
+        if self.stream is None:
+            return 0
+        return CAMERA_PREFETCH if self.resident and self.packed.image_keys else 1
 
     def _prepare(self, parts) -> Batch:
         """Fetch (resident) or copy (workers) the parts, normalize, merge: on the side stream."""

@@ -312,9 +312,7 @@ def watch_loader(loader, batches: Iterator[dict]) -> Iterator[dict]:
     stats = _loaders.get(key)
     if stats is None:
         stats = _loaders.setdefault(key, LoaderStats(*key))
-    inner = getattr(loader, "loader", None)
-    stats.prefetch = (inner.num_workers * (inner.prefetch_factor or 0) if inner is not None
-                      and inner.num_workers else int(getattr(loader, "stream", None) is not None))
+    stats.prefetch = loader.prefetch_depth
     loader._metrics = stats
     fixed = loader.sampler.drop_last or loader.mixed
     return stats.watch(batches, loader.sampler.batch_size if fixed else None)
