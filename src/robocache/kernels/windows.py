@@ -6,8 +6,8 @@ rows, K unrolled so every row's load is in flight before the first store: the co
 latency-bound otherwise (a runtime loop issues one [BLOCK_M, D] load per round trip).
 `windows` stores values streaming (`.cs`): each output row is written once and never read
 back, and keeping it out of L2 leaves L2 to the source rows that overlapping windows share
-(H100, M = 65536 x 18 rows x 32-D: 101.9 vs 110.1 us in one run). `key_windows` stores plain:
-there streaming stores measured 2 % slower (see `key_windows_cuda`).
+(H100, M = 65536 x 18 rows x 32-D: 101.9 vs 110.1 us in one run). `key_windows` stores
+streaming too and loads its source rows evict-last (see `KeyWindowsLaunch`).
 """
 
 from __future__ import annotations
@@ -184,10 +184,10 @@ def _key_windows_kernel(data, offsets, indices, episodes, table, out, pad, M, P,
             src = tl.max_contiguous(tl.multiple_of(src, [1, ALIGN]), [1, ALIGN])
             dst = tl.max_contiguous(tl.multiple_of(dst, [1, ALIGN]), [1, ALIGN])
         m2 = mm[:, None] & mp[None, :]
-        v = tl.load(data + src, mask=m2, other=0)
+        v = tl.load(data + src, mask=m2, other=0, eviction_policy="evict_last")
         if ZERO_PAD:
             v = tl.where((row < first[:, None]) | (row > last[:, None]), tl.zeros_like(v), v)
-        tl.store(out + dst, v, mask=m2)
+        tl.store(out + dst, v, mask=m2, cache_modifier=".cs")
     t = table + 5 * P
     j = tl.arange(0, BLOCK_Q)
     mj = j < Q
@@ -219,12 +219,18 @@ class KeyWindowsLaunch(_GatherLaunch):
         # evict-first source loads, 0.134 ms; a power-of-two chunk plus a smaller tail chunk
         # (512 + 128 positions): 0.125-0.127 ms. Stores: plain (write-back) 0.1197-0.1203 ms,
         # streaming (`.cs`, as `windows` stores) 0.1224 ms, `.cg` 0.1201-0.1208, `.wt` 0.1205,
-        # three runs each in one process: unlike `windows`, the plain store wins here.
+        # three runs each in one process: on that H100 the plain store won.
         # Another H100 and day, three interleaved rounds against a 1 GiB copy (3004 GB/s):
         # this tile 0.1232-0.1238 ms (88.5-88.9 %); a packed table (row offset and column in
         # one word, the destination base precomputed per M: 3 loads a position, not 5)
         # 0.1230-0.1237 ms; that with 8 windows and 8 warps 0.1238-0.1244 ms; one flat block
         # of 13 windows x 624 positions (8112 of 8192 lanes busy) 0.1360-0.1365 ms.
+        # A third H100, rounds in shuffled order: with plain loads and stores, every tile and
+        # store modifier tried fell into one of two modes from round to round, 0.1200-0.1208 or
+        # 0.1232-0.1244 ms (88.0-91.4 % of copy), plain stores in the slow one 4 of 6 rounds and
+        # 3 of 3 in an earlier run. Source loads marked evict-last with streaming stores, which
+        # keep the rows that overlapping windows share in L2 ahead of the output, stayed fast in
+        # all 9 rounds of two runs: 0.1201-0.1208 ms (90.7-91.2 %). That is the kernel's choice.
         block_p = block_p or min(1024, next_pow2(max(n_values, 16)))
         block_m = block_m or max(4, min(128, 4096 // block_p))
         vec = 1
