@@ -104,7 +104,7 @@ def _host_ratio(r: Results, fam: str, name: str, ours: str, bare: str) -> float:
 
 
 # eager host cost: runs of `robocache bench dispatch` on one machine (repeats alternating)
-DISPATCH_RUNS = tuple(f"benchmarks/results/dispatch-h100-2026-11-26-run{i}.json"
+DISPATCH_RUNS = tuple(f"benchmarks/results/dispatch-h100-2026-11-26-0c0d2f9-run{i}.json"
                       for i in (1, 2, 3))
 DISPATCH = ("resample", "align", "windows", "key_windows", "normalize", "add_noise", "fk",
             "jacobian", "image_transform", "depth_to_points", "pipeline")
@@ -237,7 +237,7 @@ LOAD = FULL
 TRAIN = FULL
 TV = "benchmarks/results/train_vision-h100-2026-11-26.json"
 TVN = "resnet18-480x640-to224-b64-cams2-t2-e120"
-TV224 = tuple(f"benchmarks/results/train_vision-stored224-h100-2026-11-26-run{i}.json"
+TV224 = tuple(f"benchmarks/results/train_vision-stored224-h100-2026-11-26-ab76e93-run{i}.json"
               for i in (1, 2))
 TVN224 = "resnet18-480x640-stored224x224-to224-b64-cams2-t2-e120"
 
