@@ -177,7 +177,6 @@ def ingest(
         video_decoder=video_decoder, **options)
 
 
-
 def _rate(rate: str) -> float | str:
     """``--rate``: ``native`` or a number of Hz."""
     if rate == "native":

@@ -98,12 +98,8 @@ def windows(
         plan = _WindowPlan(rel, split)
         if key is not None:
             _WINDOW_PLANS.put(key, plan)
-    if launches_directly(data):  # eager CUDA: the plan's cached launch
-        if C.validates_eager_cuda(validate):
-            _validate(data, episode_offsets, indices, episodes)
+    if _checked_eager(validate, data, episode_offsets, indices, episodes):
         return plan.launch(data, episode_offsets, indices, episodes, pad == "zero")
-    if C.wants_validation(validate, data):
-        _validate(data, episode_offsets, indices, episodes)
     return Windows(*_WINDOWS(data, episode_offsets, indices, episodes, list(plan.rel),
                              plan.split, pad == "zero"))
 
@@ -194,6 +190,15 @@ def _check(data, offsets, indices, episodes, pad) -> None:
     if episodes is not None and episodes.shape != indices.shape:
         C.fail(_OP, f"`episodes` must match `indices` [M] = [{indices.shape[0]}]; got "
                f"{list(episodes.shape)}.")
+
+
+def _checked_eager(validate, data, offsets, indices, episodes) -> bool:
+    """Run the data-dependent checks ``validate`` asks for; True for an eager CUDA call, which
+    then launches its plan's cached launch itself (one `is_compiling` check per call)."""
+    eager = launches_directly(data)
+    if C.validates_eager_cuda(validate) if eager else C.wants_validation(validate, data):
+        _validate(data, offsets, indices, episodes)
+    return eager
 
 
 def _validate(data, offsets, indices, episodes) -> None:
@@ -368,12 +373,8 @@ def key_windows(
         call = _KeyCall(*_key_layout(data, columns, offsets))
         if key is not None:
             _KEY_CALLS.put(key, call)
-    if launches_directly(data):  # eager CUDA: the call's cached launch
-        if C.validates_eager_cuda(validate):
-            _validate(data, episode_offsets, indices, episodes)
+    if _checked_eager(validate, data, episode_offsets, indices, episodes):
         return call.launch(data, episode_offsets, indices, episodes, pad == "zero")
-    if C.wants_validation(validate, data):
-        _validate(data, episode_offsets, indices, episodes)
     M = indices.shape[0]
     cols, rels = call.cols, call.rels
     names = list(cols)
