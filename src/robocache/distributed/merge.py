@@ -23,17 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from robocache._optional import require
-from robocache.data.cache import (
-    IDENTITY,
-    _check_dest,
-    _claim,
-    _done_episodes,
-    _progress,
-    commit,
-    finish,
-    is_cache,
-    write_files,
-)
+from robocache.data.build.commit import _done_episodes, commit
+from robocache.data.build.manifest import IDENTITY, _check_dest, _claim, is_cache
+from robocache.data.build.run import _progress, finish
+from robocache.data.build.write import write_files
 from robocache.data.lock import CacheLock
 from robocache.errors import DataError
 

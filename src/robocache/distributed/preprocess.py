@@ -33,16 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from robocache._optional import require
-from robocache.data.cache import (
-    CacheConfig,
-    _progress,
-    _reason,
-    align_episode,
-    load_episode,
-    locked_run,
-    open_specs,
-    write_episode,
-)
+from robocache.data.build.align import align_episode
+from robocache.data.build.config import CacheConfig
+from robocache.data.build.read import load_episode, open_specs
+from robocache.data.build.run import _progress, _reason, locked_run
+from robocache.data.build.write import write_episode
 from robocache.errors import ClusterError, DataError, DeviceError
 from robocache.observability import metrics
 
