@@ -85,6 +85,41 @@ def write_source(kind: str, root: Path, seed: int) -> Path:
     return path
 
 
+def write_camera_source(root: Path, seed: int = 0) -> Path:
+    """A LeRobot v3.0 dataset of :data:`EPISODES` episodes with the numeric streams and a 4x4
+    RGB camera stored inline (one frame per row)."""
+    cam = StreamSpec("cam", "image", "uint8", (4, 4, 3), FPS)
+    specs = {**SPECS, "cam": cam}
+    rng = np.random.default_rng(seed)
+    t = np.arange(STEPS) / FPS
+    eps = [Episode(i, {**{k: Stream(SPECS[k], t, d[k]) for k in SPECS},
+                       "cam": Stream(cam, t, rng.integers(0, 255, (STEPS, 4, 4, 3), np.uint8))},
+                   {"tasks": ["pick"]}) for i, d in enumerate(episode_data(seed))]
+    return write_lerobot(root, eps, specs, fps=FPS, version="v3.0")
+
+
+def same_frames(dest: Path, clean: Path) -> bool:
+    """Whether every camera table of ``dest`` holds the clean build's frames, each once."""
+    names = sorted(p.name for p in (clean / "frames").glob("*.lance"))
+    if names != sorted(p.name for p in (dest / "frames").glob("*.lance")):
+        return False
+    for name in names:
+        got, want = (lance.dataset(str(d / "frames" / name)).to_table()
+                     .sort_by([("episode_index", "ascending"), ("frame", "ascending")])
+                     for d in (dest, clean))
+        if not got.equals(want):
+            return False
+    return True
+
+
+def lance_version(uri: Path) -> int:
+    """The latest committed version of the Lance dataset at ``uri`` (0: none yet)."""
+    try:
+        return lance.dataset(str(uri)).version
+    except (OSError, ValueError):
+        return 0
+
+
 def tree_hash(path: Path) -> str:
     """sha256 over every file (relative name and bytes) under ``path`` (or of the file)."""
     h = hashlib.sha256()

@@ -137,8 +137,9 @@ def slow(i):
     time.sleep(float(sys.argv[3]))
     return read(i)
 src.read = slow
-build(src, sys.argv[2], rate_hz=float(sys.argv[4]), progress=False, device="cpu")
-"""
+build(src, sys.argv[2], rate_hz=float(sys.argv[4]), progress=False, device="cpu",
+      batch_rows=fl_steps)
+""".replace("fl_steps", str(fl.STEPS))  # one episode per batch: a commit per episode
 
 
 def slow_writer(src, dest, delay: float) -> subprocess.Popen:
@@ -157,12 +158,12 @@ def test_second_writer_then_kill_then_resume(pristine, tmp_path):
     src, clean = pristine["lerobot-v3.0"]
     before = fl.tree_hash(src)
     dest = tmp_path / "cache"
-    proc = slow_writer(src, dest, 0.3)
+    proc = slow_writer(src, dest, 0.5)
     try:
         second = ingest(src, dest)
         busy = fl.cli("inspect", dest)
         deadline = time.monotonic() + 60
-        while len(list((dest / "data.lance" / "_versions").glob("*.manifest"))) < 2:
+        while fl.lance_version(dest / "data.lance") < 2:
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.02)
     finally:
@@ -181,6 +182,61 @@ def test_second_writer_then_kill_then_resume(pristine, tmp_path):
     assert busy.code == 0 and f"being built by pid {proc.pid}" in busy.stdout
     assert killed.code == 0 and "unfinished" in killed.stdout and "cached so far" in killed.stdout
     assert resumed.code == 0 and ok
+
+
+# Kill points of a batched build: the build writes and commits episodes in batches of 3.
+KILL_BUILD = """
+import os, signal, sys
+import robocache.data.build.commit as C
+from robocache.data.cache import build
+from robocache.data.formats import open_source
+src, dest, point, rate = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+src = open_source(src)
+read, commit, calls = src.read, C.commit, []
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+def reading(i):
+    if point == "inside a batch" and i == 4:
+        die()
+    return read(i)
+def committing(dest, episodes, written):
+    calls.append(episodes)
+    if len(calls) == 2 and point == "between a batch's write and its commit":
+        die()
+    if len(calls) == 2 and point == "between its frames commit and its rows commit":
+        commit(dest, episodes, [w for w in written if w[0] != "data.lance"])
+        die()
+    commit(dest, episodes, written)
+src.read, C.commit = reading, committing
+build(src, dest, rate_hz=rate, progress=False, device="cpu", decode_workers=1,
+      batch_rows=3 * STEPS)
+""".replace("STEPS", str(fl.STEPS))
+KILL_POINTS = ("inside a batch", "between a batch's write and its commit",
+               "between its frames commit and its rows commit")
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_kill_inside_a_batch_then_resume(tmp_path, point):
+    src = fl.write_camera_source(tmp_path / "src")
+    before = fl.tree_hash(src)
+    clean, dest = tmp_path / "clean", tmp_path / "cache"
+    assert ingest(src, clean).code == 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run([sys.executable, "-c", KILL_BUILD, str(src), str(dest), point,
+                             str(fl.RATE)], env=env, timeout=120)
+    partial = sorted(fl.load_cache(dest)) if (dest / "data.lance").exists() else []
+    resumed = ingest(src, dest)
+    m = json.loads((dest / "manifest.json").read_text())
+    c = m["counts"]
+    ok = fl.same_as_clean(dest, clean, ALL) and fl.same_frames(dest, clean) and \
+        fl.tree_hash(src) == before and c["read"] == c["cached"] + c["quarantined"] and \
+        c["skipped"] == len(partial) and c["new"] == fl.EPISODES - len(partial)
+    fl.record(f"kill -9 {point} (episodes written and committed 3 at a time), then re-run",
+              f"episodes committed before the kill kept ({len(partial)}), the rest redone; "
+              f"each episode and camera frame once, exit {resumed.code}", lost=not ok,
+              traceback=resumed.traceback)
+    assert killed.returncode == -signal.SIGKILL
+    assert partial == [0, 1, 2] and resumed.code == 0 and ok
 
 
 def test_disk_full_then_resume(pristine, tmp_path):

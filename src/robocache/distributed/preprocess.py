@@ -141,9 +141,12 @@ class _AlignWrite:
 
 def _commit_group(run, pending: dict[int, tuple], advance) -> None:
     """Commit finished episodes (index -> (files, sizes)) in one Lance commit per table."""
-    run.cached({i: files for i, (files, _) in pending.items()})
-    for i, (_, sizes) in pending.items():
-        run.obs.cached_sizes(i, sizes)
+    tables: dict[str, tuple[Any, list]] = {}
+    for files, _ in pending.values():
+        for rel, schema, fragments in files:
+            tables.setdefault(rel, (schema, []))[1].extend(fragments)
+    run.sizes.update({i: sizes for i, (_, sizes) in pending.items()})
+    run.cached(list(pending), [(rel, *t) for rel, t in tables.items()])
     advance(f"episodes {min(pending)}..{max(pending)}", len(pending))
 
 

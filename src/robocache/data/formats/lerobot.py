@@ -144,10 +144,13 @@ class LeRobotSource:
             raise DataError(f"{self.path / 'meta' / 'info.json'}: a feature lacks a valid "
                             f"dtype/shape/fps ({type(e).__name__}: {e}); fix its 'features'.") \
                 from e
-        self._file_cache: tuple[Path, pa.Table] | None = None
+        # v3.0 data files read (table, episode -> rows in it), the latest last
+        self._files: dict[Path, tuple[pa.Table, dict[int, int]]] = {}
         self._bad_files: dict[Path, str] = {}
+        self._columns: list[str] | None = None  # all of them
         self._episodes = self._read_episodes()
         self._tasks = self._read_tasks()
+        self._first_rows = self._file_starts()
 
     def _read_episodes(self) -> dict[int, dict]:
         meta = self.path / "meta"
@@ -190,6 +193,24 @@ class LeRobotSource:
     def episode_indices(self) -> list[int]:
         return sorted(self._episodes)
 
+    def select(self, keys) -> None:
+        """Read only the streams ``keys`` (and the index columns) from now on."""
+        self._columns = [*INDEX_COLUMNS, *keys]
+        self._files.clear()
+
+    def _file_starts(self) -> dict[tuple[int, int], int]:
+        """v3.0: the global index of each data file's first row (its first episode's
+        ``dataset_from_index``): an episode's rows in its file start at ``from - start``."""
+        starts: dict[tuple[int, int], int] = {}
+        for ep in self._episodes.values():
+            try:
+                key = (int(ep["data/chunk_index"]), int(ep["data/file_index"]))
+                start = int(ep["dataset_from_index"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            starts[key] = min(start, starts.get(key, start))
+        return starts
+
     def _data_path(self, index: int) -> Path:
         ep = self._episodes[index]
         if self.version == "v2.1":
@@ -207,24 +228,52 @@ class LeRobotSource:
             where += f" rows {ep['dataset_from_index']}:{ep['dataset_to_index']}"
         return where
 
-    def _read_file(self, path: Path) -> pa.Table:
-        """A data file, read once; a file that fails to read fails every episode in it with the
-        same reason (without reading it again)."""
+    def _read_file(self, path: Path, columns: list[str] | None = None) -> pa.Table:
+        """A data file (its ``columns`` that it has, or all); a file that fails to read fails
+        every episode in it with the same reason (without reading it again)."""
         if path in self._bad_files:
             raise DataError(self._bad_files[path])
         try:
-            return pq.read_table(path)
+            if columns is not None:
+                have = set(pq.read_schema(path).names)
+                columns = [c for c in dict.fromkeys(columns) if c in have]
+            return pq.read_table(path, columns=columns)
         except (pa.ArrowException, OSError) as e:
             self._bad_files[path] = f"{path} is unreadable ({type(e).__name__}: {e})"
             raise DataError(self._bad_files[path]) from e
 
     def _data_table(self, index: int) -> pa.Table:
+        """Episode ``index``'s rows. v3.0: its data file is read once (only the columns
+        :meth:`select` asked for; the last two files read stay in memory) and the episode is
+        the slice ``dataset_from_index:dataset_to_index`` of it, checked against the file's
+        ``episode_index`` column (the slice holds all of the file's rows of that episode and
+        no other); a file whose rows are not where its metadata says is filtered on
+        ``episode_index`` instead."""
         path = self._data_path(index)
         if self.version == "v2.1":
-            return self._read_file(path)
-        if self._file_cache is None or self._file_cache[0] != path:
-            self._file_cache = (path, self._read_file(path))
-        table = self._file_cache[1]
+            return self._read_file(path, self._columns)
+        cached = self._files.pop(path, None)
+        if cached is None:
+            table = self._read_file(path, self._columns)
+            ids, counts = np.unique(table.column("episode_index").to_numpy(),
+                                    return_counts=True) if "episode_index" in \
+                table.column_names else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            cached = (table, dict(zip(ids.tolist(), counts.tolist(), strict=True)))
+            while len(self._files) >= 2:
+                self._files.pop(next(iter(self._files)))
+        self._files[path] = cached
+        table, counts = cached
+        ep = self._episodes[index]
+        try:
+            key = (int(ep["data/chunk_index"]), int(ep["data/file_index"]))
+            lo = int(ep["dataset_from_index"]) - self._first_rows[key]
+            n = int(ep["dataset_to_index"]) - int(ep["dataset_from_index"])
+        except (KeyError, TypeError, ValueError):
+            lo, n = -1, 0
+        if lo >= 0 and n > 0 and lo + n <= len(table) and counts.get(index) == n:
+            rows = table.slice(lo, n)  # every row of the episode, if they are all its own
+            if pc.all(pc.equal(rows.column("episode_index"), index)).as_py():
+                return rows
         return table.filter(pc.equal(table.column("episode_index"), index))
 
     def _video(self, index: int, key: str) -> VideoRef:
