@@ -202,3 +202,52 @@ def test_kill_and_resume(tmp_path, rng):
     frames = lance.dataset(str(tmp_path / "cache" / "frames" /
                                "observation.images.cam.lance")).to_table()
     assert frames.num_rows == sum(len(e.streams["observation.images.cam"]) for e in eps)
+
+
+def test_batches_bound_fragments_and_versions_and_keep_a_readers_files(tmp_path, rng):
+    """Many episodes per fragment; old versions removed as the build goes; a reader holding
+    the version of a complete cache reads on while a later build of more episodes commits,
+    compacts and removes versions."""
+    eps = [make_episode(i, rng, duration=1.0) for i in range(30)]
+    write_lerobot(tmp_path / "src", eps, SPECS, fps=25.0, version="v3.0")
+    dest = tmp_path / "cache"
+    first = build(tmp_path / "src", dest, rate_hz=RATE, progress=False, device="cpu",
+                  episodes=list(range(10)))
+    held = {rel: lance.dataset(str(dest / rel)) for rel in
+            ("data.lance", "frames/observation.images.cam.lance")}
+    before = {rel: ds.to_table() for rel, ds in held.items()}
+    # ~40 rows an episode: a batch of 3 episodes, 7 commits, small fragments compacted
+    m = build(tmp_path / "src", dest, rate_hz=RATE, progress=False, device="cpu",
+              batch_rows=100)
+    assert first["counts"]["cached"] == 10 and m["counts"]["cached"] == 30
+    for rel, ds in held.items():
+        assert ds.to_table().equals(before[rel]), rel
+    data = lance.dataset(str(dest / "data.lance"))
+    assert len(data.versions()) == 1  # the others removed at the end
+    # the first build's fragment stays as it was; this build's batches are at most 7
+    assert len(data.get_fragments()) <= 1 + 7
+    assert sorted(load(dest)) == list(range(30))
+    clean = build(tmp_path / "src", tmp_path / "clean", rate_hz=RATE, progress=False,
+                  device="cpu")
+    assert clean["counts"]["cached"] == 30
+    assert len(lance.dataset(str(tmp_path / "clean" / "data.lance")).get_fragments()) == 1
+    got, want = load(dest), load(tmp_path / "clean")
+    for i in range(30):
+        assert got[i] == want[i]
+
+
+def test_processes_build_the_same_cache_as_threads(tmp_path, rng):
+    eps = [make_episode(i, rng, duration=1.0) for i in range(12)]
+    eps[5].streams["action"].times[3] = np.nan  # quarantined in a worker process
+    write_lerobot(tmp_path / "src", eps, SPECS, fps=25.0, version="v3.0")
+    a = build(tmp_path / "src", tmp_path / "threads", rate_hz=RATE, progress=False,
+              device="cpu", decode_processes=False)
+    b = build(tmp_path / "src", tmp_path / "procs", rate_hz=RATE, progress=False,
+              device="cpu", decode_processes=True, decode_workers=2, batch_rows=100)
+    assert a["counts"] == b["counts"] and a["quarantined"] == b["quarantined"]
+    assert a["episodes"] == b["episodes"] and a["counts"]["quarantined"] == 1
+    for rel in ("data.lance", "frames/observation.images.cam.lance"):
+        ta, tb = (lance.dataset(str(tmp_path / d / rel)).to_table() for d in ("threads", "procs"))
+        assert ta.equals(tb), rel
+    assert json.loads((tmp_path / "threads" / "stats.json").read_text()) == \
+        json.loads((tmp_path / "procs" / "stats.json").read_text())
