@@ -1,28 +1,49 @@
-"""Preprocess benchmark: the cache build with Ray on 1..N GPUs, and where the time goes.
+"""Preprocess benchmark: what building the cache costs per episode, on one core and on the node.
 
+    $ python benchmarks/bench_preprocess.py --json $OUT/preprocess.json --gpus 1,2,4
     $ robocache bench preprocess --json benchmarks/results/preprocess.json
     $ python benchmarks/bench_preprocess.py --quick          # CPU, a small dataset
 
-The dataset is generated on the machine: a multi-rate LeRobot v3.0 dataset (FULL: 1000
-episodes of 12 s; 100 Hz 24-D state, 50 Hz 16-D action, jittered 30 Hz 7-D pose, a 15 Hz
-48x64 RGB camera stored inline, two language events; ``ROBOCACHE_BENCH_EPISODES`` overrides
-the episode count). Cases:
+The dataset is generated on the machine, vectorized and in parallel (one process per data
+file): a multi-rate LeRobot v3.0 dataset, episodes of 12 s with a 100 Hz 24-D state, a 50 Hz
+16-D action, a jittered 30 Hz 7-D pose and two language events (``--camera``: also a 15 Hz
+48x64 RGB camera stored inline, which the build JPEG-encodes), 500 episodes per data file.
+Cases (all rates at 50 Hz, ``rate_hz=50``):
 
-- ``raw-read``: every source file read once with no decoding (the I/O ceiling, GB/s).
-- ``stage <name>``: one process, a sample of episodes, each per-episode step of the build timed
-  alone: read+decode+check (``load_episode``), align (on the GPU), write (Lance files), commit.
-  Camera frames are stored as they come (no encoding step exists in this path).
-- ``preprocess <g> GPU``: ``robocache preprocess`` on a local Ray with ``g`` GPU actors, for
-  g = 1, 2, 4, ... up to every visible GPU (CPU actors with ``--quick`` and no GPU): wall time,
-  episodes/s, source frames/s, speedup over one GPU (target >= 1.9x on two) and the source
-  bytes/s as a percentage of ``raw-read`` (I/O-bound at >= 80 %).
+- ``generate``: seconds to write the dataset (not a result; says the run's setup cost).
+- ``raw-read``: every source file read once with no decoding, one thread per core: the I/O
+  ceiling of this node, in the same run as the builds it is compared with.
+- ``cpu <stage>``: CPU time (``time.process_time``) per episode of each build stage in one
+  process with one torch thread, over the episodes of one whole data file (so the file's
+  read is shared as in a real build): read (+check), encode (camera frames, ``--camera``),
+  align, tables (Arrow), write and commit (per batch, divided by its episodes); ``cpu total``
+  is their sum (target: <= 2 ms for the numeric kind).
+- ``ingest node``: ``robocache ingest`` (``build``, alignment on the CPU in one worker process
+  per core): wall time, episodes/s, source MB/s and % of ``raw-read`` (target >= 50 %), peak
+  disk during the build over the final cache (target <= 1.5), Lance fragments.
+- ``growth``: the cost of adding an episode (batch write + commit, CPU time) when the cache
+  holds ~1k episodes and ~100k (small 20-row episodes written straight to the cache, batches
+  of 2^14 rows): ``ratio`` = at 100k / at 1k (target <= 1.5), fragments, peak disk / final.
+- ``preprocess <g> GPU``: ``robocache preprocess`` on a local Ray with ``g`` GPU actors and
+  ``g / G`` of the cores (``--gpus 1,2,4``; default every power of two up to the visible GPUs;
+  CPU actors without a GPU): episodes/s, MB/s, % of raw read and the speedup over one GPU
+  (targets >= 1.9x on 2 and >= 3.6x on 4). Each count builds enough episodes for ~30 s at
+  the rate the first count measured on a probe.
+
+Sizes: ``--episodes`` (default: what the node ingests in ~30 s at the measured one-core cost,
+capped by a quarter of the free disk), ``ROBOCACHE_BENCH_DIR`` for the scratch directory.
 """
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
+import shutil
 import tempfile
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -32,88 +53,310 @@ from robocache.bench import harness as H
 from robocache.bench.standalone import main
 
 FAMILY = "preprocess"
-FULL = {"episodes": 1000, "seconds": 12.0, "camera": (48, 64, 3), "sample": 40}
-QUICK = {"episodes": 12, "seconds": 2.0, "camera": (8, 8, 3), "sample": 4}
-RATES = {"observation.state": 100.0, "action": 50.0, "observation.pose": 30.0,
-         "observation.images.cam": 15.0}
-DIMS = {"observation.state": 24, "action": 16, "observation.pose": 7}
+SECONDS, PER_FILE, RATE = 12.0, 500, 50.0
+STREAMS = {"observation.state": (24, 100.0), "action": (16, 50.0),
+           "observation.pose": (7, 30.0)}
+CAMERA, CAMERA_HZ = (48, 64, 3), 15.0
+TARGET_S = 30.0  # each node-scale run lasts about this long
+OPTIONS = {"episodes": (int, "episodes in the dataset (default: ~30 s of the node's ingest)"),
+           "gpus": (str, "GPU counts for the preprocess scaling runs, e.g. 1,2,4"),
+           "camera": (int, "1: add the inline 48x64 camera (JPEG-encoded by the build)")}
 
 
-def make_dataset(root: Path, episodes: int, seconds: float, camera: tuple[int, int, int],
-                 seed: int = 0) -> tuple[Path, int]:
-    """Write the multi-rate LeRobot dataset; returns (root, source frames over all streams)."""
-    from robocache.data.episode import Episode, Stream, StreamSpec
-    from robocache.data.formats.lerobot import write_lerobot
+# --- the dataset -----------------------------------------------------------------------------
 
-    specs = {k: StreamSpec(k, "numeric", "float32", (d,), RATES[k]) for k, d in DIMS.items()}
-    cam = "observation.images.cam"
-    specs[cam] = StreamSpec(cam, "image", "uint8", camera, RATES[cam])
-    specs["language.note"] = StreamSpec("language.note", "event", "str", (), None)
+def _layout(seconds: float, camera: bool) -> dict:
+    """Rows of one episode: the union of every stream's sample times, each stream's rows."""
+    # times in units of 1/3000 s: the 100 Hz grid, the 15 Hz camera (+10 ms) are exact; the
+    # 30 Hz pose sits +5.5 ms (jittered by +-0.5 ms, never across a grid instant)
+    grid = np.arange(int(seconds * 100) + 1) * 30.0
+    pose = np.arange(int(seconds * 30) + 1) * 100.0 + 16.5
+    cam = np.arange(int(seconds * CAMERA_HZ)) * 200.0 + 30.0 if camera else np.zeros(0)
+    keys = np.unique(np.concatenate([grid, pose, cam]))
+    at = {"observation.state": np.searchsorted(keys, grid),
+          "action": np.searchsorted(keys, grid[::2]),
+          "observation.pose": np.searchsorted(keys, pose),
+          "language.note": np.searchsorted(keys, np.array([0.5, seconds / 2]) * 3000)}
+    if camera:
+        at["observation.images.cam"] = np.searchsorted(keys, cam)
+    return {"times": keys / 3000.0, "at": at}
+
+
+def _list_column(values: np.ndarray, present: np.ndarray, shape: tuple[int, ...]):
+    """A LeRobot list column (nested lists for a multi-dimensional sample), null where a row
+    has no sample: ``values [samples, *shape]`` in row order, ``present [rows]``."""
+    import pyarrow as pa
+
+    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    for size in reversed(shape[1:]):
+        count = len(flat) // size
+        flat = pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32) * size),
+                                        flat)
+    offsets = np.r_[0, np.cumsum(np.where(present, shape[0], 0))].astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=pa.array(~present))
+
+
+def _write_file(path: str, first: int, count: int, first_row: int, seconds: float,
+                camera: bool, seed: int) -> int:
+    """One data file of ``count`` episodes from episode ``first`` (global row ``first_row``);
+    returns its rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     rng = np.random.default_rng(seed)
-    eps, frames = [], 0
-    for i in range(episodes):
-        streams = {}
-        for k, d in DIMS.items():
-            t = np.arange(int(seconds * RATES[k]) + 1) / RATES[k]
-            if k == "observation.pose":
-                t = t + rng.uniform(0, 2e-3, len(t)) + 0.005
-            streams[k] = Stream(specs[k], t, rng.normal(size=(len(t), d)).cumsum(0)
-                                .astype(np.float32))
-        t = np.arange(int(seconds * RATES[cam])) / RATES[cam] + 0.01
-        streams[cam] = Stream(specs[cam], t, rng.integers(0, 255, (len(t), *camera), np.uint8))
-        streams["language.note"] = Stream(specs["language.note"], np.array([0.5, seconds / 2]),
-                                          np.array(["reach", "grasp"], dtype=object))
-        frames += sum(len(s) for s in streams.values())
-        eps.append(Episode(i, streams, {"tasks": ["benchmark"]}))
-    return write_lerobot(root, eps, specs, fps=RATES["observation.state"], version="v3.0"), frames
+    lay = _layout(seconds, camera)
+    rows = len(lay["times"])
+    times = np.tile(lay["times"], (count, 1))
+    pose_at = lay["at"]["observation.pose"]
+    times[:, pose_at] += rng.uniform(-5e-4, 5e-4, (count, len(pose_at)))
+    n = count * rows
+    cols = {"timestamp": pa.array(times.reshape(-1).astype(np.float32)),
+            "frame_index": pa.array(np.tile(np.arange(rows, dtype=np.int64), count)),
+            "episode_index": pa.array(np.repeat(np.arange(first, first + count,
+                                                          dtype=np.int64), rows)),
+            "index": pa.array(np.arange(first_row, first_row + n, dtype=np.int64)),
+            "task_index": pa.array(np.zeros(n, np.int64))}
+    for name, (dim, _) in STREAMS.items():
+        at = lay["at"][name]
+        present = np.zeros((count, rows), bool)
+        present[:, at] = True
+        values = rng.standard_normal((count, len(at), dim), np.float32).cumsum(1)
+        cols[name] = _list_column(values, present.reshape(-1), (dim,))
+    if camera:
+        at = lay["at"]["observation.images.cam"]
+        present = np.zeros((count, rows), bool)
+        present[:, at] = True
+        frames = rng.integers(0, 255, (count * len(at), *CAMERA), np.uint8)
+        cols["observation.images.cam"] = _list_column(frames, present.reshape(-1), CAMERA)
+    notes = np.full((count, rows), None, dtype=object)
+    notes[:, lay["at"]["language.note"]] = ["reach", "grasp"]
+    cols["language.note"] = pa.array(notes.reshape(-1), pa.string())
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols), path)
+    return n
+
+
+def make_dataset(root: Path, episodes: int, seconds: float = SECONDS, camera: bool = False,
+                 workers: int | None = None) -> tuple[Path, int]:
+    """Write the LeRobot v3.0 dataset (one process per data file of :data:`PER_FILE`
+    episodes); returns ``(root, source samples over all streams)``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lay = _layout(seconds, camera)
+    rows = len(lay["times"])
+    template = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+    files = [(f, i, min(PER_FILE, episodes - i)) for f, i in
+             enumerate(range(0, episodes, PER_FILE))]
+    # fork: the children only run NumPy and Arrow (nothing of torch's has started yet)
+    with ProcessPoolExecutor(workers or os.cpu_count(),
+                             mp_context=multiprocessing.get_context("fork")) as pool:
+        list(pool.map(_write_file, [str(root / template.format(chunk_index=f // 1000,
+                                                               file_index=f % 1000))
+                                    for f, _, _ in files],
+                      [i for _, i, _ in files], [c for _, _, c in files],
+                      [i * rows for _, i, _ in files], [seconds] * len(files),
+                      [camera] * len(files), list(range(len(files)))))
+    f = np.repeat([f for f, _, c in files], [c for _, _, c in files])
+    meta = root / "meta"
+    (meta / "episodes" / "chunk-000").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({
+        "episode_index": np.arange(episodes, dtype=np.int64),
+        "tasks": [["benchmark"]] * episodes, "length": np.full(episodes, rows, np.int64),
+        "data/chunk_index": f // 1000, "data/file_index": f % 1000,
+        "dataset_from_index": np.arange(episodes, dtype=np.int64) * rows,
+        "dataset_to_index": np.arange(1, episodes + 1, dtype=np.int64) * rows}),
+        meta / "episodes" / "chunk-000" / "file-000.parquet")
+    pq.write_table(pa.table({"task_index": [0], "task": ["benchmark"]}), meta / "tasks.parquet")
+    features = {k: {"dtype": "int64", "shape": [1], "names": None}
+                for k in ("frame_index", "episode_index", "index", "task_index")}
+    features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
+    for name, (dim, hz) in STREAMS.items():
+        features[name] = {"dtype": "float32", "shape": [dim], "names": None,
+                          **({"fps": hz} if hz != 100.0 else {})}
+    features["language.note"] = {"dtype": "string", "shape": [1], "names": None, "fps": None}
+    if camera:
+        features["observation.images.cam"] = {"dtype": "uint8", "shape": list(CAMERA),
+                                              "names": ["height", "width", "channels"],
+                                              "fps": CAMERA_HZ}
+    info = {"codebase_version": "v3.0", "robot_type": None, "fps": 100.0,
+            "total_episodes": episodes, "total_frames": episodes * rows, "total_tasks": 1,
+            "chunks_size": 1000, "data_path": template,
+            "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
+            "features": features}
+    (meta / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+    samples = episodes * sum(len(a) for a in lay["at"].values())
+    return root, samples
+
+
+# --- measurements ----------------------------------------------------------------------------
+
+def source_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 def raw_read_s(root: Path) -> tuple[float, int]:
-    """Seconds to read every file under ``root`` once (no decoding), and the bytes read."""
+    """Seconds to read every file under ``root`` once (no decoding, one thread per core) and
+    the bytes read."""
     files = [p for p in root.rglob("*") if p.is_file()]
+
+    def read(p: Path) -> int:
+        n = 0
+        with open(p, "rb", buffering=0) as f:
+            while chunk := f.read(16 << 20):
+                n += len(chunk)
+        return n
+
     os.sync()
     t0 = time.perf_counter()
-    nbytes = 0
-    for p in files:
-        with open(p, "rb") as f:
-            while chunk := f.read(16 << 20):
-                nbytes += len(chunk)
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        nbytes = sum(pool.map(read, files))
     return time.perf_counter() - t0, nbytes
 
 
-def stage_times(root: Path, dest: Path, sample: int, device: torch.device) -> dict[str, list]:
-    """ms per episode of each build step, over ``sample`` episodes, in one process."""
-    from robocache.data.cache import (
-        CacheConfig,
-        align_episode,
-        commit,
-        load_episode,
-        open_specs,
-        write_episode,
-    )
+def disk_usage(path: Path) -> int:
+    """Bytes ``path`` occupies on disk (allocated blocks of every file under it)."""
+    total = 0
+    for d, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(d, name)).st_blocks * 512
+            except FileNotFoundError:  # removed while walking (old versions cleaned)
+                pass
+    return total
 
-    config = CacheConfig(rate_hz=50.0)
+
+class PeakDisk:
+    """The most disk ``path`` occupied while the block ran (sampled every 20 ms)."""
+
+    def __init__(self, path: Path):
+        self.path, self.peak, self._stop = path, 0, threading.Event()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, disk_usage(self.path))
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, disk_usage(self.path))
+        return False
+
+
+def fragments(dest: Path) -> int:
+    import lance
+
+    return len(lance.dataset(str(dest / "data.lance")).get_fragments())
+
+
+def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
+    """CPU ms per episode of each build stage, in this process with one torch thread."""
+    from robocache.data.build.align import align_batch
+    from robocache.data.build.commit import Committer
+    from robocache.data.build.config import CacheConfig
+    from robocache.data.build.encode import stored_size
+    from robocache.data.build.read import load_episode, open_specs
+    from robocache.data.build.run import ALIGN_EPISODES
+    from robocache.data.build.write import Batch, episode_tables
+    from robocache.data.cameras import frames_table
+
+    config = CacheConfig(rate_hz=RATE)
     src, specs = open_specs(root, config)
     dest.mkdir(parents=True)
-    out: dict[str, list] = {"read+decode+check": [], "align": [], "write": [], "commit": []}
+    batch = Batch(config.batch_rows, config.batch_bytes)
+    committer = Committer(dest, config.batch_rows, config.batch_bytes)
+    cams = [n for n, s in specs.items() if s.kind in ("image", "video")]
+    spent = dict.fromkeys(("read", "encode", "align", "tables", "write", "commit"), 0.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
 
-    def timed(name, fn):
-        t0 = time.perf_counter()
-        value = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        out[name].append((time.perf_counter() - t0) * 1e3)
-        return value
+    def timed(stage, fn, *args):
+        t0 = time.process_time()
+        out = fn(*args)
+        spent[stage] += time.process_time() - t0
+        return out
 
-    for index in src.episode_indices()[:sample]:
-        episode = timed("read+decode+check", lambda i=index: load_episode(src, i, specs))
-        cols = timed("align", lambda e=episode: align_episode(e, specs, config, device))
-        written = timed("write", lambda e=episode, c=cols: write_episode(dest, e, c, specs))
-        timed("commit", lambda i=index, w=written: commit(dest, [i], w))
-    return out
+    def flush():
+        if not batch:
+            return
+        indices = list(batch.indices)
+        written = timed("write", batch.write, dest)
+        timed("commit", committer, indices, written)
+
+    def settle(group):
+        aligned = timed("align", align_batch, [e for e, _ in group], specs, config, "cpu")
+        for (episode, frames), cols in zip(group, aligned, strict=True):
+            batch.add(episode.index, timed("tables", episode_tables, episode, cols, specs,
+                                           config, frames))
+            if batch.full():
+                flush()
+        group.clear()
+
+    group: list = []
+    try:
+        for index in episodes:
+            episode = timed("read", load_episode, src, index, specs)
+            frames = timed("encode", lambda e=episode: {n: frames_table(
+                e, n, specs[n], config.camera_codec, config.camera_quality, 1,
+                size=stored_size(specs[n], config)) for n in cams})
+            group.append((episode, frames))
+            if len(group) == ALIGN_EPISODES:
+                settle(group)
+        settle(group)
+        flush()
+    finally:
+        torch.set_num_threads(threads)
+    return {k: v * 1e3 / len(episodes) for k, v in spent.items()}
 
 
-def gpu_counts(available: int) -> list[int]:
+def growth(dest: Path, episodes: int, rows: int = 20,
+           batch_rows: int = 1 << 14) -> dict[str, float]:
+    """CPU ms per episode of adding small episodes (batch write + commit) at ~1k cached
+    episodes and at the end, the fragments, and the peak disk over the final size."""
+    import pyarrow as pa
+
+    from robocache.data.build.commit import Committer
+    from robocache.data.build.write import Batch
+
+    rng = np.random.default_rng(0)
+    template = pa.table({
+        "episode_index": np.zeros(rows, np.int64), "step": np.arange(rows, dtype=np.int64),
+        "timestamp": np.arange(rows) / RATE,
+        "state": pa.FixedSizeListArray.from_arrays(
+            pa.array(rng.standard_normal(rows * 24, np.float32)), 24),
+        "state_is_pad": np.zeros(rows, bool)})
+    dest.mkdir(parents=True)
+    batch = Batch(batch_rows, 64 << 20)
+    committer = Committer(dest, batch_rows, 64 << 20)
+    per_batch: list[tuple[int, float]] = []  # (episodes cached after it, ms per episode)
+    with PeakDisk(dest) as disk:
+        t0 = time.process_time()
+        for i in range(episodes):
+            batch.add(i, [("data.lance", template.set_column(
+                0, "episode_index", pa.array(np.full(rows, i, np.int64))))])
+            if batch.full() or i == episodes - 1:
+                indices = list(batch.indices)
+                committer(indices, batch.write(dest))
+                t1 = time.process_time()
+                per_batch.append((i + 1, (t1 - t0) * 1e3 / len(indices)))
+                t0 = t1
+        committer.close()
+    early = [ms for n, ms in per_batch if n <= max(2000, per_batch[0][0])]
+    late = [ms for n, ms in per_batch[-3:]]
+    return {"ms_at_1k": float(np.median(early)), "ms_at_end": float(np.median(late)),
+            "ratio": float(np.median(late) / np.median(early)), "fragments": fragments(dest),
+            "peak_over_final": disk.peak / max(disk_usage(dest), 1),
+            "batches": len(per_batch)}
+
+
+def gpu_counts(available: int, asked: str | None) -> list[int]:
+    if asked:
+        return [int(g) for g in str(asked).split(",")]
     counts, g = [], 1
     while g < available:
         counts.append(g)
@@ -121,53 +364,128 @@ def gpu_counts(available: int) -> list[int]:
     return [*counts, available] if available else [0]
 
 
-def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+def ray_run(root: Path, dest: Path, gpus: int, cpus: int, episodes: list[int]) -> float:
+    """Seconds ``robocache preprocess`` takes for ``episodes`` on a fresh local Ray with
+    ``gpus`` GPUs and ``cpus`` CPUs."""
     import ray
 
     from robocache.distributed import preprocess
 
-    cfg = dict(QUICK if quick else FULL)
-    cfg["episodes"] = int(os.environ.get("ROBOCACHE_BENCH_EPISODES", cfg["episodes"]))
-    gpus = torch.cuda.device_count()
-    device = torch.device("cuda" if gpus else "cpu")
-    name = f"{cfg['episodes']}ep-{cfg['seconds']:g}s-cam{'x'.join(map(str, cfg['camera']))}"
+    ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
+    try:
+        t0 = time.perf_counter()
+        preprocess(root, dest, rate_hz=RATE, num_gpus=gpus, episodes=episodes,
+                   workers=None if gpus else max(1, cpus // 2), progress=False)
+        return time.perf_counter() - t0
+    finally:
+        ray.shutdown()
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | None = None,
+        gpus: str | None = None, camera: int | None = None) -> list[dict]:
+    cores = os.cpu_count() or 1
+    visible = torch.cuda.device_count()
+    camera = bool(camera)
+    kind = f"{SECONDS:g}s-{'numeric+cam48x64' if camera else 'numeric'}"
     records = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("ROBOCACHE_BENCH_DIR")) as tmp:
+        tmp = Path(tmp)
+        # the one-core cost first, on one data file: it sizes the node-scale dataset
+        probe, _ = make_dataset(tmp / "probe", 24 if quick else PER_FILE, camera=camera)
+        cpu = stage_cpu(probe, tmp / "stages", list(range(24 if quick else PER_FILE)))
+        total = sum(cpu.values())
+        for stage, ms in [*cpu.items(), ("total", total)]:
+            records.append(H.case(FAMILY, kind, f"cpu {stage}", H.summarize([ms]),
+                                  per="episode", cores=1,
+                                  note="target <= 2 ms" if stage == "total" else ""))
+        shutil.rmtree(probe)
+        if episodes is None:
+            episodes = 48 if quick else int(TARGET_S * cores / (total * 1e-3))
+            free = shutil.disk_usage(tmp).free
+            one = _episode_bytes(tmp, camera)
+            episodes = max(PER_FILE if not quick else 48,
+                           min(episodes, int(free / 4 / one), 2_000_000))
         t0 = time.perf_counter()
-        root, frames = make_dataset(Path(tmp) / "src", cfg["episodes"], cfg["seconds"],
-                                    tuple(cfg["camera"]))
-        made_s = time.perf_counter() - t0
+        root, samples = make_dataset(tmp / "src", episodes, camera=camera)
+        made = time.perf_counter() - t0
+        name = f"{episodes}ep-{kind}"
+        records.append(H.case(FAMILY, name, "generate", H.summarize([made * 1e3]),
+                              episodes=episodes))
         read_s, nbytes = raw_read_s(root)
-        raw_gbps = nbytes / read_s / 1e9
+        raw = nbytes / read_s
         records.append(H.case(FAMILY, name, "raw-read", H.summarize([read_s * 1e3]),
-                              nbytes=nbytes, source_bytes=nbytes, generate_s=made_s,
-                              note=f"{raw_gbps:.2f} GB/s, {nbytes / 1e9:.2f} GB"))
-        for stage, ms in stage_times(root, Path(tmp) / "stages", cfg["sample"], device).items():
-            records.append(H.case(FAMILY, name, f"stage {stage}", H.summarize(ms),
-                                  per="episode", device=str(device)))
-        ray.init(num_cpus=os.cpu_count() if not quick else 2, num_gpus=gpus,
-                 include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-        try:
-            base = None
-            for g in gpu_counts(gpus):
-                t0 = time.perf_counter()
-                m = preprocess(root, Path(tmp) / f"cache-{g}", rate_hz=50.0, num_gpus=g,
-                               workers=1 if quick else None, progress=False)
-                wall = time.perf_counter() - t0
-                eps_s = m["counts"]["cached"] / wall
-                base = base or eps_s
-                records.append(H.case(
-                    FAMILY, name, f"preprocess {g} GPU" if g else "preprocess CPU",
-                    H.summarize([wall * 1e3]), nbytes=nbytes, gpus=g, batch=max(g, 1),
-                    episodes_per_s=eps_s, frames_per_s=frames / wall, rows=m["counts"]["rows"],
-                    speedup=eps_s / base, pct_raw_read=100 * nbytes / wall / 1e9 / raw_gbps,
-                    note=f"{eps_s:.1f} ep/s, {frames / wall / 1e3:.0f}k frames/s, "
-                         f"x{eps_s / base:.2f}, {100 * nbytes / wall / 1e9 / raw_gbps:.0f}% "
-                         "of raw read"))
-        finally:
-            ray.shutdown()
+                              nbytes=nbytes, threads=cores,
+                              note=f"{raw / 1e9:.2f} GB/s, {nbytes / 1e9:.2f} GB"))
+        records.append(_node(root, tmp / "ingest", name, episodes, samples, nbytes, raw))
+        g = growth(tmp / "growth", 3000 if quick else 100_000)
+        records.append(H.case(FAMILY, "20-row episodes", "growth",
+                              H.summarize([g["ms_at_end"]]), per="episode",
+                              note=f"x{g['ratio']:.2f} from ~1k to the end (target <= 1.5); "
+                                   f"{g['fragments']} fragments; peak disk "
+                                   f"{g['peak_over_final']:.2f}x final", **g))
+        shutil.rmtree(tmp / "growth")
+        records += _scaling(root, tmp, name, episodes, nbytes, raw, cores, visible, gpus,
+                            quick)
+    return records
+
+
+def _episode_bytes(tmp: Path, camera: bool) -> float:
+    root, _ = make_dataset(tmp / "size", 50, camera=camera, workers=1)
+    size = source_bytes(root) / 50
+    shutil.rmtree(root)
+    return size
+
+
+def _node(root: Path, dest: Path, name: str, episodes: int, samples: int, nbytes: int,
+          raw: float) -> dict:
+    from robocache.data.cache import build
+
+    with PeakDisk(dest.parent) as disk:
+        t0 = time.perf_counter()
+        m = build(root, dest, rate_hz=RATE, device="cpu", progress=False)
+        wall = time.perf_counter() - t0
+    final = disk_usage(dest)
+    peak = disk.peak - disk_usage(dest.parent) + final  # the source and others do not count
+    rec = H.case(FAMILY, name, "ingest node", H.summarize([wall * 1e3]), nbytes=nbytes,
+                 episodes_per_s=m["counts"]["cached"] / wall, samples_per_s=samples / wall,
+                 MBps=nbytes / wall / 1e6, pct_raw_read=100 * nbytes / wall / raw,
+                 peak_over_final=peak / max(final, 1), fragments=fragments(dest),
+                 cached=m["counts"]["cached"], workers=m["decode"]["workers"],
+                 note=f"{m['counts']['cached'] / wall:.0f} ep/s, {nbytes / wall / 1e6:.0f} MB/s"
+                      f" = {100 * nbytes / wall / raw:.1f}% of raw read (target >= 50 %); "
+                      f"peak disk {peak / max(final, 1):.2f}x final")
+    shutil.rmtree(dest)
+    return rec
+
+
+def _scaling(root: Path, tmp: Path, name: str, episodes: int, nbytes: int, raw: float,
+             cores: int, visible: int, asked: str | None, quick: bool) -> list[dict]:
+    """``robocache preprocess`` with each GPU count, its share of the cores each."""
+    counts = gpu_counts(visible, asked)
+    top = max(max(counts), 1)
+    per_episode = nbytes / episodes
+    records, base = [], None
+    for g in counts:
+        cpus = 2 if quick else max(2, cores * max(g, 1) // top)
+        if base is None:  # a probe on the first count sizes every run to ~TARGET_S
+            probe = list(range(min(episodes, 16 if quick else 2000)))
+            rate = len(probe) / ray_run(root, tmp / "probe-cache", g, cpus, probe)
+        n = min(episodes, max(16, int(rate * TARGET_S * max(g, 1) / max(counts[0], 1))))
+        n = n if not quick else min(episodes, 24)
+        wall = ray_run(root, tmp / f"cache-{g}", g, cpus, list(range(n)))
+        eps = n / wall
+        base = base or eps
+        records.append(H.case(
+            FAMILY, name, f"preprocess {g} GPU" if g else "preprocess CPU",
+            H.summarize([wall * 1e3]), nbytes=int(per_episode * n), gpus=g, cpus=cpus,
+            batch=max(g, 1), episodes=n, episodes_per_s=eps, MBps=per_episode * eps / 1e6,
+            pct_raw_read=100 * per_episode * eps / raw, speedup=eps / base,
+            note=f"{eps:.0f} ep/s, x{eps / base:.2f} over {counts[0]} GPU, "
+                 f"{100 * per_episode * eps / raw:.1f}% of raw read"))
     return records
 
 
 if __name__ == "__main__":
-    main(run, __doc__)
+    main(run, __doc__, OPTIONS)

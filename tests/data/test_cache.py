@@ -251,3 +251,30 @@ def test_processes_build_the_same_cache_as_threads(tmp_path, rng):
         assert ta.equals(tb), rel
     assert json.loads((tmp_path / "threads" / "stats.json").read_text()) == \
         json.loads((tmp_path / "procs" / "stats.json").read_text())
+
+
+@pytest.mark.parametrize("rate", [RATE, "native"])
+def test_align_batch_equals_each_episode_alone(rng, rate):
+    from robocache.data.build.align import align_batch
+    from robocache.data.cache import CacheConfig, align_episode
+    from robocache.data.episode import Stream
+
+    eps = [make_episode(i, rng) for i in range(6)]
+    note = eps[2].streams["language.note"]  # an episode without events
+    eps[2].streams["language.note"] = Stream(note.spec, note.times[:0], note.data[:0])
+    a = eps[4].streams["action"]  # no overlap (native: off the grid): quarantined alone
+    eps[4].streams["action"] = Stream(a.spec, a.times + 100.013, a.data)
+    config = CacheConfig(rate_hz=rate)
+    fps = 25.0 if rate == "native" else None
+    batched = align_batch(eps, SPECS, config, "cpu", fps)
+    for ep, got in zip(eps, batched, strict=True):
+        if ep.index == 4:
+            assert isinstance(got, DataError)
+            with pytest.raises(DataError, match="overlap" if rate != "native" else "grid"):
+                align_episode(ep, SPECS, config, "cpu", fps)
+            continue
+        want = align_episode(ep, SPECS, config, "cpu", fps)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert np.array_equal(got[k], want[k]) or (
+                want[k].dtype.kind == "f" and np.array_equal(got[k], want[k], equal_nan=True)), k

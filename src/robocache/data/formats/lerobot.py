@@ -97,16 +97,21 @@ def _json_line(path: Path, number: int, line: str) -> dict:
                         "file.") from e
 
 
-def _column_array(col: pa.ChunkedArray | pa.Array, spec: StreamSpec) -> np.ndarray:
-    """A (null-free) parquet column as ``[S, *shape]`` NumPy."""
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t)
+
+
+def _column_array(col: pa.ChunkedArray | pa.Array, spec: StreamSpec,
+                  rows: int | None = None) -> np.ndarray:
+    """A parquet column as ``[S, *shape]`` NumPy: null-free, or (``rows``: its non-null rows)
+    a list column whose null rows flattening skips."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    n = len(arr)
+    n = len(arr) if rows is None else rows
     if spec.kind == "event":
         return np.array(arr.to_pylist(), dtype=object)
     if pa.types.is_struct(arr.type):  # LeRobot "image": {bytes: PNG, path}
         return np.array(arr.field("bytes").to_pylist(), dtype=object)
-    while pa.types.is_list(arr.type) or pa.types.is_fixed_size_list(arr.type) or \
-            pa.types.is_large_list(arr.type):
+    while _is_list(arr.type):
         arr = arr.flatten()
     values = arr.to_numpy(zero_copy_only=False)
     if values.size != n * spec.dim:
@@ -195,7 +200,7 @@ class LeRobotSource:
 
     def select(self, keys) -> None:
         """Read only the streams ``keys`` (and the index columns) from now on."""
-        self._columns = [*INDEX_COLUMNS, *keys]
+        self._columns = ["timestamp", "episode_index", "task_index", *keys]
         self._files.clear()
 
     def _file_starts(self) -> dict[tuple[int, int], int]:
@@ -272,7 +277,7 @@ class LeRobotSource:
             lo, n = -1, 0
         if lo >= 0 and n > 0 and lo + n <= len(table) and counts.get(index) == n:
             rows = table.slice(lo, n)  # every row of the episode, if they are all its own
-            if pc.all(pc.equal(rows.column("episode_index"), index)).as_py():
+            if (rows.column("episode_index").to_numpy() == index).all():
                 return rows
         return table.filter(pc.equal(table.column("episode_index"), index))
 
@@ -303,8 +308,15 @@ class LeRobotSource:
             if name not in table.column_names:
                 continue  # check_episode reports the missing stream
             col = table.column(name)
-            valid = col.is_valid().to_numpy(zero_copy_only=False)
-            data = _column_array(col.filter(pa.array(valid)), spec)
+            arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+            if not arr.null_count:
+                streams[name] = Stream(spec, times, _column_array(arr, spec))
+                continue
+            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            if _is_list(arr.type):  # flattening skips the null rows: no filter needed
+                data = _column_array(arr, spec, rows=int(valid.sum()))
+            else:
+                data = _column_array(arr.filter(pa.array(valid)), spec)
             streams[name] = Stream(spec, times[valid], data)
         ep = self._episodes[index]
         tasks = ep.get("tasks") or []
