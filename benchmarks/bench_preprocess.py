@@ -36,6 +36,7 @@ capped by a quarter of the free disk), ``ROBOCACHE_BENCH_DIR`` for the scratch d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -219,10 +220,9 @@ def disk_usage(path: Path) -> int:
     total = 0
     for d, _, names in os.walk(path):
         for name in names:
-            try:
+            # a file removed while walking (an old version cleaned) counts for nothing
+            with contextlib.suppress(FileNotFoundError):
                 total += os.lstat(os.path.join(d, name)).st_blocks * 512
-            except FileNotFoundError:  # removed while walking (old versions cleaned)
-                pass
     return total
 
 
