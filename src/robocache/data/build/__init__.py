@@ -1,0 +1,60 @@
+"""Build a training cache: every episode aligned to one rate, in a Lance dataset.
+
+    $ robocache ingest data/sample/panda_multirate /tmp/panda.cache --rate 50
+
+Layout of a cache directory::
+
+    data.lance/         one row per (episode, step): episode_index, step, timestamp, task,
+                        one column per stream (see below) and its `<column>_is_pad` mask
+    frames/<col>.lance  camera streams: one row per source frame (episode_index, frame,
+                        source_frame, timestamp, encoded: JPEG/PNG bytes; a source's own JPEG/PNG
+                        bytes are kept as they came), see :mod:`robocache.data.cameras`
+    stats.json          per-dimension mean, std, min, max, q01, q99 of every numeric stream
+    manifest.json       source, rate, streams, episodes, quarantined episodes with reasons
+
+Target times. At the source's own rate (``rate_hz="native"``, the default) the grid is the
+source's frames: every sample of a stream at that rate lies within ``grid_tolerance_s`` of
+``t0 + k / fps`` (``t0``: the episode's first such sample) and is stored at step ``k``
+bit-exactly, in its own dtype; the step count comes from the frames, never from a float product.
+A sample off that grid by more than the tolerance quarantines the episode, naming the stream,
+the row and the offset. At any other rate the grid runs from the latest start to the earliest
+end of the episode's numeric streams (continuous streams interpolate, never extrapolate), the
+last instant included when the end lies within ``grid_tolerance_s`` of it. Either way, a source
+timestamp within ``grid_tolerance_s`` of a grid instant is snapped onto it before alignment, so
+``previous`` and ``nearest`` at that instant return that sample, never its neighbour. Per kind:
+
+- numeric → ``method`` (default ``linear``; ``previous`` for integer/bool data) ``[D]`` in the
+  stream's own dtype (``previous``/``nearest`` copy samples; interpolation rounds back to it).
+- image / video → ``frame_index``: the source frame shown at each step (``<col>/frame``, -1 when
+  none) and ``<col>/offset`` (t_frame - t_step, seconds). Video frames are decoded once here
+  and stored like image frames (JPEG by default, ``camera_codec``).
+- event (sparse strings) → ``previous``: the latest event so far (null before the first) and its
+  age in seconds (``<col>/age``).
+
+Stream names become column names with ``.`` replaced by ``/`` (Lance reserves ``.``).
+
+Episodes are read, their videos decoded and their camera frames encoded ``decode_workers`` at a
+time on threads (PyAV and Pillow release the GIL), ahead of the episode being aligned and
+written; they are aligned, written and committed one by one in the source's order, so the cache
+holds the same rows and frame bytes whatever the number of workers, and at most
+``decode_workers + 1`` decoded episodes are in memory at once.
+
+Idempotent per episode: each episode is one Lance commit, so a killed run leaves whole episodes
+only; re-running skips the episodes already in ``data.lance`` (resume) and re-checks the rest. A
+malformed episode is quarantined with its reason and listed in the manifest; ``read = cached +
+quarantined`` always holds.
+
+Modules, in the order an episode passes through them: :mod:`~robocache.data.build.read`
+(read, decode videos, check, prepare on worker threads), :mod:`~robocache.data.build.align`,
+:mod:`~robocache.data.build.encode` (camera storage; the frames are encoded by
+:mod:`robocache.data.cameras`), :mod:`~robocache.data.build.write`,
+:mod:`~robocache.data.build.commit`; :mod:`~robocache.data.build.run` drives them, and
+:mod:`~robocache.data.build.manifest`, :mod:`~robocache.data.build.stats` and
+:mod:`~robocache.data.build.config` hold the manifest, the statistics and the options. The lock
+(one writer per cache) is :mod:`robocache.data.lock`.
+"""
+
+from robocache.data.build.config import CacheConfig
+from robocache.data.build.run import build, locked_run
+
+__all__ = ["CacheConfig", "build", "locked_run"]

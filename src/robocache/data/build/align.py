@@ -1,0 +1,361 @@
+"""Stage 2, align: one checked episode onto the cache's time grid (see
+:mod:`robocache.data.build`), as Lance columns.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from robocache.data.build.config import CacheConfig, column_name, default_method
+from robocache.data.episode import Episode, StreamSpec
+from robocache.errors import DataError
+
+
+def _timed(specs: dict[str, StreamSpec]) -> list[str]:
+    timed = [n for n, s in specs.items() if s.kind == "numeric"] or \
+            [n for n, s in specs.items() if s.kind != "event"]
+    return timed
+
+
+def native_streams(specs: dict[str, StreamSpec], rate_hz: float) -> list[str]:
+    """The numeric/image streams sampled at ``rate_hz`` (stored frame by frame at that rate)."""
+    return [n for n, s in specs.items() if s.kind in ("numeric", "image")
+            and s.rate_hz is not None and abs(s.rate_hz - rate_hz) <= 1e-9 * rate_hz]
+
+
+def _grid_steps(episode: Episode, name: str, t0: float, rate_hz: float,
+                tolerance_s: float) -> np.ndarray:
+    """int64 ``[S]`` step of each sample of a native stream on ``t0 + k / rate_hz``.
+
+    Raises:
+        DataError: a sample off the grid by more than ``tolerance_s``, or two on one step.
+    """
+    times = episode.streams[name].times
+    k = np.rint((times - t0) * rate_hz).astype(np.int64)
+    off = times - (t0 + k / rate_hz)
+    bad = np.flatnonzero(np.abs(off) > tolerance_s)
+    if bad.size:
+        r = int(bad[0])
+        raise DataError(f"episode {episode.index}: stream {name!r} row {r} (t = {times[r]!r} s) "
+                        f"is {off[r]:+.3e} s off the 1/{rate_hz:g} s grid (tolerance_s = "
+                        f"{tolerance_s:g}); {bad.size} rows are off it. Fix the timestamps or "
+                        "ingest at an explicit rate (--rate HZ) to resample.")
+    dup = np.flatnonzero(np.diff(k) == 0)
+    if dup.size:
+        r = int(dup[0]) + 1
+        raise DataError(f"episode {episode.index}: stream {name!r} rows {r - 1} and {r} fall on "
+                        f"the same 1/{rate_hz:g} s grid step {int(k[r])}.")
+    return k
+
+
+def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float,
+                 tolerance_s: float = 1e-4, native: bool = False) -> np.ndarray:
+    """float64 ``[T]`` seconds: the episode's grid at ``rate_hz`` (see the module docstring).
+
+    ``native``: ``rate_hz`` is the source's fps, and the grid is ``t0 + k / rate_hz`` over the
+    frames of the streams at that rate; otherwise (or without such streams) the span every
+    numeric stream covers, its end included within ``tolerance_s``.
+    """
+    native = native_streams(specs, rate_hz) if native else []
+    if native:
+        t0 = min(float(episode.streams[n].times[0]) for n in native)
+        steps = max(int(_grid_steps(episode, n, t0, rate_hz, tolerance_s)[-1]) for n in native)
+        return t0 + np.arange(steps + 1, dtype=np.float64) / rate_hz
+    timed = _timed(specs)
+    if not timed:
+        raise DataError(f"episode {episode.index}: no timed (non-event) stream to align.")
+    start = max(float(episode.streams[n].times[0]) for n in timed)
+    end = min(float(episode.streams[n].times[-1]) for n in timed)
+    if end < start:
+        raise DataError(f"episode {episode.index}: the streams do not overlap in time "
+                        f"(latest start {start:.6f} s > earliest end {end:.6f} s).")
+    steps = int(math.floor((end - start + tolerance_s) * rate_hz)) + 1
+    # clamping keeps a last step within the tolerance past the end inside every stream
+    return np.minimum(start + np.arange(steps, dtype=np.float64) / rate_hz, end)
+
+
+def snap_times(times: np.ndarray, t: np.ndarray, tolerance_s: float,
+               all_or_none: bool = False) -> np.ndarray:
+    """``times`` with every sample within ``tolerance_s`` of a grid instant of ``t`` (float64,
+    sorted) moved exactly onto it, so ``previous``/``nearest`` there return that sample.
+    ``all_or_none``: move them only when every sample is that close (a stream on the grid)."""
+    if len(t) == 0 or len(times) == 0:
+        return times
+    j = np.clip(np.searchsorted(t, times), 1, max(len(t) - 1, 1))
+    lo = t[j - 1] if len(t) > 1 else t[:1].repeat(len(times))
+    hi = t[j] if len(t) > 1 else lo
+    near = np.where(np.abs(times - lo) <= np.abs(hi - times), lo, hi)
+    close = np.abs(times - near) <= tolerance_s
+    if all_or_none and not close.all():
+        return times
+    return np.where(close, near, times)
+
+
+def _place(values: np.ndarray, k: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Samples at grid steps ``k`` as ``[n, ...]`` rows (steps without a sample hold the
+    previous one, the first one before it) and the mask of those padded steps."""
+    src = np.full(n, -1, np.int64)
+    src[k] = np.arange(len(k))
+    pad = src < 0
+    src = np.maximum.accumulate(src)
+    return values[np.where(src < 0, 0, src)], pad
+
+
+def step_tasks(episode: Episode, t: np.ndarray, tolerance_s: float) -> np.ndarray:
+    """The task string at each step ``t``: the task of the latest frame at or before it (within
+    ``tolerance_s``) when the source has one per frame (LeRobot's ``task_index``), else the
+    episode's first task."""
+    frames = episode.meta.get("frame_tasks")
+    if frames is None:
+        return np.full(len(t), (episode.meta.get("tasks") or [""])[0], dtype=object)
+    times, names = frames
+    i = np.searchsorted(times, np.asarray(t) + tolerance_s, side="right") - 1
+    return names[np.clip(i, 0, len(names) - 1)]
+
+
+@contextmanager
+def one_thread(device):
+    """Torch's intra-op threads set to one while CPU work on one episode runs (restored
+    after): an episode's tensors are small, and waking the pool cost more than the work
+    (torch.searchsorted of 600 in 1200 float64: 5.7 ms with 2 threads on a busy 2-core host,
+    0.015 ms with one; docs/build-profile.md). Episodes run in parallel instead."""
+    import torch
+
+    if getattr(device, "type", device) != "cpu" or torch.get_num_threads() == 1:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def align_episode(episode: Episode, specs: dict[str, StreamSpec], config: CacheConfig,
+                  device, fps: float | None = None) -> dict[str, Any]:
+    """Align one (checked) episode to ``config.rate_hz`` (``fps``, the source's rate, when
+    ``"native"``); returns the Lance columns as arrays (see :func:`align_batch`).
+
+    Raises:
+        DataError: the episode's streams do not overlap, or a native stream is off its grid.
+    """
+    out = align_batch([episode], specs, config, device, fps)[0]
+    if isinstance(out, Exception):
+        raise out
+    return out
+
+
+def align_batch(episodes: list[Episode], specs: dict[str, StreamSpec], config: CacheConfig,
+                device, fps: float | None = None) -> list[dict[str, Any] | Exception]:
+    """Align many (checked) episodes at once: one :func:`robocache.align` launch for all of
+    them (each stream padded to the longest episode, with lengths), so the per-call cost of
+    the op is shared (on the GPU: one launch per batch instead of one per episode; on the
+    CPU, with torch's intra-op threads at one, see :func:`one_thread`). Each episode's rows
+    are those :func:`align_episode` gives it alone (every row of the op is computed from its
+    own samples).
+
+    Returns:
+        Per episode, in order: its Lance columns as arrays, or the exception that
+        quarantines it (an episode whose grid fails, or that fails alone when the batch
+        fails).
+    """
+    is_native = config.rate_hz == "native"
+    rate = float(fps if is_native else config.rate_hz)
+    native = set(native_streams(specs, rate)) if is_native else set()
+    out: list[dict[str, Any] | Exception] = []
+    plans = []
+    with one_thread(device):
+        for episode in episodes:
+            try:
+                plans.append(_plan(episode, specs, config, rate, native, is_native))
+            except MemoryError:
+                raise
+            except Exception as e:  # quarantined with the reason
+                plans.append(e)
+        ok = [i for i, p in enumerate(plans) if not isinstance(p, Exception)]
+        try:
+            aligned = dict(zip(ok, _align(episodes, [plans[i] for i in ok], ok, specs,
+                                          config, device), strict=True))
+        except MemoryError:
+            raise
+        except Exception:  # find the episode that fails: each alone
+            aligned = {}
+            for i in ok:
+                try:
+                    aligned[i] = _align(episodes, [plans[i]], [i], specs, config, device)[0]
+                except MemoryError:
+                    raise
+                except Exception as e:
+                    plans[i] = e
+        for i, episode in enumerate(episodes):
+            plan = plans[i]
+            out.append(plan if isinstance(plan, Exception) else
+                       _columns(episode, plan, aligned[i], specs, config))
+    return out
+
+
+@dataclass
+class _Plan:
+    """One episode's grid ``t``, its native streams placed exactly (``exact``: name ->
+    (values, pad)), and per other stream the op's input: (method, snapped times, data or
+    ``None``); event streams without events are absent."""
+
+    t: np.ndarray
+    exact: dict[str, tuple[np.ndarray, np.ndarray]]
+    inputs: dict[str, tuple[str, np.ndarray, np.ndarray | None]]
+
+
+def _plan(episode: Episode, specs: dict[str, StreamSpec], config: CacheConfig, rate: float,
+          native: set[str], is_native: bool) -> _Plan:
+    tol = config.grid_tolerance_s
+    t = target_times(episode, specs, rate, tol, native=is_native)
+    n = len(t)
+    exact, inputs = {}, {}
+    for name, spec in specs.items():
+        s = episode.streams[name]
+        method = config.methods.get(name, default_method(spec))
+        if name in native and method != "frame_index" and (spec.kind == "numeric"
+                                                           or method == "previous"):
+            k = _grid_steps(episode, name, float(t[0]), rate, tol)
+            exact[name] = _place(s.data.reshape(len(s), -1) if spec.kind == "numeric"
+                                 else np.arange(len(s)), k, n)
+            continue
+        # numeric previous/nearest streams snap every sample near an instant; the others only
+        # when the whole stream is on the grid (moving one jittered sample would bend an
+        # interpolated curve by tol x slope, or shift an event's or frame's age/offset)
+        snapped = snap_times(s.times, t, tol, all_or_none=not (
+            spec.kind == "numeric" and method in ("previous", "nearest")))
+        if spec.kind == "event":
+            if len(s):
+                inputs[name] = ("previous", snapped,
+                                np.arange(len(s), dtype=np.float32)[:, None])
+        elif spec.kind == "numeric" and method in ("previous", "nearest"):
+            # align sample ids and gather: the values stay bit-exact in their own dtype
+            inputs[name] = (method, snapped, np.arange(len(s), dtype=np.float64)[:, None])
+        elif spec.kind == "numeric":
+            inputs[name] = (method, snapped, np.array(s.data.reshape(len(s), -1), np.float32))
+        else:
+            inputs[name] = ("frame_index", snapped, None)
+    return _Plan(t, exact, inputs)
+
+
+def _padded(rows: list[np.ndarray], width: int) -> np.ndarray:
+    """``rows`` (each ``[n_b, ...]``, n_b >= 1) as ``[B, width, ...]``, each padded with its
+    last row (times stay non-decreasing; the op never reads past a row's length)."""
+    out = np.empty((len(rows), width, *rows[0].shape[1:]), rows[0].dtype)
+    for b, r in enumerate(rows):
+        out[b, :len(r)] = r
+        out[b, len(r):] = r[-1]
+    return out
+
+
+def _align(episodes: list[Episode], plans: list[_Plan], which: list[int],
+           specs: dict[str, StreamSpec], config: CacheConfig, device) -> list[dict]:
+    """One :func:`robocache.align` call for ``plans`` (episodes ``which``); per episode,
+    stream -> (values ``[n, D]``, is_pad ``[n]``, age or offset ``[n]`` or ``None``)."""
+    import torch
+
+    import robocache
+
+    if not plans:
+        return []
+    names = [n for n in specs if any(n in p.inputs for p in plans)]
+    if not names:
+        return [{} for _ in plans]
+    far = max(float(p.t[-1]) for p in plans) + 1.0
+    streams = {}
+    for name in names:
+        method = next(p.inputs[name][0] for p in plans if name in p.inputs)
+        times, data = [], []
+        for p in plans:
+            # an episode without this (event) stream: a sample after every step, ignored
+            _, ts, d = p.inputs.get(name, (method, np.array([far]), None))
+            times.append(ts)
+            data.append(d)
+        width = max(len(ts) for ts in times)
+        lengths = torch.as_tensor([len(ts) for ts in times], device=device)
+        values = None
+        if method != "frame_index":
+            dim = next(d.shape[1] for d in data if d is not None)
+            dtype = next(d.dtype for d in data if d is not None)
+            values = torch.from_numpy(_padded([d if d is not None else np.zeros((1, dim), dtype)
+                                               for d in data], width)).to(device)
+        streams[name] = robocache.Stream(
+            values, torch.from_numpy(_padded(times, width)).to(device), lengths, method,
+            None if specs[name].kind == "event" else config.tolerance_s)
+    target = torch.from_numpy(_padded([p.t for p in plans], max(len(p.t) for p in plans)))
+    res = robocache.align(streams, target.to(device))
+    host = {name: (res.values[name].cpu().numpy(), res.is_pad[name].cpu().numpy(),
+                   res.age[name].cpu().numpy() if name in res.age else
+                   res.offset[name].cpu().numpy() if name in res.offset else None)
+            for name in names}
+    out = []
+    for b, p in enumerate(plans):
+        n = len(p.t)
+        out.append({name: (v[b, :n].reshape(n, -1), pad[b, :n],
+                           None if aux is None else aux[b, :n])
+                    for name, (v, pad, aux) in host.items() if name in p.inputs})
+    return out
+
+
+def _columns(episode: Episode, plan: _Plan, aligned: dict, specs: dict[str, StreamSpec],
+             config: CacheConfig) -> dict[str, Any]:
+    """One episode's Lance columns from its plan and its rows of the op's outputs."""
+    t, n = plan.t, len(plan.t)
+    cols: dict[str, Any] = {
+        "episode_index": np.full(n, episode.index, np.int64),
+        "step": np.arange(n, dtype=np.int64),
+        "timestamp": t,
+        "task": step_tasks(episode, t, config.grid_tolerance_s),
+    }
+    for name, spec in specs.items():
+        col = column_name(name)
+        if name in plan.exact:
+            values, pad = plan.exact[name]
+            if spec.kind == "numeric":
+                cols[col] = values
+            else:
+                cols[f"{col}/frame"] = values
+                cols[f"{col}/offset"] = np.zeros(n, np.float32)
+            cols[f"{col}_is_pad"] = pad
+            continue
+        if name not in aligned:  # an event stream without events in this episode
+            cols[col] = np.full(n, None, dtype=object)
+            cols[f"{col}/age"] = np.full(n, np.nan, np.float32)
+            cols[f"{col}_is_pad"] = np.ones(n, bool)
+            continue
+        values, pad, aux = aligned[name]
+        if spec.kind == "numeric":
+            cols[col] = _numeric_column(episode.streams[name].data, values,
+                                        plan.inputs[name][0], spec)
+        elif spec.kind == "event":
+            # an event holds until the next one: only steps before the first are padding
+            pad = t < episode.streams[name].times[0]
+            events = episode.streams[name].data
+            ids = values[:, 0].round().astype(np.int64)
+            cols[col] = np.where(pad, None, events[ids.clip(0, len(events) - 1)])
+            cols[f"{col}/age"] = aux.astype(np.float32)
+        else:
+            cols[f"{col}/frame"] = np.where(pad, -1, values[:, 0].astype(np.int64))
+            cols[f"{col}/offset"] = aux.astype(np.float32)
+        cols[f"{col}_is_pad"] = pad.astype(bool)
+    return cols
+
+
+def _numeric_column(data: np.ndarray, values: np.ndarray, method: str,
+                    spec: StreamSpec) -> np.ndarray:
+    """A numeric stream's aligned rows ``[T, D]`` in its own dtype: ``previous``/``nearest``
+    gather the aligned sample ids from ``data``; interpolated values round back to the dtype."""
+    dtype = np.dtype(spec.dtype)
+    if method in ("previous", "nearest"):
+        ids = np.rint(values[:, 0]).astype(np.int64).clip(0, len(data) - 1)
+        return data.reshape(len(data), -1)[ids]
+    if dtype.kind in "biu":
+        values = np.rint(values)
+    return values.astype(dtype)

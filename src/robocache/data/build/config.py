@@ -1,0 +1,158 @@
+"""Options of a cache build (:class:`CacheConfig`, the flags of ``robocache ingest``) and
+the names they give columns and methods.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from robocache.data.cameras import DEFAULT_QUALITY
+from robocache.data.episode import StreamSpec
+from robocache.errors import DataError
+
+
+@dataclass
+class CacheConfig:
+    """Options of :func:`build` (CLI flags of ``robocache ingest`` map onto these).
+
+    Attributes:
+        rate_hz: target rate in Hz of every stream in the cache, or ``"native"``: the source's
+            declared fps, every frame stored exactly (see the module docstring).
+        device: where alignment runs: ``"cuda"``, ``"cpu"`` or ``None`` (CUDA when available).
+        keys: streams to cache (default: all the source declares).
+        methods: stream -> alignment method overriding the defaults (see the module docstring).
+        tolerance_s: steps farther than this from any source sample are padded (``None``: off).
+        grid_tolerance_s: seconds within which a timestamp counts as on the ``1 / rate`` grid
+            (LeRobot's ``tolerance_s``); > 0.
+        episodes: source episode indices to ingest (default: all).
+        source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer.
+        overwrite: delete the cache at the destination instead of resuming it (only a directory
+            recognised as a RoboCache cache is ever deleted).
+        retry_quarantined: read again the episodes an earlier run quarantined (by default a
+            resume leaves them quarantined).
+        wait: when another process is writing the destination, wait for it to finish instead
+            of failing with :class:`~robocache.errors.CacheBusyError`.
+        shard: ``(i, n)`` or ``"i/n"``: cache only the episodes at positions ``p`` of the
+            wanted list with ``p % n == i`` (see :func:`parse_shard`), so ``n`` independent
+            jobs split a dataset; ``robocache merge`` joins their caches.
+        camera_codec: how camera frames are stored: ``"jpeg"`` (GPU-decodable) or ``"png"``
+            (lossless); uint16 (depth) frames are always PNG.
+        camera_quality: JPEG quality (1-95).
+        camera_size: ``(height, width)`` (or ``"HEIGHTxWIDTH"``) to store RGB camera frames
+            at, resized at ingest (antialiased bilinear), or ``None`` (default) for the
+            source's size. Training usually resizes to a fixed input anyway; stored at that
+            size, each batch decodes that many fewer pixels. The cache's frames are then no
+            longer the source's (not what LeRobot serves); depth frames keep their size.
+        decode_workers: episodes read, video-decoded and JPEG-encoded at once, on threads or
+            processes (``decode_processes``; ``None``: the machine's cores); each holds one
+            decoded episode in memory. The
+            cache is the same whatever the number.
+        video_decoder: who decodes video streams: ``"pyav"`` (default: the CPU decode
+            LeRobot's reader does, so cached frames match LeRobot's within the JPEG
+            tolerance), ``"auto"`` (NVDEC through PyNvVideoCodec for H.264/HEVC when a CUDA
+            GPU and PyNvVideoCodec are present, else PyAV) or ``"nvdec"`` (NVDEC required;
+            AV1, or a video NVDEC fails on, still goes to PyAV, with a warning). Same frames
+            and timestamps either way; NVDEC's pixel values differ slightly (its colour
+            conversion), see docs/cameras.md.
+        decode_processes: prepare episodes in ``decode_workers`` processes instead of threads
+            (each opens the source once; with alignment on the CPU it aligns too, so every
+            core does the whole per-episode work). ``None`` (default): processes for a source
+            given as a path, with at least
+            :data:`~robocache.data.build.read.PROCESS_EPISODES` episodes to do and video (if
+            any) decoded by PyAV; threads otherwise. The cache is the same either way.
+        batch_rows, batch_bytes: episodes are written and committed in batches of this many
+            aligned rows or this many bytes (frames included), whichever comes first, or
+            what :data:`~robocache.data.build.run.COMMIT_SECONDS` gathered: each Lance
+            fragment holds many episodes. A killed build loses at most its last batch (redone
+            on resume); each batch is held in memory until written.
+    """
+
+    rate_hz: float | str = "native"
+    device: str | None = None
+    keys: list[str] | None = None
+    methods: dict[str, str] = field(default_factory=dict)
+    tolerance_s: float | None = None
+    grid_tolerance_s: float = 1e-4
+    episodes: list[int] | None = None
+    source_options: dict[str, Any] = field(default_factory=dict)
+    overwrite: bool = False
+    retry_quarantined: bool = False
+    wait: bool = False
+    shard: tuple[int, int] | str | None = None
+    camera_codec: str = "jpeg"
+    camera_quality: int = DEFAULT_QUALITY
+    camera_size: tuple[int, int] | str | None = None
+    decode_workers: int | None = None
+    video_decoder: str = "pyav"
+    decode_processes: bool | None = None
+    batch_rows: int = 1 << 18
+    batch_bytes: int = 64 << 20
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` -> ``(i, n)`` with ``0 <= i < n``.
+
+    Raises:
+        DataError: anything else (the message shows the form expected).
+    """
+    i, sep, n = str(text).partition("/")
+    if sep and i.strip().isdigit() and n.strip().isdigit() and int(i) < int(n):
+        return int(i), int(n)
+    raise DataError(f"`shard` (--shard) must be i/n with 0 <= i < n (shard i of n, e.g. 0/4); "
+                    f"got {text!r}.")
+
+
+def parse_size(size: tuple[int, int] | str) -> tuple[int, int]:
+    """``camera_size`` as ``(height, width)``, from a pair or ``"HEIGHTxWIDTH"``."""
+    try:
+        hw = tuple(int(v) for v in size.lower().split("x")) if isinstance(size, str) \
+            else tuple(size)
+    except (TypeError, ValueError):
+        hw = ()
+    if len(hw) != 2 or not all(isinstance(v, int) and v >= 1 for v in hw):
+        raise DataError(f"`camera_size` (--camera-size) must be HEIGHTxWIDTH (or (height, "
+                        f"width)), two integers >= 1, e.g. 224x224; got {size!r}.")
+    return hw
+
+
+def column_name(stream: str) -> str:
+    """The Lance column of a stream (Lance reserves ``.`` for struct fields)."""
+    return stream.replace(".", "/")
+
+
+def default_method(spec: StreamSpec) -> str:
+    if spec.kind in ("image", "video"):
+        return "frame_index"
+    if spec.kind == "event":
+        return "previous"
+    return "previous" if np.dtype(spec.dtype).kind in "biu" else "linear"
+
+
+def decode_workers(config: CacheConfig) -> int:
+    """The number of episodes :func:`build` prepares at once (``config.decode_workers``, or
+    the machine's cores)."""
+    return config.decode_workers or os.cpu_count() or 1
+
+
+def _device(name: str | None):
+    import torch
+
+    from robocache.errors import DeviceError
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise DeviceError(f"`device` (--device) {name!r} is not a device; pass cuda or cpu.") \
+            from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"`device` (--device) is {name!r} but no CUDA device is available; "
+                          "pass cpu (or leave it unset).")
+    if device.type not in ("cuda", "cpu"):
+        raise DeviceError(f"`device` (--device) {name!r} is not supported; pass cuda or cpu.")
+    return device

@@ -1,0 +1,33 @@
+"""Stage 3, encode: how camera frames are stored (codec, quality, size). The frames
+themselves are encoded by :mod:`robocache.data.cameras`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from robocache.data.build.config import CacheConfig
+from robocache.data.episode import StreamSpec
+
+
+def stored_size(spec: StreamSpec, config: CacheConfig) -> tuple[int, int] | None:
+    """The ``(height, width)`` a camera stream's frames are resized to at ingest: the
+    ``camera_size`` of ``config`` for RGB uint8 frames, else ``None`` (stored as they come)."""
+    if config.camera_size is None or spec.kind not in ("image", "video") or \
+            spec.dtype != "uint8" or len(spec.shape) != 3 or spec.shape[2] != 3:
+        return None
+    return tuple(config.camera_size)
+
+
+def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
+    """Manifest fields of a camera stream: how its frames are stored (and at which shape,
+    when resized)."""
+    if spec.kind not in ("image", "video"):
+        return {}
+    size = stored_size(spec, config)
+    kept = spec.encoding if size is None else None  # a source's own bytes, unless resized
+    codec = kept or ("png" if spec.dtype == "uint16" else config.camera_codec)
+    entry = {"codec": codec, "quality": config.camera_quality if codec == "jpeg" else None}
+    if size is not None:
+        entry.update(shape=[*size, 3], source_shape=list(spec.shape))
+    return entry

@@ -1,0 +1,120 @@
+"""The cache's manifest: its identity, atomic JSON writes, and the destination checks,
+claim and removal that keep a build from writing anything it did not make.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from robocache.data.lock import LOCK_NAME
+from robocache.errors import DataError
+
+CACHE_FORMAT = "robocache-cache/1"
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
+
+
+def _write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
+    """Write ``obj`` as JSON atomically (temporary file, fsync, rename): a reader or a killed
+    writer never leaves a truncated file."""
+    import os
+
+    tmp = _tmp(path)
+    with open(tmp, "w") as f:
+        f.write(json.dumps(obj, indent=indent) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(dest: Path) -> dict[str, Any] | None:
+    """The manifest of the cache at ``dest``; ``None`` when there is none.
+
+    Raises:
+        DataError: ``manifest.json`` exists but is not valid JSON (truncated or corrupted).
+    """
+    path = dest / "manifest.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is unreadable ({e}); if this is a RoboCache cache, rebuild it "
+                        "with --overwrite (overwrite=True).") from e
+
+
+def is_cache(dest: Path) -> bool:
+    """Whether ``dest`` is a RoboCache cache: a directory whose ``manifest.json`` declares the
+    cache format (recognised in the raw text too, so a truncated manifest still counts)."""
+    path = dest / "manifest.json"
+    if not path.is_file():
+        return False
+    text = path.read_text(errors="replace")
+    try:
+        return json.loads(text).get("format") == CACHE_FORMAT
+    except (ValueError, AttributeError):
+        return f'"format": "{CACHE_FORMAT}"' in text
+
+
+def _check_dest(source: Path, dest: Path) -> None:
+    """Refuse a destination that would write into the source or over files that are not a
+    cache (nothing outside a cache is ever deleted or written)."""
+    src, out = source.resolve(), dest.resolve()
+    if out == src or src in out.parents:
+        raise DataError(f"DEST {dest} is inside the source dataset {source}, which is never "
+                        "written; choose a destination outside the source.")
+    if out in src.parents:
+        raise DataError(f"the source {source} lies inside DEST {dest}; choose a destination "
+                        "that does not contain the source.")
+    if dest.exists() and not dest.is_dir():
+        raise DataError(f"DEST {dest} is a file, not a directory; choose a new or empty "
+                        "directory for the cache.")
+    # the lock and a first manifest a killed writer left half-written are ours, not foreign
+    ours = {LOCK_NAME, _tmp(dest / "manifest.json").name}
+    if dest.is_dir() and not is_cache(dest) and any(p.name not in ours for p in dest.iterdir()):
+        raise DataError(f"DEST {dest} is not empty and is not a RoboCache cache (no manifest.json "
+                        "of one), so it is neither resumed nor removed (--overwrite removes only "
+                        "caches); choose a new or empty destination.")
+
+
+def _remove_cache(dest: Path, log) -> None:
+    """Delete the cache at ``dest`` (checked by :func:`_check_dest`), keeping the held lock file;
+    says what it removes."""
+    import shutil
+
+    try:
+        cached = (read_manifest(dest) or {}).get("counts", {}).get("cached", "unfinished")
+    except DataError:
+        cached = "unreadable manifest"
+    entries = sorted(p for p in dest.iterdir() if p.name != LOCK_NAME)
+    log(f"overwrite: removing the RoboCache cache at {dest} (episodes: {cached}): "
+        + ", ".join(p.name for p in entries))
+    for p in entries:
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
+# the manifest fields that identify a cache's configuration: a resume or merge must match them
+IDENTITY = ("format", "source", "rate_hz", "native", "streams")
+
+
+def _claim(dest: Path, header: dict[str, Any], overwrite: bool, log) -> list[dict[str, Any]]:
+    """With ``dest`` locked: remove the old cache (``overwrite``) or check that the cache there
+    was built from the same source, rate (native or not) and streams (so a resume never mixes two
+    configurations); write the in-progress manifest. Returns the quarantine list carried over."""
+    if overwrite and is_cache(dest):
+        _remove_cache(dest, log)
+    old = read_manifest(dest)
+    if old is not None and (dest / "data.lance").exists():
+        for key in IDENTITY:
+            if old.get(key) != header[key]:
+                raise DataError(f"{dest} holds a cache with a different {key} "
+                                f"({old.get(key)!r} vs {header[key]!r}); pick a new destination "
+                                "or pass overwrite=True (--overwrite).")
+    carried = old.get("quarantined", []) if old is not None and \
+        all(old.get(k) == header[k] for k in IDENTITY) else []
+    _write_json(dest / "manifest.json", {**header, "status": "building", "quarantined": carried})
+    return carried

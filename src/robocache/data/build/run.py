@@ -1,0 +1,415 @@
+"""Orchestration: lock and claim the destination, stream the episodes through the stages
+(read → align → encode → write → commit), keep the quarantine, finish the manifest.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from robocache._optional import require
+from robocache.data.build.align import align_batch
+from robocache.data.build.commit import (
+    Committer,
+    _committed,
+    _done_episodes,
+    drop_orphan_frames,
+)
+from robocache.data.build.config import (
+    CacheConfig,
+    _device,
+    column_name,
+    decode_workers,
+    default_method,
+    parse_shard,
+    parse_size,
+)
+from robocache.data.build.encode import _camera_entry
+from robocache.data.build.manifest import CACHE_FORMAT, _check_dest, _claim, _write_json
+from robocache.data.build.read import (
+    Prepared,
+    native_rate,
+    open_specs,
+    prepared,
+    video_frames,
+)
+from robocache.data.build.stats import _compute_stats, _episode_summary
+from robocache.data.build.write import Batch, episode_tables
+from robocache.data.cameras import CODECS, VIDEO_DECODERS, nvdec_available
+from robocache.data.episode import Episode, Source, StreamSpec
+from robocache.data.lock import CacheLock
+from robocache.errors import DataError
+from robocache.observability import metrics
+
+
+@contextmanager
+def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfig | None = None,
+               *, log: Callable[[str], None] | None = None, **overrides: Any) -> Iterator[Run]:
+    """Validate the options, open the source, lock and claim ``dest``: the first half of
+    :func:`build`, shared by the drivers that build the same cache another way (Ray). Yields
+    the :class:`Run`; the lock is held until the block exits."""
+    config = CacheConfig(**{**asdict(config or CacheConfig()), **overrides})
+    native = config.rate_hz == "native"
+    if not native and not (isinstance(config.rate_hz, (int, float))
+                           and config.rate_hz > 0 and math.isfinite(config.rate_hz)):
+        raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz or 'native'; got "
+                        f"{config.rate_hz!r}.")
+    if not (config.grid_tolerance_s > 0 and math.isfinite(config.grid_tolerance_s)):
+        raise DataError(f"`grid_tolerance_s` (--grid-tolerance) must be > 0 seconds; got "
+                        f"{config.grid_tolerance_s!r} (LeRobot's default is 1e-4).")
+    if config.decode_workers is not None and not (
+            isinstance(config.decode_workers, int) and config.decode_workers >= 1):
+        raise DataError(f"`decode_workers` (--decode-workers) must be an integer >= 1 (or "
+                        f"unset: the machine's cores); got {config.decode_workers!r}.")
+    if config.decode_processes not in (None, True, False):
+        raise DataError(f"`decode_processes` must be True, False or None (automatic); got "
+                        f"{config.decode_processes!r}.")
+    for name in ("batch_rows", "batch_bytes"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DataError(f"`{name}` must be an integer >= 1; got {value!r}.")
+    if config.video_decoder not in VIDEO_DECODERS:
+        raise DataError(f"`video_decoder` (--video-decoder) must be one of {VIDEO_DECODERS}; "
+                        f"got {config.video_decoder!r}.")
+    if config.video_decoder == "nvdec" and not nvdec_available():
+        from robocache.errors import DeviceError
+
+        raise DeviceError("`video_decoder` (--video-decoder) is 'nvdec' but NVDEC is not "
+                          "available: it needs a CUDA GPU and PyNvVideoCodec (`pip install "
+                          "PyNvVideoCodec`); pass auto or pyav to decode on the CPU.")
+    if config.camera_codec not in CODECS or not 1 <= config.camera_quality <= 95:
+        raise DataError(f"`camera_codec` must be one of {CODECS} and `camera_quality` in "
+                        f"[1, 95]; got {config.camera_codec!r}, {config.camera_quality}.")
+    if config.camera_size is not None:
+        config.camera_size = parse_size(config.camera_size)
+    if config.shard is not None:
+        config.shard = parse_shard(config.shard if isinstance(config.shard, str)
+                                   else "/".join(map(str, config.shard)))
+    device = _device(config.device)
+    src, specs = open_specs(source, config)
+    fps = native_rate(src) if native else None
+    dest = Path(dest)
+    streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
+                      "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
+                      "method": config.methods.get(name, default_method(s)),
+                      **({"encoding": s.encoding} if s.encoding else {}),
+                      **_camera_entry(s, config)}
+               for name, s in specs.items()}
+    header = {"format": CACHE_FORMAT,
+              "source": {"path": str(Path(src.path).resolve()), "format": src.format},
+              "rate_hz": fps or float(config.rate_hz), "native": native, "streams": streams}
+    if config.shard is not None:
+        header["shard"] = list(config.shard)
+    _check_dest(Path(src.path), dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    with CacheLock(dest, wait=config.wait):
+        _check_dest(Path(src.path), dest)  # again: another writer may have changed it
+        carried = _claim(dest, header, config.overwrite,
+                         log or logging.getLogger(__name__).warning)
+        yield Run(src, specs, config, device, dest, header, carried,
+                  None if hasattr(source, "read") else str(source))
+
+
+def _reason(src: Source, index: int, e: BaseException) -> str:
+    """A quarantine reason: where in the source (file, rows; when the reader can tell) and the
+    exception text."""
+    try:
+        where = src.locate(index) if hasattr(src, "locate") else None
+    except Exception:  # locating is a courtesy; the reason stands without it
+        where = None
+    text = f"{type(e).__name__}: {e}"
+    return f"{where}: {text}" if where and where not in str(e) else text
+
+
+# Episodes aligned together (one robocache.align launch) on the writing thread.
+ALIGN_EPISODES = 64
+# A batch is committed at the latest this many seconds after its first episode, so a killed
+# build loses at most that much work, however slowly the source reads.
+COMMIT_SECONDS = 30.0
+
+
+class Run:
+    """One locked build of ``dest`` (from :func:`locked_run`): the episodes to do and the
+    bookkeeping every driver shares (quarantine kept in the manifest as it grows, commits,
+    the final manifest).
+
+    Attributes:
+        src, specs, config, device, dest, header: the source, streams, options, alignment
+            device, cache directory and the manifest fields that identify the cache.
+        wanted: the source episodes this build covers (after ``episodes`` and ``shard``).
+        done: those already cached; quarantine: index -> entry (carried from earlier runs).
+    """
+
+    def __init__(self, src: Source, specs: dict[str, StreamSpec], config: CacheConfig, device,
+                 dest: Path, header: dict[str, Any], carried: list[dict[str, Any]],
+                 path: str | None = None):
+        self.src, self.specs, self.config, self.device = src, specs, config, device
+        self.path = path  # the source as a path worker processes can open, when it is one
+        self.dest, self.header = dest, header
+        self.fps = header["rate_hz"] if header["native"] else None  # align_episode's grid
+        wanted = list(dict.fromkeys(config.episodes if config.episodes is not None
+                                    else src.episode_indices()))
+        if config.shard is not None:
+            wanted = wanted[config.shard[0]::config.shard[1]]
+        self.wanted = wanted
+        self.done = _done_episodes(dest / "data.lance")
+        self.quarantine = {int(q["index"]): q for q in carried}
+        self.new, self.t0 = 0, time.perf_counter()
+        self.obs = metrics.ingest(src, len(wanted))  # metrics and log events per episode
+        # NVDEC decodes on the alignment GPU (the first one when alignment runs on the CPU)
+        self.gpu = (device.index or 0) if getattr(device, "type", None) == "cuda" else 0
+        self.video_frames: dict[str, int] = {}  # frames decoded this run, by decoder
+        # episodes are written and committed in batches (many per Lance fragment)
+        self.batch = Batch(config.batch_rows, config.batch_bytes)
+        self.committer = Committer(dest, config.batch_rows, config.batch_bytes)
+        self.sizes: dict[int, dict[str, int]] = {}  # batched episodes' sizes, for the metrics
+        self.since = time.perf_counter()
+        # frames a killed writer committed without their rows: dropped before anything else
+        drop_orphan_frames(dest)
+
+    def skip(self, index: int) -> str | None:
+        """Why episode ``index`` is not read again (``"cached"``, ``"quarantined before"``)."""
+        if index in self.done:
+            return "cached"
+        if index in self.quarantine and not self.config.retry_quarantined:
+            return "quarantined before"
+        return None
+
+    @property
+    def todo(self) -> list[int]:
+        return [i for i in self.wanted if self.skip(i) is None]
+
+    def passed(self, index: int, why: str) -> None:
+        """Episode ``index`` is not read again, for ``why`` (from :meth:`skip`)."""
+        if why == "cached":
+            self.obs.skipped(index)
+        else:
+            self.obs.quarantined(index, None)
+
+    def quarantined(self, index: int, reason: str, error: BaseException) -> None:
+        self.quarantine[int(index)] = {"index": int(index), "reason": reason}
+        self._write_running()
+        self.obs.quarantined(index, error)
+
+    def add(self, index: int, tables: list[tuple[str, Any]], sizes: dict[str, int]) -> bool:
+        """Add an aligned episode's :func:`~robocache.data.build.write.episode_tables` (and
+        its :func:`~robocache.observability.metrics.episode_sizes`) to the batch; write and
+        commit the batch when it is full or :data:`COMMIT_SECONDS` old. Returns whether it
+        committed."""
+        if not self.batch:
+            self.since = time.perf_counter()
+        self.batch.add(index, tables)
+        self.sizes[int(index)] = sizes
+        if self.batch.full() or time.perf_counter() - self.since > COMMIT_SECONDS:
+            self.flush()
+            return True
+        return False
+
+    def flush(self) -> None:
+        """Write the batch's episodes (one Lance write per table) and commit them."""
+        if self.batch:
+            indices = list(self.batch.indices)
+            self.cached(indices, self.batch.write(self.dest))
+
+    def cached(self, indices: list[int], written: list[tuple[str, Any, list]]) -> None:
+        """Commit files written for episodes ``indices`` (one Lance commit per table for all
+        of them, see :class:`~robocache.data.build.commit.Committer`)."""
+        self.committer(indices, written)
+        retried = [i for i in indices if self.quarantine.pop(int(i), None) is not None]
+        if retried:  # retried and now cached
+            self._write_running()
+        self.new += len(indices)
+        for i in indices:
+            sizes = self.sizes.pop(int(i), None)
+            if sizes is not None:
+                self.obs.cached_sizes(i, sizes)
+
+    def decoded(self, frames: dict[str, int]) -> None:
+        """Count a cached episode's video frames (decoder -> frames, see
+        :func:`~robocache.data.build.read.video_frames`)."""
+        for used, n in frames.items():
+            self.video_frames[used] = self.video_frames.get(used, 0) + n
+
+    def _write_running(self) -> None:
+        _write_json(self.dest / "manifest.json", {**self.header, "status": "building",
+                                                  "quarantined": list(self.quarantine.values())})
+
+    def finish(self, device: str | None = None) -> dict[str, Any]:
+        """Commit the last batch, compact and tidy the tables, write stats and the complete
+        manifest (see :func:`finish`)."""
+        self.flush()
+        self.committer.close()
+        manifest = finish(self.dest, self.header, wanted=self.wanted, done=self.done,
+                          quarantine=self.quarantine, new=self.new,
+                          device=device or self.device, seconds=time.perf_counter() - self.t0,
+                          specs=self.specs, timing=getattr(self.src, "timing", None),
+                          decode={"workers": decode_workers(self.config),
+                                  "video_decoder": self.config.video_decoder,
+                                  "video_frames": self.video_frames}, compact=False)
+        self.obs.done(manifest)
+        return manifest
+
+
+def finish(dest: Path, header: dict[str, Any], *, wanted: list[int], done: set[int],
+           quarantine: dict[int, dict[str, Any]], new: int, device: Any, seconds: float,
+           timing: str | None, specs: dict[str, StreamSpec] | None = None,
+           stats: dict[str, dict] | None = None,
+           decode: dict[str, Any] | None = None, compact: bool = True) -> dict[str, Any]:
+    """Write ``stats.json`` (computed over the rows for ``specs``, or ``stats`` as given) and
+    the complete manifest (``decode``: how this run decoded video, when given); returns the
+    manifest. ``compact``: first compact ``data.lance`` whole and remove its old versions
+    (for a cache no reader can hold yet, as a merge's; a build tidies its own fragments with
+    :class:`~robocache.data.build.commit.Committer` instead)."""
+    lance = require("lance", "data", "The Lance cache", "pylance")
+
+    uri = dest / "data.lance"
+    if compact and _committed(uri):
+        ds = lance.dataset(str(uri))
+        if len(ds.get_fragments()) > 1:
+            ds.optimize.compact_files()
+            ds.cleanup_old_versions(older_than=_dt.timedelta(0))
+    episodes = _episode_summary(uri) if _committed(uri) else []
+    if stats is None:
+        stats = _compute_stats(uri, specs) if _committed(uri) else {}
+    _write_json(dest / "stats.json", stats, indent=None)
+    cached_ids = {e["index"] for e in episodes}
+    manifest = {
+        **header,
+        "status": "complete",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": str(device),
+        "timing": timing,
+        "counts": {"read": len(wanted), "cached": sum(i in cached_ids for i in wanted),
+                   "quarantined": sum(i in quarantine for i in wanted),
+                   "skipped": len(done & set(wanted)), "new": new,
+                   "rows": sum(e["rows"] for e in episodes)},
+        "episodes": episodes,
+        "quarantined": sorted(quarantine.values(), key=lambda q: q["index"]),
+        "stats_path": "stats.json",
+        "seconds": seconds,
+        **({"decode": decode} if decode is not None else {}),
+    }
+    _write_json(dest / "manifest.json", manifest)
+    return manifest
+
+
+def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | None = None, *,
+          progress: bool = True, log: Callable[[str], None] | None = None,
+          **overrides: Any) -> dict[str, Any]:
+    """Ingest a dataset into a training cache at ``dest`` (see the module docstring).
+
+    Args:
+        source: a dataset path (format detected, see :func:`robocache.data.formats.open_source`)
+            or an opened source.
+        dest: cache directory (created; an existing cache of the same source resumes).
+        config: options; keyword ``overrides`` replace its fields (``rate_hz=50.0``...).
+        progress: show a rich progress bar on stderr.
+        log: where notices go (what ``overwrite`` removes); default: this module's logger.
+
+    Returns:
+        The manifest (also written to ``dest/manifest.json``): ``counts`` (read, cached,
+        quarantined, skipped, rows), ``episodes``, ``quarantined`` (index + reason), ``streams``,
+        ``stats_path``, ``seconds``.
+
+    Raises:
+        DataError: unknown format, a requested key the source lacks, a non-positive rate, a bad
+            ``shard``, or ``dest`` holds another cache (different source, rate or streams) or
+            other files.
+        CacheBusyError: another process is writing ``dest`` (and ``wait`` is off).
+        FileNotFoundError: ``source`` does not exist.
+
+    Example:
+        >>> m = build("data/sample/panda_multirate", "/tmp/panda.cache", rate_hz=50)
+        >>> c = m["counts"]; c["read"] == c["cached"] + c["quarantined"]
+        True
+    """
+    with locked_run(source, dest, config, log=log, **overrides) as run:
+        on_cpu = getattr(run.device, "type", None) == "cpu"
+        group: list[Prepared] = []  # prepared episodes, in order, aligned together
+        with _progress(progress, len(run.wanted)) as advance, closing(prepared(
+                run.src, run.todo, run.specs, run.config, gpu=run.gpu, path=run.path,
+                fps=run.fps, align=on_cpu)) as ready:
+            for index in run.wanted:
+                why = run.skip(index)
+                if why is not None:
+                    run.passed(index, why)
+                    advance(f"episode {index} ({why})")
+                    continue
+                # read, decoded, checked and encoded on a worker thread (or, in a worker
+                # process, aligned and made into tables too), in order
+                group.append(next(ready))
+                if len(group) >= ALIGN_EPISODES:
+                    _settle(run, group, advance)
+            _settle(run, group, advance)
+        return run.finish()
+
+
+def _settle(run: Run, group: list[Prepared], advance) -> None:
+    """Align the episodes of ``group`` not aligned yet in one
+    :func:`~robocache.data.build.align.align_batch`, then add each to the run's batch (or
+    quarantine it with its reason), in order; empties ``group``."""
+    todo = [p for p in group if p.error is None and p.tables is None]
+    t0 = time.perf_counter()
+    for p, out in zip(todo, align_batch([p.episode for p in todo], run.specs, run.config,
+                                        run.device, run.fps), strict=True):
+        if isinstance(out, Exception):
+            p.error = out
+        else:
+            p.tables = episode_tables(p.episode, out, run.specs, run.config, p.frames)
+            p.sizes, p.decoded = metrics.episode_sizes(p.episode, out), video_frames(p.episode)
+            p.episode = p.frames = None
+    share = (time.perf_counter() - t0) / max(len(todo), 1)
+    aligned = {id(p) for p in todo}
+    for p in group:
+        run.obs.start()
+        for stage, seconds in p.seconds.items():
+            run.obs.stage(stage, seconds)
+        if id(p) in aligned:
+            run.obs.stage("align", share)
+        if p.error is not None:
+            # a reader may fail in any way on a corrupt file (codecs raise their own types):
+            # the episode is quarantined with the reason, the rest proceeds
+            run.quarantined(p.index, _reason(run.src, p.index, p.error), p.error)
+            advance(f"episode {p.index} quarantined")
+            continue
+        run.decoded(p.decoded)
+        run.add(p.index, p.tables, p.sizes)
+        advance(f"episode {p.index}")
+    group.clear()
+
+
+class _progress:
+    """Context manager yielding ``advance(description, n=1)``; a rich bar when enabled."""
+
+    def __init__(self, enabled: bool, total: int, label: str = "ingest"):
+        self.enabled, self.total, self.label, self.bar = enabled, total, label, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda _desc, n=1: None
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(),
+                            TimeRemainingColumn(), TextColumn("{task.description}"),
+                            transient=False)
+        self.bar.start()
+        task = self.bar.add_task("", total=self.total)
+        return lambda desc, n=1: self.bar.update(task, advance=n, description=desc)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
