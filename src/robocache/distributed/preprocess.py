@@ -3,17 +3,21 @@
     $ robocache preprocess data/sample/panda_multirate /tmp/panda.cache --rate 50
     $ robocache preprocess s3-mounted/droid /shared/droid.cache --address auto --num-gpus 8
 
-Stages (one Ray Data dataset of episode indices, streamed):
+Stages (one Ray Data dataset of episode indices, streamed in batches):
 
-1. **read** (Ray tasks, one CPU each): the format reader opens the source once per worker
-   process, reads and checks one episode (:func:`robocache.data.cache.load_episode`).
+1. **read** (Ray tasks, one CPU each, as many at once as the cluster has CPUs): the format
+   reader opens the source once per worker process and reads ``READ_EPISODES`` consecutive
+   episodes (a LeRobot v3.0 file read once for them), checks them and encodes their camera
+   frames (:func:`robocache.data.build.read.prepare_episode`).
 2. **align + write** (an actor pool: one actor per GPU with ``num_gpus=1``, or CPU actors when
-   there is no GPU): :func:`~robocache.data.cache.align_episode` on the actor's device, then
-   :func:`~robocache.data.cache.write_episode` writes the episode's Lance files, uncommitted.
-3. **commit** (the driver, as results stream in): :func:`~robocache.data.cache.commit` adds the
-   files of up to ``COMMIT_EPISODES`` finished episodes in one Lance commit per table, so a
-   killed job leaves whole episodes only and the next run resumes at episode granularity (files
-   a dead worker wrote, or an uncommitted group's, are never committed).
+   there is no GPU): ``ALIGN_EPISODES`` episodes aligned in one launch on the actor's device
+   (:func:`~robocache.data.build.align.align_batch`), then written as one set of Lance files,
+   uncommitted (:class:`~robocache.data.build.write.Batch`).
+3. **commit** (the driver, as results stream in): the files of up to ``COMMIT_EPISODES``
+   finished episodes in one Lance commit per table
+   (:class:`~robocache.data.build.commit.Committer`), so a killed job leaves whole episodes
+   only and the next run resumes at episode granularity (files a dead worker wrote, or an
+   uncommitted group's, are never committed).
 
 Bad episodes are quarantined with their reason exactly as by ``ingest``; the summary, the
 quarantine list, the stats and the rows are the same (the row order inside ``data.lance`` is
@@ -22,6 +26,7 @@ the order episodes finished; readers sort by episode and step).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -32,20 +37,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from robocache._optional import require
-from robocache.data.build.align import align_episode
+from robocache.data.build.align import align_batch
 from robocache.data.build.config import CacheConfig
-from robocache.data.build.read import load_episode, open_specs
+from robocache.data.build.read import open_specs, prepare_episode
 from robocache.data.build.run import _progress, _reason, locked_run
-from robocache.data.build.write import write_episode
+from robocache.data.build.write import Batch, episode_tables
 from robocache.errors import ClusterError, DataError, DeviceError
 from robocache.observability import metrics
 
 # The driver commits finished episodes in groups (a Lance commit costs ~10-20 ms whatever its
 # size, so one per episode would cap a job near 60 episodes/s); a killed job loses at most the
 # uncommitted group, whole episodes that the next run redoes.
-COMMIT_EPISODES = 64
-COMMIT_SECONDS = 2.0
+COMMIT_EPISODES = 1024
+COMMIT_SECONDS = 10.0
+# Episodes per read task (consecutive: a source file's rows read once for them all) and per
+# actor call (aligned in one launch and written as one Lance fragment per table).
+READ_EPISODES = 32
+ALIGN_EPISODES = 256
 
 
 def _ray():
@@ -100,20 +111,31 @@ def _quarantine_row(src, index: int, error: Exception) -> dict[str, Any]:
     return {"index": index, "payload": payload, "reason": _reason(src, index, error)}
 
 
-def _read(row: dict[str, Any], *, path: str, options: str, keys) -> dict[str, Any]:
-    index = int(row["index"])
+def _read(batch: dict[str, np.ndarray], *, path: str, options: str, keys,
+          config: CacheConfig) -> dict[str, np.ndarray]:
+    """Ray task: read, check and encode the frames of a batch of consecutive episodes (one
+    source file read once for them); per episode its pickled
+    :class:`~robocache.data.build.read.Prepared` (``reason``: why it is quarantined)."""
     src, specs = _source(path, options, keys)
-    try:
-        episode = load_episode(src, index, specs)
-    except MemoryError:
-        raise
-    except Exception as e:  # quarantined with the reason, as by ingest
-        return _quarantine_row(src, index, e)
-    return {"index": index, "payload": pickle.dumps(episode, protocol=5), "reason": ""}
+    config = dataclasses.replace(config, video_decoder="pyav")  # CPU tasks decode on the CPU
+    rows = {"index": [], "payload": [], "reason": []}
+    for index in batch["index"].tolist():
+        p = prepare_episode(src, int(index), specs, config, threads=1)
+        if p.error is not None:
+            row = _quarantine_row(src, int(index), p.error)
+        else:
+            row = {"index": int(index), "payload": pickle.dumps(p, protocol=5), "reason": ""}
+        for k, v in row.items():
+            rows[k].append(v)
+    return {"index": np.array(rows["index"], np.int64),
+            "payload": np.array(rows["payload"], dtype=object),
+            "reason": np.array(rows["reason"], dtype=object)}
 
 
 class _AlignWrite:
-    """Actor: align episodes on this actor's device and write their files under ``dest``."""
+    """Actor: align a batch of episodes at once on this actor's device
+    (:func:`~robocache.data.build.align.align_batch`) and write them under ``dest`` as one
+    Lance write per table (:class:`~robocache.data.build.write.Batch`), uncommitted."""
 
     def __init__(self, dest: str, config: CacheConfig, fps: float | None, device: str,
                  path: str, options: str, keys):
@@ -122,32 +144,44 @@ class _AlignWrite:
         self.dest, self.config, self.fps = Path(dest), config, fps
         self.src, self.specs = _source(path, options, keys)
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(1)
 
-    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
-        index = int(row["index"])
-        if row["reason"]:
-            return row
-        episode = pickle.loads(row["payload"])
-        try:
-            cols = align_episode(episode, self.specs, self.config, self.device, self.fps)
-        except MemoryError:
-            raise
-        except Exception as e:
-            return _quarantine_row(self.src, index, e)
-        written = write_episode(self.dest, episode, cols, self.specs, self.config)
-        return {"index": index, "reason": "",
-                "payload": pickle.dumps((written, metrics.episode_sizes(episode, cols)))}
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        quarantined, ready = [], []
+        for index, payload, reason in zip(batch["index"].tolist(), batch["payload"],
+                                          batch["reason"], strict=True):
+            if reason:
+                quarantined.append({"index": index, "payload": payload, "reason": reason})
+            else:
+                ready.append(pickle.loads(payload))
+        out = Batch(1 << 62, 1 << 62)
+        sizes = {}
+        aligned = align_batch([p.episode for p in ready], self.specs, self.config,
+                              self.device, self.fps)
+        for p, cols in zip(ready, aligned, strict=True):
+            if isinstance(cols, Exception):
+                quarantined.append(_quarantine_row(self.src, p.index, cols))
+                continue
+            out.add(p.index, episode_tables(p.episode, cols, self.specs, self.config,
+                                            p.frames))
+            sizes[p.index] = metrics.episode_sizes(p.episode, cols)
+        indices = list(out.indices)
+        written = out.write(self.dest) if indices else []
+        return {"payload": np.array([pickle.dumps((indices, written, sizes, quarantined))],
+                                    dtype=object)}
 
 
-def _commit_group(run, pending: dict[int, tuple], advance) -> None:
-    """Commit finished episodes (index -> (files, sizes)) in one Lance commit per table."""
+def _commit_group(run, pending: list[tuple[list[int], list]], advance) -> None:
+    """Commit the files of finished actor batches ((episodes, files) each) in one Lance
+    commit per table."""
     tables: dict[str, tuple[Any, list]] = {}
-    for files, _ in pending.values():
+    for _, files in pending:
         for rel, schema, fragments in files:
             tables.setdefault(rel, (schema, []))[1].extend(fragments)
-    run.sizes.update({i: sizes for i, (_, sizes) in pending.items()})
-    run.cached(list(pending), [(rel, *t) for rel, t in tables.items()])
-    advance(f"episodes {min(pending)}..{max(pending)}", len(pending))
+    indices = [i for batch, _ in pending for i in batch]
+    run.cached(indices, [(rel, *t) for rel, t in tables.items()])
+    advance(f"episodes {min(indices)}..{max(indices)}", len(indices))
 
 
 def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None = None, *,
@@ -212,26 +246,31 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                     run.passed(index, why)
                     advance(f"episode {index} ({why})")
             if todo:
-                ds = ray.data.from_items([{"index": i} for i in todo],
-                                         override_num_blocks=min(len(todo), 200))
-                ds = ds.map(_read, num_cpus=1, fn_kwargs=where)
-                ds = ds.map(_AlignWrite, compute=ray.data.ActorPoolStrategy(size=actors),
-                            **per_actor, fn_constructor_kwargs={
-                                "dest": str(run.dest.resolve()), "config": run.config,
-                                "fps": run.fps, "device": device, **where})
-                pending: dict[int, list] = {}
+                ds = ray.data.from_items([{"index": i} for i in todo], override_num_blocks=max(
+                    1, min(len(todo) // READ_EPISODES, 4000)))
+                ds = ds.map_batches(_read, batch_size=READ_EPISODES, num_cpus=1,
+                                    fn_kwargs={**where, "config": run.config})
+                ds = ds.map_batches(
+                    _AlignWrite, batch_size=ALIGN_EPISODES,
+                    compute=ray.data.ActorPoolStrategy(size=actors), **per_actor,
+                    fn_constructor_kwargs={"dest": str(run.dest.resolve()),
+                                           "config": run.config, "fps": run.fps,
+                                           "device": device, **where})
+                pending: list[tuple[list[int], list]] = []
                 since = time.perf_counter()
                 for row in ds.iter_rows():
-                    index = int(row["index"])
-                    if row["reason"]:
-                        run.quarantined(index, row["reason"], pickle.loads(row["payload"]))
-                        advance(f"episode {index} quarantined")
+                    indices, written, sizes, quarantined = pickle.loads(row["payload"])
+                    for q in quarantined:
+                        run.quarantined(q["index"], q["reason"], pickle.loads(q["payload"]))
+                        advance(f"episode {q['index']} quarantined")
+                    if not indices:
                         continue
-                    pending[index] = pickle.loads(row["payload"])
-                    if len(pending) >= COMMIT_EPISODES or \
+                    run.sizes.update(sizes)
+                    pending.append((indices, written))
+                    if sum(len(i) for i, _ in pending) >= COMMIT_EPISODES or \
                             time.perf_counter() - since > COMMIT_SECONDS:
                         _commit_group(run, pending, advance)
-                        pending, since = {}, time.perf_counter()
+                        pending, since = [], time.perf_counter()
                 if pending:
                     _commit_group(run, pending, advance)
         return run.finish(device=f"{device} x{actors} (ray)")
