@@ -52,6 +52,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -215,7 +216,7 @@ def _grid_steps(episode: Episode, name: str, t0: float, rate_hz: float,
     bad = np.flatnonzero(np.abs(off) > tolerance_s)
     if bad.size:
         r = int(bad[0])
-        raise DataError(f"episode {episode.index}: stream {name!r} row {r} (t = {times[r]!r} s) "
+        raise DataError(f"episode {episode.index}: stream {name!r} row {r} (t = {float(times[r])!r} s) "
                         f"is {off[r]:+.3e} s off the 1/{rate_hz:g} s grid (tolerance_s = "
                         f"{tolerance_s:g}); {bad.size} rows are off it. Fix the timestamps or "
                         "ingest at an explicit rate (--rate HZ) to resample.")
@@ -225,6 +226,47 @@ def _grid_steps(episode: Episode, name: str, t0: float, rate_hz: float,
         raise DataError(f"episode {episode.index}: stream {name!r} rows {r - 1} and {r} fall on "
                         f"the same 1/{rate_hz:g} s grid step {int(k[r])}.")
     return k
+
+
+# An episode's grid is refused when its aligned columns would need more than this; a rate is
+# refused when one second of an episode would, or when its step is longer than 1 / MIN_RATE_HZ.
+MAX_GRID_BYTES = 2 << 30
+MIN_RATE_HZ = 1e-3
+
+
+def step_bytes(specs: dict[str, StreamSpec]) -> int:
+    """Bytes one grid step takes in the aligned columns, at least: the episode, step, time and
+    task columns, and per stream its values (4 bytes a value or more) or a frame/event index,
+    and its pad flag."""
+    return 32 + sum(1 + (max(np.dtype(s.dtype).itemsize, 4) * s.dim if s.kind == "numeric"
+                         else 8) for s in specs.values())
+
+
+def check_rate(rate_hz: float, specs: dict[str, StreamSpec]) -> None:
+    """Refuse a rate whose grid is useless (a step longer than 1 / MIN_RATE_HZ) or whose one
+    second of an episode needs more than MAX_GRID_BYTES of aligned columns."""
+    fastest = max((s.rate_hz for s in specs.values() if s.rate_hz), default=None)
+    streams = f" (the source's fastest stream runs at {fastest:g} Hz)" if fastest else ""
+    if rate_hz < MIN_RATE_HZ:
+        raise DataError(f"`rate_hz` (--rate) is {rate_hz:g} Hz: one step every {1 / rate_hz:g} s "
+                        f"would make every episode one step; pass at least {MIN_RATE_HZ:g} "
+                        f"Hz{streams}.")
+    need = rate_hz * step_bytes(specs)
+    if need > MAX_GRID_BYTES:
+        raise DataError(f"`rate_hz` (--rate) is {rate_hz:g} Hz: one second of an episode would be "
+                        f"{rate_hz:.3g} steps, {need / 2**30:.3g} GiB of aligned columns "
+                        f"({step_bytes(specs)} bytes a step; the bound is "
+                        f"{MAX_GRID_BYTES / 2**30:g} GiB an episode); pass a lower rate{streams}.")
+
+
+def _check_grid(episode: Episode, specs: dict[str, StreamSpec], steps: int,
+                rate_hz: float) -> None:
+    need = steps * step_bytes(specs)
+    if need > MAX_GRID_BYTES:
+        raise DataError(f"episode {episode.index}: {episode.end - episode.start:.6g} s at "
+                        f"{rate_hz:g} Hz is {steps:,} steps, {need / 2**30:.3g} GiB of aligned "
+                        f"columns (the bound is {MAX_GRID_BYTES / 2**30:g} GiB an episode); "
+                        "ingest at a lower rate (--rate).")
 
 
 def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float,
@@ -239,6 +281,7 @@ def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float,
     if native:
         t0 = min(float(episode.streams[n].times[0]) for n in native)
         steps = max(int(_grid_steps(episode, n, t0, rate_hz, tolerance_s)[-1]) for n in native)
+        _check_grid(episode, specs, steps + 1, rate_hz)
         return t0 + np.arange(steps + 1, dtype=np.float64) / rate_hz
     timed = _timed(specs)
     if not timed:
@@ -249,6 +292,7 @@ def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float,
         raise DataError(f"episode {episode.index}: the streams do not overlap in time "
                         f"(latest start {start:.6f} s > earliest end {end:.6f} s).")
     steps = int(math.floor((end - start + tolerance_s) * rate_hz)) + 1
+    _check_grid(episode, specs, steps, rate_hz)
     # clamping keeps a last step within the tolerance past the end inside every stream
     return np.minimum(start + np.arange(steps, dtype=np.float64) / rate_hz, end)
 
@@ -734,7 +778,7 @@ def _remove_cache(dest: Path, log) -> None:
 
 
 # the manifest fields that identify a cache's configuration: a resume or merge must match them
-IDENTITY = ("format", "source", "rate_hz", "native", "streams")
+IDENTITY = ("format", "source", "rate_hz", "native", "streams", "tolerance_s")
 
 
 def _claim(dest: Path, header: dict[str, Any], overwrite: bool, log) -> list[dict[str, Any]]:
@@ -781,6 +825,8 @@ def open_specs(source: str | Path | Source, config: CacheConfig) -> tuple[Source
     from robocache.data.formats import open_source
 
     src = source if hasattr(source, "read") else open_source(source, **config.source_options)
+    if getattr(src, "rate_error", None):  # a source that cannot time its episodes
+        raise DataError(src.rate_error)
     specs = dict(src.specs)
     if config.keys is not None:
         missing = sorted(set(config.keys) - set(specs))
@@ -803,6 +849,10 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
                            and config.rate_hz > 0 and math.isfinite(config.rate_hz)):
         raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz or 'native'; got "
                         f"{config.rate_hz!r}.")
+    if config.tolerance_s is not None and not (config.tolerance_s >= 0
+                                               and math.isfinite(config.tolerance_s)):
+        raise DataError(f"`tolerance_s` (--tolerance) must be >= 0 seconds; got "
+                        f"{config.tolerance_s!r} (leave it unset to pad no frame).")
     if not (config.grid_tolerance_s > 0 and math.isfinite(config.grid_tolerance_s)):
         raise DataError(f"`grid_tolerance_s` (--grid-tolerance) must be > 0 seconds; got "
                         f"{config.grid_tolerance_s!r} (LeRobot's default is 1e-4).")
@@ -830,6 +880,8 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     device = _device(config.device)
     src, specs = open_specs(source, config)
     fps = native_rate(src) if native else None
+    if not native:
+        check_rate(float(config.rate_hz), specs)
     dest = Path(dest)
     streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
                       "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
@@ -839,7 +891,8 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
                for name, s in specs.items()}
     header = {"format": CACHE_FORMAT,
               "source": {"path": str(Path(src.path).resolve()), "format": src.format},
-              "rate_hz": fps or float(config.rate_hz), "native": native, "streams": streams}
+              "rate_hz": fps or float(config.rate_hz), "native": native, "streams": streams,
+              "tolerance_s": config.tolerance_s}
     if config.shard is not None:
         header["shard"] = list(config.shard)
     _check_dest(Path(src.path), dest)
@@ -858,7 +911,8 @@ def _reason(src: Source, index: int, e: BaseException) -> str:
         where = src.locate(index) if hasattr(src, "locate") else None
     except Exception:  # locating is a courtesy; the reason stands without it
         where = None
-    text = f"{type(e).__name__}: {e}"
+    text = " ".join(f"{type(e).__name__}: {e}".split())  # one line (parquet's span lines)
+    text = re.sub(r"np\.(?:float|u?int|bool)\w*\(([^()]*)\)", r"\1", text)  # numpy's repr
     return f"{where}: {text}" if where and where not in str(e) else text
 
 
