@@ -216,10 +216,10 @@ def _grid_steps(episode: Episode, name: str, t0: float, rate_hz: float,
     bad = np.flatnonzero(np.abs(off) > tolerance_s)
     if bad.size:
         r = int(bad[0])
-        raise DataError(f"episode {episode.index}: stream {name!r} row {r} (t = {float(times[r])!r} s) "
-                        f"is {off[r]:+.3e} s off the 1/{rate_hz:g} s grid (tolerance_s = "
-                        f"{tolerance_s:g}); {bad.size} rows are off it. Fix the timestamps or "
-                        "ingest at an explicit rate (--rate HZ) to resample.")
+        raise DataError(f"episode {episode.index}: stream {name!r} row {r} (t = "
+                        f"{float(times[r])!r} s) is {off[r]:+.3e} s off the 1/{rate_hz:g} s "
+                        f"grid (tolerance_s = {tolerance_s:g}); {bad.size} rows are off it. Fix "
+                        "the timestamps or ingest at an explicit rate (--rate HZ) to resample.")
     dup = np.flatnonzero(np.diff(k) == 0)
     if dup.size:
         r = int(dup[0]) + 1
