@@ -75,10 +75,10 @@ def open_source(path: str | Path, format: str | None = None, **options: Any) -> 
         format = _detect(path)
         if format is None:
             inside = _datasets_inside(path)
-            hint = (f"it holds datasets in subfolders: pass one of "
+            hint = (f"; it holds datasets in subfolders: pass one of "
                     f"{', '.join(f'{p} ({n})' for p, n in inside)}" if inside else
-                    f"supported formats: {supported()}")
-            raise DataError(f"{path}: unknown dataset format; {hint}.")
+                    f". Supported formats: {supported()}")
+            raise DataError(f"{path}: unknown dataset format{hint}.")
     elif format not in FORMATS:
         raise DataError(f"format {format!r} is not supported. Supported formats: {supported()}.")
     reader = getattr(_module(format), FORMATS[format][1])
