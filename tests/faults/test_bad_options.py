@@ -205,3 +205,20 @@ def test_sigterm_stops_like_ctrl_c_and_the_run_resumes(pristine, tmp_path):
               f"resumes, exit {resumed.code}", lost=not ok, traceback=stopped.traceback)
     assert stopped.code == 143 and stopped.one_line and "terminated; re-run" in err, err
     assert holder(dest) is None and resumed.code == 0 and ok
+
+
+def test_lerobot_dataset_workers_fork_without_lance_warning(tmp_path):
+    """The workers never call Lance, so pylance's fork warning (once a worker) is not shown."""
+    import warnings
+
+    import torch
+
+    import robocache
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / "tiny"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ds = robocache.LeRobotDataset("robocache/tiny", root=root, cache=tmp_path / "cache")
+        batches = list(torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2))
+    assert len(batches) == -(-len(ds) // 8)
+    assert not [w for w in seen if "fork-safe" in str(w.message)]
