@@ -105,7 +105,12 @@ def demo(
     pushgateway: str = PUSHGATEWAY_OPTION,
     log_format: str = LOG_FORMAT_OPTION,
 ):
-    """Ingest the bundled sample, build the cache, serve batches, print the throughput."""
+    """Ingest the bundled sample, build the cache, serve batches, print the throughput.
+
+    Exit codes: 0 success; 2 bad usage or input (one line on stderr: the problem and the fix);
+    1 internal error; 130 interrupted (Ctrl-C), 143 terminated (SIGTERM). Without --dest
+    nothing is left behind, whatever the outcome.
+    """
     from rich.table import Table
 
     from robocache._console import console as make_console

@@ -170,7 +170,8 @@ def ingest(
 
     Exit codes: 0 all cached; 3 completed with quarantined episodes; 4 nothing cached;
     2 bad usage or input (one line on stderr: the problem and the fix);
-    1 internal error (--verbose shows the traceback).
+    1 internal error (--verbose shows the traceback); 130 interrupted (Ctrl-C), 143
+    terminated (SIGTERM): re-running resumes.
     """
     from robocache.data.cache import build
 

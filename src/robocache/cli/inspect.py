@@ -142,7 +142,7 @@ def inspect(
 
     Exit codes: 0 success;
     2 bad usage or input (one line on stderr: the problem and the fix);
-    1 internal error (--verbose shows the traceback).
+    1 internal error (--verbose shows the traceback); 130 interrupted, 143 terminated.
     """
     from rich.table import Table
 
