@@ -39,9 +39,9 @@ def test_ingest_refuses_before_any_work(pristine, tmp_path, option, named):
     before = fl.tree_hash(src)
     dest = tmp_path / "cache"
     r = fl.cli("ingest", src, dest, "--device", "cpu", "--no-progress", *option)
-    fl.record(f"ingest {' '.join(option)}", f"refused before any work, exit {r.code}, DEST "
-              "not created", lost=dest.exists() or fl.tree_hash(src) != before,
-              traceback=r.traceback)
+    fl.record(f"ingest (LeRobot source) {' '.join(option)}",
+              f"refused before any work, exit {r.code}, DEST not created",
+              lost=dest.exists() or fl.tree_hash(src) != before, traceback=r.traceback)
     assert refused(r, named), r.stderr
     assert not dest.exists()
 
