@@ -138,11 +138,18 @@ def round_orders(sizes: list[int], rounds: int) -> list[list[int]]:
     return [sizes if r % 2 == 0 else sizes[::-1] for r in range(rounds)]
 
 
+def rates(runs: dict[int, list[list[dict]]], batch: int) -> dict[int, float]:
+    """samples/s of each world size from its runs (per round, every rank's numbers): world x
+    batch / the slowest rank's median step, the median over the rounds."""
+    import statistics
+
+    return {w: statistics.median(w * batch / (max(r["step_ms"] for r in ranks) / 1e3)
+                                 for ranks in rounds) for w, rounds in runs.items()}
+
+
 def run(quick: bool = False, copy_gbps: float | None = None,
         rounds: int | None = None) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import statistics
-
     import bench_loader as L
 
     from robocache.bench import harness as H
@@ -171,9 +178,7 @@ def run(quick: bool = False, copy_gbps: float | None = None,
         for order in round_orders(sizes, rounds):
             for world in order:
                 runs[world].append(launch(world))
-    records = []
-    rate = {w: statistics.median(w * L.BATCH / (max(r["step_ms"] for r in ranks) / 1e3)
-                                 for ranks in runs[w]) for w in sizes}
+    records, rate = [], rates(runs, L.BATCH)
     for world in sizes:
         last = runs[world][-1]
         busy = [r["busy"] for r in last]
