@@ -12,6 +12,18 @@ all-reduced during backward) on batches of 256 windows from ``RobotLoader`` with
 >= 1.9x on two), and per rank the GPU busy fraction (CUDA events bracketing each step on the
 training stream, over the span of all steps; target >= 95 %). Keep NCCL's NVLink multicast off
 where the machine asks for it (``NCCL_NVLS_ENABLE=0``; the environment is passed through).
+
+A fair baseline: every world size, one GPU included, runs the same path (torchrun, DDP over
+NCCL, world size 1 for one GPU) with the same warm-up steps. Before anything is timed one
+unmeasured run at the largest world size fills Triton's on-disk kernel cache and wakes every
+GPU, so no measured run pays for a JIT compile the next one finds cached. The world sizes then
+run in ``rounds`` rounds of alternating order (1, 2, 4, then 4, 2, 1, ...), so drift of the
+machine (clocks, temperature) reaches each size alike. The cache is built on the CPU: the
+parent process holds no GPU memory while the ranks train. Per rank the step time is the median
+interval between consecutive steps' start events (a one-off stall moves it little); a run's
+rate is world x batch / its slowest rank's median step, a size's rate the median over rounds,
+and the speedup is against the median one-GPU rate. Each rank also reports its SM clock (MHz,
+``torch.cuda.clock_rate``, needs nvidia-ml-py) after its timed steps.
 """
 
 from __future__ import annotations
@@ -96,8 +108,17 @@ def worker(cache: str, out: str, cfg: dict) -> None:
     wall = time.perf_counter() - t0
     busy = (sum(s.elapsed_time(e) for s, e in marks) / marks[0][0].elapsed_time(marks[-1][1])
             if marks else None)
+    # the step period: from one step's start to the next's, median over the timed steps
+    starts = [a for a, _ in marks]
+    periods = sorted(a.elapsed_time(b) for a, b in zip(starts[:-1], starts[1:], strict=True))
+    step_ms = periods[len(periods) // 2] if periods else wall * 1e3 / cfg["steps"]
+    try:
+        clock = torch.cuda.clock_rate(device) if cuda else None
+    except Exception:  # NVML (nvidia-ml-py) missing: the clock is not reported
+        clock = None
     numbers = [None] * world
     dist.all_gather_object(numbers, {"rank": rank, "wall_s": wall, "busy": busy,
+                                     "step_ms": step_ms, "sm_clock_mhz": clock,
                                      "device": str(device)})
     if rank == 0:
         Path(out).write_text(json.dumps(numbers))
@@ -112,7 +133,22 @@ def world_sizes(gpus: int) -> list[int]:
     return [*sizes, gpus] if gpus else [1, 2]
 
 
-def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+def round_orders(sizes: list[int], rounds: int) -> list[list[int]]:
+    """The world sizes of each round, every other round reversed (1, 2, 4 / 4, 2, 1 / ...)."""
+    return [sizes if r % 2 == 0 else sizes[::-1] for r in range(rounds)]
+
+
+def rates(runs: dict[int, list[list[dict]]], batch: int) -> dict[int, float]:
+    """samples/s of each world size from its runs (per round, every rank's numbers): world x
+    batch / the slowest rank's median step, the median over the rounds."""
+    import statistics
+
+    return {w: statistics.median(w * batch / (max(r["step_ms"] for r in ranks) / 1e3)
+                                 for ranks in rounds) for w, rounds in runs.items()}
+
+
+def run(quick: bool = False, copy_gbps: float | None = None,
+        rounds: int | None = None) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_loader as L
 
@@ -120,31 +156,43 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     from robocache.data.cache import build
 
     cfg = QUICK if quick else FULL
+    rounds = rounds or (1 if quick else 3)
     gpus = torch.cuda.device_count()
+    sizes = world_sizes(gpus)
     name = f"policy-d{cfg['d_model']}x{cfg['layers']}-b{L.BATCH}-per-rank"
-    records, base = [], None
+    runs: dict[int, list[list[dict]]] = {w: [] for w in sizes}
     with tempfile.TemporaryDirectory() as tmp:
         root = L.make_dataset(Path(tmp) / "lerobot", cfg["episodes"], cfg["length"])
-        build(root, Path(tmp) / "cache", rate_hz=L.FPS, progress=False)
-        for world in world_sizes(gpus):
+        build(root, Path(tmp) / "cache", rate_hz=L.FPS, progress=False, device="cpu")
+
+        def launch(world: int) -> list[dict]:
             out = Path(tmp) / f"ranks-{world}.json"
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                             f"--nproc-per-node={world}", __file__, "--worker",
                             str(Path(tmp) / "cache"), str(out), json.dumps(cfg)],
                            check=True, env=env)
-            ranks = json.loads(out.read_text())
-            wall = max(r["wall_s"] for r in ranks)
-            rate = world * L.BATCH * cfg["steps"] / wall
-            base = base or rate
-            busy = [r["busy"] for r in ranks]
-            records.append(H.case(
-                FAMILY, name, f"{world} GPU" if gpus else f"{world} CPU process",
-                H.summarize([wall * 1e3 / cfg["steps"]]), batch=world, world=world,
-                samples_per_s=rate, speedup=rate / base, busy_per_rank=busy,
-                devices=[r["device"] for r in ranks],
-                note=f"{rate:.0f} samples/s, x{rate / base:.2f}"
-                     + (", busy " + "/".join(f"{100 * b:.1f}%" for b in busy) if gpus else "")))
+            return json.loads(out.read_text())
+
+        launch(sizes[-1])  # unmeasured: kernels compiled and cached, every GPU awake
+        for order in round_orders(sizes, rounds):
+            for world in order:
+                runs[world].append(launch(world))
+    records, rate = [], rates(runs, L.BATCH)
+    for world in sizes:
+        last = runs[world][-1]
+        busy = [r["busy"] for r in last]
+        clocks = [r["sm_clock_mhz"] for ranks in runs[world] for r in ranks]
+        records.append(H.case(
+            FAMILY, name, f"{world} GPU" if gpus else f"{world} CPU process",
+            H.summarize([max(r["step_ms"] for r in ranks) for ranks in runs[world]]),
+            batch=world, world=world, rounds=rounds, samples_per_s=rate[world],
+            speedup=rate[world] / rate[sizes[0]], busy_per_rank=busy,
+            wall_s_per_round=[max(r["wall_s"] for r in ranks) for ranks in runs[world]],
+            sm_clock_mhz=clocks, devices=[r["device"] for r in last],
+            note=f"{rate[world]:.0f} samples/s, x{rate[world] / rate[sizes[0]]:.2f} (median of "
+                 f"{rounds} rounds)"
+                 + (", busy " + "/".join(f"{100 * b:.1f}%" for b in busy) if gpus else "")))
     return records
 
 
@@ -154,4 +202,5 @@ if __name__ == "__main__":
     else:
         from robocache.bench.standalone import main
 
-        main(run, __doc__)
+        main(run, __doc__, {"rounds": (int, "rounds of every world size (default 3; "
+                                            "--quick: 1)")})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -236,6 +237,83 @@ def test_host_case_gates_on_its_ratio_to_the_bare_launch(make_results):
     rows = {r.impl: r for r in gate.compare(doc(10, 20), doc(40, 20)).rows}  # 4x: a real change
     assert rows["host_robocache_eager"].status == "regressed"
     assert rows["host_bare_triton_launch"].status == "info"
+
+
+def _gpu_case(unit, us, noise, rng):
+    """A CUDA-graph replay of `us` microseconds, stored in `unit`."""
+    scale = 1.0 if unit == "us" else 1e-3
+    t = harness.summarize(us * scale * np.exp(rng.normal(0.0, noise, 256)))
+    return harness.case("resample", "B256", "robocache_graph_replay_gpu", t, unit=unit)
+
+
+@pytest.mark.parametrize(("base_unit", "new_unit"), [("us", "us"), ("ms", "ms"), ("us", "ms"),
+                                                     ("ms", "us")])
+def test_device_floor_is_half_a_microsecond_in_either_unit(make_results, base_unit, new_unit):
+    """2.49 -> 2.84 us (+14 %, IQR 0.5 %) is launch latency between two hosts: under the 0.5 us
+    floor whatever unit each record is stored in; 2.49 -> 3.2 us is over it."""
+    def status(new_us):
+        rng = np.random.default_rng(0)
+        base = make_results([_gpu_case(base_unit, 2.489, 0.003, rng)])
+        new = make_results([_gpu_case(new_unit, new_us, 0.003, rng)])
+        return _status(base, new)
+
+    assert status(2.841) == "unchanged"
+    assert status(3.2) == "regressed"
+
+
+def test_rows_show_each_record_in_its_own_unit(tmp_path, make_results, rng):
+    base = make_results([_gpu_case("us", 2.489, 0.003, rng)])
+    new = make_results([_gpu_case("ms", 3.2, 0.003, rng)])
+    row = gate.compare(base, new).rows[0]
+    assert row.unit == "ms" and row.base_ms == pytest.approx(0.002489, rel=0.01)
+    out = CliRunner().invoke(app, ["bench", "--compare", _write(tmp_path, "b.json", base),
+                                   "--results", _write(tmp_path, "n.json", new)])
+    # both sides in the results' unit: 2.489 us shown as 0.0025 ms, not 2.489 ms
+    assert out.exit_code == 1 and re.search(r"0\.002[45]\d* ms[ |│]+0\.003[12]\d* ms", out.output)
+
+
+def test_host_ratio_is_unit_aware(make_results):
+    """The host gate's ratio to the bare launch holds when one of them is stored in ms."""
+    def doc(ours_us, bare_us, bare_unit):
+        def t(v):
+            return harness.Timing(v, v * 0.99, v * 1.01, 7, [v] * 7)
+        scale = 1.0 if bare_unit == "us" else 1e-3
+        return make_results([harness.case("f", "c", "host_robocache_eager", t(ours_us),
+                                          unit="us"),
+                             harness.case("f", "c", "host_bare_triton_launch",
+                                          t(bare_us * scale), unit=bare_unit)])
+
+    assert gate.compare(doc(10, 20, "us"), doc(12, 20, "ms")).regressed == []
+    assert [r.impl for r in gate.compare(doc(10, 20, "ms"), doc(40, 20, "us")).regressed] == [
+        "host_robocache_eager"]
+
+
+def test_unknown_unit_is_rejected(tmp_path, make_results):
+    case = harness.case("f", "c", "robocache", harness.summarize([1.0, 1.1]), unit="s")
+    with pytest.raises(DataError, match="unit is 's'"):
+        gate.load_results(_write(tmp_path, "r.json", make_results([case])))
+
+
+# Full runs whose kernels are the baseline's: the baseline's own commit, and the commit before it
+# (it changed only the gate's classification). Results of other commits measure other code.
+SAME_CODE = {"0c0d2f9", "ab76e93"}
+RESULTS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", [p for p in RESULTS
+                                  if json.loads(p.read_text()).get("meta", {}).get("commit")
+                                  in SAME_CODE and "cases" in json.loads(p.read_text())],
+                         ids=lambda p: p.name)
+def test_committed_baseline_is_quiet_against_runs_of_its_code(path):
+    """Every stored run of the baseline's code, compared either way with the baseline: same
+    fingerprint, nothing regressed, every shared case compared."""
+    base, run = gate.load_results(BASELINE), gate.load_results(path)
+    for old, new in ((base, run), (run, base)):
+        cmp = gate.compare(old, new)
+        assert cmp.comparable, cmp.fingerprint_diff
+        assert [(r.family, r.name, r.impl) for r in cmp.regressed] == []
+        assert {r.status for r in cmp.rows} - {"missing", "new"} <= {"unchanged", "info",
+                                                                      "improved"}
 
 
 def test_merge_runs_of_one_environment(make_timing, make_results, rng):

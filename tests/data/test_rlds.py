@@ -183,8 +183,10 @@ def test_bad_input_one_line_errors(tmp_path):
     (root / "features.json").unlink()
     with pytest.raises(DataError, match="looks like a TFDS dataset but has no features.json"):
         open_source(root, fps=10)
+    unrated = RldsSource(version("png"))  # describes without a rate, reads nothing
+    assert unrated.describe()["features"] and unrated.specs
     with pytest.raises(DataError, match="pass fps=<Hz> \\(--fps\\)"):
-        RldsSource(version("png"))
+        unrated.read(0)
 
 
 def test_sequence_example_and_framing_match_tensorflow():

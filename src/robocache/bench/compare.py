@@ -23,6 +23,9 @@ Not every case can gate. Each case (same family, name and impl) gets a **gate** 
   GPU time hides host time, end-to-end loops): the change is shown, never gated.
 
 A case may state its gate itself (``"gate": "device" | "host" | "info"``).
+Records store their times in their own ``unit`` (``"ms"`` or ``"us"``, in the ``*_ms`` fields);
+`compare` converts every record to milliseconds once, as it takes it in, so each threshold above
+is in one unit whatever the records' units.
 **Improved** is the mirror image of regressed; anything else is unchanged.
 """
 
@@ -64,6 +67,8 @@ FINGERPRINT_KEYS = ("device", "sm_count", "gpu_count", "driver", "cuda_runtime",
                     "triton")
 # The results format (``robocache bench --json``): required fields and their types.
 META_FIELDS = {"date": str, "device": str, "torch": str, "triton": str}
+# A record's times are in its `unit`; this many milliseconds per unit.
+UNIT_MS = {"ms": 1.0, "us": 1e-3}
 CASE_FIELDS = {"family": str, "name": str, "impl": str, "unit": str, "median_ms": float,
                "q25_ms": float, "q75_ms": float, "n": int, "samples_ms": list}
 
@@ -91,6 +96,9 @@ def validate(doc: Any, source: str = "results") -> dict[str, Any]:
                             f"{_key(case)} (family, name, impl); the gate needs each once, so "
                             "give the benchmark's cases distinct names.")
         seen[_key(case)] = i
+        if case["unit"] not in UNIT_MS:
+            raise DataError(f"{source}: cases[{i}].unit is {case['unit']!r}; the gate knows "
+                            f"{' and '.join(map(repr, UNIT_MS))}.")
     return doc
 
 
@@ -141,17 +149,28 @@ def gate_of(rec: dict[str, Any]) -> str:
         return "host"
     if rec.get("timing") == "graph" or "graph" in impl or "gpu" in impl:
         return "device"
+    # graph_ms is in ms and host_us in us whatever the record's unit
+    median = rec["median_ms"] * UNIT_MS[rec.get("unit", "ms")]
     graph, host = rec.get("graph_ms"), rec.get("host_us")
-    if (rec["median_ms"] >= DEVICE_MIN_MS and (rec.get("pct_copy") or 0.0) >= BANDWIDTH_PCT
-            and (graph is None or rec["median_ms"] <= EAGER_GRAPH_RATIO * graph)
-            and (host is None or host / 1e3 < HOST_BOUND * rec["median_ms"])):
+    if (median >= DEVICE_MIN_MS and (rec.get("pct_copy") or 0.0) >= BANDWIDTH_PCT
+            and (graph is None or median <= EAGER_GRAPH_RATIO * graph)
+            and (host is None or host / 1e3 < HOST_BOUND * median)):
         return "device"
     return "info"
 
 
-def _host_references(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+def _in_ms(rec: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `rec` with its times in milliseconds and its gate settled (from the record as
+    written); ``unit`` stays the record's own, the unit it is shown in."""
+    scale = UNIT_MS[rec.get("unit", "ms")]
+    return {**rec, "gate": gate_of(rec),
+            **{k: rec[k] * scale for k in ("median_ms", "q25_ms", "q75_ms")},
+            "samples_ms": [v * scale for v in _samples(rec)]}
+
+
+def _host_references(cases) -> dict[tuple[str, str], dict[str, Any]]:
     """(family, name) -> that case's bare Triton launch (host time)."""
-    return {(r["family"], r["name"]): r for r in doc["cases"]
+    return {(r["family"], r["name"]): r for r in cases
             if HOST_REFERENCE in r["impl"].lower().replace("_", " ") and r["median_ms"] > 0}
 
 
@@ -185,7 +204,7 @@ class Row:
     name: str
     impl: str
     status: str  # improved | unchanged | regressed | info | new | missing
-    unit: str = "ms"
+    unit: str = "ms"  # the unit it is shown in; base_ms and new_ms are milliseconds
     gate: str = "info"  # device | host (as a ratio to the bare launch) | info
     base_ms: float | None = None
     new_ms: float | None = None
@@ -221,9 +240,9 @@ def compare(baseline: dict[str, Any], results: dict[str, Any], *, threshold: flo
     out = Comparison(fingerprint_diff=diff)
     if diff:
         return out
-    base = {_key(r): r for r in baseline["cases"]}
-    new = {_key(r): r for r in results["cases"]}
-    refs = _host_references(baseline), _host_references(results)
+    base = {_key(r): _in_ms(r) for r in baseline["cases"]}
+    new = {_key(r): _in_ms(r) for r in results["cases"]}
+    refs = _host_references(base.values()), _host_references(new.values())
     for key in sorted(base.keys() | new.keys()):
         b, n = base.get(key), new.get(key)
         if b is None or n is None:
@@ -296,8 +315,8 @@ def print_comparison(cmp: Comparison, *, threshold: float = THRESHOLD,
         c = colour.get(r.status)
         table.add_row(
             r.family, r.name, r.impl, "÷ bare launch" if r.gate == "host" else r.gate,
-            f"{r.base_ms:.4g} {r.unit}" if r.base_ms is not None else "",
-            f"{r.new_ms:.4g} {r.unit}" if r.new_ms is not None else "",
+            f"{r.base_ms / UNIT_MS[r.unit]:.4g} {r.unit}" if r.base_ms is not None else "",
+            f"{r.new_ms / UNIT_MS[r.unit]:.4g} {r.unit}" if r.new_ms is not None else "",
             f"{100 * r.change:+.1f}%" if r.change is not None else "",
             f"{r.p_value:.2g}" if r.p_value is not None else "",
             f"[{c}]{r.status}[/]" if c else r.status)

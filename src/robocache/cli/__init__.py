@@ -15,6 +15,9 @@ app = typer.Typer(
     help="RoboCache: a GPU data engine for robot-learning training.",
     no_args_is_help=True,
     add_completion=False,
+    # click's plain help: flags show as flags (`--json`), where the rich panels of typer 0.29
+    # print `--json <bool>`, which reads as an option taking a value
+    rich_markup_mode=None,
 )
 app.command("info")(info.info)
 app.command("bench")(bench.bench)

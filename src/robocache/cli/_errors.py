@@ -11,6 +11,8 @@ Exit codes shared by the data commands (``ingest``, ``inspect`` and the commands
       busy destination, a full disk
 3     completed, but some episodes were quarantined (the summary lists them)
 4     nothing cached: every episode read was quarantined, or the source has none
+130   interrupted (Ctrl-C); what was committed stays, re-running resumes
+143   terminated (SIGTERM, e.g. a job scheduler's stop); as 130
 ====  ==========================================================================
 
 Commands wrap their body in :func:`cli_errors`; expected failures (:class:`RoboCacheError`,
@@ -34,6 +36,8 @@ EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_QUARANTINED = 3
 EXIT_NOTHING_CACHED = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 VERBOSE_OPTION_HELP = "On failure, print the traceback before the one-line error."
 
@@ -59,9 +63,22 @@ class CommandError(Exception):
         self.code = code
 
 
+# A Rust library's source location in its error text (pylance: ", /home/.../commit.rs:1663:50")
+_RUST_LOCATION = re.compile(r",?\s*\S+\.rs:\d+:\d+")
+
+
 def one_line(text: str) -> str:
-    """``text`` with every run of whitespace (newlines included) collapsed to one space."""
-    return " ".join(str(text).split())
+    """``text`` with every run of whitespace (newlines included) collapsed to one space, and
+    without the source locations a Rust library appends to its errors."""
+    return " ".join(_RUST_LOCATION.sub("", str(text)).split())
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that a command stops as on Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
 
 
 def fail(message: str, code: int, *, verbose: bool = False) -> typer.Exit:
@@ -90,11 +107,19 @@ def cli_errors(verbose: bool = False) -> Iterator[None]:
     """Turn the failures of a command body into one line on stderr and an exit code.
 
     :class:`CommandError` → its own code; :class:`~robocache.errors.RoboCacheError` (messages
-    name the problem and the fix) and ``OSError`` → 2; ``KeyboardInterrupt`` → 130; anything
-    else → 1, reported as an internal error.
+    name the problem and the fix) and ``OSError`` → 2; ``KeyboardInterrupt`` → 130; SIGTERM →
+    143 (handled as Ctrl-C while the body runs, in the main thread); anything else → 1,
+    reported as an internal error.
     """
+    import signal
+    import threading
+
     from robocache.errors import RoboCacheError
 
+    main = threading.current_thread() is threading.main_thread()
+    if main:  # a handler installed outside Python reads as None: restore the default then
+        previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         yield
     except (typer.Exit, typer.Abort):
@@ -105,12 +130,18 @@ def cli_errors(verbose: bool = False) -> Iterator[None]:
         raise fail(str(e), EXIT_USAGE, verbose=verbose) from e
     except OSError as e:
         raise fail(_os_message(e), EXIT_USAGE, verbose=verbose) from e
+    except Terminated as e:
+        raise fail("terminated; re-run the same command to resume", EXIT_TERMINATED,
+                   verbose=verbose) from e
     except KeyboardInterrupt as e:
-        raise fail("interrupted; re-run the same command to resume", 130,
+        raise fail("interrupted; re-run the same command to resume", EXIT_INTERRUPTED,
                    verbose=verbose) from e
     except Exception as e:  # a bug: say so in one line, keep the traceback for --verbose
         raise fail(f"internal error ({type(e).__name__}: {e}); re-run with --verbose and "
                    "report the traceback", EXIT_INTERNAL, verbose=verbose) from e
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def exit_code(counts: dict) -> int:

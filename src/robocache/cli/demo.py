@@ -13,6 +13,7 @@ prints what it built and the throughput (samples/s and camera frames/s).
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -104,19 +105,40 @@ def demo(
     pushgateway: str = PUSHGATEWAY_OPTION,
     log_format: str = LOG_FORMAT_OPTION,
 ):
-    """Ingest the bundled sample, build the cache, serve batches, print the throughput."""
+    """Ingest the bundled sample, build the cache, serve batches, print the throughput.
+
+    Exit codes: 0 success; 2 bad usage or input (one line on stderr: the problem and the fix);
+    1 internal error; 130 interrupted (Ctrl-C), 143 terminated (SIGTERM). Without --dest
+    nothing is left behind, whatever the outcome.
+    """
     from rich.table import Table
 
     from robocache._console import console as make_console
     from robocache._console import print_table
-    from robocache.cli._errors import cli_errors
+    from robocache.cli._errors import CommandError, cli_errors
     from robocache.observability import observe
 
+    with cli_errors():
+        for flag, value, least, default in (("--batches", batches, 1, 100),
+                                            ("--batch-size", batch_size, 1, 256),
+                                            ("--camera-batches", camera_batches, 0, 10),
+                                            ("--workers", workers, 0, 0)):
+            if value < least:  # before the ingest: refused at once, nothing written
+                raise CommandError(f"{flag} must be >= {least}; got {value}",
+                                   f"pass e.g. {flag} {default}")
+    temporary = dest is None
     dest = dest or Path(tempfile.mkdtemp(prefix="robocache-demo-"))
-    with cli_errors(), observe("robocache_demo", metrics_port=metrics_port,
-                               pushgateway=pushgateway, log_format=log_format):
-        result = run_demo(dest, batches=batches, batch_size=batch_size, device=device,
-                          workers=workers, progress=not as_json, camera_batches=camera_batches)
+    try:
+        with cli_errors(), observe("robocache_demo", metrics_port=metrics_port,
+                                   pushgateway=pushgateway, log_format=log_format):
+            result = run_demo(dest, batches=batches, batch_size=batch_size, device=device,
+                              workers=workers, progress=not as_json,
+                              camera_batches=camera_batches)
+    finally:
+        if temporary:  # the cache served its batches; a demo leaves nothing behind
+            shutil.rmtree(dest, ignore_errors=True)
+    where = "in a temporary directory, now removed (--dest keeps it)" if temporary else \
+        f"at {dest / 'cache'}"
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return
@@ -131,8 +153,8 @@ def demo(
     print_table(table, console)
     console.print(f"[bold]{result['samples_per_s']:,.0f} samples/s[/], "
                   f"{result['MB_per_s']:,.0f} MB/s over {result['batches']} batches of "
-                  f"{result['batch_size']} (history 2, horizon 16, normalized) — cache at "
-                  f"{dest / 'cache'}")
+                  f"{result['batch_size']} (history 2, horizon 16, normalized) — cache "
+                  f"{where}")
     if result["camera_frames_per_s"]:
         console.print(f"[bold]{result['camera_frames_per_s']:,.0f} camera frames/s[/] decoded "
                       f"and served over {result['camera_batches']} batches of "

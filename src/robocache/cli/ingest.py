@@ -38,7 +38,10 @@ FpsOpt = Annotated[float, typer.Option(help="Rate of sources without timestamps 
                                              "RLDS).")]
 SplitOpt = Annotated[str, typer.Option(help="RLDS split: train, val, train[:95%], "
                                             "train[:10]+val.")]
-ToleranceOpt = Annotated[float, typer.Option(help="Pad steps farther than this (s) from a sample.")]
+ToleranceOpt = Annotated[float, typer.Option(help="Camera (frame-index) streams: pad steps "
+                                                 "farther than this (s, >= 0) from every frame "
+                                                 "(default: never). Part of the cache's "
+                                                 "identity: a resume must pass the same.")]
 ShardOpt = Annotated[str, typer.Option(help="Cache only shard i/n of the episodes (e.g. 0/4); "
                                             "`robocache merge` joins the shards.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")]
@@ -167,7 +170,8 @@ def ingest(
 
     Exit codes: 0 all cached; 3 completed with quarantined episodes; 4 nothing cached;
     2 bad usage or input (one line on stderr: the problem and the fix);
-    1 internal error (--verbose shows the traceback).
+    1 internal error (--verbose shows the traceback); 130 interrupted (Ctrl-C), 143
+    terminated (SIGTERM): re-running resumes.
     """
     from robocache.data.cache import build
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from robocache._optional import require
-from robocache.cli._errors import VERBOSE_OPTION_HELP, cli_errors
+from robocache.cli._errors import VERBOSE_OPTION_HELP, CommandError, cli_errors
 
 
 def _summarize_cache(path: Path) -> dict:
@@ -77,7 +77,8 @@ def summarize(path: Path, episodes: int = 5, fps: float | None = None,
     src = open_source(path, **source_options(fps=fps, split=split))
     indices = src.episode_indices()
     read, unreadable = [], []
-    for i in indices[:episodes]:
+    # a source that cannot time its episodes (RLDS without --fps) lists its features only
+    for i in indices[:0 if getattr(src, "rate_error", None) else episodes]:
         try:
             read.append(src.read(i))
         except Exception as e:  # a corrupt episode is reported, the others still inspected
@@ -141,7 +142,7 @@ def inspect(
 
     Exit codes: 0 success;
     2 bad usage or input (one line on stderr: the problem and the fix);
-    1 internal error (--verbose shows the traceback).
+    1 internal error (--verbose shows the traceback); 130 interrupted, 143 terminated.
     """
     from rich.table import Table
 
@@ -149,6 +150,9 @@ def inspect(
     from robocache._console import print_table
 
     with cli_errors(verbose):
+        if episodes < 1:
+            raise CommandError(f"--episodes must be >= 1; got {episodes}",
+                               "pass the number of episodes to read, e.g. --episodes 5")
         facts = summarize(path, episodes, fps, split)
     if as_json:
         typer.echo(json.dumps(facts, indent=2))

@@ -33,7 +33,8 @@ def preprocess(
 
     Exit codes: 0 all cached; 3 completed with quarantined episodes; 4 nothing cached;
     2 bad usage or input (no Ray, no cluster at --address, more GPUs than the cluster has, a
-    bad --shard...: one line on stderr); 1 internal error (--verbose shows the traceback).
+    bad --shard...: one line on stderr); 1 internal error (--verbose shows the traceback);
+    130 interrupted (Ctrl-C), 143 terminated (SIGTERM): re-running resumes.
     """
     from robocache.distributed.preprocess import preprocess as job
 

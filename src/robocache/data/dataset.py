@@ -88,10 +88,11 @@ def seconds_to_steps(delta_timestamps: dict[str, Sequence[float]], rate_hz: floa
             k = round(float(o) * rate_hz)
             if abs(float(o) * rate_hz - k) / rate_hz > tolerance_s:
                 lo, hi = math.floor(o * rate_hz), math.ceil(o * rate_hz)
-                raise DataError(f"`delta_timestamps[{key!r}]` holds {o!r} s, not a multiple of "
-                                f"1/{rate_hz:g} s within tolerance_s = {tolerance_s:g}; the "
-                                f"nearest valid offsets are {lo / rate_hz!r} and "
-                                f"{hi / rate_hz!r} s.")
+                raise DataError(f"`delta_timestamps[{key!r}]` holds {float(o)!r} s, not a "
+                                f"multiple of 1/{rate_hz:g} s within tolerance_s = "
+                                f"{tolerance_s:g}; the nearest valid offsets are "
+                                f"{float(lo / rate_hz)!r} and "
+                                f"{float(hi / rate_hz)!r} s.")
             steps.append(k)
         out[key] = steps
     return out

@@ -131,7 +131,7 @@ def check_episode(episode: Episode, specs: dict[str, StreamSpec]) -> None:
         if np.any(steps < 0):
             bad = int(np.flatnonzero(steps < 0)[0])
             raise DataError(f"episode {episode.index}: stream {name!r} timestamps decrease at "
-                            f"sample {bad} ({t[bad]!r} > {t[bad + 1]!r}).")
+                            f"sample {bad} ({float(t[bad])!r} > {float(t[bad + 1])!r}).")
         if stream.data is None:
             continue
         if stream.data.shape[0] != len(t):

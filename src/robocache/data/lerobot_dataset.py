@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         for e in eps:
             from_index[e["episode_index"]] = int(e["dataset_from_index"])
         self._from_index, self._task_index = from_index.to(device), self._row_tasks().to(device)
+        # DataLoader workers forked after this never call Lance (everything served, camera
+        # frames included, is in memory now): pylance's warning at each fork does not apply
+        warnings.filterwarnings("ignore", "lance is not fork-safe")
 
     def _row_tasks(self) -> torch.Tensor:
         """int64 ``[rows]``: the task index of each served row (the cache's per-step task, i.e.

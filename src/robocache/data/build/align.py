@@ -41,16 +41,57 @@ def _grid_steps(episode: Episode, name: str, t0: float, rate_hz: float,
     bad = np.flatnonzero(np.abs(off) > tolerance_s)
     if bad.size:
         r = int(bad[0])
-        raise DataError(f"episode {episode.index}: stream {name!r} row {r} (t = {times[r]!r} s) "
-                        f"is {off[r]:+.3e} s off the 1/{rate_hz:g} s grid (tolerance_s = "
-                        f"{tolerance_s:g}); {bad.size} rows are off it. Fix the timestamps or "
-                        "ingest at an explicit rate (--rate HZ) to resample.")
+        raise DataError(f"episode {episode.index}: stream {name!r} row {r} (t = "
+                        f"{float(times[r])!r} s) is {off[r]:+.3e} s off the 1/{rate_hz:g} s "
+                        f"grid (tolerance_s = {tolerance_s:g}); {bad.size} rows are off it. Fix "
+                        "the timestamps or ingest at an explicit rate (--rate HZ) to resample.")
     dup = np.flatnonzero(np.diff(k) == 0)
     if dup.size:
         r = int(dup[0]) + 1
         raise DataError(f"episode {episode.index}: stream {name!r} rows {r - 1} and {r} fall on "
                         f"the same 1/{rate_hz:g} s grid step {int(k[r])}.")
     return k
+
+
+# An episode's grid is refused when its aligned columns would need more than this; a rate is
+# refused when one second of an episode would, or when its step is longer than 1 / MIN_RATE_HZ.
+MAX_GRID_BYTES = 2 << 30
+MIN_RATE_HZ = 1e-3
+
+
+def step_bytes(specs: dict[str, StreamSpec]) -> int:
+    """Bytes one grid step takes in the aligned columns, at least: the episode, step, time and
+    task columns, and per stream its values (4 bytes a value or more) or a frame/event index,
+    and its pad flag."""
+    return 32 + sum(1 + (max(np.dtype(s.dtype).itemsize, 4) * s.dim if s.kind == "numeric"
+                         else 8) for s in specs.values())
+
+
+def check_rate(rate_hz: float, specs: dict[str, StreamSpec]) -> None:
+    """Refuse a rate whose grid is useless (a step longer than 1 / MIN_RATE_HZ) or whose one
+    second of an episode needs more than MAX_GRID_BYTES of aligned columns."""
+    fastest = max((s.rate_hz for s in specs.values() if s.rate_hz), default=None)
+    streams = f" (the source's fastest stream runs at {fastest:g} Hz)" if fastest else ""
+    if rate_hz < MIN_RATE_HZ:
+        raise DataError(f"`rate_hz` (--rate) is {rate_hz:g} Hz: one step every {1 / rate_hz:g} s "
+                        f"would make every episode one step; pass at least {MIN_RATE_HZ:g} "
+                        f"Hz{streams}.")
+    need = rate_hz * step_bytes(specs)
+    if need > MAX_GRID_BYTES:
+        raise DataError(f"`rate_hz` (--rate) is {rate_hz:g} Hz: one second of an episode would be "
+                        f"{rate_hz:.3g} steps, {need / 2**30:.3g} GiB of aligned columns "
+                        f"({step_bytes(specs)} bytes a step; the bound is "
+                        f"{MAX_GRID_BYTES / 2**30:g} GiB an episode); pass a lower rate{streams}.")
+
+
+def _check_grid(episode: Episode, specs: dict[str, StreamSpec], steps: int,
+                rate_hz: float) -> None:
+    need = steps * step_bytes(specs)
+    if need > MAX_GRID_BYTES:
+        raise DataError(f"episode {episode.index}: {episode.end - episode.start:.6g} s at "
+                        f"{rate_hz:g} Hz is {steps:,} steps, {need / 2**30:.3g} GiB of aligned "
+                        f"columns (the bound is {MAX_GRID_BYTES / 2**30:g} GiB an episode); "
+                        "ingest at a lower rate (--rate).")
 
 
 def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float,
@@ -65,6 +106,7 @@ def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float,
     if native:
         t0 = min(float(episode.streams[n].times[0]) for n in native)
         steps = max(int(_grid_steps(episode, n, t0, rate_hz, tolerance_s)[-1]) for n in native)
+        _check_grid(episode, specs, steps + 1, rate_hz)
         return t0 + np.arange(steps + 1, dtype=np.float64) / rate_hz
     timed = _timed(specs)
     if not timed:
@@ -75,6 +117,7 @@ def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float,
         raise DataError(f"episode {episode.index}: the streams do not overlap in time "
                         f"(latest start {start:.6f} s > earliest end {end:.6f} s).")
     steps = int(math.floor((end - start + tolerance_s) * rate_hz)) + 1
+    _check_grid(episode, specs, steps, rate_hz)
     # clamping keeps a last step within the tolerance past the end inside every stream
     return np.minimum(start + np.arange(steps, dtype=np.float64) / rate_hz, end)
 

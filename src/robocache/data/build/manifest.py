@@ -98,7 +98,7 @@ def _remove_cache(dest: Path, log) -> None:
 
 
 # the manifest fields that identify a cache's configuration: a resume or merge must match them
-IDENTITY = ("format", "source", "rate_hz", "native", "streams")
+IDENTITY = ("format", "source", "rate_hz", "native", "streams", "tolerance_s")
 
 
 def _claim(dest: Path, header: dict[str, Any], overwrite: bool, log) -> list[dict[str, Any]]:

@@ -30,6 +30,8 @@ def open_specs(source: str | Path | Source, config: CacheConfig) -> tuple[Source
     from robocache.data.formats import open_source
 
     src = source if hasattr(source, "read") else open_source(source, **config.source_options)
+    if getattr(src, "rate_error", None):  # a source that cannot time its episodes
+        raise DataError(src.rate_error)
     specs = dict(src.specs)
     if config.keys is not None:
         missing = sorted(set(config.keys) - set(specs))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from robocache._optional import require
-from robocache.data.build.align import align_batch
+from robocache.data.build.align import align_batch, check_rate
 from robocache.data.build.commit import (
     Committer,
     _committed,
@@ -61,6 +62,10 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
                            and config.rate_hz > 0 and math.isfinite(config.rate_hz)):
         raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz or 'native'; got "
                         f"{config.rate_hz!r}.")
+    if config.tolerance_s is not None and not (config.tolerance_s >= 0
+                                               and math.isfinite(config.tolerance_s)):
+        raise DataError(f"`tolerance_s` (--tolerance) must be >= 0 seconds; got "
+                        f"{config.tolerance_s!r} (leave it unset to pad no frame).")
     if not (config.grid_tolerance_s > 0 and math.isfinite(config.grid_tolerance_s)):
         raise DataError(f"`grid_tolerance_s` (--grid-tolerance) must be > 0 seconds; got "
                         f"{config.grid_tolerance_s!r} (LeRobot's default is 1e-4).")
@@ -95,6 +100,8 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     device = _device(config.device)
     src, specs = open_specs(source, config)
     fps = native_rate(src) if native else None
+    if not native:
+        check_rate(float(config.rate_hz), specs)
     dest = Path(dest)
     streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
                       "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
@@ -104,7 +111,8 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
                for name, s in specs.items()}
     header = {"format": CACHE_FORMAT,
               "source": {"path": str(Path(src.path).resolve()), "format": src.format},
-              "rate_hz": fps or float(config.rate_hz), "native": native, "streams": streams}
+              "rate_hz": fps or float(config.rate_hz), "native": native, "streams": streams,
+              "tolerance_s": config.tolerance_s}
     if config.shard is not None:
         header["shard"] = list(config.shard)
     _check_dest(Path(src.path), dest)
@@ -124,7 +132,8 @@ def _reason(src: Source, index: int, e: BaseException) -> str:
         where = src.locate(index) if hasattr(src, "locate") else None
     except Exception:  # locating is a courtesy; the reason stands without it
         where = None
-    text = f"{type(e).__name__}: {e}"
+    text = " ".join(f"{type(e).__name__}: {e}".split())  # one line (parquet's span lines)
+    text = re.sub(r"np\.(?:float|u?int|bool)\w*\(([^()]*)\)", r"\1", text)  # numpy's repr
     return f"{where}: {text}" if where and where not in str(e) else text
 
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
 from typing import Any
@@ -71,10 +72,38 @@ def open_source(path: str | Path, format: str | None = None, **options: Any) -> 
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist.")
     if format is None:
-        format = next((n for n in FORMATS if _module(n).detect(path)), None)
+        format = _detect(path)
         if format is None:
-            raise DataError(f"{path}: unknown dataset format. Supported formats: {supported()}.")
+            inside = _datasets_inside(path)
+            hint = (f"; it holds datasets in subfolders: pass one of "
+                    f"{', '.join(f'{p} ({n})' for p, n in inside)}" if inside else
+                    f". Supported formats: {supported()}")
+            raise DataError(f"{path}: unknown dataset format{hint}.")
     elif format not in FORMATS:
         raise DataError(f"format {format!r} is not supported. Supported formats: {supported()}.")
-    module, cls, _ = FORMATS[format]
-    return getattr(_module(format), cls)(path, **options)
+    reader = getattr(_module(format), FORMATS[format][1])
+    for name in options:
+        if name not in inspect.signature(reader).parameters:
+            takers = [n for n in FORMATS
+                      if name in inspect.signature(getattr(_module(n), FORMATS[n][1])).parameters]
+            raise DataError(f"`{name}` (--{name}) is an option of {' and '.join(takers)} "
+                            f"sources; {path} is a {format} dataset: drop --{name}.")
+    return reader(path, **options)
+
+
+def _detect(path: Path) -> str | None:
+    return next((n for n in FORMATS if _module(n).detect(path)), None)
+
+
+def _datasets_inside(path: Path, depth: int = 2, limit: int = 64) -> list[tuple[Path, str]]:
+    """Datasets in the subfolders of ``path`` down to ``depth`` levels (a TFDS data dir holds
+    ``name/version`` folders), at most ``limit`` folders looked at per level."""
+    if depth == 0 or not path.is_dir():
+        return []
+    found = []
+    for sub in sorted(p for p in path.iterdir() if p.is_dir())[:limit]:
+        name = _detect(sub)
+        if name == "rlds":  # a TFDS name folder: point at its newest version folder
+            sub = _module(name)._version_dir(sub)
+        found += [(sub, name)] if name else _datasets_inside(sub, depth - 1, limit)
+    return found[:5]

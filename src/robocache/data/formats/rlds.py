@@ -184,7 +184,8 @@ class RldsSource:
 
     Raises:
         DataError: no ``features.json``, an unsupported feature (named with its path), no
-            ``steps`` sequence, an unknown split or bad slice, or no rate for the dataset.
+            ``steps`` sequence, an unknown split or bad slice; ``read`` without a rate for the
+            dataset (``rate_error`` says so; the features and splits still describe).
     """
 
     format = "rlds"
@@ -213,17 +214,22 @@ class RldsSource:
         self.shards = self._shards()
         self.split = split or next(iter(self.shards), "train")
         self.selection = self._select(self.split)
+        # without a rate the features still list (inspect); reading an episode is refused
+        self.rate_error: str | None = None
         if fps is not None:
             self.fps, self.timing = check_fps(fps, 0.0, self.path)
         else:
             key = next((k for k in (self.name, version.parent.name, version.parent.parent.name)
                         if k in CONTROL_HZ), None)
             if key is None:
-                raise DataError(f"{version}: RLDS stores no timestamps and {self.name!r} is not "
-                                "in the table of control rates; pass fps=<Hz> (--fps).")
-            self.fps = CONTROL_HZ[key]
-            self.timing = (f"no timestamps: {self.fps:g} Hz, the control rate of {key} (set it "
-                           "with --fps)")
+                self.fps = None
+                self.rate_error = (f"{version}: RLDS stores no timestamps and {self.name!r} is "
+                                   "not in the table of control rates; pass fps=<Hz> (--fps).")
+                self.timing = "no timestamps and no known control rate: pass --fps to read"
+            else:
+                self.fps = CONTROL_HZ[key]
+                self.timing = (f"no timestamps: {self.fps:g} Hz, the control rate of {key} (set "
+                               "it with --fps)")
         # the cache manifest records the format: a resume with another split is refused
         self.format = f"rlds split={self.split}"
         self.specs: dict[str, StreamSpec] = {}
@@ -318,6 +324,8 @@ class RldsSource:
         return tfrecord.read_record(f, scan.offsets[r], scan.lengths[r], shard.path.name)
 
     def read(self, index: int) -> Episode:
+        if self.rate_error is not None:
+            raise DataError(self.rate_error)
         values = tfrecord.parse_example(self.record(index))
         return self.episode(index, values)
 

@@ -1,0 +1,225 @@
+"""Bad options and signals on the command line: one line, exit 2 before any work, nothing left
+behind; errors that stay one line whatever the library below says; SIGTERM stops like Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import faultlib as fl
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from robocache.cli import app
+from robocache.cli._errors import one_line
+from robocache.data import cache
+from robocache.data.build import align as build_align
+from robocache.data.lock import holder
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "rlds" / "toy_rlds"
+
+
+def refused(r: fl.Result, *named: str) -> bool:
+    return (r.code == 2 and r.one_line and not r.traceback
+            and all(n in r.stderr for n in named))
+
+
+@pytest.mark.parametrize(("option", "named"), [
+    (("--tolerance", "-1"), "--tolerance"), (("--tolerance", "nan"), "--tolerance"),
+    (("--rate", "1e9"), "GiB of aligned columns"), (("--rate", "1e-9"), "--rate"),
+    (("--split", "val"), "(--split) is an option of rlds"),
+], ids=["tolerance-1", "tolerance-nan", "rate-1e9", "rate-1e-9", "split-lerobot"])
+def test_ingest_refuses_before_any_work(pristine, tmp_path, option, named):
+    src = pristine["lerobot-v3.0"][0]
+    before = fl.tree_hash(src)
+    dest = tmp_path / "cache"
+    r = fl.cli("ingest", src, dest, "--device", "cpu", "--no-progress", *option)
+    fl.record(f"ingest (LeRobot source) {' '.join(option)}",
+              f"refused before any work, exit {r.code}, DEST not created",
+              lost=dest.exists() or fl.tree_hash(src) != before, traceback=r.traceback)
+    assert refused(r, named), r.stderr
+    assert not dest.exists()
+
+
+def test_a_resume_with_another_tolerance_is_refused(pristine, tmp_path):
+    src, dest = pristine["lerobot-v3.0"][0], tmp_path / "cache"
+    first = fl.cli("ingest", src, dest, "--rate", fl.RATE, "--device", "cpu", "--no-progress",
+                   "--tolerance", "0.05")
+    before = fl.tree_hash(dest)
+    again = fl.cli("ingest", src, dest, "--rate", fl.RATE, "--device", "cpu", "--no-progress",
+                   "--tolerance", "0.1")
+    untouched = fl.tree_hash(dest) == before
+    same = fl.cli("ingest", src, dest, "--rate", fl.RATE, "--device", "cpu", "--no-progress",
+                  "--tolerance", "0.05")
+    fl.record("resume with another --tolerance", f"refused naming tolerance_s, exit {again.code}",
+              traceback=again.traceback)
+    assert first.code == 0 and same.code == 0
+    assert refused(again, "tolerance_s", "(0.05 vs 0.1)") and untouched
+
+
+def test_an_episode_whose_grid_is_too_big_is_quarantined_with_the_bytes(pristine, tmp_path,
+                                                                        monkeypatch):
+    """The rate passes (a second of an episode fits), each 2.9 s episode at 100 Hz does not."""
+    monkeypatch.setattr(build_align, "MAX_GRID_BYTES", 10_000)
+    m = cache.build(pristine["lerobot-v3.0"][0], tmp_path / "cache", rate_hz=100.0,
+                    device="cpu", progress=False)
+    assert m["counts"]["cached"] == 0 and len(m["quarantined"]) == fl.EPISODES
+    assert "291 steps" in m["quarantined"][0]["reason"]
+    assert "GiB of aligned columns" in m["quarantined"][0]["reason"]
+
+
+@pytest.mark.parametrize("option", [("--batches", "-1"), ("--batch-size", "0"),
+                                    ("--camera-batches", "-2")])
+def test_demo_refuses_before_the_ingest(tmp_path, monkeypatch, option):
+    import tempfile
+
+    from robocache.cli import demo
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(demo, "run_demo", lambda *a, **k: pytest.fail("ingest started"))
+    r = fl.cli("demo", *option)
+    fl.record(f"demo {' '.join(option)}", f"refused before the ingest, exit {r.code}",
+              lost=any(tmp_path.iterdir()), traceback=r.traceback)
+    assert refused(r, option[0]) and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["ok", "failing"])
+def test_demo_leaves_no_temporary_directory(tmp_path, monkeypatch, fails):
+    import tempfile
+
+    from robocache.cli import demo
+    from robocache.errors import DataError
+
+    def run_demo(dest, **kwargs):
+        (dest / "cache").mkdir()
+        if fails:
+            raise DataError("the sample is unreadable")
+        return {"samples_per_s": 1.0}
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(demo, "run_demo", run_demo)
+    r = fl.cli("demo", "--json")
+    assert r.code == (2 if fails else 0) and not any(tmp_path.iterdir())
+
+
+def test_inspect_refuses_a_negative_episode_count(pristine):
+    r = fl.cli("inspect", pristine["lerobot-v3.0"][0], "--episodes", "-3")
+    fl.record("inspect --episodes -3", f"refused, exit {r.code}", traceback=r.traceback)
+    assert refused(r, "--episodes")
+
+
+def test_inspect_on_a_tfds_data_dir_points_at_the_version_folder(tmp_path):
+    import shutil
+
+    shutil.copytree(FIXTURES / "png", tmp_path / "tfds" / "toy_rlds")
+    r = fl.cli("inspect", tmp_path / "tfds")
+    fl.record("inspect on a TFDS data dir", f"names the name/version folder, exit {r.code}",
+              traceback=r.traceback)
+    assert refused(r, str(tmp_path / "tfds" / "toy_rlds" / "1.0.0"))
+
+
+def test_rlds_inspect_lists_features_without_fps_and_ingest_asks_for_it(tmp_path):
+    src = FIXTURES / "png" / "1.0.0"
+    seen = fl.cli("inspect", src, "--json")
+    facts = json.loads(seen.stdout)
+    assert seen.code == 0 and facts["inspected"] == 0 and "observation" in json.dumps(
+        facts["features"])
+    r = fl.cli("ingest", src, tmp_path / "cache", "--rate", "10", "--no-progress")
+    assert refused(r, "--fps") and not (tmp_path / "cache").exists()
+
+
+def test_json_is_a_flag_in_the_help():
+    out = CliRunner().invoke(app, ["inspect", "--help"]).output
+    assert "--json " in out and "<bool>" not in out
+
+
+def test_reasons_and_errors_stay_one_line_with_plain_numbers():
+    from robocache.data.build.run import _reason
+
+    class Src:
+        pass
+
+    e = ValueError("Parquet magic bytes not found\nin footer: t = np.float64(1.766) s")
+    assert _reason(Src(), 0, e) == "ValueError: Parquet magic bytes not found in footer: " \
+                                   "t = 1.766 s"
+    rust = ("LanceError(IO): Generic LocalFileSystem error: No space left on device (os error "
+            "28), /root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/lance-table-0.38.3/"
+            "src/io/commit.rs:1663:50")
+    assert one_line(rust) == ("LanceError(IO): Generic LocalFileSystem error: No space left on "
+                              "device (os error 28)")
+
+
+def test_decreasing_timestamps_read_as_plain_numbers():
+    from robocache.data.episode import Episode, Stream, check_episode
+    from robocache.errors import DataError
+
+    spec = fl.SPECS["state"]
+    t = np.array([0.0, 0.2, 0.1])
+    with pytest.raises(DataError) as e:
+        check_episode(Episode(0, {"state": Stream(spec, t, np.zeros((3, 3), np.float32))}, {}),
+                      {"state": spec})
+    assert "(0.2 > 0.1)" in str(e.value)
+
+
+SLOW_CLI = """
+import sys, time
+import robocache.cli
+import robocache.data.formats as formats
+opened = formats.open_source
+def slow_open(*args, **kwargs):
+    src = opened(*args, **kwargs)
+    read = src.read
+    def slow(i):
+        time.sleep(0.3)
+        return read(i)
+    src.read = slow
+    return src
+formats.open_source = slow_open
+sys.argv = ["robocache", *sys.argv[1:]]
+robocache.cli.main()
+"""
+
+
+def test_sigterm_stops_like_ctrl_c_and_the_run_resumes(pristine, tmp_path):
+    src, clean = pristine["lerobot-v3.0"]
+    dest = tmp_path / "cache"
+    args = ["ingest", src, dest, "--rate", fl.RATE, "--device", "cpu", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_CLI, *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list((dest / "data.lance" / "_versions").glob("*.manifest")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    stopped = fl.Result(proc.returncode, "", err)
+    resumed = fl.cli(*args)
+    ok = fl.same_as_clean(dest, clean, range(fl.EPISODES))
+    fl.record("SIGTERM mid-ingest, then re-run", f"one line, exit {stopped.code}; re-run "
+              f"resumes, exit {resumed.code}", lost=not ok, traceback=stopped.traceback)
+    assert stopped.code == 143 and stopped.one_line and "terminated; re-run" in err, err
+    assert holder(dest) is None and resumed.code == 0 and ok
+
+
+def test_lerobot_dataset_workers_fork_without_lance_warning(tmp_path):
+    """The workers never call Lance, so pylance's fork warning (once a worker) is not shown."""
+    import warnings
+
+    import torch
+
+    import robocache
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / "tiny"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ds = robocache.LeRobotDataset("robocache/tiny", root=root, cache=tmp_path / "cache")
+        batches = list(torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2))
+    assert len(batches) == -(-len(ds) // 8)
+    assert not [w for w in seen if "fork-safe" in str(w.message)]
