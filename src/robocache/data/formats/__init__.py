@@ -21,6 +21,9 @@ FORMATS = {
     "robomimic": ("robomimic", "RobomimicSource", "robomimic HDF5 (data/demo_<i>/...; .hdf5)"),
     "rlds": ("rlds", "RldsSource",
              "RLDS / TFDS builder folder (features.json, *.tfrecord-XXXXX-of-YYYYY shards)"),
+    "rosbag": ("rosbag", "RosbagSource",
+               "ROS 2 bags (MCAP): a folder of rosbag2 directories or .mcap files, one per "
+               "episode"),
 }
 
 
@@ -50,17 +53,19 @@ def open_source(path: str | Path, format: str | None = None, **options: Any) -> 
 
     Args:
         path: dataset directory or file.
-        format: ``"lerobot"``, ``"zarr-replay"``, ``"robomimic"`` or ``"rlds"``; ``None``
-            detects.
+        format: ``"lerobot"``, ``"zarr-replay"``, ``"robomimic"``, ``"rlds"`` or
+            ``"rosbag"``; ``None`` detects.
         **options: reader options, e.g. ``fps=10.0`` for sources without timestamps (zarr,
-            HDF5, RLDS), ``split="train[:95%]"`` for RLDS.
+            HDF5, RLDS), ``split="train[:95%]"`` for RLDS, ``topics=[...]``,
+            ``task_topic="/task"`` for ROS 2 bags (see each reader).
 
     Returns:
         The reader (``specs``, ``episode_indices()``, ``read(index)``).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        DataError: the format is unknown or unsupported (the message lists the supported ones).
+        DataError: the format is unknown or unsupported (the message lists the supported ones),
+            or an option does not apply to the format.
 
     Example:
         >>> src = open_source("data/sample/panda_multirate")  # doctest: +SKIP
@@ -76,5 +81,12 @@ def open_source(path: str | Path, format: str | None = None, **options: Any) -> 
             raise DataError(f"{path}: unknown dataset format. Supported formats: {supported()}.")
     elif format not in FORMATS:
         raise DataError(f"format {format!r} is not supported. Supported formats: {supported()}.")
-    module, cls, _ = FORMATS[format]
-    return getattr(_module(format), cls)(path, **options)
+    import inspect
+
+    reader = getattr(_module(format), FORMATS[format][1])
+    accepted = inspect.signature(reader).parameters
+    foreign = sorted(k for k in options if k not in accepted)
+    if foreign:
+        raise DataError(f"{path} is a {format} source, which takes no option {foreign}; drop "
+                        f"it (its options: {[k for k in accepted if k != 'path']}).")
+    return reader(path, **options)
