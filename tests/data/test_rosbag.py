@@ -1,0 +1,225 @@
+"""ROS 2 bags: every message read equals what mcap-ros2-support's writer wrote
+(tests/fixtures/rosbag/make_fixtures.py), the options, and the bad bags quarantined with the
+topic, message index and reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mcap_ros2", reason="needs mcap-ros2-support (pip install "
+                                        "'robocache[rosbag]')")
+
+from robocache.data.formats import open_source  # noqa: E402
+from robocache.data.formats.rosbag import RosbagSource  # noqa: E402
+from robocache.errors import DataError  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "rosbag"
+BAGS = FIXTURES / "bags"
+BAD = FIXTURES / "bad"
+EXPECTED = dict(np.load(FIXTURES / "expected.npz", allow_pickle=True))
+ROOT = Path(__file__).resolve().parents[2]
+
+# topic -> (stream name, field in expected.npz) of every stream the fixtures carry
+STREAMS = {
+    "/joint_states": [("joint_states.position", "position"),
+                      ("joint_states.velocity", "velocity")],
+    "/ee_pose": [("ee_pose.pose.position", "pose.position"),
+                 ("ee_pose.pose.orientation", "pose.orientation")],
+    "/cmd_vel": [("cmd_vel.linear", "linear"), ("cmd_vel.angular", "angular")],
+    "/gripper": [("gripper.data", "data")],
+    "/camera/color": [("camera.color", "")],
+    "/wrist/image_raw": [("wrist.image_raw", "")],
+    "/depth": [("depth", "")],
+    "/note": [("note.data", "data")],
+}
+
+
+def nearest_seconds(ns: np.ndarray) -> np.ndarray:
+    """The double nearest to each ``ns / 1e9`` (exact rational rounding, independent of the
+    reader's arithmetic)."""
+    return np.array([float(Fraction(int(n), 10**9)) for n in ns])
+
+
+def assert_stream(episode, prefix: str, topic: str, name: str, field: str,
+                  time_source: str = "header", count: int | None = None) -> None:
+    stream = episode.streams[name]
+    stamps, logs = EXPECTED[f"{prefix}{topic}/stamp_ns"], EXPECTED[f"{prefix}{topic}/log_ns"]
+    want_ns = logs if time_source == "log" or stamps[0] < 0 else stamps
+    want = EXPECTED[f"{prefix}{topic}/{field}"]
+    if count is not None:
+        want_ns, want = want_ns[:count], want[:count]
+    assert np.array_equal(episode.meta["stamps_ns"][name], want_ns), name
+    assert stream.times.dtype == np.float64
+    assert np.array_equal(stream.times, nearest_seconds(want_ns)), name
+    if want.dtype.kind in "OU":  # JPEG bytes passed through, strings as events
+        assert list(stream.data) == list(want), name
+    else:
+        assert stream.data.dtype == want.dtype and np.array_equal(stream.data, want), name
+
+
+@pytest.fixture(scope="module")
+def source():
+    return open_source(BAGS, task_topic="/task")
+
+
+def test_every_message_equals_what_was_written(source):
+    assert source.format == "rosbag" and source.fps is None
+    for index, prefix in ((0, "0"), (1, "1")):
+        ep = source.read(index)
+        for topic, streams in STREAMS.items():
+            for name, field in streams:
+                assert_stream(ep, prefix, topic, name, field)
+        assert ep.meta["joint_names"] == {"joint_states": ["shoulder", "elbow", "wrist"]}
+    # no stream of the unmapped or task topics
+    assert not any(n.startswith(("rosout", "parameter_events", "task")) for n in source.specs)
+
+
+def test_episodes_by_start_time_with_their_bag(source):
+    """ep1.mcap sorts before ep0/ by name but starts 10 s later; ep0/ is a rosbag2 directory
+    of two files (metadata.yaml beside)."""
+    ep0, ep1 = source.read(0), source.read(1)
+    assert ep0.meta["path"] == str(BAGS / "ep0") and len(ep0.meta["files"]) == 2
+    assert ep1.meta["path"] == str(BAGS / "ep1.mcap")
+    assert ep0.start < ep1.start
+    assert ep0.meta["tasks"] == ["pick up the red cube"]
+    assert ep1.meta["tasks"] == ["stack the blocks"]
+
+
+def test_specs_and_quaternion_order(source):
+    s = source.specs
+    assert s["ee_pose.pose.orientation"].shape == (4,)  # wxyz: w first, unit norm
+    q = source.read(0).streams["ee_pose.pose.orientation"].data
+    assert np.allclose(np.linalg.norm(q, axis=1), 1.0)
+    assert (s["camera.color"].kind, s["camera.color"].encoding, s["camera.color"].shape) == \
+        ("image", "jpeg", (8, 12, 3))
+    assert (s["wrist.image_raw"].dtype, s["wrist.image_raw"].shape) == ("uint8", (6, 10, 3))
+    assert (s["depth"].dtype, s["depth"].shape) == ("uint16", (4, 5))
+    assert s["note.data"].kind == "event" and s["gripper.data"].shape == ()
+    assert s["joint_states.position"].rate_hz == pytest.approx(200, rel=0.01)
+    assert "joint_states.effort" not in s  # empty in every message
+
+
+def test_unmapped_types_listed_once_in_timing(source):
+    assert source.timing.count("/rosout (rcl_interfaces/msg/Log: no mapping)") == 1
+    assert "/parameter_events (rcl_interfaces/msg/ParameterEvent: no mapping)" in source.timing
+
+
+def test_log_time_for_every_topic():
+    ep = open_source(BAGS, time_source="log").read(0)
+    for topic in ("/joint_states", "/camera/color"):
+        name, field = STREAMS[topic][0]
+        assert_stream(ep, "0", topic, name, field, time_source="log")
+
+
+def test_task_topic_as_events_without_the_option():
+    src = open_source(BAGS)
+    assert src.read(0).streams["task.data"].data.tolist() == ["pick up the red cube"]
+
+
+def test_topic_selection():
+    src = open_source(BAGS, topics=["/joint_states", "ee_pose"], exclude_topics=["/ee_pose"])
+    assert sorted(src.specs) == ["joint_states.position", "joint_states.velocity"]
+    with pytest.raises(DataError, match=r"\['/nope'\].*not in the bag"):
+        open_source(BAGS, topics=["/nope"])
+    with pytest.raises(DataError, match="time_source"):
+        open_source(BAGS, time_source="publish")
+
+
+def bag_folder(tmp_path: Path, *bad: str) -> Path:
+    """A source folder: the good bags, then the named bad ones (which start later)."""
+    root = tmp_path / "src"
+    shutil.copytree(BAGS, root)
+    for name in bad:
+        shutil.copy(BAD / name, root / name)
+    return root
+
+
+@pytest.mark.parametrize("name,reason", [
+    ("truncated.mcap", r"truncated\.mcap is truncated after its message 384 .*"
+                       r"--allow-truncated"),
+    ("bad_crc.mcap", r"bad_crc\.mcap: unreadable after message \d+ .*CRCValidationError"),
+    ("bad_schema.mcap", r"topic /ee_pose message 0: its schema geometry_msgs/msg/PoseStamped "
+                        r"does not parse"),
+    ("backwards.mcap", r"topic /joint_states message 40: time goes backwards \(header.stamp"),
+    ("missing_joint.mcap", r"topic /joint_states message 25: joints \['shoulder', 'elbow'\] "
+                           r"do not match .*lacking \['wrist'\]"),
+])
+def test_bad_bag_fails_its_episode_only(tmp_path, name, reason):
+    src = open_source(bag_folder(tmp_path, name))
+    assert src.episode_indices() == [0, 1, 2]
+    with pytest.raises(DataError, match=reason):
+        src.read(2)
+    assert len(src.read(1).streams) == len(src.specs)
+
+
+def test_allow_truncated_keeps_every_message_before_the_cut():
+    ep = RosbagSource(BAD / "truncated.mcap", allow_truncated=True).read(0)
+    assert "truncated after its message 384" in ep.meta["truncated"]
+    total = 0
+    for topic, streams in STREAMS.items():
+        name, field = streams[0]
+        n = len(ep.streams[name])
+        assert 0 < n <= len(EXPECTED[f"bad{topic}/log_ns"])
+        assert_stream(ep, "bad", topic, name, field, count=n)
+        total += n
+    assert total < sum(len(EXPECTED[f"bad{t}/log_ns"]) for t in STREAMS)
+
+
+def test_no_bag(tmp_path):
+    (tmp_path / "x.txt").write_text("x")
+    with pytest.raises(DataError, match="unknown dataset format"):
+        open_source(tmp_path)
+    with pytest.raises(DataError, match="no ROS 2 bag"):
+        RosbagSource(tmp_path)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", "robocache.cli", *args], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_ingest_quarantines_the_bad_bags(tmp_path):
+    root = bag_folder(tmp_path, "truncated.mcap", "bad_crc.mcap")
+    run = cli("ingest", str(root), str(tmp_path / "cache"), "--rate", "20", "--task-topic",
+              "/task", "--device", "cpu", "--no-progress", "--json")
+    assert run.returncode == 3, run.stderr
+    manifest = json.loads(run.stdout)
+    assert manifest["counts"]["cached"] == 2 and manifest["counts"]["quarantined"] == 2
+    reasons = [q["reason"] for q in manifest["quarantined"]]
+    assert "CRCValidationError" in reasons[0] and "--allow-truncated" in reasons[1]
+    assert "/rosout (rcl_interfaces/msg/Log: no mapping)" in manifest["timing"]
+    assert "Traceback" not in run.stderr
+    run = cli("ingest", str(root), str(tmp_path / "kept"), "--rate", "20", "--device", "cpu",
+              "--no-progress", "--json", "--allow-truncated", "--exclude-topic", "/rosout")
+    manifest = json.loads(run.stdout)
+    assert manifest["counts"]["cached"] == 3, run.stderr  # truncated kept, bad CRC not
+    assert "/rosout" not in manifest["timing"]
+
+
+def test_ingest_bad_options_one_line(tmp_path):
+    run = cli("ingest", str(BAGS), str(tmp_path / "c"), "--no-progress")
+    assert run.returncode == 2 and "--rate" in run.stderr
+    run = cli("ingest", str(ROOT / "data" / "sample" / "panda_multirate"), str(tmp_path / "d"),
+              "--topic", "/x", "--no-progress")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "takes no option ['topics']" in run.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_missing_packages_name_the_pip_command():
+    code = ("import sys; sys.modules['mcap_ros2'] = None\nfrom robocache.data.formats import "
+            f"open_source; open_source({str(BAGS)!r})")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={"PYTHONPATH": str(ROOT / "src")})
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("robocache.errors.MissingDependencyError"), last
+    assert "mcap-ros2-support" in last and "pip install 'robocache[rosbag]'" in last
