@@ -8,15 +8,16 @@ storage with compression on):
 
 - ``numeric``: bags of ``sensor_msgs/JointState`` at 1 kHz (7 joints: position, velocity,
   effort), ``geometry_msgs/PoseStamped`` at 100 Hz and ``std_msgs/Float64`` at 50 Hz.
-- ``camera``: bags of ``sensor_msgs/CompressedImage`` at 30 Hz (JPEG, 480x640 in the full run)
-  and JointState at 100 Hz.
+- ``camera``: bags of ``sensor_msgs/CompressedImage`` at 30 Hz (JPEG, 480x640 with
+  sensor-like noise in the full run, about 0.1 MB a frame) and JointState at 100 Hz.
 
 Cases (one process; the read path is single-threaded, so pin it to one core to compare per
 core):
 
 - ``records``: the MCAP records only (read, decompress, CRC check), no CDR decode: the
   container's floor.
-- ``decode``: the same plus mcap-ros2-support's CDR decode of every message.
+- ``decode``: the same plus mcap-ros2-support's CDR decode of every message, one message
+  object each (what the reader does only where its bulk decode does not apply).
 - ``episodes``: :class:`~robocache.data.formats.rosbag.RosbagSource` reading every bag into
   episodes (decode, field extraction, joint reordering, stream assembly): what ingest consumes.
 - ``ingest``: ``robocache.cache.build`` of the bags at 50 Hz (alignment on the GPU when there
@@ -54,13 +55,15 @@ def _defs() -> dict[str, str]:
     return DEFS
 
 
-def _frame(h: int, w: int, i: int) -> bytes:
+def _frame(h: int, w: int, i: int, rng: np.random.Generator) -> bytes:
+    """A JPEG frame of a camera-like size (a pattern plus sensor-like noise)."""
     from PIL import Image
 
     y, x = np.mgrid[0:h, 0:w]
     pixels = np.stack([(x // 2 + 7 * i) % 256, (y // 2 + 3 * i) % 256, (x + y) // 4 % 256], -1)
+    pixels = pixels + rng.normal(0, 8, pixels.shape)
     out = io.BytesIO()
-    Image.fromarray(pixels.astype(np.uint8)).save(out, "JPEG", quality=90)
+    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(out, "JPEG", quality=90)
     return out.getvalue()
 
 
@@ -76,7 +79,7 @@ def write_bags(root: Path, kind: str, bags: int, seconds: float,
              "/ee_pose": "geometry_msgs/msg/PoseStamped", "/gripper": "std_msgs/msg/Float64",
              "/camera/color": "sensor_msgs/msg/CompressedImage"}
     rng = np.random.default_rng(0)
-    frames = [_frame(*camera, i) for i in range(30)] if kind == "camera" else []
+    frames = [_frame(*camera, i, rng) for i in range(30)] if kind == "camera" else []
     joints = [f"joint_{j}" for j in range(7)]
     root.mkdir(parents=True)
     count = 0

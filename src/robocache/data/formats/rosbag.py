@@ -62,6 +62,7 @@ import numpy as np
 
 from robocache._optional import require
 from robocache.data.episode import Episode, Stream, StreamSpec
+from robocache.data.formats import cdr
 from robocache.errors import DataError
 
 XYZ = ("x", "y", "z")
@@ -170,9 +171,13 @@ class _Topic:
     stamp_ns: list[int] = None
     values: list[Any] = None
     skipped: str | None = None  # why the topic is not read (no mapping, not selected)
+    raw: list[bytes] | None = None  # messages kept as CDR bytes, decoded in bulk at the end
 
     def __post_init__(self):
         self.log_ns, self.stamp_ns, self.values = [], [], []
+        if self.type in cdr.LAYOUTS or self.type in SCALARS or self.type in (JOINT_STATE,
+                                                                             COMPRESSED):
+            self.raw = []
 
 
 class RosbagSource:
@@ -279,6 +284,9 @@ class RosbagSource:
             if cut:
                 truncated = cut
                 break  # later files of the bag would leave a gap
+        for t in topics.values():
+            if not t.skipped:
+                self._bulk(t, bag.name)
         if discover:
             self._seen = set(topics)
         streams: dict[str, Stream] = {}
@@ -384,20 +392,49 @@ class RosbagSource:
                                     "ROS 2 CDR with ros2msg schemas is read.")
         if t.skipped:
             return
-        i = len(t.values)
-        try:
-            msg = t.decode(record.data)
-            value = _extract(t.type, msg)
-        except DataError as e:
-            raise DataError(f"{file.name}: topic {t.topic} message {i}: {e}") from e
-        except Exception as e:  # bytes that do not decode with the schema
-            raise DataError(f"{file.name}: topic {t.topic} message {i} does not decode as "
-                            f"{t.type} ({type(e).__name__}: {e}).") from e
-        header = getattr(msg, "header", None)
-        t.stamp_ns.append(header.stamp.sec * 1_000_000_000 + header.stamp.nanosec
-                          if header is not None else -1)
         t.log_ns.append(record.log_time)
+        if t.raw is not None:
+            t.raw.append(record.data)
+            return
+        stamp, value = _decode(t, record.data, len(t.values), file.name)
+        t.stamp_ns.append(stamp)
         t.values.append(value)
+
+    def _bulk(self, t: _Topic, file: str) -> None:
+        """Decode the messages a topic kept as CDR bytes: together where the layout allows
+        (:mod:`~robocache.data.formats.cdr`, checked against mcap-ros2-support on the first
+        message), else one by one with mcap-ros2-support (which names a bad message)."""
+        raw, t.raw = t.raw, None
+        if not raw:
+            return
+        fast = None
+        try:
+            if t.type in cdr.LAYOUTS:
+                got = cdr.vectors(raw, t.type)
+                if got is not None:
+                    values, stamps = got
+                    fast = (stamps if stamps is not None else np.full(len(raw), -1), values)
+            elif t.type in SCALARS:
+                values = cdr.scalars(raw, SCALARS[t.type])
+                if values is not None:
+                    fast = (np.full(len(raw), -1), values)
+            elif t.type == JOINT_STATE:
+                fast = cdr.joint_states(raw)
+            else:
+                pairs = [cdr.compressed_image(data) for data in raw]
+                fast = (np.array([st for st, _ in pairs], np.int64),
+                        [_image_bytes(v) for _, v in pairs])
+        except Exception:  # a message the fixed layout does not fit: decoded one by one
+            fast = None
+        if fast is not None and _same(_decode(t, raw[0], 0, file), (fast[0][0], _first(
+                t, fast[1]))):
+            t.stamp_ns, t.values = fast
+            return
+        decoded = [_decode(t, data, i, file) for i, data in enumerate(raw)]
+        t.stamp_ns = [st for st, _ in decoded]
+        t.values = [v for _, v in decoded]
+        if t.type == JOINT_STATE:
+            t.values = _joint_groups(t.values)
 
     def _times(self, t: _Topic) -> np.ndarray:
         """int64 ns of the topic's messages, checked non-decreasing."""
@@ -452,31 +489,31 @@ class RosbagSource:
             yield from _camera(t, base, rate)
 
     def _joints(self, t: _Topic, base: str, rate: float | None, discover: bool):
+        """The JointState streams from the topic's groups (:func:`_joint_groups`), columns in
+        the source's joint order."""
+        first = _first(t, t.values) if t.values else None
         names0 = self.joint_names.get(base)
         if names0 is None:
             if not discover:
                 return
-            names0 = self.joint_names[base] = list(t.values[0][0]) if t.values else []
+            names0 = self.joint_names[base] = list(first[0]) if first else []
         where = {n: j for j, n in enumerate(names0)}
-        fields = [k for k, f in enumerate(JOINT_FIELDS) if len(t.values[0][k + 1])] \
-            if t.values else []
-        n, width = len(t.values), len(names0)
+        fields = [k for k in range(len(JOINT_FIELDS)) if first and len(first[k + 1])]
+        n, width = len(t.log_ns), len(names0)
         out = {k: np.empty((n, width), np.float64) for k in fields}
-        orders: dict[tuple, np.ndarray] = {}
-        for i, (names, *vals) in enumerate(t.values):
-            order = orders.get(names)
-            if order is None:
-                lacking = [j for j in names0 if j not in names]
-                extra = [j for j in names if j not in where]
-                if lacking or extra or len(names) != width:
-                    raise DataError(f"topic {t.topic} message {i}: joints {list(names)} do not "
-                                    f"match {names0} (lacking {lacking}, new {extra}).")
-                order = orders[names] = np.array([where[j] for j in names])
+        for names, rows, arrays in sorted(t.values, key=lambda g: g[1][0]):
+            i = int(rows[0])
+            lacking = [j for j in names0 if j not in names]
+            extra = [j for j in names if j not in where]
+            if lacking or extra or len(names) != width:
+                raise DataError(f"topic {t.topic} message {i}: joints {list(names)} do not "
+                                f"match {names0} (lacking {lacking}, new {extra}).")
+            order = np.array([where[j] for j in names])
             for k in fields:
-                if len(vals[k]) != width:
-                    raise DataError(f"topic {t.topic} message {i}: {len(vals[k])} "
+                if arrays[k].shape[1] != width:
+                    raise DataError(f"topic {t.topic} message {i}: {arrays[k].shape[1]} "
                                     f"{JOINT_FIELDS[k]} values for {width} joints.")
-                out[k][i, order] = vals[k]
+                out[k][np.ix_(rows, order)] = arrays[k]
         for k in fields:
             name = _join(base, JOINT_FIELDS[k])
             yield name, StreamSpec(name, "numeric", "float64", (width,), rate), out[k]
@@ -523,6 +560,53 @@ def _start_ns(file: Path) -> int | None:
     return None
 
 
+def _decode(t: _Topic, data: bytes, i: int, file: str) -> tuple[int, Any]:
+    """One message through mcap-ros2-support: (header stamp ns or -1, its values)."""
+    try:
+        msg = t.decode(data)
+        value = _extract(t.type, msg)
+    except DataError as e:
+        raise DataError(f"{file}: topic {t.topic} message {i}: {e}") from e
+    except Exception as e:  # bytes that do not decode with the schema
+        raise DataError(f"{file}: topic {t.topic} message {i} does not decode as "
+                        f"{t.type} ({type(e).__name__}: {e}).") from e
+    header = getattr(msg, "header", None)
+    return (header.stamp.sec * 1_000_000_000 + header.stamp.nanosec if header is not None
+            else -1), value
+
+
+def _joint_groups(values: list[tuple]) -> list[tuple]:
+    """JointState values one per message → groups ``(names, rows, [position, velocity,
+    effort] [len(rows), count])`` of the messages alike (names and array lengths)."""
+    rows: dict[tuple, list[int]] = {}
+    for i, (names, *arrays) in enumerate(values):
+        rows.setdefault((names, *map(len, arrays)), []).append(i)
+    return [(key[0], np.array(r), [np.array([values[i][k + 1] for i in r], np.float64)
+                                   .reshape(len(r), key[k + 1]) for k in range(3)])
+            for key, r in rows.items()]
+
+
+def _first(t: _Topic, values) -> Any:
+    """The values of a topic's first message (JointState: from its groups)."""
+    if t.type != JOINT_STATE:
+        return values[0]
+    names, rows, arrays = next(g for g in values if g[1][0] == 0)
+    return (names, *(a[0] for a in arrays))
+
+
+def _same(a: tuple[int, Any], b: tuple[int, Any]) -> bool:
+    """Whether two decodes of one message agree (stamp and values, bit for bit)."""
+    if a[0] != b[0]:
+        return False
+    x, y = a[1], b[1]
+    if isinstance(x, tuple):  # JointState (names, arrays...) or an image (codec, bytes)
+        return len(x) == len(y) and all(
+            u == v if isinstance(u, (str, bytes, tuple)) else
+            np.array_equal(np.asarray(u, np.float64), np.asarray(v, np.float64))
+            for u, v in zip(x, y, strict=True))
+    return np.array_equal(np.asarray(x), np.asarray(y))
+
+
 def _xyz(msg, path: str, attrs: tuple[str, ...]) -> list[float]:
     obj = msg
     for part in path.split(".") if path else ():
@@ -539,13 +623,17 @@ def _extract(type_: str, msg) -> Any:
     if type_ == STRING or type_ in SCALARS or type_ in ARRAYS:
         return msg.data
     if type_ == COMPRESSED:
-        data = bytes(msg.data)
-        if data[:2] == b"\xff\xd8":
-            return ("jpeg", data)
-        if data[:8] == b"\x89PNG\r\n\x1a\n":
-            return ("png", data)
-        raise DataError(f"format {msg.format!r}: the bytes are neither JPEG nor PNG.")
+        return _image_bytes(bytes(msg.data), msg.format)
     return _raw_image(msg)
+
+
+def _image_bytes(data: bytes, format: str = "") -> tuple[str, bytes]:
+    """A CompressedImage's bytes with their codec, from the bytes themselves."""
+    if data[:2] == b"\xff\xd8":
+        return ("jpeg", data)
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return ("png", data)
+    raise DataError(f"format {format!r}: the bytes are neither JPEG nor PNG.")
 
 
 def _raw_image(msg) -> np.ndarray:
