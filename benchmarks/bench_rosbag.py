@@ -22,7 +22,9 @@ core):
   episodes (decode, field extraction, joint reordering, stream assembly): what ingest consumes.
 - ``ingest``: ``robocache.cache.build`` of the bags at 50 Hz (alignment on the GPU when there
   is one; camera frames kept as their JPEG bytes), beside ``episodes`` to show whether reading
-  bounds it.
+  bounds it. Its ``stages`` split one pass over the episodes (after a warm-up episode) into
+  ``read`` (the reader), ``encode`` (camera frames into their Lance table), ``align`` and
+  ``write`` (the Lance files), in seconds.
 
 Records give ``messages_per_s`` and ``MB_per_s`` (bag bytes over wall time).
 """
@@ -139,6 +141,27 @@ def _records(files: list[Path], decode: bool) -> int:
     return n
 
 
+def stages(root: Path, dest: Path, device: str) -> dict[str, float]:
+    """Seconds per ingest stage over the episodes after the first (a warm-up)."""
+    from robocache.data.cache import CacheConfig, align_episode, prepare_episode, write_episode
+    from robocache.data.formats.rosbag import RosbagSource
+
+    src = RosbagSource(root)
+    config = CacheConfig(rate_hz=RATE, device=device)
+    out = {"read": 0.0, "encode": 0.0, "align": 0.0, "write": 0.0}
+    for i in src.episode_indices():
+        p = prepare_episode(src, i, src.specs, config)
+        t0 = time.perf_counter()
+        cols = align_episode(p.episode, src.specs, config, device)
+        t1 = time.perf_counter()
+        write_episode(dest, p.episode, cols, src.specs, config, p.frames)
+        if i:  # the first episode warms imports and pools up
+            for k, v in {**p.seconds, "align": t1 - t0,
+                         "write": time.perf_counter() - t1}.items():
+                out[k] += v
+    return out
+
+
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     import torch
 
@@ -180,7 +203,8 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                              device=device, progress=False)
             kept.append(H.case(FAMILY, name, "ingest",
                                H.summarize([(time.perf_counter() - t0) * 1e3]), nbytes=nbytes,
-                               source=kind, bags=manifest["counts"]["cached"], device=device))
+                               source=kind, bags=manifest["counts"]["cached"], device=device,
+                               stages=stages(root, Path(tmp) / f"{kind}.stages", device)))
             for r in kept:
                 seconds = r["median_ms"] * 1e-3
                 r["messages"] = messages

@@ -219,15 +219,18 @@ class RosbagSource:
             raise DataError(f"{self.path}: no ROS 2 bag (a rosbag2 directory with .mcap files, "
                             "or .mcap files).")
         # episodes in the order of their first message (a bag that cannot tell goes last)
-        starts = [min((_start_ns(f) for f in files), default=None) for _, files in found]
+        self._starts = {f: _start_ns(f) for _, files in found for f in files}
+        starts = [min((self._starts[f] for f in files if self._starts[f] is not None),
+                      default=None) for _, files in found]
         order = sorted(range(len(found)), key=lambda i: (starts[i] is None, starts[i] or 0, i))
         self.bags = [found[i] for i in order]
-        self.joint_names: dict[str, list[str]] = {}
-        self.skipped: dict[str, str] = {}
-        self.specs: dict[str, StreamSpec] = {}
         self._first: Episode | None = None
         reasons = []
         for index in range(len(self.bags)):
+            # what a bag that fails half-way declared is dropped with it
+            self.joint_names: dict[str, list[str]] = {}
+            self.skipped: dict[str, str] = {}
+            self.specs: dict[str, StreamSpec] = {}
             try:
                 self._first = self._read(index, discover=True)
                 break
@@ -279,7 +282,7 @@ class RosbagSource:
         bag, files = self.bags[index]
         topics: dict[str, _Topic] = {}
         truncated = None
-        for file in sorted(files, key=lambda f: (_start_ns(f) or 0, f.name)):
+        for file in sorted(files, key=lambda f: (self._starts[f] or 0, f.name)):
             cut = self._pass(file, topics)
             if cut:
                 truncated = cut
