@@ -116,28 +116,18 @@ def write_bags(root: Path, kind: str, bags: int, seconds: float,
 
 
 def _records(files: list[Path], decode: bool) -> int:
-    from mcap.stream_reader import StreamReader
     from mcap_ros2.decoder import DecoderFactory
+
+    from robocache.data.formats.rosbag import iter_messages
 
     n = 0
     for path in files:
-        factory, schemas, channels, decoders = DecoderFactory(), {}, {}, {}
+        factory = DecoderFactory()
         with open(path, "rb") as f:
-            for r in StreamReader(f, validate_crcs=True).records:
-                kind = type(r).__name__
-                if kind == "Schema":
-                    schemas[r.id] = r
-                elif kind == "Channel":
-                    channels[r.id] = r
-                elif kind == "Message":
-                    n += 1
-                    if decode:
-                        d = decoders.get(r.channel_id)
-                        if d is None:
-                            c = channels[r.channel_id]
-                            d = decoders[r.channel_id] = factory.decoder_for(
-                                c.message_encoding, schemas[c.schema_id])
-                        d(r.data)
+            for channel, schema, r in iter_messages(f):
+                n += 1
+                if decode:
+                    factory.decoder_for(channel.message_encoding, schema)(r.data)
     return n
 
 
@@ -186,11 +176,11 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                     src.read(i)
 
             name = f"{kind}-{len(files)}bags-{nbytes / 1e6:.0f}MB"
-            stages = (("records", lambda files=files: _records(files, False)),
+            passes = (("records", lambda files=files: _records(files, False)),
                       ("decode", lambda files=files: _records(files, True)),
                       ("episodes", episodes))
             kept = []
-            for impl, fn in stages:
+            for impl, fn in passes:
                 samples = []
                 for _ in range(cfg["repeats"]):
                     t0 = time.perf_counter()

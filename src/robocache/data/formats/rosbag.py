@@ -331,29 +331,19 @@ class RosbagSource:
     def _pass(self, file: Path, topics: dict[str, _Topic]) -> str | None:
         """Read one file's messages into ``topics``; returns what truncation cut (when
         allowed), raises on bad input."""
-        stream_reader = _mcap()
-        from mcap.exceptions import McapError
         from mcap_ros2.decoder import DecoderFactory
 
         factory = DecoderFactory()
-        schemas, channels = {}, {}
         size = file.stat().st_size
         count = 0
         with open(file, "rb") as f:
-            reader = stream_reader.StreamReader(f, validate_crcs=True)
             try:
-                for record in reader.records:
-                    kind = type(record).__name__
-                    if kind == "Schema":
-                        schemas[record.id] = record
-                    elif kind == "Channel":
-                        channels[record.id] = record
-                    elif kind == "Message":
-                        count += 1
-                        self._message(record, channels, schemas, factory, topics, file)
+                for channel, schema, record in iter_messages(f):
+                    count += 1
+                    self._message(channel, schema, record, factory, topics, file)
             except DataError:
                 raise
-            except (McapError, Exception) as e:  # noqa: B014 (any parse failure)
+            except Exception as e:  # the mcap reader fails in its own ways on damaged files
                 # the stream reads ahead of what it parsed: at the end, the file was cut
                 at_end = f.tell() >= size
                 what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -368,14 +358,12 @@ class RosbagSource:
                                 f"chunk with a bad CRC or damaged records: {what}).") from e
         return None
 
-    def _message(self, record, channels, schemas, factory, topics, file: Path) -> None:
-        channel = channels.get(record.channel_id)
+    def _message(self, channel, schema, record, factory, topics, file: Path) -> None:
         if channel is None:
             raise DataError(f"{file.name}: a message on channel {record.channel_id}, which no "
                             "channel record declares.")
         t = topics.get(channel.topic)
         if t is None:
-            schema = schemas.get(channel.schema_id)
             type_ = _type_name(schema.name) if schema else "(no schema)"
             t = topics[channel.topic] = _Topic(channel.topic, type_)
             t.skipped = self._wanted(channel.topic, type_)
@@ -526,6 +514,23 @@ class RosbagSource:
         return {"bags": [str(b) for b, _ in self.bags], "time_source": self.time_source,
                 "task_topic": self.task_topic, "not_read": dict(self.skipped),
                 "joint_names": dict(self.joint_names)}
+
+
+def iter_messages(f):
+    """``(channel, schema, message)`` records of every message of an open MCAP file, in file
+    order, each chunk's CRC checked before its messages (``channel`` ``None`` for a message
+    on an undeclared channel, ``schema`` ``None`` for a channel without one)."""
+    stream_reader = _mcap()
+    schemas, channels = {}, {}
+    for record in stream_reader.StreamReader(f, validate_crcs=True).records:
+        kind = type(record).__name__
+        if kind == "Schema":
+            schemas[record.id] = record
+        elif kind == "Channel":
+            channels[record.id] = record
+        elif kind == "Message":
+            channel = channels.get(record.channel_id)
+            yield channel, schemas.get(channel.schema_id) if channel else None, record
 
 
 def _topic(name: str) -> str:
