@@ -18,8 +18,9 @@ core):
   container's floor.
 - ``decode``: the same plus mcap-ros2-support's CDR decode of every message, one message
   object each (what the reader does only where its bulk decode does not apply).
-- ``episodes``: :class:`~robocache.data.formats.rosbag.RosbagSource` reading every bag into
-  episodes (decode, field extraction, joint reordering, stream assembly): what ingest consumes.
+- ``episodes``: :class:`~robocache.data.formats.rosbag.RosbagSource` opened and reading every
+  bag into episodes (decode, field extraction, joint reordering, stream assembly): what
+  ingest consumes.
 - ``ingest``: ``robocache.cache.build`` of the bags at 50 Hz (alignment on the GPU when there
   is one; camera frames kept as their JPEG bytes), beside ``episodes`` to show whether reading
   bounds it. Its ``stages`` split one pass over the episodes (after a warm-up episode) into
@@ -167,12 +168,11 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
             messages, nbytes = write_bags(root, kind, cfg["bags"], cfg["seconds"],
                                           cfg["camera"])
             files = sorted(root.glob("*.mcap"))
-            src = RosbagSource(root)
-            indices = src.episode_indices()
             _records(files, decode=False)  # a warm-up pass: the bags in the page cache
 
-            def episodes(src=src, indices=indices):
-                for i in indices:
+            def episodes(root=root):
+                src = RosbagSource(root)  # which reads the first bag, finding its streams
+                for i in src.episode_indices():
                     src.read(i)
 
             name = f"{kind}-{len(files)}bags-{nbytes / 1e6:.0f}MB"
