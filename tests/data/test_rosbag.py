@@ -353,3 +353,43 @@ def test_bulk_decode_of_every_layout():
                     assert names == want[i][0]
                     assert all(np.array_equal(a[r], b) for a, b in
                                zip(arrays, want[i][1:], strict=True))
+
+
+def test_frames_not_read_skip_their_topic(tmp_path):
+    """An Image encoding or a CompressedImage format without a mapping (rgba8, grey JPEG) is
+    skipped and listed, as an unmapped type is; the other topics are read."""
+    from mcap_ros2.writer import Writer
+    from PIL import Image
+
+    sys.path.insert(0, str(FIXTURES))
+    from make_fixtures import DEFS
+
+    grey = _io_bytes(Image.fromarray(np.zeros((4, 6), np.uint8)))
+    with open(tmp_path / "b.mcap", "wb") as f:
+        w = Writer(f)
+        image = w.register_msgdef("sensor_msgs/msg/Image", DEFS["sensor_msgs/msg/Image"])
+        jpeg = w.register_msgdef("sensor_msgs/msg/CompressedImage",
+                                 DEFS["sensor_msgs/msg/CompressedImage"])
+        f64 = w.register_msgdef("std_msgs/msg/Float64", DEFS["std_msgs/msg/Float64"])
+        for i in range(3):
+            head = {"stamp": {"sec": 1, "nanosec": i}, "frame_id": ""}
+            w.write_message("/rgba", image, {"header": head, "height": 1, "width": 1,
+                                             "encoding": "rgba8", "is_bigendian": 0, "step": 4,
+                                             "data": b"\0\0\0\0"}, log_time=10 + i)
+            w.write_message("/grey", jpeg, {"header": head, "format": "jpeg", "data": grey},
+                            log_time=10 + i)
+            w.write_message("/x", f64, {"data": float(i)}, log_time=10 + i)
+        w.finish()
+    src = open_source(tmp_path / "b.mcap")
+    assert list(src.specs) == ["x.data"]
+    assert "/rgba (sensor_msgs/msg/Image rgba8: no mapping)" in src.timing
+    assert "/grey (sensor_msgs/msg/CompressedImage: L frames, not RGB" in src.timing
+    assert src.read(0).streams["x.data"].data.tolist() == [0.0, 1.0, 2.0]
+
+
+def _io_bytes(image) -> bytes:
+    import io as _io
+
+    out = _io.BytesIO()
+    image.save(out, format="JPEG")
+    return out.getvalue()

@@ -309,7 +309,12 @@ class RosbagSource:
                                     f"{STRING}.")
                 meta["tasks"] = list(dict.fromkeys(t.values))
                 continue
-            for name, spec, data in self._streams(t, discover):
+            produced = list(self._streams(t, discover))
+            if t.skipped:  # a frame format found unread while making its streams
+                if discover:
+                    self.skipped[t.topic] = t.skipped
+                continue
+            for name, spec, data in produced:
                 if discover:
                     self.specs[name] = spec
                     self._check_new(name)
@@ -387,6 +392,14 @@ class RosbagSource:
         if t.raw is not None:
             t.raw.append(record.data)
             return
+        if t.type == IMAGE and not t.values:  # an encoding not read skips the topic
+            try:
+                encoding = t.decode(record.data).encoding
+            except Exception:  # undecodable: _decode below names the message
+                encoding = None
+            if encoding is not None and encoding not in RAW_ENCODINGS:
+                t.skipped = f"{t.type} {encoding}: no mapping"
+                return
         stamp, value = _decode(t, record.data, len(t.values), file.name)
         t.stamp_ns.append(stamp)
         t.values.append(value)
@@ -675,7 +688,11 @@ def _camera(t: _Topic, base: str, rate: float | None):
             raise DataError(f"topic {t.topic} message {i}: a {t.values[i][0]} frame in a "
                             f"{t.values[0][0]} stream.")
         codec = t.values[0][0] if t.values else "jpeg"
-        shape = _encoded_shape(t.values[0][1]) if t.values else (0, 0, 3)
+        try:
+            shape = _encoded_shape(t.values[0][1]) if t.values else (0, 0, 3)
+        except DataError as e:
+            t.skipped = f"{t.type}: {e}"
+            return
         data = np.empty(len(t.values), dtype=object)
         data[:] = [b for _, b in t.values]
         yield name, StreamSpec(name, "image", "uint8" if len(shape) == 3 else "uint16", shape,
@@ -699,7 +716,6 @@ def _encoded_shape(data: bytes) -> tuple[int, ...]:
         if im.mode in ("I;16", "I;16B", "I"):
             return (h, w)
         if im.mode != "RGB":
-            raise DataError(f"a {im.mode} frame; CompressedImage streams are read as RGB (or "
-                            "16-bit depth PNG).")
+            raise DataError(f"{im.mode} frames, not RGB (or 16-bit depth PNG): no mapping")
         return (h, w, 3)
 
