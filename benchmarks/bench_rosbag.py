@@ -49,13 +49,15 @@ RATE = 50.0
 
 
 def _defs() -> dict[str, str]:
-    sys_path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "rosbag"
-    import sys
+    """The message definitions of the bag fixtures' script."""
+    import importlib.util
 
-    sys.path.insert(0, str(sys_path))
-    from make_fixtures import DEFS
-
-    return DEFS
+    path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "rosbag" / \
+        "make_fixtures.py"
+    spec = importlib.util.spec_from_file_location("rosbag_fixtures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.DEFS
 
 
 def _frame(h: int, w: int, i: int, rng: np.random.Generator) -> bytes:

@@ -4,6 +4,7 @@ topic, message index and reason."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -26,6 +27,16 @@ BAGS = FIXTURES / "bags"
 BAD = FIXTURES / "bad"
 EXPECTED = dict(np.load(FIXTURES / "expected.npz", allow_pickle=True))
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SCRIPT = _script(FIXTURES / "make_fixtures.py", "rosbag_fixtures")  # message definitions
 
 # topic -> (stream name, field in expected.npz) of every stream the fixtures carry
 STREAMS = {
@@ -255,8 +266,8 @@ def test_bulk_decode_of_every_layout():
     from robocache.data.formats import cdr
     from robocache.data.formats.rosbag import VECTORS, _extract
 
-    sys.path.insert(0, str(FIXTURES))
-    from make_fixtures import DEFS, POINT, QUAT, H, msgdef
+    DEFS, H, POINT, QUAT, msgdef = (getattr(SCRIPT, k) for k in
+                                    ("DEFS", "H", "POINT", "QUAT", "msgdef"))
 
     rng = np.random.default_rng(5)
     pose = ("geometry_msgs/Pose", "geometry_msgs/Point position\n"
@@ -361,9 +372,7 @@ def test_frames_not_read_skip_their_topic(tmp_path):
     from mcap_ros2.writer import Writer
     from PIL import Image
 
-    sys.path.insert(0, str(FIXTURES))
-    from make_fixtures import DEFS
-
+    DEFS = SCRIPT.DEFS
     grey = _io_bytes(Image.fromarray(np.zeros((4, 6), np.uint8)))
     with open(tmp_path / "b.mcap", "wb") as f:
         w = Writer(f)
