@@ -353,14 +353,13 @@ class RosbagSource:
                 at_end = f.tell() >= size
                 what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 if at_end:
-                    cut = (f"{file.name} is truncated after its message {count - 1} "
-                           f"({count} complete messages; {what})")
+                    cut = f"{file.name} is truncated after {count} complete messages ({what})"
                     if self.allow_truncated:
                         return cut
                     raise DataError(f"{cut}; pass --allow-truncated (allow_truncated=True) "
                                     "to keep the messages before the cut.") from e
-                raise DataError(f"{file.name}: unreadable after message {count - 1} (a "
-                                f"chunk with a bad CRC or damaged records: {what}).") from e
+                raise DataError(f"{file.name}: unreadable after {count} messages (a chunk "
+                                f"with a bad CRC or damaged records: {what}).") from e
         return None
 
     def _message(self, channel, schema, record, factory, topics, file: Path) -> None:
