@@ -200,8 +200,12 @@ def test_bad_input_writes_nothing(cache, tmp_path):
         export_lerobot(cache, tmp_path / "a", rename={"nope": "x"})
     with pytest.raises(DataError, match="`rename`"):
         export_lerobot(cache, tmp_path / "a", rename={"gripper.data": "index"})
+    with pytest.raises(DataError, match="`vcodec`"):
+        export_lerobot(cache, tmp_path / "a", vcodec="libnope")
     with pytest.raises(FileNotFoundError, match="not a RoboCache cache"):
         export_lerobot(tmp_path / "full", tmp_path / "a")
+    with pytest.raises(DataError, match="`rename`"):  # refused before anything is made
+        export_lerobot(cache, tmp_path / "new" / "deep" / "a", rename={"x": "y"})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]
 
 
@@ -221,3 +225,16 @@ def test_cli_one_line_errors(cache, tmp_path):
     run = cli(str(cache), str(tmp_path / "o"), "--json")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["frames"] == len(ITEMS["index"])
+
+
+def test_a_failed_export_leaves_nothing(cache, tmp_path, monkeypatch):
+    import robocache.data.export as export
+
+    def fail(*args):
+        (args[1] / "data").mkdir(parents=True)  # half-written, then a failure
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "_write", fail)
+    with pytest.raises(OSError, match="No space"):
+        export_lerobot(cache, tmp_path / "new" / "deep" / "out")
+    assert list(tmp_path.iterdir()) == []

@@ -93,6 +93,16 @@ def _frame_stats(samples: list[np.ndarray]) -> dict[str, list]:
     return out
 
 
+def _check_codec(vcodec: str) -> None:
+    av = require("av", "video", "Writing video streams")
+    try:
+        av.codec.Codec(vcodec, "w")
+    except Exception as e:  # PyAV's UnknownCodecError and kin
+        raise DataError(f"`vcodec` (--vcodec) {vcodec!r} is not an encoder of this FFmpeg "
+                        "build; pass libsvtav1 (LeRobot's default), libx264 or libx265, or "
+                        "--cameras image.") from e
+
+
 def _png(frame: np.ndarray) -> bytes:
     pil = require("PIL.Image", "data", "Encoding camera frames", "pillow")
     out = io.BytesIO()
@@ -121,7 +131,7 @@ def export_lerobot(cache: str | Path, out: str | Path, *, cameras: str = "video"
     Raises:
         FileNotFoundError: no cache at ``cache``.
         DataError: an unfinished or empty cache, ``out`` exists and is not empty, a bad
-            ``cameras`` or ``rename``.
+            ``cameras``, ``rename`` or ``vcodec``.
 
     Example:
         >>> export_lerobot("/tmp/bags.cache", "/tmp/lerobot")  # doctest: +SKIP
@@ -147,18 +157,25 @@ def export_lerobot(cache: str | Path, out: str | Path, *, cameras: str = "video"
     unknown = sorted(set(rename) - set(streams))
     keys = [rename.get(k, k) for k in streams]
     if unknown or len(set(keys)) != len(keys) or set(keys) & set(INDEX_FEATURES):
-        raise DataError(f"`rename` (--rename OLD=NEW) must map streams of the cache "
+        raise DataError(f"`rename` (--rename STREAM=KEY) must map streams of the cache "
                         f"({sorted(streams)}) to distinct keys other than "
                         f"{list(INDEX_FEATURES)}; got {rename}.")
+    if cameras == "video":
+        _check_codec(vcodec)
+    made = [p for p in reversed(out.parents) if not p.exists()]  # removed again on failure
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         summary = _write(cache, tmp, manifest, cameras, rename, vcodec, robot_type)
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for p in reversed(made):
+            if p.exists() and not any(p.iterdir()):
+                p.rmdir()
         raise
     return {"out": str(out), **summary}
 
