@@ -402,3 +402,33 @@ def _io_bytes(image) -> bytes:
     out = _io.BytesIO()
     image.save(out, format="JPEG")
     return out.getvalue()
+
+
+def test_file_compressed_bags(tmp_path):
+    """rosbag2's --compression-mode file writes each file as .mcap.zstd: read as it is
+    decompressed, equal to the plain file; cut short, it is a truncated bag."""
+    import zstandard
+
+    bag = tmp_path / "src" / "ep1"
+    bag.mkdir(parents=True)
+    plain = (BAGS / "ep1.mcap").read_bytes()
+    z = zstandard.ZstdCompressor().compressobj()
+    # blocks of 8 kB (a real bag's file holds many of zstd's blocks; a cut keeps the whole ones)
+    data = b"".join(z.compress(plain[i:i + 8192]) + z.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+                    for i in range(0, len(plain), 8192)) + z.flush()
+    (bag / "ep1_0.mcap.zstd").write_bytes(data)
+    (bag / "metadata.yaml").write_text("rosbag2_bagfile_information:\n  version: 8\n")
+    got = open_source(tmp_path / "src").read(0)
+    want = open_source(BAGS / "ep1.mcap").read(0)
+    assert got.streams.keys() == want.streams.keys()
+    for name, s in want.streams.items():
+        assert np.array_equal(got.streams[name].times, s.times), name
+        assert list(got.streams[name].data) == list(s.data) if s.data.dtype == object else \
+            np.array_equal(got.streams[name].data, s.data), name
+    cut = tmp_path / "cut.mcap.zstd"
+    cut.write_bytes(data[:len(data) * 2 // 3])
+    with pytest.raises(DataError, match="is truncated after"):
+        RosbagSource(cut)
+    kept = RosbagSource(cut, allow_truncated=True).read(0)
+    assert 0 < len(kept.streams["joint_states.position"]) < \
+        len(want.streams["joint_states.position"])

@@ -2,9 +2,10 @@
 
 A source is a folder of episodes, one bag per episode: each a rosbag2 directory
 (``metadata.yaml`` and one or more ``.mcap`` files, read in start-time order as one recording)
-or a bare ``.mcap`` file; a single bag directory or ``.mcap`` file is a one-episode source.
-Episodes are numbered in the order of their first message's log time; ``Episode.meta`` holds
-the bag's ``path`` and ``files``. Messages are decoded from the schemas stored in the file by
+or a bare ``.mcap`` file (``.mcap.zstd``: a file compressed whole, read as it decompresses); a
+single bag directory or ``.mcap`` file is a one-episode source. Episodes are numbered in the
+order of their first message's log time; ``Episode.meta`` holds the bag's ``path`` and
+``files``. Messages are decoded from the schemas stored in the file by
 the MCAP project's own packages (``mcap`` and ``mcap-ros2-support``, the ``rosbag`` extra),
 one sequential pass per file with every chunk's CRC checked.
 
@@ -129,14 +130,34 @@ def stream_base(topic: str) -> str:
     return topic.strip("/").replace("/", ".")
 
 
+MCAP_SUFFIXES = (".mcap", ".mcap.zstd")  # .zstd: rosbag2's --compression-mode file
+
+
+def _is_mcap(path: Path) -> bool:
+    return path.is_file() and path.name.endswith(MCAP_SUFFIXES)
+
+
 def _mcaps(path: Path) -> list[Path]:
-    return sorted(p for p in path.glob("*.mcap") if p.is_file())
+    return sorted(p for p in path.iterdir() if _is_mcap(p))
+
+
+@contextlib.contextmanager
+def _open(file: Path):
+    """``(stream, raw file)``: the MCAP bytes of ``file`` (a ``.mcap.zstd`` decompressed as
+    it is read) and the file itself (whose position tells how far reading got)."""
+    with open(file, "rb") as raw:
+        if file.name.endswith(".zstd"):
+            zstd = require("zstandard", "rosbag", "Reading zstd-compressed bags")
+            with zstd.ZstdDecompressor().stream_reader(raw) as stream:
+                yield stream, raw
+        else:
+            yield raw, raw
 
 
 def bags(path: Path) -> list[tuple[Path, list[Path]]]:
     """The bags of a source: ``(bag path, its .mcap files)``, in directory order."""
     if path.is_file():
-        return [(path, [path])] if path.suffix == ".mcap" else []
+        return [(path, [path])] if _is_mcap(path) else []
     if not path.is_dir():
         return []
     own = _mcaps(path)
@@ -341,9 +362,9 @@ class RosbagSource:
         factory = DecoderFactory()
         size = file.stat().st_size
         count = 0
-        with open(file, "rb") as f:
+        with _open(file) as (stream, f):
             try:
-                for channel, schema, record in iter_messages(f):
+                for channel, schema, record in iter_messages(stream):
                     count += 1
                     self._message(channel, schema, record, factory, topics, file)
             except DataError:
@@ -562,6 +583,8 @@ def _start_ns(file: Path) -> int | None:
     from mcap.reader import make_reader
 
     try:
+        if file.name.endswith(".zstd"):
+            raise ValueError("no random access into a compressed file")
         with open(file, "rb") as f:
             summary = make_reader(f).get_summary()
             if summary is not None and summary.statistics is not None and \
@@ -571,7 +594,7 @@ def _start_ns(file: Path) -> int | None:
         pass
     stream_reader = _mcap()
     try:
-        with open(file, "rb") as f:
+        with _open(file) as (f, _):
             for record in stream_reader.StreamReader(f).records:
                 if type(record).__name__ == "Message":
                     return int(record.log_time)
