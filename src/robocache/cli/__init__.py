@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import typer
 
-from robocache.cli import bench, demo, doctor, info, ingest, inspect, merge, preprocess, report
+from robocache.cli import (
+    bench,
+    demo,
+    doctor,
+    export,
+    info,
+    ingest,
+    inspect,
+    merge,
+    preprocess,
+    report,
+)
 
 app = typer.Typer(
     name="robocache",
@@ -27,6 +38,7 @@ app.command("inspect")(inspect.inspect)
 app.command("ingest")(ingest.ingest)
 app.command("preprocess")(preprocess.preprocess)
 app.command("merge")(merge.merge)
+app.command("export")(export.export)
 app.command("demo")(demo.demo)
 
 

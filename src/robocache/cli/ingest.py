@@ -5,6 +5,7 @@
     $ robocache ingest pusht.zarr /tmp/pusht.cache --rate 10 --fps 10 --json
     $ robocache ingest SRC /shared/part-3 --shard 3/8     # one of 8 independent jobs
     $ robocache ingest lerobot/aloha /tmp/aloha.cache --decode-workers 8 --video-decoder pyav
+    $ robocache ingest bags/ /tmp/bags.cache --rate 50 --task-topic /task --exclude-topic /tf
 
 Re-running resumes: episodes already in the cache are skipped.
 """
@@ -27,7 +28,7 @@ from robocache.observability.exporter import (
 
 # Arguments shared by the commands that build a cache (`ingest`, `preprocess`, `merge`).
 SourceArg = Annotated[Path, typer.Argument(help="Dataset: LeRobot dir, zarr ReplayBuffer, HDF5, "
-                                                "RLDS/TFDS folder.")]
+                                                "RLDS/TFDS folder, folder of ROS 2 bags.")]
 DestArg = Annotated[Path, typer.Argument(help="Cache directory (created or resumed).")]
 RateOpt = Annotated[str, typer.Option("--rate", help="Target rate in Hz, or 'native': the "
                                                    "source's fps, every frame stored exactly.")]
@@ -38,6 +39,17 @@ FpsOpt = Annotated[float, typer.Option(help="Rate of sources without timestamps 
                                              "RLDS).")]
 SplitOpt = Annotated[str, typer.Option(help="RLDS split: train, val, train[:95%], "
                                             "train[:10]+val.")]
+TopicOpt = Annotated[list[str], typer.Option(
+    "--topic", help="ROS 2 bags: read only this topic (repeat; default every mapped topic).")]
+ExcludeTopicOpt = Annotated[list[str], typer.Option(
+    "--exclude-topic", help="ROS 2 bags: never read this topic (repeat).")]
+TaskTopicOpt = Annotated[str, typer.Option(
+    help="ROS 2 bags: the std_msgs/String topic that holds each episode's task.")]
+LogTimeOpt = Annotated[bool, typer.Option(
+    "--log-time", help="ROS 2 bags: time every message by its log time, not header.stamp.")]
+AllowTruncatedOpt = Annotated[bool, typer.Option(
+    "--allow-truncated", help="ROS 2 bags: keep a truncated bag's messages up to its last "
+                              "complete chunk instead of quarantining it.")]
 ToleranceOpt = Annotated[float, typer.Option(help="Camera (frame-index) streams: pad steps "
                                                  "farther than this (s, >= 0) from every frame "
                                                  "(default: never). Part of the cache's "
@@ -81,6 +93,9 @@ def print_summary(manifest: dict) -> None:
 
 # The flags every cache-building command shares, appended to its own (see `cache_command`).
 SHARED = {"keys": (KeysOpt, None), "fps": (FpsOpt, None), "split": (SplitOpt, None),
+          "topic": (TopicOpt, None), "exclude_topic": (ExcludeTopicOpt, None),
+          "task_topic": (TaskTopicOpt, None), "log_time": (LogTimeOpt, False),
+          "allow_truncated": (AllowTruncatedOpt, False),
           "tolerance": (ToleranceOpt, None), "grid_tolerance": (GridToleranceOpt, 1e-4),
           "shard": (ShardOpt, None), "as_json": (JsonOpt, False), "progress": (ProgressOpt, True),
           "overwrite": (OverwriteOpt, False), "retry_quarantined": (RetryOpt, False),
@@ -107,14 +122,20 @@ def cache_command(fn: Callable) -> Callable:
     return fn
 
 
-def source_options(**options) -> dict:
-    """The reader options given on the command line (unset ones left to the reader)."""
+def source_options(topic=None, exclude_topic=None, task_topic=None, log_time=False,
+                   allow_truncated=False, **options) -> dict:
+    """The reader options given on the command line (unset ones left to the reader); the
+    ROS 2 bag flags as :class:`~robocache.data.formats.rosbag.RosbagSource` options."""
+    options.update(topics=topic or None, exclude_topics=exclude_topic or None,
+                   task_topic=task_topic, time_source="log" if log_time else None,
+                   allow_truncated=allow_truncated or None)
     return {k: v for k, v in options.items() if v is not None}
 
 
-def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, tolerance,
-        grid_tolerance, shard, as_json, progress, overwrite, retry_quarantined, wait, verbose,
-        metrics_port, pushgateway, log_format, **kwargs) -> None:
+def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, topic, exclude_topic,
+        task_topic, log_time, allow_truncated, tolerance, grid_tolerance, shard, as_json,
+        progress, overwrite, retry_quarantined, wait, verbose, metrics_port, pushgateway,
+        log_format, **kwargs) -> None:
     """Run a cache job with the shared flags, observed as ``name`` (metrics, pushgateway,
     logs); print its manifest (``--json``) or summary; exit with the shared codes (bad input:
     one line on stderr)."""
@@ -124,7 +145,10 @@ def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, toleranc
                                       pushgateway=pushgateway, log_format=log_format):
         manifest = job(rate_hz=_rate(rate), grid_tolerance_s=grid_tolerance,
                        keys=keys or None, tolerance_s=tolerance,
-                       source_options=source_options(fps=fps, split=split), shard=shard,
+                       source_options=source_options(
+                           fps=fps, split=split, topic=topic, exclude_topic=exclude_topic,
+                           task_topic=task_topic, log_time=log_time,
+                           allow_truncated=allow_truncated), shard=shard,
                        overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
                        progress=progress and not as_json,
                        log=lambda msg: typer.echo(msg, err=True), **kwargs)

@@ -22,6 +22,9 @@ FORMATS = {
     "robomimic": ("robomimic", "RobomimicSource", "robomimic HDF5 (data/demo_<i>/...; .hdf5)"),
     "rlds": ("rlds", "RldsSource",
              "RLDS / TFDS builder folder (features.json, *.tfrecord-XXXXX-of-YYYYY shards)"),
+    "rosbag": ("rosbag", "RosbagSource",
+               "ROS 2 bags (MCAP): a folder of rosbag2 directories or .mcap files, one per "
+               "episode"),
 }
 
 
@@ -51,17 +54,19 @@ def open_source(path: str | Path, format: str | None = None, **options: Any) -> 
 
     Args:
         path: dataset directory or file.
-        format: ``"lerobot"``, ``"zarr-replay"``, ``"robomimic"`` or ``"rlds"``; ``None``
-            detects.
+        format: ``"lerobot"``, ``"zarr-replay"``, ``"robomimic"``, ``"rlds"`` or
+            ``"rosbag"``; ``None`` detects.
         **options: reader options, e.g. ``fps=10.0`` for sources without timestamps (zarr,
-            HDF5, RLDS), ``split="train[:95%]"`` for RLDS.
+            HDF5, RLDS), ``split="train[:95%]"`` for RLDS, ``topics=[...]``,
+            ``task_topic="/task"`` for ROS 2 bags (see each reader).
 
     Returns:
         The reader (``specs``, ``episode_indices()``, ``read(index)``).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        DataError: the format is unknown or unsupported (the message lists the supported ones).
+        DataError: the format is unknown or unsupported (the message lists the supported ones),
+            or an option does not apply to the format.
 
     Example:
         >>> src = open_source("data/sample/panda_multirate")  # doctest: +SKIP

@@ -1,0 +1,66 @@
+"""``robocache export``: a cache written out as a dataset of another library.
+
+    $ robocache export /tmp/bags.cache /tmp/bags_lerobot --format lerobot
+    $ robocache export /tmp/bags.cache /tmp/bags_lerobot --cameras image \\
+          --rename joint_states.position=observation.state --rename cmd.data=action
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from robocache.cli._errors import VERBOSE_OPTION_HELP, CommandError, cli_errors
+
+FORMATS = ("lerobot",)
+
+
+def export(
+    cache: Annotated[Path, typer.Argument(help="The RoboCache cache to export.")],
+    out: Annotated[Path, typer.Argument(help="The dataset directory to create (new or "
+                                             "empty).")],
+    format: Annotated[str, typer.Option("--format", help="lerobot: a LeRobot v3.0 "
+                                                         "dataset.")] = "lerobot",
+    cameras: Annotated[str, typer.Option(help="RGB cameras as video (mp4 through PyAV) or "
+                                              "image (PNG in the parquet).")] = "video",
+    rename: Annotated[list[str], typer.Option(
+        "--rename", help="STREAM=KEY: the LeRobot key of a stream (repeat; default the "
+                         "stream names).")] = None,
+    vcodec: Annotated[str, typer.Option(help="Video codec: libsvtav1 (AV1, LeRobot's "
+                                             "default), libx264, libx265.")] = "libsvtav1",
+    robot_type: Annotated[str, typer.Option(help="info.json's robot_type.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
+    = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help=VERBOSE_OPTION_HELP)] = False,
+):
+    """Write a cache, at its rate, as a dataset another library loads.
+
+    Exit codes: 0 written; 2 bad usage or input (one line on stderr: the problem and the fix;
+    nothing is written); 1 internal error (--verbose shows the traceback).
+    """
+    with cli_errors(verbose):
+        if format not in FORMATS:
+            raise CommandError(f"--format {format!r} is not supported",
+                               f"pass one of {', '.join(FORMATS)}")
+        pairs = {}
+        for item in rename or []:
+            old, sep, new = item.partition("=")
+            if not (sep and old and new):
+                raise CommandError(f"--rename {item!r} is not STREAM=KEY",
+                                   "pass e.g. --rename joint_states.position=observation.state")
+            pairs[old] = new
+        from robocache.data.export import export_lerobot
+
+        summary = export_lerobot(cache, out, cameras=cameras, rename=pairs, vcodec=vcodec,
+                                 robot_type=robot_type)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    typer.echo(f"wrote {summary['out']}: LeRobot v3.0, {summary['episodes']} episodes, "
+               f"{summary['frames']} frames at {summary['fps']} Hz; features: "
+               f"{', '.join(summary['features'])}")
+    for name, why in summary["not_exported"].items():
+        typer.echo(f"not exported: {name} ({why})")

@@ -1,0 +1,743 @@
+"""ROS 2 bags (rosbag2 with the MCAP storage), read without a ROS install.
+
+A source is a folder of episodes, one bag per episode: each a rosbag2 directory
+(``metadata.yaml`` and one or more ``.mcap`` files, read in start-time order as one recording)
+or a bare ``.mcap`` file (``.mcap.zstd``: a file compressed whole, read as it decompresses); a
+single bag directory or ``.mcap`` file is a one-episode source. Episodes are numbered in the
+order of their first message's log time; ``Episode.meta`` holds the bag's ``path`` and
+``files``. Messages are decoded from the schemas stored in the file by
+the MCAP project's own packages (``mcap`` and ``mcap-ros2-support``, the ``rosbag`` extra),
+one sequential pass per file with every chunk's CRC checked.
+
+Streams are named by the topic without its leading slash, slashes as dots, then the field
+path: ``/joint_states`` ``position`` → ``joint_states.position``, ``/ee_pose``
+(``PoseStamped``) → ``ee_pose.pose.position`` and ``ee_pose.pose.orientation``. Quaternions
+are stored **wxyz** (``[w, x, y, z]``), as everywhere in RoboCache (ROS's own field order is
+``x, y, z, w``). The message types read, and their streams (:data:`VECTORS`):
+
+- ``sensor_msgs/JointState``: ``position``, ``velocity``, ``effort`` (float64 ``[J]``, the
+  ones the first message fills), in the joint order of the source's first bag
+  (``Episode.meta["joint_names"]``); a message naming the joints in another order is
+  reordered, one lacking a joint (or naming a new one) quarantines the episode.
+- ``geometry_msgs`` ``Pose``/``PoseStamped``/``PoseWithCovarianceStamped``, ``Transform``/
+  ``TransformStamped``, ``Twist``/``TwistStamped``, ``Accel``/``AccelStamped``, ``Wrench``/
+  ``WrenchStamped``, ``Point``/``PointStamped``, ``Vector3``/``Vector3Stamped``,
+  ``Quaternion``/``QuaternionStamped``; ``sensor_msgs/Imu``; ``nav_msgs/Odometry``: float64
+  ``[3]`` vectors ``xyz`` and ``[4]`` quaternions ``wxyz`` (covariances are not read).
+- ``std_msgs`` ``Float32/64``, ``Int8..64``, ``UInt8..64``, ``Bool``: a scalar ``data`` in its
+  own dtype; ``Float32/64MultiArray``, ``Int32/64MultiArray``: ``data`` ``[N]`` (N fixed by the
+  first message).
+- ``sensor_msgs/CompressedImage``: a camera whose JPEG/PNG bytes are kept as they came (no
+  decode, no re-encode); ``sensor_msgs/Image`` in ``rgb8``, ``bgr8`` (stored as RGB), ``mono8``
+  (grey, stored as RGB) or ``16UC1``/``mono16`` (depth, uint16): a camera encoded at ingest
+  like any other. Camera streams are named by the topic alone (``/wrist/image`` → ``wrist.image``).
+- ``std_msgs/String``: an event stream ``<topic>.data``; the topic named by ``task_topic``
+  (``--task-topic``) gives the episode's task(s) instead (distinct strings in order).
+
+Any other type (``/rosout``'s ``rcl_interfaces/Log``, ``/parameter_events``, ``tf2_msgs``...)
+is skipped without being decoded and listed once in ``timing`` (the ingest summary shows it).
+
+Times: ``header.stamp`` where the message has a header (a topic whose stamps are all zero,
+never set by its publisher, uses log times), else the log time; ``time_source="log"``
+(``--log-time``) uses log times for every topic. Stream times are float64 epoch seconds, the
+nearest double to the nanosecond stamp (about 0.24 µs apart near 2026); the exact int64
+nanoseconds are kept beside in ``Episode.meta["stamps_ns"]`` (stream -> ``[S]``).
+
+Bad input quarantines the episode with the file, topic, message index and reason: a chunk
+whose CRC fails or that does not parse, a schema that does not parse, a message that does not
+decode or does not fit its stream, time going backwards within a topic. A truncated file (a
+recorder killed mid-write: no summary, the last chunk cut off) quarantines it too, or with
+``allow_truncated=True`` (``--allow-truncated``) the episode keeps every message up to the last
+complete chunk, and ``Episode.meta["truncated"]`` says what was cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from robocache._optional import require
+from robocache.data.episode import Episode, Stream, StreamSpec
+from robocache.data.formats import cdr
+from robocache.errors import DataError
+
+XYZ = ("x", "y", "z")
+WXYZ = ("w", "x", "y", "z")
+# type -> (field path, leaf attributes) of each float64 vector stream, in stream order
+_STAMPED = {
+    "Pose": (("position", XYZ), ("orientation", WXYZ)),
+    "Transform": (("translation", XYZ), ("rotation", WXYZ)),
+    "Twist": (("linear", XYZ), ("angular", XYZ)),
+    "Accel": (("linear", XYZ), ("angular", XYZ)),
+    "Wrench": (("force", XYZ), ("torque", XYZ)),
+    "Point": (("", XYZ),),
+    "Vector3": (("", XYZ),),
+    "Quaternion": (("", WXYZ),),
+}
+_FIELD = {"Pose": "pose", "Transform": "transform", "Twist": "twist", "Accel": "accel",
+          "Wrench": "wrench", "Point": "point", "Vector3": "vector", "Quaternion": "quaternion"}
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+VECTORS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    **{f"geometry_msgs/msg/{t}": f for t, f in _STAMPED.items()},
+    **{f"geometry_msgs/msg/{t}Stamped": tuple((_join(_FIELD[t], p), a) for p, a in f)
+       for t, f in _STAMPED.items()},
+    "geometry_msgs/msg/PoseWithCovarianceStamped": (("pose.pose.position", XYZ),
+                                                    ("pose.pose.orientation", WXYZ)),
+    "sensor_msgs/msg/Imu": (("orientation", WXYZ), ("angular_velocity", XYZ),
+                            ("linear_acceleration", XYZ)),
+    "nav_msgs/msg/Odometry": (("pose.pose.position", XYZ), ("pose.pose.orientation", WXYZ),
+                              ("twist.twist.linear", XYZ), ("twist.twist.angular", XYZ)),
+}
+SCALARS = {f"std_msgs/msg/{t}": t.lower() for t in
+           ("Float32", "Float64", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32",
+            "UInt64", "Bool")}
+ARRAYS = {f"std_msgs/msg/{t}MultiArray": t.lower() for t in ("Float32", "Float64", "Int32",
+                                                              "Int64")}
+JOINT_STATE = "sensor_msgs/msg/JointState"
+JOINT_FIELDS = ("position", "velocity", "effort")
+COMPRESSED = "sensor_msgs/msg/CompressedImage"
+IMAGE = "sensor_msgs/msg/Image"
+STRING = "std_msgs/msg/String"
+# raw Image encodings read: encoding -> (dtype, channels in the message)
+RAW_ENCODINGS = {"rgb8": ("uint8", 3), "bgr8": ("uint8", 3), "mono8": ("uint8", 1),
+                 "16UC1": ("uint16", 1), "mono16": ("uint16", 1)}
+TIME_SOURCES = ("header", "log")
+
+
+def _mcap():
+    require("mcap_ros2.decoder", "rosbag", "Reading ROS 2 bags", "mcap-ros2-support")
+    return require("mcap.stream_reader", "rosbag", "Reading ROS 2 bags", "mcap")
+
+
+def _type_name(name: str) -> str:
+    """``pkg/Type`` or ``pkg/msg/Type`` → ``pkg/msg/Type``."""
+    parts = name.split("/")
+    return f"{parts[0]}/msg/{parts[1]}" if len(parts) == 2 else name
+
+
+def stream_base(topic: str) -> str:
+    """The stream-name prefix of a topic: no leading slash, slashes as dots."""
+    return topic.strip("/").replace("/", ".")
+
+
+MCAP_SUFFIXES = (".mcap", ".mcap.zstd")  # .zstd: rosbag2's --compression-mode file
+
+
+def _is_mcap(path: Path) -> bool:
+    return path.is_file() and path.name.endswith(MCAP_SUFFIXES)
+
+
+def _mcaps(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if _is_mcap(p))
+
+
+@contextlib.contextmanager
+def _open(file: Path):
+    """``(stream, raw file)``: the MCAP bytes of ``file`` (a ``.mcap.zstd`` decompressed as
+    it is read) and the file itself (whose position tells how far reading got)."""
+    with open(file, "rb") as raw:
+        if file.name.endswith(".zstd"):
+            zstd = require("zstandard", "rosbag", "Reading zstd-compressed bags")
+            with zstd.ZstdDecompressor().stream_reader(raw) as stream:
+                yield stream, raw
+        else:
+            yield raw, raw
+
+
+def bags(path: Path) -> list[tuple[Path, list[Path]]]:
+    """The bags of a source: ``(bag path, its .mcap files)``, in directory order."""
+    if path.is_file():
+        return [(path, [path])] if _is_mcap(path) else []
+    if not path.is_dir():
+        return []
+    own = _mcaps(path)
+    if own and (path / "metadata.yaml").exists():
+        return [(path, own)]
+    out = [(p, [p]) for p in own]
+    for sub in sorted(p for p in path.iterdir() if p.is_dir()):
+        files = _mcaps(sub)
+        if files:
+            out.append((sub, files))
+    return sorted(out, key=lambda b: str(b[0]))
+
+
+def detect(path: Path) -> bool:
+    return bool(bags(path))
+
+
+def _seconds(ns: np.ndarray) -> np.ndarray:
+    """int64 epoch nanoseconds → float64 seconds, rounded once (the whole seconds are exact)."""
+    sec, rem = np.divmod(ns, 1_000_000_000)
+    return sec.astype(np.float64) + rem.astype(np.float64) / 1e9
+
+
+@dataclass
+class _Topic:
+    """What one topic collects during a pass over a bag."""
+
+    topic: str
+    type: str
+    decode: Any = None
+    log_ns: list[int] = None
+    stamp_ns: list[int] = None
+    values: list[Any] = None
+    skipped: str | None = None  # why the topic is not read (no mapping, not selected)
+    raw: list[bytes] | None = None  # messages kept as CDR bytes, decoded in bulk at the end
+
+    def __post_init__(self):
+        self.log_ns, self.stamp_ns, self.values = [], [], []
+        if self.type in cdr.LAYOUTS or self.type in SCALARS or self.type in (JOINT_STATE,
+                                                                             COMPRESSED):
+            self.raw = []
+
+
+class RosbagSource:
+    """A folder of ROS 2 bags, one per episode (see the module docstring).
+
+    Args:
+        path: the folder of bags, one bag directory, or one ``.mcap`` file.
+        topics: read only these topics (``--topic``; default: every mapped topic).
+        exclude_topics: never read these topics (``--exclude-topic``).
+        task_topic: a ``std_msgs/String`` topic whose strings are the episode's task
+            (``--task-topic``).
+        time_source: ``"header"`` (``header.stamp`` where present, else the log time) or
+            ``"log"`` (``--log-time``: the log time of every message).
+        allow_truncated: keep a truncated bag's messages up to its last complete chunk instead
+            of quarantining it (``--allow-truncated``).
+
+    Raises:
+        DataError: no bag at ``path``, a bad option (named), a topic that ``topics`` or
+            ``task_topic`` names but the first readable bag lacks, or no readable bag.
+        MissingDependencyError: ``mcap`` / ``mcap-ros2-support`` are not installed.
+    """
+
+    format = "rosbag"
+
+    def __init__(self, path: str | Path, *, topics: list[str] | None = None,
+                 exclude_topics: list[str] | None = None, task_topic: str | None = None,
+                 time_source: str = "header", allow_truncated: bool = False):
+        self.path = Path(path)
+        _mcap()
+        if time_source not in TIME_SOURCES:
+            raise DataError(f"`time_source` must be one of {TIME_SOURCES}; got "
+                            f"{time_source!r} (--log-time sets 'log').")
+        self.topics = [_topic(t) for t in topics] if topics else None
+        self.exclude = {_topic(t) for t in exclude_topics or ()}
+        self.task_topic = _topic(task_topic) if task_topic else None
+        self.time_source, self.allow_truncated = time_source, allow_truncated
+        found = bags(self.path)
+        if not found:
+            raise DataError(f"{self.path}: no ROS 2 bag (a rosbag2 directory with .mcap files, "
+                            "or .mcap files).")
+        # episodes in the order of their first message (a bag that cannot tell goes last)
+        self._starts = {f: _start_ns(f) for _, files in found for f in files}
+        starts = [min((self._starts[f] for f in files if self._starts[f] is not None),
+                      default=None) for _, files in found]
+        order = sorted(range(len(found)), key=lambda i: (starts[i] is None, starts[i] or 0, i))
+        self.bags = [found[i] for i in order]
+        self._first: Episode | None = None
+        reasons = []
+        for index in range(len(self.bags)):
+            # what a bag that fails half-way declared is dropped with it
+            self.joint_names: dict[str, list[str]] = {}
+            self.skipped: dict[str, str] = {}
+            self.specs: dict[str, StreamSpec] = {}
+            try:
+                self._first = self._read(index, discover=True)
+                break
+            except DataError as e:
+                reasons.append(f"episode {index} ({self.bags[index][0]}): {e}")
+        if self._first is None:
+            raise DataError(f"{self.path}: no bag could be read; {reasons[0]}")
+        missing = [t for t in (self.topics or []) + [self.task_topic] if t and
+                   t not in self._seen]
+        if missing:
+            raise DataError(f"{self.bags[self._first.index][0]}: topics {missing} (from --topic "
+                            f"/ --task-topic) are not in the bag; its topics: "
+                            f"{sorted(self._seen)}.")
+        self.fps = None  # bags have no frame rate: ingest at an explicit --rate
+        how = ("log times" if time_source == "log" else
+               "header.stamp where a message has one, else log times")
+        self.timing = f"ROS 2 bags: {how}"
+        if self.skipped:
+            self.timing += "; not read: " + ", ".join(f"{t} ({why})" for t, why in
+                                                      sorted(self.skipped.items()))
+
+    def episode_indices(self) -> list[int]:
+        return list(range(len(self.bags)))
+
+    def locate(self, index: int) -> str:
+        """The bag of episode ``index``."""
+        return str(self.bags[index][0])
+
+    def read(self, index: int) -> Episode:
+        if not 0 <= index < len(self.bags):
+            raise DataError(f"{self.path}: no episode {index} (it has {len(self.bags)}).")
+        if self._first is not None and self._first.index == index:
+            episode, self._first = self._first, None  # read once, while finding the streams
+            return episode
+        return self._read(index)
+
+    def _wanted(self, topic: str, type_: str) -> str | None:
+        """Why ``topic`` is not read (``None``: it is)."""
+        if topic in self.exclude or (self.topics is not None and topic not in self.topics
+                                     and topic != self.task_topic):
+            return "not selected"
+        if type_ in VECTORS or type_ in SCALARS or type_ in ARRAYS or type_ in (
+                JOINT_STATE, COMPRESSED, IMAGE, STRING):
+            return None
+        return f"{type_}: no mapping"
+
+    def _read(self, index: int, discover: bool = False) -> Episode:
+        """One pass over the bag's files; ``discover``: declare the specs from it."""
+        bag, files = self.bags[index]
+        topics: dict[str, _Topic] = {}
+        truncated = None
+        for file in sorted(files, key=lambda f: (self._starts[f] or 0, f.name)):
+            cut = self._pass(file, topics)
+            if cut:
+                truncated = cut
+                break  # later files of the bag would leave a gap
+        for t in topics.values():
+            if not t.skipped:
+                self._bulk(t, bag.name)
+        if discover:
+            self._seen = set(topics)
+        streams: dict[str, Stream] = {}
+        meta: dict[str, Any] = {"path": str(bag), "files": [str(f) for f in files],
+                                "tasks": [], "stamps_ns": {}, "joint_names": {}}
+        if truncated:
+            meta["truncated"] = truncated
+        for t in topics.values():
+            if t.skipped:
+                if discover and t.skipped != "not selected":
+                    self.skipped[t.topic] = t.skipped
+                continue
+            ns = self._times(t)
+            if t.topic == self.task_topic:
+                if t.type != STRING:
+                    raise DataError(f"--task-topic {t.topic} carries {t.type}, not "
+                                    f"{STRING}.")
+                meta["tasks"] = list(dict.fromkeys(t.values))
+                continue
+            produced = list(self._streams(t, discover))
+            if t.skipped:  # a frame format found unread while making its streams
+                if discover:
+                    self.skipped[t.topic] = t.skipped
+                continue
+            for name, spec, data in produced:
+                if discover:
+                    self.specs[name] = spec
+                    self._check_new(name)
+                elif name not in self.specs:
+                    continue  # a topic the first bag lacked: not a stream of this source
+                streams[name] = Stream(self.specs[name], _seconds(ns), data)
+                meta["stamps_ns"][name] = ns
+        meta["joint_names"] = {k: v for k, v in self.joint_names.items()
+                               if any(n.startswith(k + ".") for n in streams)}
+        meta["length"] = sum(len(s) for s in streams.values())
+        return Episode(index, streams, meta)
+
+    def _check_new(self, name: str) -> None:
+        clash = [n for n in self.specs if n != name and n.startswith(name + ".")]
+        if clash:
+            raise DataError(f"stream {name!r} (a camera or bare-vector topic) is the prefix of "
+                            f"{clash}; exclude one of the topics (--exclude-topic).")
+
+    def _pass(self, file: Path, topics: dict[str, _Topic]) -> str | None:
+        """Read one file's messages into ``topics``; returns what truncation cut (when
+        allowed), raises on bad input."""
+        from mcap_ros2.decoder import DecoderFactory
+
+        factory = DecoderFactory()
+        size = file.stat().st_size
+        count = 0
+        with _open(file) as (stream, f):
+            try:
+                for channel, schema, record in iter_messages(stream):
+                    count += 1
+                    self._message(channel, schema, record, factory, topics, file)
+            except DataError:
+                raise
+            except Exception as e:  # the mcap reader fails in its own ways on damaged files
+                # the stream reads ahead of what it parsed: at the end, the file was cut
+                at_end = f.tell() >= size
+                what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                if at_end:
+                    cut = f"{file.name} is truncated after {count} complete messages ({what})"
+                    if self.allow_truncated:
+                        return cut
+                    raise DataError(f"{cut}; pass --allow-truncated (allow_truncated=True) "
+                                    "to keep the messages before the cut.") from e
+                raise DataError(f"{file.name}: unreadable after {count} messages (a chunk "
+                                f"with a bad CRC or damaged records: {what}).") from e
+        return None
+
+    def _message(self, channel, schema, record, factory, topics, file: Path) -> None:
+        if channel is None:
+            raise DataError(f"{file.name}: a message on channel {record.channel_id}, which no "
+                            "channel record declares.")
+        t = topics.get(channel.topic)
+        if t is None:
+            type_ = _type_name(schema.name) if schema else "(no schema)"
+            t = topics[channel.topic] = _Topic(channel.topic, type_)
+            t.skipped = self._wanted(channel.topic, type_)
+            if t.skipped is None:
+                try:  # the schema parser prints its complaints: the reason says them once
+                    with contextlib.redirect_stderr(io.StringIO()), \
+                            contextlib.redirect_stdout(io.StringIO()):
+                        t.decode = factory.decoder_for(channel.message_encoding, schema)
+                except Exception as e:  # the schema text does not parse
+                    raise DataError(f"{file.name}: topic {channel.topic} message 0: its schema "
+                                    f"{schema.name} does not parse ({type(e).__name__}: "
+                                    f"{e}).") from e
+                if t.decode is None:
+                    raise DataError(f"{file.name}: topic {channel.topic}: messages encoded as "
+                                    f"{channel.message_encoding!r} with a "
+                                    f"{schema.encoding if schema else 'missing'} schema; only "
+                                    "ROS 2 CDR with ros2msg schemas is read.")
+        if t.skipped:
+            return
+        t.log_ns.append(record.log_time)
+        if t.raw is not None:
+            t.raw.append(record.data)
+            return
+        if t.type == IMAGE and not t.values:  # an encoding not read skips the topic
+            try:
+                encoding = t.decode(record.data).encoding
+            except Exception:  # undecodable: _decode below names the message
+                encoding = None
+            if encoding is not None and encoding not in RAW_ENCODINGS:
+                t.skipped = f"{t.type} {encoding}: no mapping"
+                return
+        stamp, value = _decode(t, record.data, len(t.values), file.name)
+        t.stamp_ns.append(stamp)
+        t.values.append(value)
+
+    def _bulk(self, t: _Topic, file: str) -> None:
+        """Decode the messages a topic kept as CDR bytes: together where the layout allows
+        (:mod:`~robocache.data.formats.cdr`, checked against mcap-ros2-support on the first
+        message), else one by one with mcap-ros2-support (which names a bad message)."""
+        raw, t.raw = t.raw, None
+        if not raw:
+            return
+        fast = None
+        try:
+            if t.type in cdr.LAYOUTS:
+                got = cdr.vectors(raw, t.type)
+                if got is not None:
+                    values, stamps = got
+                    fast = (stamps if stamps is not None else np.full(len(raw), -1), values)
+            elif t.type in SCALARS:
+                values = cdr.scalars(raw, SCALARS[t.type])
+                if values is not None:
+                    fast = (np.full(len(raw), -1), values)
+            elif t.type == JOINT_STATE:
+                fast = cdr.joint_states(raw)
+            else:
+                pairs = [cdr.compressed_image(data) for data in raw]
+                fast = (np.array([st for st, _ in pairs], np.int64),
+                        [_image_bytes(v) for _, v in pairs])
+        except Exception:  # a message the fixed layout does not fit: decoded one by one
+            fast = None
+        if fast is not None and _same(_decode(t, raw[0], 0, file), (fast[0][0], _first(
+                t, fast[1]))):
+            t.stamp_ns, t.values = fast
+            return
+        decoded = [_decode(t, data, i, file) for i, data in enumerate(raw)]
+        t.stamp_ns = [st for st, _ in decoded]
+        t.values = [v for _, v in decoded]
+        if t.type == JOINT_STATE:
+            t.values = _joint_groups(t.values)
+
+    def _times(self, t: _Topic) -> np.ndarray:
+        """int64 ns of the topic's messages, checked non-decreasing."""
+        stamps = np.asarray(t.stamp_ns, np.int64)
+        use_log = self.time_source == "log" or not len(stamps) or stamps[0] < 0 or \
+            not stamps.any()
+        ns = np.asarray(t.log_ns, np.int64) if use_log else stamps
+        back = np.flatnonzero(np.diff(ns) < 0)
+        if back.size:
+            i = int(back[0]) + 1
+            which = "log time" if use_log else "header.stamp"
+            raise DataError(f"topic {t.topic} message {i}: time goes backwards ({which} "
+                            f"{int(ns[i - 1])} ns, then {int(ns[i])} ns).")
+        return ns
+
+    def _streams(self, t: _Topic, discover: bool):
+        """``(name, spec, data)`` of each stream of a topic."""
+        base = stream_base(t.topic)
+        rate = _rate(t.log_ns)
+        n = len(t.values)
+        if t.type == STRING:
+            data = np.empty(n, dtype=object)
+            data[:] = t.values
+            yield _join(base, "data"), StreamSpec(_join(base, "data"), "event", "str", ()), data
+        elif t.type == JOINT_STATE:
+            yield from self._joints(t, base, rate, discover)
+        elif t.type in VECTORS:
+            fields = VECTORS[t.type]
+            values = np.asarray(t.values, np.float64).reshape(n, -1)
+            at = 0
+            for path, attrs in fields:
+                name = _join(base, path)
+                yield name, StreamSpec(name, "numeric", "float64", (len(attrs),), rate), \
+                    values[:, at:at + len(attrs)]
+                at += len(attrs)
+        elif t.type in SCALARS or t.type in ARRAYS:
+            name = _join(base, "data")
+            dtype = SCALARS.get(t.type) or ARRAYS[t.type]
+            dtype = "bool" if dtype == "bool" else dtype
+            if t.type in ARRAYS:
+                sizes = [len(v) for v in t.values]
+                bad = next((i for i, s in enumerate(sizes) if s != sizes[0]), None)
+                if bad is not None:
+                    raise DataError(f"topic {t.topic} message {bad}: {sizes[bad]} values, the "
+                                    f"first message has {sizes[0]}.")
+                values = np.asarray(t.values, dtype).reshape(n, sizes[0] if n else 0)
+                shape = (values.shape[1],)
+            else:
+                values, shape = np.asarray(t.values, dtype), ()
+            yield name, StreamSpec(name, "numeric", np.dtype(dtype).name, shape, rate), values
+        else:
+            yield from _camera(t, base, rate)
+
+    def _joints(self, t: _Topic, base: str, rate: float | None, discover: bool):
+        """The JointState streams from the topic's groups (:func:`_joint_groups`), columns in
+        the source's joint order."""
+        first = _first(t, t.values) if t.values else None
+        names0 = self.joint_names.get(base)
+        if names0 is None:
+            if not discover:
+                return
+            names0 = self.joint_names[base] = list(first[0]) if first else []
+        where = {n: j for j, n in enumerate(names0)}
+        fields = [k for k in range(len(JOINT_FIELDS)) if first and len(first[k + 1])]
+        n, width = len(t.log_ns), len(names0)
+        out = {k: np.empty((n, width), np.float64) for k in fields}
+        for names, rows, arrays in sorted(t.values, key=lambda g: g[1][0]):
+            i = int(rows[0])
+            lacking = [j for j in names0 if j not in names]
+            extra = [j for j in names if j not in where]
+            if lacking or extra or len(names) != width:
+                raise DataError(f"topic {t.topic} message {i}: joints {list(names)} do not "
+                                f"match {names0} (lacking {lacking}, new {extra}).")
+            order = np.array([where[j] for j in names])
+            for k in fields:
+                if arrays[k].shape[1] != width:
+                    raise DataError(f"topic {t.topic} message {i}: {arrays[k].shape[1]} "
+                                    f"{JOINT_FIELDS[k]} values for {width} joints.")
+                out[k][np.ix_(rows, order)] = arrays[k]
+        for k in fields:
+            name = _join(base, JOINT_FIELDS[k])
+            yield name, StreamSpec(name, "numeric", "float64", (width,), rate), out[k]
+
+    def describe(self) -> dict[str, Any]:
+        """The facts ``inspect`` shows: bags, the options, topics not read."""
+        return {"bags": [str(b) for b, _ in self.bags], "time_source": self.time_source,
+                "task_topic": self.task_topic, "not_read": dict(self.skipped),
+                "joint_names": dict(self.joint_names)}
+
+
+def iter_messages(f):
+    """``(channel, schema, message)`` records of every message of an open MCAP file, in file
+    order, each chunk's CRC checked before its messages (``channel`` ``None`` for a message
+    on an undeclared channel, ``schema`` ``None`` for a channel without one)."""
+    stream_reader = _mcap()
+    schemas, channels = {}, {}
+    for record in stream_reader.StreamReader(f, validate_crcs=True).records:
+        kind = type(record).__name__
+        if kind == "Schema":
+            schemas[record.id] = record
+        elif kind == "Channel":
+            channels[record.id] = record
+        elif kind == "Message":
+            channel = channels.get(record.channel_id)
+            yield channel, schemas.get(channel.schema_id) if channel else None, record
+
+
+def _topic(name: str) -> str:
+    return name if name.startswith("/") else "/" + name
+
+
+def _rate(log_ns: list[int]) -> float | None:
+    """The nominal rate of a topic: 1 / its median log-time step (``None`` below 2 messages)."""
+    if len(log_ns) < 2:
+        return None
+    step = float(np.median(np.diff(np.asarray(log_ns, np.int64))))
+    return round(1e9 / step, 3) if step > 0 else None
+
+
+def _start_ns(file: Path) -> int | None:
+    """The log time of the file's first message: from its summary, else the first chunk."""
+    from mcap.reader import make_reader
+
+    try:
+        if file.name.endswith(".zstd"):
+            raise ValueError("no random access into a compressed file")
+        with open(file, "rb") as f:
+            summary = make_reader(f).get_summary()
+            if summary is not None and summary.statistics is not None and \
+                    summary.statistics.message_count:
+                return int(summary.statistics.message_start_time)
+    except Exception:  # no summary (a truncated file): read up to the first message
+        pass
+    stream_reader = _mcap()
+    try:
+        with _open(file) as (f, _):
+            for record in stream_reader.StreamReader(f).records:
+                if type(record).__name__ == "Message":
+                    return int(record.log_time)
+    except Exception:  # unreadable from the start: read() says why
+        return None
+    return None
+
+
+def _decode(t: _Topic, data: bytes, i: int, file: str) -> tuple[int, Any]:
+    """One message through mcap-ros2-support: (header stamp ns or -1, its values)."""
+    try:
+        msg = t.decode(data)
+        value = _extract(t.type, msg)
+    except DataError as e:
+        raise DataError(f"{file}: topic {t.topic} message {i}: {e}") from e
+    except Exception as e:  # bytes that do not decode with the schema
+        raise DataError(f"{file}: topic {t.topic} message {i} does not decode as "
+                        f"{t.type} ({type(e).__name__}: {e}).") from e
+    header = getattr(msg, "header", None)
+    return (header.stamp.sec * 1_000_000_000 + header.stamp.nanosec if header is not None
+            else -1), value
+
+
+def _joint_groups(values: list[tuple]) -> list[tuple]:
+    """JointState values one per message → groups ``(names, rows, [position, velocity,
+    effort] [len(rows), count])`` of the messages alike (names and array lengths)."""
+    rows: dict[tuple, list[int]] = {}
+    for i, (names, *arrays) in enumerate(values):
+        rows.setdefault((names, *map(len, arrays)), []).append(i)
+    return [(key[0], np.array(r), [np.array([values[i][k + 1] for i in r], np.float64)
+                                   .reshape(len(r), key[k + 1]) for k in range(3)])
+            for key, r in rows.items()]
+
+
+def _first(t: _Topic, values) -> Any:
+    """The values of a topic's first message (JointState: from its groups)."""
+    if t.type != JOINT_STATE:
+        return values[0]
+    names, rows, arrays = next(g for g in values if g[1][0] == 0)
+    return (names, *(a[0] for a in arrays))
+
+
+def _same(a: tuple[int, Any], b: tuple[int, Any]) -> bool:
+    """Whether two decodes of one message agree (stamp and values, bit for bit)."""
+    if a[0] != b[0]:
+        return False
+    x, y = a[1], b[1]
+    if isinstance(x, tuple):  # JointState (names, arrays...) or an image (codec, bytes)
+        return len(x) == len(y) and all(
+            u == v if isinstance(u, (str, bytes, tuple)) else
+            np.array_equal(np.asarray(u, np.float64), np.asarray(v, np.float64))
+            for u, v in zip(x, y, strict=True))
+    return np.array_equal(np.asarray(x), np.asarray(y))
+
+
+def _xyz(msg, path: str, attrs: tuple[str, ...]) -> list[float]:
+    obj = msg
+    for part in path.split(".") if path else ():
+        obj = getattr(obj, part)
+    return [getattr(obj, a) for a in attrs]
+
+
+def _extract(type_: str, msg) -> Any:
+    """The values a message contributes to its streams (see :meth:`RosbagSource._streams`)."""
+    if type_ in VECTORS:
+        return [v for path, attrs in VECTORS[type_] for v in _xyz(msg, path, attrs)]
+    if type_ == JOINT_STATE:
+        return (tuple(msg.name), msg.position, msg.velocity, msg.effort)
+    if type_ == STRING or type_ in SCALARS or type_ in ARRAYS:
+        return msg.data
+    if type_ == COMPRESSED:
+        return _image_bytes(bytes(msg.data), msg.format)
+    return _raw_image(msg)
+
+
+def _image_bytes(data: bytes, format: str = "") -> tuple[str, bytes]:
+    """A CompressedImage's bytes with their codec, from the bytes themselves."""
+    if data[:2] == b"\xff\xd8":
+        return ("jpeg", data)
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return ("png", data)
+    raise DataError(f"format {format!r}: the bytes are neither JPEG nor PNG.")
+
+
+def _raw_image(msg) -> np.ndarray:
+    """A ``sensor_msgs/Image`` as RGB uint8 ``[H, W, 3]`` or depth uint16 ``[H, W]``."""
+    enc = msg.encoding
+    if enc not in RAW_ENCODINGS:
+        raise DataError(f"image encoding {enc!r} is not read (read: {sorted(RAW_ENCODINGS)}).")
+    dtype, channels = RAW_ENCODINGS[enc]
+    h, w, step = int(msg.height), int(msg.width), int(msg.step)
+    item = np.dtype(dtype).itemsize
+    if step < w * channels * item or len(msg.data) < h * step:
+        raise DataError(f"{len(msg.data)} bytes with step {step} do not hold a {h}x{w} "
+                        f"{enc} image.")
+    rows = np.frombuffer(bytes(msg.data), np.uint8, h * step).reshape(h, step)
+    pixels = rows[:, :w * channels * item].copy().view(
+        np.dtype(dtype).newbyteorder(">" if msg.is_bigendian else "<"))
+    pixels = pixels.astype(dtype).reshape(h, w, channels)
+    if enc == "bgr8":
+        return pixels[..., ::-1].copy()
+    if enc == "mono8":
+        return np.repeat(pixels, 3, axis=2)
+    return pixels[..., 0]
+
+
+def _camera(t: _Topic, base: str, rate: float | None):
+    name = base
+    if t.type == COMPRESSED:
+        codecs = {c for c, _ in t.values}
+        if len(codecs) > 1:
+            i = next(i for i, (c, _) in enumerate(t.values) if c != t.values[0][0])
+            raise DataError(f"topic {t.topic} message {i}: a {t.values[i][0]} frame in a "
+                            f"{t.values[0][0]} stream.")
+        codec = t.values[0][0] if t.values else "jpeg"
+        try:
+            shape = _encoded_shape(t.values[0][1]) if t.values else (0, 0, 3)
+        except DataError as e:
+            t.skipped = f"{t.type}: {e}"
+            return
+        data = np.empty(len(t.values), dtype=object)
+        data[:] = [b for _, b in t.values]
+        yield name, StreamSpec(name, "image", "uint8" if len(shape) == 3 else "uint16", shape,
+                               rate, encoding=codec), data
+        return
+    shapes = [v.shape for v in t.values]
+    bad = next((i for i, s in enumerate(shapes) if s != shapes[0]), None)
+    if bad is not None:
+        raise DataError(f"topic {t.topic} message {bad}: a {shapes[bad]} frame in a "
+                        f"{shapes[0]} stream.")
+    data = np.stack(t.values) if t.values else np.zeros((0, 0, 0, 3), np.uint8)
+    yield name, StreamSpec(name, "image", data.dtype.name, tuple(data.shape[1:]), rate), data
+
+
+def _encoded_shape(data: bytes) -> tuple[int, ...]:
+    """The frame shape of JPEG/PNG bytes, from their header: RGB ``(H, W, 3)``, 16-bit grey
+    ``(H, W)``."""
+    pil = require("PIL.Image", "data", "Reading camera frames", "pillow")
+    with pil.open(io.BytesIO(data)) as im:
+        w, h = im.size
+        if im.mode in ("I;16", "I;16B", "I"):
+            return (h, w)
+        if im.mode != "RGB":
+            raise DataError(f"{im.mode} frames, not RGB (or 16-bit depth PNG): no mapping")
+        return (h, w, 3)
+
