@@ -332,7 +332,7 @@ def _open_cache(path: Path, options: dict[str, Any], streams: list[str] | None) 
     def frames_of(name: str, index: int):
         entry = entries[name]
         shape, codec = tuple(entry["shape"]), entry.get("codec", "jpeg")
-        ds = lance.dataset(str(path / "frames" / f"{name.replace('.', '/')}.lance"))
+        ds = lance.dataset(str(path / "frames" / f"{name}.lance"))
         where = f"episode_index = {index}"
 
         def times() -> np.ndarray:
