@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import typer
 
-from robocache.cli import bench, demo, doctor, info, ingest, inspect, merge, preprocess, report
+from robocache.cli import (
+    bench,
+    demo,
+    doctor,
+    info,
+    ingest,
+    inspect,
+    merge,
+    preprocess,
+    report,
+    view,
+)
 
 app = typer.Typer(
     name="robocache",
@@ -25,6 +36,7 @@ app.command("ingest")(ingest.ingest)
 app.command("preprocess")(preprocess.preprocess)
 app.command("merge")(merge.merge)
 app.command("demo")(demo.demo)
+app.command("view")(view.view)
 
 
 def main() -> None:
