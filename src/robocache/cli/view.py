@@ -15,6 +15,7 @@ Rerun viewer opens. Entities and layout: docs/view.md.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,16 +31,6 @@ from robocache.cli._errors import VERBOSE_OPTION_HELP, CommandError, cli_errors
 
 LOOPBACK = "127.0.0.1"
 SERVER_START_S = 60.0
-
-
-def _rate(text: str | None) -> float | str | None:
-    if text is None or text == "native":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise CommandError(f"--rate must be a rate in Hz or 'native'; got {text!r}",
-                           "pass e.g. --rate 50") from None
 
 
 def _check_save(save: Path, path: Path) -> None:
@@ -70,34 +61,43 @@ def _start_server(port: int) -> tuple[subprocess.Popen, str]:
         if not _port_free(p):
             raise CommandError(f"--port {port}: port {p} on {LOOPBACK} is in use (the viewer "
                                f"takes {port} and {port + 1})", "pass another --port")
-    log = tempfile.TemporaryFile()  # what the server says, read only if it fails to start
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rerun", "--serve-web", "--bind", LOOPBACK, "--port",
-         str(port + 1), "--web-viewer-port", str(port)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-    deadline = time.monotonic() + SERVER_START_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            err = log.read().decode(errors="replace").strip().splitlines()
-            why = err[-1] if err else f"exit {proc.returncode}"
-            raise CommandError(f"the Rerun server did not start ({why})",
-                               "check that rerun-sdk is installed and --port is free")
-        if not _port_free(port + 1) and not _port_free(port):
-            return proc, f"rerun+http://{LOOPBACK}:{port + 1}/proxy"
-        time.sleep(0.2)
-    proc.terminate()
+    # what the server says goes to a file (a pipe nobody reads would fill and stall it),
+    # read back only when it fails to start
+    with tempfile.TemporaryFile() as log:
+        # its own session: the launcher and the server binary it starts stop together
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rerun_cli", "--serve-web", "--bind", LOOPBACK, "--port",
+             str(port + 1), "--web-viewer-port", str(port)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + SERVER_START_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                log.seek(0)
+                err = log.read().decode(errors="replace").strip().splitlines()
+                why = err[-1] if err else f"exit {proc.returncode}"
+                raise CommandError(f"the Rerun server did not start ({why})",
+                                   "check that rerun-sdk is installed and --port is free")
+            if not _port_free(port + 1) and not _port_free(port):
+                return proc, f"rerun+http://{LOOPBACK}:{port + 1}/proxy"
+            time.sleep(0.2)
+    _stop(proc)
     raise CommandError(f"the Rerun server did not listen on {LOOPBACK}:{port} within "
                        f"{SERVER_START_S:.0f} s", "pass another --port")
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    """Stop the server started by :func:`_start_server`: its process group (the ``rerun_cli``
+    launcher and the server binary), SIGTERM then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=10)
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def view(
@@ -143,7 +143,7 @@ def view(
                     os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
                 raise CommandError("no display to open the Rerun viewer on",
                                    "pass --save FILE.rrd or --serve")
-            opened = open_view(path, streams=stream or None, rate=_rate(rate),
+            opened = open_view(path, streams=stream or None, rate=rate,
                                **source_options(fps=fps, split=split))
             indices = list(dict.fromkeys(episode)) if episode else opened.episodes[:1]
             if not indices:

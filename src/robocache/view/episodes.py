@@ -411,8 +411,8 @@ def open_view(path: str | Path, *, streams: list[str] | None = None,
         raise FileNotFoundError(f"{path} does not exist.")
     if is_cache(path):
         if rate is not None:
-            raise DataError(f"`rate` (--rate) aligns a source; {path} is a cache, shown on its "
-                            "own grid: drop --rate.")
+            raise DataError(f"`rate` (view --rate, inspect --plot-rate) aligns a source; {path} "
+                            "is a cache, shown on its own grid: drop the rate.")
         return _open_cache(path, options, streams)
     if rate is not None and rate != "native":
         try:
@@ -420,5 +420,6 @@ def open_view(path: str | Path, *, streams: list[str] | None = None,
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise DataError(f"`rate` (--rate) must be a rate > 0 Hz or 'native'; got {rate!r}.")
+            raise DataError(f"`rate` (view --rate, inspect --plot-rate) must be a rate > 0 Hz "
+                            f"or 'native'; got {rate!r}.")
     return _open_source(path, options, streams, rate)
