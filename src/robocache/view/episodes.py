@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from robocache._optional import require
-from robocache.data.episode import Episode, Source, StreamSpec
+from robocache.data.episode import Episode, Source, Stream, StreamSpec
 from robocache.errors import DataError
 
 CHUNK_FRAMES = 32
@@ -129,21 +129,14 @@ def _source_frames(episode: Episode, name: str, spec: StreamSpec) -> Callable[[i
     return video if s.data is None and s.video is not None else inline
 
 
-def _source_frame_times(episode: Episode, name: str) -> Callable[[], np.ndarray]:
-    """When a source camera's frames were taken: its timestamps, or for a video the times
-    of the frames the episode's span of the file holds (read without decoding)."""
-    s = episode.streams[name]
-    if s.data is not None or s.video is None:
-        return lambda: s.times
+def _video_times(s: Stream) -> np.ndarray:
+    """The episode's frame times in a video stream's file (from the episode start), read
+    without decoding: the times ingest aligns a video by (the reader's are the data rows')."""
+    from robocache.data.cameras import video_times
 
-    def video() -> np.ndarray:
-        from robocache.data.cameras import video_times
-
-        start = s.video.from_timestamp
-        return video_times(s.video.path, start + float(s.times[0]),
-                           start + float(s.times[-1])) - start
-
-    return video
+    start = s.video.from_timestamp
+    return video_times(s.video.path, start + float(s.times[0]),
+                       start + float(s.times[-1])) - start
 
 
 @dataclass
@@ -209,11 +202,14 @@ def _read_native(src: Source, index: int, specs: dict[str, StreamSpec]
 
     try:
         episode = src.read(index)
+        episode.streams = {n: s for n, s in episode.streams.items() if n in specs}
+        for name, s in episode.streams.items():
+            if s.data is None and s.video is not None and len(s):
+                episode.streams[name] = Stream(s.spec, _video_times(s), None, s.video)
     except MemoryError:
         raise
-    except Exception as e:  # readers fail in their own ways on a corrupt file
+    except Exception as e:  # readers and demuxers fail in their own ways on a corrupt file
         return None, _reason(src, index, e)
-    episode.streams = {n: s for n, s in episode.streams.items() if n in specs}
     try:
         check_episode(episode, specs)
     except DataError as e:
@@ -280,7 +276,7 @@ def _open_source(path: Path, options: dict[str, Any], streams: list[str] | None,
                 s = episode.streams.get(name)
                 if spec.kind in ("image", "video") and s is not None and len(s):
                     view._frames[name] = _source_frames(episode, name, spec)
-                    view._frame_times[name] = _source_frame_times(episode, name)
+                    view._frame_times[name] = lambda s=s: s.times
         return view
 
     return Opened(path, "source", src.format, str(path), specs, list(src.episode_indices()),
@@ -370,7 +366,7 @@ def _open_cache(path: Path, options: dict[str, Any], streams: list[str] | None) 
             elif spec.kind in ("image", "video") and episode is not None and \
                     len(episode.streams.get(name, ())):
                 view._frames[name] = _source_frames(episode, name, spec)
-                view._frame_times[name] = _source_frame_times(episode, name)
+                view._frame_times[name] = lambda s=episode.streams[name]: s.times
         return view
 
     fmt = manifest.get("source", {}).get("format", "unknown")

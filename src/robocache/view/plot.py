@@ -33,7 +33,10 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b) - 1) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
-def _rate(t: np.ndarray) -> str:
+def _rate(t: np.ndarray, kind: str) -> str:
+    """A lane's label: the measured rate (median interval), or the count of events."""
+    if kind == "event":
+        return f"{len(t)} event{'s' if len(t) != 1 else ''}"
     d = np.diff(t)
     d = d[d > 0]
     return f"{1.0 / float(np.median(d)):.1f} Hz" if d.size else "sparse"
@@ -154,7 +157,7 @@ def plot_episode(opened: Opened, view: EpisodeView, out: str | Path,
                     if window[0] <= tk <= window[1] or col_i == 0:
                         ax.text(tk, k + 1, f" {txt}", fontsize=7, color=EVENT_COLOR,
                                 ha="left", va="center", clip_on=True)
-        labels = [f"{n}  ({_rate(times[n])})" for n in lanes]
+        labels = [f"{n}  ({_rate(times[n], view.specs[n].kind)})" for n in lanes]
         if grid is not None:
             ax.vlines(grid, -0.4, 0.4, color="black", lw=0.8 if col_i else 0.4)
             labels = [f"grid  ({view.rate_hz:g} Hz)"] + labels
@@ -197,7 +200,8 @@ def plot_episode(opened: Opened, view: EpisodeView, out: str | Path,
                             drawstyle=steps, label=names[k] if k < len(names) else f"[{k}]")
             if col_i == 0:
                 more = f" (first {MAX_DIMS} of {dims} dims)" if dims > MAX_DIMS else ""
-                ax.set_ylabel(f"{name}\n{method}{more}", fontsize=8)
+                how = method if cols is not None else "native"
+                ax.set_ylabel(f"{name}\n{how}{more}", fontsize=8)
                 if dims > 1:
                     ax.legend(handles=[Line2D([], [], color=cmap(k % 10), marker=".",
                                               label=names[k] if k < len(names) else f"[{k}]")
@@ -224,8 +228,11 @@ def plot_episode(opened: Opened, view: EpisodeView, out: str | Path,
                 if col_i:
                     ax.plot(grid, 1e3 * np.asarray(cols[f"{c}/offset"], np.float64), "|",
                             color="black", ms=5)
+            if cols is None:
+                ax.set_yticks([])
             if col_i == 0:
-                ax.set_ylabel(f"{name}\nframe − step, ms", fontsize=8)
+                ax.set_ylabel(f"{name}\n" + ("frame − step, ms" if cols is not None
+                                              else "frame times"), fontsize=7)
             ax.tick_params(labelsize=7)
 
     for ax in axes[1:].ravel():
