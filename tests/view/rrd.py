@@ -11,7 +11,8 @@ import numpy as np
 def read_rrd(path: Path) -> tuple[dict[str, dict], dict[str, str]]:
     """``(temporal, static)``: per entity path (without the leading ``/``) its samples in
     ``time`` order (``time`` int64 ns, ``step`` or ``None``, ``scalars`` float64 ``[n, D]``,
-    ``text`` list, ``images`` count, ``depth`` count); and the static text documents."""
+    ``text`` list, ``images`` count (decoded or JPEG/PNG), ``encoded`` count (JPEG/PNG),
+    ``depth`` count); and the static text documents."""
     from rerun.chunk import RrdReader
 
     parts: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
@@ -34,7 +35,8 @@ def read_rrd(path: Path) -> tuple[dict[str, dict], dict[str, str]]:
             p["scalars"] += batch.column("Scalars:scalars").to_pylist()
         if "TextLog:text" in names:
             p["text"] += [v[0] for v in batch.column("TextLog:text").to_pylist()]
-        for kind, col in (("images", "Image:buffer"), ("depth", "DepthImage:buffer")):
+        for kind, col in (("images", "Image:buffer"), ("images", "EncodedImage:blob"),
+                          ("encoded", "EncodedImage:blob"), ("depth", "DepthImage:buffer")):
             if col in names:
                 p[kind].append(np.full(batch.num_rows, 1))
     out = {}
@@ -48,6 +50,7 @@ def read_rrd(path: Path) -> tuple[dict[str, dict], dict[str, str]]:
             "text": [p["text"][k] for k in order] if p["text"] else None,
             "images": int(sum(len(x) for x in p["images"])),
             "depth": int(sum(len(x) for x in p["depth"])),
+            "encoded": int(sum(len(x) for x in p["encoded"])),
         }
     return out, static
 

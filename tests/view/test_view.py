@@ -136,8 +136,9 @@ def test_cache_with_quarantine_and_a_moved_source(tmp_path, rng):
         for name in NUMERIC:  # the source's own samples, read again
             assert_times(got[f"episode_{index}/native/{name}"]["time"],
                          src.read(index).streams[name].times)
-        cam = got[f"episode_{index}/native/observation.images.cam"]  # the cache's frames
-        assert cam["images"] == len(episodes[index].streams["observation.images.cam"])
+        cam = got[f"episode_{index}/native/observation.images.cam"]  # the cache's JPEGs
+        assert cam["encoded"] == len(episodes[index].streams["observation.images.cam"])
+        assert_times(cam["time"], src.read(index).streams["observation.images.cam"].times)
     assert "episode 1:" in static["quarantined"] and "observation.pose" in \
         static["quarantined"]
     assert "quarantined" in static["episode_1/info"]

@@ -180,7 +180,8 @@ def inspect(
                                     "seconds (default: 24 grid steps around the first event)."),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
 ):
-    """Print what a dataset holds: episodes, streams, rates, shapes, durations.
+    """Print what a dataset holds: episodes, streams, rates, shapes, durations; with --plot,
+    also draw one episode's streams, native and aligned, on one time axis.
 
     Exit codes: 0 success;
     2 bad usage or input (one line on stderr: the problem and the fix);

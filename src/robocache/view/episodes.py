@@ -28,6 +28,9 @@ CHUNK_FRAMES = 32
 
 # (times float64 [n], frames [n, H, W, C] uint8 or [n, H, W] uint16)
 FrameChunks = Iterator[tuple[np.ndarray, np.ndarray]]
+# (times float64 [n], n JPEG/PNG byte strings)
+EncodedChunks = Iterator[tuple[np.ndarray, list[bytes]]]
+MEDIA_TYPES = {"jpeg": "image/jpeg", "png": "image/png"}
 
 
 @dataclass
@@ -61,6 +64,8 @@ class EpisodeView:
     problem: str | None = None
     _frames: dict[str, Callable[[int], FrameChunks]] = field(default_factory=dict, repr=False)
     _frame_times: dict[str, Callable[[], np.ndarray]] = field(default_factory=dict, repr=False)
+    _encoded: dict[str, tuple[str, Callable[[int], EncodedChunks]]] = field(
+        default_factory=dict, repr=False)
 
     @property
     def cameras(self) -> list[str]:
@@ -75,6 +80,16 @@ class EpisodeView:
         """Camera ``name``'s frames, decoded ``chunk`` at a time: yields (times float64 ``[n]``,
         frames uint8 ``[n, H, W, 3]``, or uint16 ``[n, H, W]`` for depth)."""
         return self._frames[name](chunk)
+
+    def media_type(self, name: str) -> str | None:
+        """``"image/jpeg"``/``"image/png"`` when camera ``name``'s RGB frames are stored
+        encoded (a cache's frames, a source's own JPEG/PNG bytes), else ``None``."""
+        return self._encoded[name][0] if name in self._encoded else None
+
+    def encoded(self, name: str, chunk: int = CHUNK_FRAMES) -> EncodedChunks:
+        """Camera ``name``'s frames as stored (see :meth:`media_type`), ``chunk`` at a time:
+        yields (times float64 ``[n]``, ``n`` byte strings); nothing is decoded."""
+        return self._encoded[name][1](chunk)
 
 
 def _hwc(frames) -> np.ndarray:
@@ -93,6 +108,20 @@ def _decode_encoded(data: list[bytes], shape, dtype: str, codec: str) -> np.ndar
     frames = EncodedFrames.from_table(pa.table({"encoded": pa.array(data, pa.binary())}),
                                       shape, dtype, codec)
     return _hwc(decode(frames, torch.arange(len(data))))
+
+
+def _rgb(shape) -> bool:
+    return len(shape) == 3 and shape[-1] == 3
+
+
+def _source_encoded(episode: Episode, name: str) -> Callable[[int], EncodedChunks]:
+    s = episode.streams[name]
+
+    def chunks(chunk: int) -> EncodedChunks:
+        for a in range(0, len(s), chunk):
+            yield s.times[a:a + chunk], [bytes(b) for b in s.data[a:a + chunk]]
+
+    return chunks
 
 
 def _source_frames(episode: Episode, name: str, spec: StreamSpec) -> Callable[[int], FrameChunks]:
@@ -277,6 +306,9 @@ def _open_source(path: Path, options: dict[str, Any], streams: list[str] | None,
                 if spec.kind in ("image", "video") and s is not None and len(s):
                     view._frames[name] = _source_frames(episode, name, spec)
                     view._frame_times[name] = lambda s=s: s.times
+                    if spec.encoding in MEDIA_TYPES and _rgb(spec.shape):
+                        view._encoded[name] = (MEDIA_TYPES[spec.encoding],
+                                               _source_encoded(episode, name))
         return view
 
     return Opened(path, "source", src.format, str(path), specs, list(src.episode_indices()),
@@ -336,15 +368,20 @@ def _open_cache(path: Path, options: dict[str, Any], streams: list[str] | None) 
             order = np.argsort(t.column("frame").to_numpy())
             return t.column("timestamp").to_numpy()[order]
 
-        def chunks(chunk: int) -> FrameChunks:
+        def stored(chunk: int) -> EncodedChunks:
             for batch in ds.to_batches(columns=["timestamp", "encoded"], filter=where,
                                        batch_size=chunk):
                 if batch.num_rows:
-                    yield (batch.column("timestamp").to_numpy(),
-                           _decode_encoded(batch.column("encoded").to_pylist(), shape,
-                                           entry["dtype"], codec))
+                    yield batch.column("timestamp").to_numpy(), \
+                        batch.column("encoded").to_pylist()
 
-        return times, chunks
+        def chunks(chunk: int) -> FrameChunks:
+            for t, data in stored(chunk):
+                yield t, _decode_encoded(data, shape, entry["dtype"], codec)
+
+        encoded = (MEDIA_TYPES[codec], stored) if _rgb(shape) and codec in MEDIA_TYPES \
+            else None
+        return times, chunks, encoded
 
     def read(index: int) -> EpisodeView:
         episode, problem = _read_native(src, index, specs) if src is not None else (None, None)
@@ -362,7 +399,9 @@ def _open_cache(path: Path, options: dict[str, Any], streams: list[str] | None) 
                            _where(src, index, source), tasks, problem)
         for name, spec in specs.items():
             if spec.kind in ("image", "video") and index in cached:
-                view._frame_times[name], view._frames[name] = frames_of(name, index)
+                view._frame_times[name], view._frames[name], encoded = frames_of(name, index)
+                if encoded is not None:
+                    view._encoded[name] = encoded
             elif spec.kind in ("image", "video") and episode is not None and \
                     len(episode.streams.get(name, ())):
                 view._frames[name] = _source_frames(episode, name, spec)

@@ -87,9 +87,17 @@ def _changes(t: np.ndarray, values) -> tuple[np.ndarray, list]:
 
 
 def _images(rec, path: str, view: EpisodeView, name: str, chunk: int) -> int:
-    """Send camera ``name``'s frames in chunks; returns the number sent."""
+    """Send camera ``name``'s frames in chunks: as stored when they are JPEG/PNG (RGB),
+    decoded otherwise (video, raw arrays, depth); returns the number sent."""
     rr = _rr()
     sent = 0
+    media = view.media_type(name)
+    if media is not None:  # JPEG/PNG as stored: the viewer decodes them
+        for t, blobs in view.encoded(name, chunk):
+            rec.send_columns(path, indexes=[_time(t)], columns=rr.EncodedImage.columns(
+                blob=blobs, media_type=[media] * len(blobs)))
+            sent += len(blobs)
+        return sent
     for t, frames in view.frames(name, chunk):
         n, h, w = frames.shape[:3]
         depth = frames.dtype == np.uint16
