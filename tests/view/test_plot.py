@@ -72,3 +72,12 @@ def test_plot_bad_input(tmp_path, source, args, needle):
     code, out = inspect(source, *[a.format(tmp=tmp_path, src=source) for a in args])
     assert code == 2 and needle in out and "Traceback" not in out, out
     assert not list(tmp_path.glob("p.*"))
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path, source, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code, out = inspect(source, "--plot", tmp_path / "p.png")
+    assert code == 2 and "robocache[view]" in out, out
+    assert not (tmp_path / "p.png").exists()
