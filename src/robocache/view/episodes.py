@@ -111,10 +111,12 @@ def _decode_encoded(data: list[bytes], shape, dtype: str, codec: str) -> np.ndar
 
 
 def _rgb(shape) -> bool:
+    """Whether frames of this shape are RGB ``[H, W, 3]`` (depth is ``[H, W]``/``[H, W, 1]``)."""
     return len(shape) == 3 and shape[-1] == 3
 
 
 def _source_encoded(episode: Episode, name: str) -> Callable[[int], EncodedChunks]:
+    """Chunks of a source camera's own JPEG/PNG bytes, as the reader returned them."""
     s = episode.streams[name]
 
     def chunks(chunk: int) -> EncodedChunks:
