@@ -230,9 +230,11 @@ def plot_episode(opened: Opened, view: EpisodeView, out: str | Path,
                             color="black", ms=5)
             if cols is None:
                 ax.set_yticks([])
-            if col_i == 0:
-                ax.set_ylabel(f"{name}\n" + ("frame − step, ms" if cols is not None
-                                              else "frame times"), fontsize=7)
+            if col_i == 0:  # camera rows are short: the name inside, the unit beside
+                ax.text(0.004, 0.94, name, transform=ax.transAxes, fontsize=8, va="top",
+                        bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
+                ax.set_ylabel("frame − step\n(ms)" if cols is not None else "frame times",
+                              fontsize=7)
             ax.tick_params(labelsize=7)
 
     for ax in axes[1:].ravel():
