@@ -280,3 +280,25 @@ def test_serve_listens_on_loopback_only_until_interrupted(tmp_path, lerobot):
     time.sleep(0.5)
     assert not [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
                 and c.laddr.port in (port, port + 1)]
+
+
+def test_a_source_episode_failing_its_checks_is_listed_and_still_shown(tmp_path, rng):
+    import pyarrow as pa
+
+    episodes = [make_episode(i, rng) for i in range(2)]
+    write_lerobot(tmp_path / "src", episodes, SPECS, fps=25.0, version="v2.1")
+    path = tmp_path / "src/data/chunk-000/episode_000001.parquet"
+    table = pq.read_table(path)
+    ts = table.column("timestamp").to_numpy().copy()
+    ts[[2, 5]] = ts[[5, 2]]
+    pq.write_table(table.set_column(table.column_names.index("timestamp"), "timestamp",
+                                    pa.array(ts)), path)
+    code, out = run(tmp_path / "src", "--episode", 1, "--rate", RATE,
+                    "--save", tmp_path / "v.rrd")
+    assert code == 0, out
+    assert "quarantined episode 1:" in out and "decrease" in out
+    got, static = read_rrd(tmp_path / "v.rrd")
+    assert "decrease" in static["quarantined"] and "quarantined" in static["episode_1/info"]
+    # shown anyway, so the defect can be seen: the swapped rows out of order on the timeline
+    assert len(got["episode_1/native/action"]["time"]) == len(episodes[1].streams["action"])
+    assert not any(p.startswith("episode_1/aligned") for p in got)
