@@ -19,6 +19,7 @@ from robocache.cli import (
     merge,
     preprocess,
     report,
+    view,
 )
 
 app = typer.Typer(
@@ -40,6 +41,7 @@ app.command("preprocess")(preprocess.preprocess)
 app.command("merge")(merge.merge)
 app.command("export")(export.export)
 app.command("demo")(demo.demo)
+app.command("view")(view.view)
 
 
 def main() -> None:

@@ -2,10 +2,12 @@
 
     $ robocache inspect data/sample/panda_multirate
     $ robocache inspect /tmp/panda.cache --json
+    $ robocache inspect /tmp/panda.cache --plot episode0.png --plot-episode 0
 
 For a source dataset: format, episodes, and per stream its kind, dtype, shape, declared rate,
 the rate measured from its timestamps (median interval) and the samples read, over the first
-``--episodes`` episodes. For a cache: its manifest summary.
+``--episodes`` episodes. For a cache: its manifest summary. ``--plot FILE.png`` also draws one
+episode's streams on one time axis, before and after alignment (see docs/view.md).
 """
 
 from __future__ import annotations
@@ -129,6 +131,39 @@ def _print_cache(console, facts: dict) -> None:
         console.print(f"  quarantined episode {q['index']}: {q['reason']}")
 
 
+def _window(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    start, sep, end = text.partition(":")
+    try:
+        if sep:
+            return float(start), float(end)
+    except ValueError:
+        pass
+    raise CommandError(f"--plot-window must be START:END in seconds; got {text!r}",
+                       "pass e.g. --plot-window 2.0:2.5")
+
+
+def _plot(path: Path, out: Path, episode: int | None, rate: str | None, window: str | None,
+          fps: float | None, split: str | None) -> str:
+    """Draw the episode into ``out`` (a .png outside ``path``); returns the file written."""
+    from robocache.cli.ingest import source_options
+    from robocache.view.episodes import open_view
+    from robocache.view.plot import plot_episode
+
+    if out.suffix.lower() != ".png":
+        raise CommandError(f"--plot must name a .png file; got {out}", "pass e.g. --plot ep.png")
+    if out.resolve().is_relative_to(path.resolve()):
+        raise CommandError(f"--plot {out} lies inside {path}, which is never written",
+                           "write the picture elsewhere")
+    zoom = _window(window)
+    opened = open_view(path, rate=rate, **source_options(fps=fps, split=split))
+    index = episode if episode is not None else (opened.episodes or [None])[0]
+    if index is None:
+        raise CommandError(f"{path} has no episode to plot", "ingest or fix the dataset")
+    return str(plot_episode(opened, opened.episode(index), out, window=zoom))
+
+
 def inspect(
     path: Path = typer.Argument(..., help="Dataset directory/file, or a RoboCache cache."),
     episodes: int = typer.Option(5, help="Episodes to read for measured rates and durations."),
@@ -136,9 +171,18 @@ def inspect(
                               "RLDS)."),
     split: str = typer.Option(None, help="RLDS split: train, val, train[:95%], train[:10]+val."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    plot: Path = typer.Option(None, "--plot", help="Also draw one episode's streams on one "
+                              "time axis, native and aligned, into this .png file."),
+    plot_episode: int = typer.Option(None, "--plot-episode", help="--plot: the episode "
+                                     "(default: the first)."),
+    plot_rate: str = typer.Option(None, "--plot-rate", help="--plot of a source: align it to "
+                                  "this rate (Hz, or 'native') on the CPU, as ingest would."),
+    plot_window: str = typer.Option(None, "--plot-window", help="--plot: the zoom, START:END "
+                                    "seconds (default: 24 grid steps around the first event)."),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
 ):
-    """Print what a dataset holds: episodes, streams, rates, shapes, durations.
+    """Print what a dataset holds: episodes, streams, rates, shapes, durations; with --plot,
+    also draw one episode's streams, native and aligned, on one time axis.
 
     Exit codes: 0 success;
     2 bad usage or input (one line on stderr: the problem and the fix);
@@ -154,10 +198,14 @@ def inspect(
             raise CommandError(f"--episodes must be >= 1; got {episodes}",
                                "pass the number of episodes to read, e.g. --episodes 5")
         facts = summarize(path, episodes, fps, split)
+        if plot is not None:
+            facts["plot"] = _plot(path, plot, plot_episode, plot_rate, plot_window, fps, split)
     if as_json:
         typer.echo(json.dumps(facts, indent=2))
         return
     console = make_console()
+    if "plot" in facts:
+        console.print(f"plot: {facts['plot']}")
     if "cache" in facts:
         _print_cache(console, facts)
         return

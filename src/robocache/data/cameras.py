@@ -27,6 +27,7 @@ import io
 import os
 import threading
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -125,14 +126,25 @@ def _frame_numbers(t: np.ndarray, rate: float | None) -> np.ndarray:
     return np.rint(t * rate).astype(np.int64) if rate else np.arange(len(t), dtype=np.int64)
 
 
-def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float):
+def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
+                 rates: list | None = None) -> Iterator[tuple[np.ndarray, float]]:
+    """Decode the frames of ``path`` shown in ``[start_s, end_s]`` (file seconds) with PyAV,
+    one at a time: yields (uint8 ``[H, W, 3]`` frame, file timestamp), so a caller holds only
+    the frames it keeps. ``rates``: when given, the stream's average rate (or ``None``) is
+    appended to it once the file is open.
+
+    Raises:
+        DataError: the file is missing, unreadable or in a codec this FFmpeg build cannot
+            decode.
+    """
     av = _av()
-    frames, times = [], []
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             tb = float(stream.time_base)
+            if rates is not None:
+                rates.append(float(stream.average_rate or 0) or None)
             if start_s > 0:
                 container.seek(int(start_s / tb), stream=stream, backward=True)
             for frame in container.decode(stream):
@@ -143,11 +155,16 @@ def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float):
                     continue
                 if t > end_s + tolerance_s:
                     break
-                frames.append(frame.to_ndarray(format="rgb24"))
-                times.append(t)
-            rate = float(stream.average_rate or 0) or None
+                yield frame.to_ndarray(format="rgb24"), t
     except (av.error.FFmpegError, OSError, IndexError) as e:
         raise DataError(f"video {path}: cannot decode ({type(e).__name__}: {e}).") from e
+
+
+def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float):
+    rates: list = []
+    decoded = list(video_frames(path, start_s, end_s, tolerance_s, rates))
+    frames, times = [f for f, _ in decoded], [t for _, t in decoded]
+    rate = rates[0] if rates else None
     _check_span(path, times, end_s, tolerance_s, rate)
     t = np.asarray(times, np.float64)
     return np.stack(frames), t, _frame_numbers(t, rate)
@@ -199,6 +216,21 @@ def _scan(path, start_s: float, end_s: float, tolerance_s: float):
         raise _NotForNvdec(f"{path}: a stream without an average frame rate")
     position = np.rint((t - first) * rate).astype(np.int64)
     return t, codec, reordered, size, rate, position
+
+
+def video_times(path, start_s: float, end_s: float, tolerance_s: float = 1e-4) -> np.ndarray:
+    """float64 ``[F]`` file seconds of the frames of ``path`` shown in ``[start_s, end_s]``,
+    read from the container without decoding (decoded only for a stream without an average
+    rate).
+
+    Raises:
+        DataError: the file is missing, unreadable or truncated.
+    """
+    try:
+        return _scan(path, start_s, end_s, tolerance_s)[0]
+    except _NotForNvdec:
+        return np.asarray([t for _, t in video_frames(path, start_s, end_s, tolerance_s)],
+                          np.float64)
 
 
 def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, decoder: str,
