@@ -273,6 +273,27 @@ def test_corrupt_zarr_chunk_then_retry(pristine, tmp_path):
     assert r.code == 3 and retried.code == 0 and ok
 
 
+def test_missing_zarr_chunk(pristine, tmp_path):
+    from robocache.data.cache import build
+
+    src, clean = pristine["zarr"]
+    src = fl.copy_source(src, tmp_path)
+    (src / "data" / "action" / "3.0").unlink()
+    r = ingest(src, tmp_path / "cache")
+    reasons = quarantined(tmp_path / "cache")
+    ok = list(reasons) == [3] and "data/action/3.0" in reasons[3] and \
+        "rows 90:120" in reasons[3] and fl.same_as_clean(tmp_path / "cache", clean, [0, 1, 2, 4, 5])
+    # a writer that left out all-fill chunks on purpose: read as zarr does, when asked
+    filled = build(src, tmp_path / "filled", rate_hz=fl.RATE, device="cpu", progress=False,
+                   source_options={"fps": fl.FPS, "missing_chunks": "fill"})
+    zeros = fl.load_cache(tmp_path / "filled")[3].column("action").to_pylist()
+    fl.record("zarr: one missing chunk", f"its episode quarantined (chunk, rows), the rest cached, "
+              f"exit {r.code}; read as the fill value only with missing_chunks='fill'",
+              lost=not ok, traceback=r.traceback)
+    assert r.code == 3 and ok
+    assert filled["counts"]["cached"] == fl.EPISODES and all(v == [0, 0] for v in zeros)
+
+
 @pytest.mark.parametrize("ends, bad, code", [
     ([30, 60, 45, 120, 150, 180], [2, 3], 3),  # decreasing: empty, then overlapping
     ([30, 60, 90, 120, 150, 200], [5], 3),  # past the data

@@ -53,7 +53,8 @@ def open_source(path: str | Path, format: str | None = None, **options: Any) -> 
         format: ``"lerobot"``, ``"zarr-replay"``, ``"robomimic"`` or ``"rlds"``; ``None``
             detects.
         **options: reader options, e.g. ``fps=10.0`` for sources without timestamps (zarr,
-            HDF5, RLDS), ``split="train[:95%]"`` for RLDS.
+            HDF5, RLDS), ``split="train[:95%]"`` for RLDS, ``missing_chunks="fill"`` for a
+            zarr buffer whose writer left out chunks equal to the fill value.
 
     Returns:
         The reader (``specs``, ``episode_indices()``, ``read(index)``).
