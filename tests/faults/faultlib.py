@@ -116,6 +116,12 @@ def same_as_clean(dest: Path, clean: Path, indices) -> bool:
     return all(got[i].equals(want[i]) for i in indices)
 
 
+def truncate(path: Path, keep: float = 0.5) -> None:
+    """Cut ``path`` to ``keep`` of its bytes (a file whose copy or write was interrupted)."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
 def copy_source(src: Path, root: Path) -> Path:
     out = root / src.name
     (shutil.copytree if src.is_dir() else shutil.copy2)(src, out)

@@ -217,14 +217,9 @@ def test_truncated_manifest(pristine, tmp_path):
 
 # --- corrupt and truncated files ------------------------------------------------------------
 
-def truncate(path, keep: float = 0.5) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * keep)])
-
-
 def test_truncated_parquet_v30(pristine, tmp_path):
     src = fl.copy_source(pristine["lerobot-v3.0"][0], tmp_path)
-    truncate(src / "data" / "chunk-000" / "file-000.parquet")
+    fl.truncate(src / "data" / "chunk-000" / "file-000.parquet")
     before = fl.tree_hash(src)
     seen = fl.cli("inspect", src)
     r = ingest(src, tmp_path / "cache")
@@ -241,7 +236,7 @@ def test_truncated_parquet_v30(pristine, tmp_path):
 def test_truncated_parquet_v21(pristine, tmp_path):
     src, clean = pristine["lerobot-v2.1"]
     src = fl.copy_source(src, tmp_path)
-    truncate(src / "data" / "chunk-000" / "episode_000002.parquet")
+    fl.truncate(src / "data" / "chunk-000" / "episode_000002.parquet")
     r = ingest(src, tmp_path / "cache")
     reasons = quarantined(tmp_path / "cache")
     ok = list(reasons) == [2] and "episode_000002.parquet" in reasons[2] and \
@@ -344,7 +339,7 @@ def test_unreadable_hdf5(pristine, tmp_path, damage):
     if damage == "junk":
         src.write_bytes(b"this is not an HDF5 file" * 10)
     else:
-        truncate(src, 0.3)
+        fl.truncate(src, 0.3)
     r = ingest(src, tmp_path / "cache")
     fl.record(f"robomimic HDF5: {damage} file", f"one line, exit {r.code}",
               traceback=r.traceback)
