@@ -92,6 +92,42 @@ def test_overwrite_replaces_a_cache_and_says_what_it_removes(pristine, tmp_path)
     assert r.code == 0 and "removing the RoboCache cache" in r.stderr and ok
 
 
+def test_overwrite_keeps_what_the_cache_does_not_own(pristine, tmp_path):
+    src, clean = pristine["lerobot-v3.0"]
+    dest = tmp_path / "cache"
+    assert ingest(src, dest, "--key", "state").code == 0
+    (dest / "my_notes.txt").write_text("keep me")
+    (dest / "checkpoints").mkdir()
+    (dest / "checkpoints" / "step_100.pt").write_bytes(b"\1" * 64)
+    mine = {p: fl.tree_hash(dest / p) for p in ("my_notes.txt", "checkpoints")}
+    r = ingest(src, dest, "--overwrite")
+    kept = all(fl.tree_hash(dest / p) == h for p, h in mine.items())
+    ok = kept and fl.same_as_clean(dest, clean, ALL)
+    fl.record("--overwrite on a cache that also holds my_notes.txt and checkpoints/",
+              f"removes only what the manifest says the cache owns (listed, and what it keeps), "
+              f"rebuilds, exit {r.code}", lost=not ok, traceback=r.traceback)
+    assert r.code == 0 and ok and "keeping what is not the cache's: checkpoints, my_notes.txt" \
+        in r.stderr
+
+
+def test_a_stray_manifest_without_tables_is_not_a_cache(pristine, tmp_path):
+    src, clean = pristine["lerobot-v3.0"]
+    dest = tmp_path / "experiment"
+    (dest / "runs" / "0").mkdir(parents=True)
+    (dest / "experiment.yaml").write_text("lr: 1e-4\n")
+    (dest / "runs" / "0" / "log.txt").write_text("epoch 1\n")
+    (dest / "manifest.json").write_bytes((clean / "manifest.json").read_bytes())
+    before = fl.tree_hash(dest)
+    results = [ingest(src, dest, "--overwrite"), ingest(src, dest)]
+    lost = fl.tree_hash(dest) != before
+    fl.record("--overwrite (or a resume) on a dir with experiment.yaml, runs/ and a stray "
+              "manifest.json of a cache but no Lance tables",
+              f"refused naming the missing tables, nothing deleted, exit {results[0].code}",
+              lost=lost, traceback=any(r.traceback for r in results))
+    assert all(failed_cleanly(r, 2) and "data.lance" in r.stderr for r in results)
+    assert not lost
+
+
 def test_dest_is_a_file(pristine, tmp_path):
     dest = tmp_path / "file"
     dest.write_text("x")

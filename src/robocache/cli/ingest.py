@@ -44,8 +44,9 @@ ShardOpt = Annotated[str, typer.Option(help="Cache only shard i/n of the episode
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")]
 ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
 OverwriteOpt = Annotated[bool, typer.Option(
-    help="Delete the RoboCache cache at DEST first (says what it removes; a directory that is "
-         "not a cache is never deleted).")]
+    help="Delete the RoboCache cache at DEST first: only the files and tables its manifest "
+         "says it owns (says what it removes; other files stay; a directory that is not a "
+         "cache is never touched).")]
 RetryOpt = Annotated[bool, typer.Option(
     "--retry-quarantined", help="Read again the episodes an earlier run quarantined.")]
 WaitOpt = Annotated[bool, typer.Option(

@@ -75,6 +75,7 @@ from robocache.data.cameras import (
 )
 from robocache.data.episode import Episode, Source, Stream, StreamSpec, check_episode
 from robocache.data.lock import LOCK_NAME, CacheLock
+from robocache.data.owned import check_tables, remove_owned
 from robocache.errors import DataError
 from robocache.observability import metrics
 
@@ -97,8 +98,9 @@ class CacheConfig:
             (LeRobot's ``tolerance_s``); > 0.
         episodes: source episode indices to ingest (default: all).
         source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer.
-        overwrite: delete the cache at the destination instead of resuming it (only a directory
-            recognised as a RoboCache cache is ever deleted).
+        overwrite: delete the cache at the destination instead of resuming it (only the files
+            and tables its manifest says the cache owns are deleted, see
+            :mod:`robocache.data.owned`; anything else there stays).
         retry_quarantined: read again the episodes an earlier run quarantined (by default a
             resume leaves them quarantined).
         wait: when another process is writing the destination, wait for it to finish instead
@@ -715,22 +717,19 @@ def _check_dest(source: Path, dest: Path) -> None:
         raise DataError(f"DEST {dest} is not empty and is not a RoboCache cache (no manifest.json "
                         "of one), so it is neither resumed nor removed (--overwrite removes only "
                         "caches); choose a new or empty destination.")
+    if dest.is_dir() and is_cache(dest):
+        check_tables(dest)
 
 
 def _remove_cache(dest: Path, log) -> None:
-    """Delete the cache at ``dest`` (checked by :func:`_check_dest`), keeping the held lock file;
-    says what it removes."""
-    import shutil
-
+    """Delete the cache at ``dest`` (checked by :func:`_check_dest`): only what its manifest
+    says it owns (:func:`robocache.data.owned.owned`), keeping the held lock file; says what it
+    removes and what it keeps."""
     try:
         cached = (read_manifest(dest) or {}).get("counts", {}).get("cached", "unfinished")
     except DataError:
         cached = "unreadable manifest"
-    entries = sorted(p for p in dest.iterdir() if p.name != LOCK_NAME)
-    log(f"overwrite: removing the RoboCache cache at {dest} (episodes: {cached}): "
-        + ", ".join(p.name for p in entries))
-    for p in entries:
-        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    remove_owned(dest, log, cached)
 
 
 # the manifest fields that identify a cache's configuration: a resume or merge must match them
