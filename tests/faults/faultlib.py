@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,6 +172,35 @@ def cli_process(*args: str, fsize: int, timeout: float = 120) -> Result:
     p = subprocess.run([sys.executable, "-c", RUNNER, str(fsize), *map(str, args)],
                        env=env, capture_output=True, text=True, timeout=timeout)
     return Result(p.returncode, p.stdout, p.stderr)
+
+
+# A writer whose source reads slowly: `build` of every episode, `delay` seconds per read.
+SLOW_BUILD = """
+import sys, time
+from robocache.data.cache import build
+from robocache.data.formats import open_source
+src = open_source(sys.argv[1])
+read = src.read
+def slow(i):
+    time.sleep(float(sys.argv[3]))
+    return read(i)
+src.read = slow
+build(src, sys.argv[2], rate_hz=float(sys.argv[4]), progress=False, device="cpu")
+"""
+
+
+def slow_writer(src: Path, dest: Path, delay: float) -> subprocess.Popen:
+    """Start a slow writer of ``dest`` (see :data:`SLOW_BUILD`); return once it holds the lock."""
+    from robocache.data.lock import holder
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, str(src), str(dest), str(delay),
+                             str(RATE)], env=env)
+    deadline = time.monotonic() + 60
+    while holder(dest) is None:
+        assert proc.poll() is None and time.monotonic() < deadline, "the writer did not start"
+        time.sleep(0.02)
+    return proc
 
 
 def table_markdown(rows: list[Row]) -> str:

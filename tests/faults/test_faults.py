@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import faultlib as fl
@@ -20,8 +19,6 @@ import numpy as np
 import pytest
 import torch
 import zarr
-
-from robocache.data.lock import holder
 
 ALL = range(fl.EPISODES)
 TIMELESS = ("--fps", str(fl.FPS))  # zarr and robomimic sources
@@ -163,37 +160,11 @@ def test_read_only_dest(pristine, tmp_path):
 
 # --- writers: one at a time; kill -9; resume ------------------------------------------------
 
-SLOW_BUILD = """
-import sys, time
-from robocache.data.cache import build
-from robocache.data.formats import open_source
-src = open_source(sys.argv[1])
-read = src.read
-def slow(i):
-    time.sleep(float(sys.argv[3]))
-    return read(i)
-src.read = slow
-build(src, sys.argv[2], rate_hz=float(sys.argv[4]), progress=False, device="cpu")
-"""
-
-
-def slow_writer(src, dest, delay: float) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, str(src), str(dest), str(delay),
-                             str(fl.RATE)],
-                            env=env)
-    deadline = time.monotonic() + 60
-    while holder(dest) is None:
-        assert proc.poll() is None and time.monotonic() < deadline, "the writer did not start"
-        time.sleep(0.02)
-    return proc
-
-
 def test_second_writer_then_kill_then_resume(pristine, tmp_path):
     src, clean = pristine["lerobot-v3.0"]
     before = fl.tree_hash(src)
     dest = tmp_path / "cache"
-    proc = slow_writer(src, dest, 0.3)
+    proc = fl.slow_writer(src, dest, 0.3)
     try:
         second = ingest(src, dest)
         busy = fl.cli("inspect", dest)

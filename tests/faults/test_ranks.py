@@ -7,12 +7,17 @@ Each case records a row of docs/reliability.md's table (see faultlib).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+import warnings
 
 import faultlib as fl
 import pytest
 
+from robocache.data import RobotDataset
+from robocache.data.cache import build
 from robocache.data.lerobot_dataset import LeRobotDataset
 from robocache.errors import DataError
 
@@ -78,3 +83,50 @@ def test_lerobot_episodes_naming_only_good_ones(pristine, tmp_path):
               "serves the 3 episodes asked for; a request naming episode 2 (or all) raises "
               "DataError naming it and its file", lost=not ok)
     assert ok
+
+
+def served(dest) -> tuple[list[int], list[str]]:
+    """The episodes a RobotDataset opened on ``dest`` serves, and the warnings it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = RobotDataset(dest, history=1, horizon=2)
+    return sorted(ds.episode_ids.tolist()), [str(w.message) for w in caught]
+
+
+def test_a_reader_during_an_extension_serves_the_last_complete_version(pristine, tmp_path):
+    src, clean = pristine["lerobot-v3.0"]
+    dest = tmp_path / "cache"
+    build(src, dest, rate_hz=fl.RATE, device="cpu", progress=False, episodes=[0, 1, 2])
+    first, _ = served(dest)
+    with pytest.raises(DataError, match="being built by pid .* no complete version yet"):
+        proc = fl.slow_writer(src, tmp_path / "new", 0.5)  # a first build: nothing to serve
+        try:
+            while not (tmp_path / "new" / "manifest.json").exists():
+                time.sleep(0.02)
+            RobotDataset(tmp_path / "new")
+        finally:
+            proc.kill()
+            proc.wait()
+    proc = fl.slow_writer(src, dest, 0.5)
+    try:
+        deadline = time.monotonic() + 60
+        while len(fl.load_cache(dest)) < 4:  # the extension has committed an episode
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        during, said = served(dest)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed, said_killed = served(dest)
+    build(src, dest, rate_hz=fl.RATE, device="cpu", progress=False)
+    after, said_after = served(dest)
+    ok = first == during == killed == [0, 1, 2] and after == list(range(fl.EPISODES)) and \
+        fl.same_as_clean(dest, clean, range(fl.EPISODES))
+    fl.record("RobotDataset opened while another process extends the cache (then kill -9 of "
+              "it)", "serves the last complete version, warning once naming the live writer "
+              "(after the kill: the unfinished extension); a cache never complete yet: "
+              "DataError naming its writer", lost=not ok)
+    assert ok, (first, during, killed, after)
+    assert len(said) == 1 and f"extended by pid {proc.pid}" in said[0], said
+    assert len(said_killed) == 1 and "unfinished extension" in said_killed[0]
+    assert said_after == []

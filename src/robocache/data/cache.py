@@ -76,6 +76,7 @@ from robocache.data.cameras import (
 from robocache.data.episode import Episode, Source, Stream, StreamSpec, check_episode
 from robocache.data.lock import LOCK_NAME, CacheLock
 from robocache.data.owned import check_tables, remove_owned
+from robocache.data.snapshot import kept, last_complete
 from robocache.errors import DataError
 from robocache.observability import metrics
 
@@ -749,9 +750,11 @@ def _claim(dest: Path, header: dict[str, Any], overwrite: bool, log) -> list[dic
                 raise DataError(f"{dest} holds a cache with a different {key} "
                                 f"({old.get(key)!r} vs {header[key]!r}); pick a new destination "
                                 "or pass overwrite=True (--overwrite).")
-    carried = old.get("quarantined", []) if old is not None and \
-        all(old.get(k) == header[k] for k in IDENTITY) else []
-    _write_json(dest / "manifest.json", {**header, "status": "building", "quarantined": carried})
+    same = old is not None and all(old.get(k) == header[k] for k in IDENTITY)
+    carried = old.get("quarantined", []) if same else []
+    # readers serve the last complete version meanwhile (robocache.data.snapshot)
+    _write_json(dest / "manifest.json", {**header, "status": "building", "quarantined": carried,
+                                         **last_complete(dest, old if same else None)})
     return carried
 
 
@@ -936,7 +939,8 @@ class Run:
 
     def _write_running(self) -> None:
         _write_json(self.dest / "manifest.json", {**self.header, "status": "building",
-                                                  "quarantined": list(self.quarantine.values())})
+                                                  "quarantined": list(self.quarantine.values()),
+                                                  **kept(self.dest)})
 
     def finish(self, device: str | None = None) -> dict[str, Any]:
         manifest = finish(self.dest, self.header, wanted=self.wanted, done=self.done,
