@@ -222,6 +222,64 @@ def test_truncated_manifest(pristine, tmp_path):
     assert rebuilt.code == 0 and ok
 
 
+# --- an edited source ------------------------------------------------------------------------
+
+def edit_episode(src, index: int) -> None:
+    """Add 1 to episode ``index``'s actions in a LeRobot v3.0 source (its shared data file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = src / "data" / "chunk-000" / "file-000.parquet"
+    table = pq.read_table(path)
+    col = table.schema.get_field_index("action")
+    mine = np.asarray(table.column("episode_index").to_numpy() == index)[:, None]
+    values = np.stack(table.column(col).to_numpy(zero_copy_only=False))
+    values = np.where(mine, values + 1, values).astype(np.float32)
+    arr = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1]) \
+        if pa.types.is_fixed_size_list(table.schema.field(col).type) else pa.array(list(values))
+    pq.write_table(table.set_column(col, table.schema.field(col), arr.cast(
+        table.schema.field(col).type)), path)
+
+
+def test_an_edited_source_is_refused_or_rebuilt_and_warned_of(pristine, tmp_path):
+    import warnings
+
+    from robocache.data import RobotDataset
+    from robocache.data.cache import build
+
+    src = fl.copy_source(pristine["lerobot-v3.0"][0], tmp_path / "s")
+    dest = tmp_path / "cache"
+    assert ingest(src, dest).code == 0
+    before = fl.load_cache(dest)
+    os.utime(src / "meta" / "info.json")  # touched, not changed: nothing to do
+    touched = ingest(src, dest)
+    edit_episode(src, 0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        RobotDataset(dest)
+        RobotDataset(dest)
+    refused = ingest(src, dest)
+    kept = all(fl.load_cache(dest)[i].equals(before[i]) for i in ALL)
+    rebuilt = ingest(src, dest, "--rebuild-changed")
+    build(src, tmp_path / "fresh", rate_hz=fl.RATE, device="cpu", progress=False)
+    ok = kept and fl.same_as_clean(dest, tmp_path / "fresh", ALL) and \
+        not fl.load_cache(dest)[0].equals(before[0]) and \
+        all(fl.load_cache(dest)[i].equals(before[i]) for i in ALL if i)
+    stale = [str(w.message) for w in said if "changed since" in str(w.message)]
+    fl.record("the source edited after caching (episode 0 of a LeRobot v3.0 data file)",
+              "opening the cache warns once naming the file (its episodes may be stale); a "
+              f"re-run refuses naming episode 0 "
+              f"(exit {refused.code}, cache unchanged); --rebuild-changed rebuilds only it (exit "
+              f"{rebuilt.code}); a touched file alone changes nothing (exit {touched.code})",
+              lost=not ok, traceback=refused.traceback or rebuilt.traceback)
+    assert touched.code == 0 and "1 cached episodes differ" not in touched.stderr
+    assert failed_cleanly(refused, 2) and "episodes differ (0;" in refused.stderr and \
+        "--rebuild-changed" in refused.stderr, refused.stderr
+    assert rebuilt.code == 0 and ok
+    # (without reading the source, every episode of the changed file may be stale)
+    assert len(stale) == 1 and "file-000.parquet): episodes [0, 1" in stale[0], stale
+
+
 # --- corrupt and truncated files ------------------------------------------------------------
 
 def test_truncated_parquet_v30(pristine, tmp_path):

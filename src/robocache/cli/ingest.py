@@ -6,7 +6,8 @@
     $ robocache ingest SRC /shared/part-3 --shard 3/8     # one of 8 independent jobs
     $ robocache ingest lerobot/aloha /tmp/aloha.cache --decode-workers 8 --video-decoder pyav
 
-Re-running resumes: episodes already in the cache are skipped.
+Re-running resumes: episodes already in the cache are skipped; episodes whose source data
+changed since they were cached are refused (naming them) or, with --rebuild-changed, rebuilt.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ OverwriteOpt = Annotated[bool, typer.Option(
          "cache is never touched).")]
 RetryOpt = Annotated[bool, typer.Option(
     "--retry-quarantined", help="Read again the episodes an earlier run quarantined.")]
+RebuildOpt = Annotated[bool, typer.Option(
+    "--rebuild-changed", help="Cache again the cached episodes whose source data changed since "
+                              "(by default a re-run refuses, naming them).")]
 WaitOpt = Annotated[bool, typer.Option(
     "--wait", help="If another process is writing DEST, wait for it to finish.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help=VERBOSE_OPTION_HELP)]
@@ -82,6 +86,7 @@ SHARED = {"keys": (KeysOpt, None), "fps": (FpsOpt, None), "split": (SplitOpt, No
           "tolerance": (ToleranceOpt, None), "grid_tolerance": (GridToleranceOpt, 1e-4),
           "shard": (ShardOpt, None), "as_json": (JsonOpt, False), "progress": (ProgressOpt, True),
           "overwrite": (OverwriteOpt, False), "retry_quarantined": (RetryOpt, False),
+          "rebuild_changed": (RebuildOpt, False),
           "wait": (WaitOpt, False), "verbose": (VerboseOpt, False),
           "metrics_port": (int, METRICS_PORT_OPTION), "pushgateway": (str, PUSHGATEWAY_OPTION),
           "log_format": (str, LOG_FORMAT_OPTION)}

@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from robocache._optional import require
+from robocache.data import source_identity
 from robocache.data.cameras import (
     CODECS,
     DEFAULT_QUALITY,
@@ -103,7 +104,10 @@ class CacheConfig:
             and tables its manifest says the cache owns are deleted, see
             :mod:`robocache.data.owned`; anything else there stays).
         retry_quarantined: read again the episodes an earlier run quarantined (by default a
-            resume leaves them quarantined).
+            resume leaves them quarantined, unless a source file they are read from changed).
+        rebuild_changed: cache again the cached episodes whose source data changed since they
+            were cached (by default a re-run refuses them, naming them; see
+            :mod:`robocache.data.source_identity`).
         wait: when another process is writing the destination, wait for it to finish instead
             of failing with :class:`~robocache.errors.CacheBusyError`.
         shard: ``(i, n)`` or ``"i/n"``: cache only the episodes at positions ``p`` of the
@@ -139,6 +143,7 @@ class CacheConfig:
     source_options: dict[str, Any] = field(default_factory=dict)
     overwrite: bool = False
     retry_quarantined: bool = False
+    rebuild_changed: bool = False
     wait: bool = False
     shard: tuple[int, int] | str | None = None
     camera_codec: str = "jpeg"
@@ -267,6 +272,7 @@ def load_episode(src: Source, index: int, specs: dict[str, StreamSpec],
     else:
         with lock:
             episode = src.read(index)
+    episode.meta["digest"] = source_identity.episode_digest(episode)  # as read: see its module
     decode_videos(episode, specs, decoder=video_decoder, gpu=gpu)
     check_episode(episode, specs)
     return episode
@@ -848,8 +854,15 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     dest.mkdir(parents=True, exist_ok=True)
     with CacheLock(dest, wait=config.wait):
         _check_dest(Path(src.path), dest)  # again: another writer may have changed it
-        carried = _claim(dest, header, config.overwrite,
-                         log or logging.getLogger(__name__).warning)
+        # the source's identity now; episodes whose source data changed (robocache.data.
+        # source_identity): refused, or dropped to be cached again
+        stale, retry = source_identity.check(
+            src, dest, None if config.overwrite else read_manifest(dest), header,
+            _done_episodes(dest / "data.lance"), rebuild=config.rebuild_changed)
+        carried = [q for q in _claim(dest, header, config.overwrite,
+                                     log or logging.getLogger(__name__).warning)
+                   if q["index"] not in retry]
+        source_identity.drop(dest, stale)
         yield Run(src, specs, config, device, dest, header, carried)
 
 
@@ -932,7 +945,11 @@ class Run:
         self.new += len(written)
 
     def decoded(self, episode: Episode) -> None:
-        """Count a cached episode's video frames by the decoder that decoded them."""
+        """Count a cached episode's video frames by the decoder that decoded them; keep its
+        digest (:func:`robocache.data.source_identity.episode_digest`) for the manifest."""
+        if "digest" in episode.meta:
+            self.header.setdefault("episode_digests", {})[str(episode.index)] = \
+                episode.meta["digest"]
         for name, used in episode.meta.get("video_decoder", {}).items():
             self.video_frames[used] = self.video_frames.get(used, 0) + len(
                 episode.streams[name])

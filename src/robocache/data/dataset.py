@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from robocache._optional import require
-from robocache.data import snapshot
+from robocache.data import snapshot, source_identity
 from robocache.errors import DataError
 
 Batch = dict[str, torch.Tensor]
@@ -175,6 +175,7 @@ class RobotDataset(torch.utils.data.Dataset):
         self.manifest = snapshot.servable(self.path, written)
         if self.manifest is not written and episodes is None:
             episodes = [e["index"] for e in self.manifest["episodes"]]
+        source_identity.warn_if_changed(self.path, self.manifest)  # an edited source: say so
         self.history, self.horizon, self.pad = history, horizon, pad
         streams = self.manifest["streams"]
         servable = [k for k, s in streams.items() if s["kind"] in ("numeric", "image", "video")]

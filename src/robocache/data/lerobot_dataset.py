@@ -181,7 +181,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
         if force_cache_sync or not self._reusable(manifest):
             build_once(self.cache, lambda: build(
                 self.root, self.cache, rate_hz="native", grid_tolerance_s=tolerance_s,
-                progress=False, overwrite=force_cache_sync), lambda: self._reusable(manifest),
+                progress=False, overwrite=force_cache_sync, rebuild_changed=True),
+                lambda: self._reusable(manifest),
                 timeout_s=build_timeout_s, fix="pass a larger build_timeout_s")
         bad = [q for q in json.loads(manifest.read_text())["quarantined"]
                if episodes is None or q["index"] in set(episodes)]

@@ -33,7 +33,9 @@ def last_complete(dest: Path, old: dict[str, Any] | None) -> dict[str, Any]:
         stats = json.loads((dest / old.get("stats_path", "stats.json")).read_text())
     except (OSError, ValueError):  # a damaged cache: nothing complete to serve meanwhile
         return {}
-    return {"previous": {**old, "stats": stats}}
+    # what identifies the source is the in-progress manifest's own business
+    return {"previous": {**{k: v for k, v in old.items() if k not in (
+        "source_files", "episode_files", "episode_digests")}, "stats": stats}}
 
 
 def kept(dest: Path) -> dict[str, Any]:

@@ -159,6 +159,27 @@ class ZarrReplaySource:
             streams[name] = Stream(spec, times, data)
         return Episode(index, streams, {"length": stop - start})
 
+    def files(self, index: int) -> list[Path]:
+        """The chunk files episode ``index`` is read from (a ``.zarr`` directory; a
+        ``.zarr.zip`` is one file, which every episode is read from)."""
+        if self.path.is_file():
+            return [self.path]
+        start, stop, problem = self.ranges[index]
+        if problem:
+            return []
+        return [self.path / chunk for key in sorted(self.data.array_keys())
+                for chunk, _ in self._chunks(key, start, stop)]
+
+    def _chunks(self, key: str, start: int, stop: int):
+        """``(store key, first row)`` of every chunk of ``data/<key>`` holding rows
+        ``start:stop``."""
+        arr = self.data[key]
+        rows = arr.chunks[0]
+        grid = [range(start // rows, (stop - 1) // rows + 1),
+                *(range(n) for n in arr._chunk_grid_shape[1:])]
+        for coords in itertools.product(*grid):
+            yield f"{arr.path}/{arr.metadata.encode_chunk_key(coords)}", coords[0] * rows
+
     def _check_chunks(self, key: str, start: int, stop: int) -> None:
         """Raise when a chunk of ``data/<key>`` holding rows ``start:stop`` is not stored."""
         from zarr.core.sync import sync
@@ -170,12 +191,8 @@ class ZarrReplaySource:
 
             self._stored[key] = sync(listed())
         rows = arr.chunks[0]
-        grid = [range(start // rows, (stop - 1) // rows + 1),
-                *(range(n) for n in arr._chunk_grid_shape[1:])]
-        for coords in itertools.product(*grid):
-            chunk = f"{arr.path}/{arr.metadata.encode_chunk_key(coords)}"
+        for chunk, a in self._chunks(key, start, stop):
             if chunk not in self._stored[key]:
-                a = coords[0] * rows
                 fill = arr.metadata.fill_value
                 why = ("the array declares no fill value, so it was never elided" if fill is None
                        else f"zarr would read it as the fill value {fill!r}")
