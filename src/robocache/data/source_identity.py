@@ -102,8 +102,11 @@ def episode_digest(episode) -> str:
         if s.data is not None:
             data = np.asarray(s.data)
             h.update(str(data.dtype).encode() + str(data.shape).encode())
-            h.update(data.astype(str).tobytes() if data.dtype == object
-                     else np.ascontiguousarray(data).tobytes())
+            if data.dtype == object:  # strings (events) or encoded frames (bytes)
+                for v in data.reshape(-1):
+                    h.update(v if isinstance(v, bytes) else repr(v).encode())
+            else:
+                h.update(np.ascontiguousarray(data).tobytes())
         if getattr(s, "video", None) is not None:
             h.update(f"{s.video.path}@{s.video.from_timestamp!r}".encode())
     h.update(repr(episode.meta.get("tasks")).encode())
