@@ -280,6 +280,27 @@ def test_an_edited_source_is_refused_or_rebuilt_and_warned_of(pristine, tmp_path
     assert len(stale) == 1 and "file-000.parquet): episodes [0, 1" in stale[0], stale
 
 
+def test_an_edited_zarr_chunk_names_its_episode(pristine, tmp_path):
+    from robocache.data.cache import build
+
+    src = fl.copy_source(pristine["zarr"][0], tmp_path / "s")
+    dest = tmp_path / "cache"
+    assert ingest(src, dest).code == 0
+    zarr.open_group(str(src), mode="r+")["data"]["state"][120:150] = 7.0  # episode 4's chunk
+    refused = ingest(src, dest)
+    rebuilt = ingest(src, dest, "--rebuild-changed")
+    build(src, tmp_path / "fresh", rate_hz=fl.RATE, device="cpu", progress=False,
+          source_options={"fps": fl.FPS})
+    ok = fl.same_as_clean(dest, tmp_path / "fresh", ALL)
+    fl.record("zarr: one episode's chunk rewritten after caching", "a re-run refuses naming "
+              f"that episode and chunk (exit {refused.code}); --rebuild-changed rebuilds it "
+              f"(exit {rebuilt.code})", lost=not ok,
+              traceback=refused.traceback or rebuilt.traceback)
+    assert failed_cleanly(refused, 2) and "differ (4; e.g. data/state/4.0 changed)" in \
+        refused.stderr, refused.stderr
+    assert rebuilt.code == 0 and ok
+
+
 # --- corrupt and truncated files ------------------------------------------------------------
 
 def test_truncated_parquet_v30(pristine, tmp_path):

@@ -22,6 +22,7 @@ Caches built before identities were recorded are not checked.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import warnings
 from pathlib import Path
@@ -31,7 +32,7 @@ import numpy as np
 
 from robocache.errors import DataError
 
-WHOLE_BYTES = 8 << 20  # files up to this size are hashed whole (~10 ms each)
+WHOLE_BYTES = 8 << 20  # files up to this size are hashed whole
 ENDS = 1 << 20  # larger ones: their first and last MiB
 
 _WARNED: set[str] = set()
@@ -49,6 +50,21 @@ def _digest(path: Path, size: int) -> tuple[str, bool]:
         h.update(f.read(ENDS))
     h.update(str(size).encode())
     return h.hexdigest(), False
+
+
+def _file_digest(path: Path) -> str:
+    """:func:`_digest` of a file, computed once per (path, size, modification time); ``""``
+    for a file that cannot be read (the decoder that needs it says why)."""
+    try:
+        st = path.stat()
+        return _cached_digest(str(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_digest(path: str, size: int, mtime_ns: int) -> str:
+    return _digest(Path(path), size)[0]
 
 
 def _files(root: Path) -> list[Path]:
@@ -107,8 +123,9 @@ def episode_digest(episode) -> str:
                     h.update(v if isinstance(v, bytes) else repr(v).encode())
             else:
                 h.update(np.ascontiguousarray(data).tobytes())
-        if getattr(s, "video", None) is not None:
+        if getattr(s, "video", None) is not None:  # its frames are the file's: its content
             h.update(f"{s.video.path}@{s.video.from_timestamp!r}".encode())
+            h.update(_file_digest(Path(s.video.path)).encode())
     h.update(repr(episode.meta.get("tasks")).encode())
     frames = episode.meta.get("frame_tasks")
     if frames is not None:
@@ -120,8 +137,13 @@ def episode_files(src, indices) -> dict[str, list[str]]:
     """The files each episode is read from, for readers that say (``src.files(index)``)."""
     if not hasattr(src, "files"):
         return {}
-    root = Path(src.path)
-    return {str(i): sorted(_rel(root, Path(p)) for p in src.files(i)) for i in indices}
+    root, out = Path(src.path), {}
+    for i in indices:
+        try:
+            out[str(i)] = sorted(_rel(root, Path(p)) for p in src.files(i))
+        except Exception:  # unlisted metadata: any changed file is then taken to be its
+            continue
+    return out
 
 
 def _suspects(manifest: dict[str, Any], changed: list[str], indices) -> dict[int, str]:
