@@ -47,6 +47,16 @@ def kept(dest: Path) -> dict[str, Any]:
     return {"previous": m["previous"]} if m.get("previous") else {}
 
 
+def forget(dest: Path) -> None:
+    """Drop ``previous`` from the in-progress manifest at ``dest``: the build is about to
+    change rows of that version (episodes cached again), so there is none to serve."""
+    from robocache.data.cache import _write_json
+
+    m = json.loads((dest / "manifest.json").read_text())
+    if m.pop("previous", None) is not None:
+        _write_json(dest / "manifest.json", m)
+
+
 def servable(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest a reader of the cache at ``path`` serves: ``manifest`` when complete;
     while a build is unfinished, the last complete version it keeps (warning once per cache

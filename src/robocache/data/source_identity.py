@@ -205,11 +205,15 @@ def check(src, dest: Path, old: dict[str, Any] | None, header: dict[str, Any],
 
 def drop(dest: Path, indices: list[int]) -> None:
     """Delete episodes ``indices`` from every table of the cache at ``dest`` (with the lock
-    held), so the build caches them again."""
+    held), so the build caches them again; readers then have no complete version to serve until
+    it is done (:func:`robocache.data.snapshot.forget`)."""
     import lance
+
+    from robocache.data.snapshot import forget
 
     if not indices:
         return
+    forget(dest)
     where = f"episode_index IN ({', '.join(map(str, indices))})"
     for uri in [dest / "data.lance", *sorted((dest / "frames").glob("*.lance"))]:
         if (uri / "_versions").is_dir():
