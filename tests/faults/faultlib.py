@@ -20,6 +20,7 @@ import h5py
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import zarr
 from typer.testing import CliRunner
 
@@ -121,6 +122,18 @@ def truncate(path: Path, keep: float = 0.5) -> None:
     """Cut ``path`` to ``keep`` of its bytes (a file whose copy or write was interrupted)."""
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
+
+
+def edit_episode(src: Path, index: int) -> None:
+    """Add 1 to episode ``index``'s actions in a LeRobot v3.0 source (its shared data file)."""
+    path = src / "data" / "chunk-000" / "file-000.parquet"
+    table = pq.read_table(path)
+    col = table.schema.get_field_index("action")
+    mine = table.column("episode_index").to_numpy() == index
+    values = np.stack(table.column(col).to_numpy(zero_copy_only=False))
+    values[mine] += 1
+    pq.write_table(table.set_column(col, table.schema.field(col),
+                                    pa.array(list(values), table.schema.field(col).type)), path)
 
 
 def copy_source(src: Path, root: Path) -> Path:

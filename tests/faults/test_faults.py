@@ -224,23 +224,6 @@ def test_truncated_manifest(pristine, tmp_path):
 
 # --- an edited source ------------------------------------------------------------------------
 
-def edit_episode(src, index: int) -> None:
-    """Add 1 to episode ``index``'s actions in a LeRobot v3.0 source (its shared data file)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path = src / "data" / "chunk-000" / "file-000.parquet"
-    table = pq.read_table(path)
-    col = table.schema.get_field_index("action")
-    mine = np.asarray(table.column("episode_index").to_numpy() == index)[:, None]
-    values = np.stack(table.column(col).to_numpy(zero_copy_only=False))
-    values = np.where(mine, values + 1, values).astype(np.float32)
-    arr = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1]) \
-        if pa.types.is_fixed_size_list(table.schema.field(col).type) else pa.array(list(values))
-    pq.write_table(table.set_column(col, table.schema.field(col), arr.cast(
-        table.schema.field(col).type)), path)
-
-
 def test_an_edited_source_is_refused_or_rebuilt_and_warned_of(pristine, tmp_path):
     import warnings
 
@@ -253,7 +236,7 @@ def test_an_edited_source_is_refused_or_rebuilt_and_warned_of(pristine, tmp_path
     before = fl.load_cache(dest)
     os.utime(src / "meta" / "info.json")  # touched, not changed: nothing to do
     touched = ingest(src, dest)
-    edit_episode(src, 0)
+    fl.edit_episode(src, 0)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         RobotDataset(dest)

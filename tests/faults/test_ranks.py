@@ -130,3 +130,18 @@ def test_a_reader_during_an_extension_serves_the_last_complete_version(pristine,
     assert len(said) == 1 and f"extended by pid {proc.pid}" in said[0], said
     assert len(said_killed) == 1 and "unfinished extension" in said_killed[0]
     assert said_after == []
+
+
+def test_lerobot_dataset_serves_an_edited_source_as_it_is_now(pristine, tmp_path):
+    src = fl.copy_source(pristine["lerobot-v3.0"][0], tmp_path / "s")
+    dest = tmp_path / "cache"
+    before = LeRobotDataset("x/y", root=src, cache=dest).get_batch(range(fl.STEPS))["action"]
+    fl.edit_episode(src, 0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        after = LeRobotDataset("x/y", root=src, cache=dest).get_batch(range(fl.STEPS))["action"]
+    ok = bool((after == before + 1).all())
+    fl.record("LeRobotDataset constructed after episode 0 of its source was edited",
+              "caches episode 0 again and serves the new values (as LeRobot reads them)",
+              lost=not ok)
+    assert ok and not [w for w in said if "changed since" in str(w.message)]

@@ -224,14 +224,17 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     def _reusable(self, manifest: Path) -> bool:
         """The cache at ``manifest`` is a finished native-rate cache that read every episode of
-        this dataset, cached or quarantined (otherwise :func:`robocache.cache.build` resumes
-        it, or refuses another)."""
+        this dataset, cached or quarantined, from the files as they are (otherwise
+        :func:`robocache.cache.build` resumes it and caches again what changed, or refuses
+        another)."""
+        from robocache.data.source_identity import changed_since
+
         if not manifest.exists():
             return False
         m = json.loads(manifest.read_text())
         return (m.get("status") == "complete" and m.get("native") is True
                 and m["source"]["path"] == str(self.root.resolve())
-                and m["counts"]["read"] == self.meta.total_episodes)
+                and m["counts"]["read"] == self.meta.total_episodes and not changed_since(m))
 
     @property
     def fps(self) -> int:

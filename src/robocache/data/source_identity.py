@@ -220,16 +220,25 @@ def drop(dest: Path, indices: list[int]) -> None:
             lance.dataset(str(uri)).delete(where)
 
 
+def changed_since(manifest: dict[str, Any]) -> list[str]:
+    """The source files changed since the cache of ``manifest`` was built; none when its
+    source is unreachable or its identity was not recorded."""
+    known = manifest.get("source_files")
+    root = Path(manifest.get("source", {}).get("path", ""))
+    if not known or not root.exists():
+        return []
+    return changed_files(known, identify(root, known))
+
+
 def warn_if_changed(path: Path, manifest: dict[str, Any]) -> None:
     """Warn (once per cache and process) when the source of the cache at ``path`` is
     reachable and has changed since it was built."""
-    known = manifest.get("source_files")
-    root = Path(manifest.get("source", {}).get("path", ""))
-    if not known or not root.exists() or str(path) in _WARNED:
+    if str(path) in _WARNED:
         return
-    changed = changed_files(known, identify(root, known))
+    changed = changed_since(manifest)
     if not changed:
         return
+    root = manifest["source"]["path"]
     _WARNED.add(str(path))
     eps = sorted(_suspects(manifest, changed, [e["index"] for e in manifest["episodes"]]))
     more = " ..." if len(eps) > 8 else ""
