@@ -203,6 +203,17 @@ def check(src, dest: Path, old: dict[str, Any] | None, header: dict[str, Any],
     return sorted(stale), retry
 
 
+def merged(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The source identity of shard caches joined into one: their records united when every
+    shard saw the same source files, else none (the joined cache is then not checked)."""
+    files = [m.get("source_files") for m in manifests]
+    if not files[0] or any(f != files[0] for f in files):
+        return {}
+    return {"source_files": files[0],
+            **{key: {k: v for m in manifests for k, v in (m.get(key) or {}).items()}
+               for key in ("episode_files", "episode_digests")}}
+
+
 def drop(dest: Path, indices: list[int]) -> None:
     """Delete episodes ``indices`` from every table of the cache at ``dest`` (with the lock
     held), so the build caches them again; readers then have no complete version to serve until
