@@ -194,3 +194,18 @@ def test_kill_and_resume(tmp_path, rng):
     frames = lance.dataset(str(tmp_path / "cache" / "frames" /
                                "observation.images.cam.lance")).to_table()
     assert frames.num_rows == sum(len(e.streams["observation.images.cam"]) for e in eps)
+
+
+def test_what_a_cache_owns_never_leads_outside_it(tmp_path):
+    from robocache.data.owned import owned
+
+    cache = tmp_path / "cache"
+    (cache / "data.lance").mkdir(parents=True)
+    (tmp_path / "outside.txt").write_text("not the cache's")
+    (cache / "manifest.json").write_text(json.dumps({
+        "format": "robocache-cache/1", "stats_path": "../outside.txt",
+        "streams": {"../../x": {"kind": "image"}, "cam": {"kind": "video"}}}))
+    (cache / "frames" / "cam.lance").mkdir(parents=True)
+    (cache / "frames" / "mine.txt").write_text("keep")
+    assert sorted(p.relative_to(cache).as_posix() for p in owned(cache)) == \
+        ["data.lance", "frames/cam.lance", "manifest.json"]

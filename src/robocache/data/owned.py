@@ -51,8 +51,11 @@ def owned(dest: Path) -> list[Path]:
     elif (dest / FRAMES).is_dir():
         names += [f"{FRAMES}/{p.name}" for p in (dest / FRAMES).iterdir()
                   if p.name.endswith(".lance")]
-    return [dest / n for n in dict.fromkeys(names) if (dest / n).exists()
-            or (dest / n).is_symlink()]
+    inside = dest.resolve()
+    # a name that leads out of the directory (``..``, an absolute path) is never the cache's
+    return [dest / n for n in dict.fromkeys(names)
+            if ((dest / n).exists() or (dest / n).is_symlink())
+            and inside in (dest / n).parent.resolve().joinpath((dest / n).name).parents]
 
 
 def missing_tables(dest: Path) -> list[str]:
