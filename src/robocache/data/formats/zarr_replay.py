@@ -71,6 +71,19 @@ def episode_ranges(ends: np.ndarray, rows: int) -> list[tuple[int, int, str | No
     return out
 
 
+def _stored_keys(arr) -> set[str]:
+    """The keys the store holds under an array (its chunks and metadata)."""
+    prefix, store = f"{arr.path}/", arr.store
+    if hasattr(store, "list_prefix"):  # zarr 3: an asynchronous store
+        from zarr.core.sync import sync
+
+        async def listed() -> set[str]:
+            return {k async for k in store.list_prefix(prefix)}
+
+        return sync(listed())
+    return {k for k in store if k.startswith(prefix)}  # zarr 2: a mapping
+
+
 class ZarrReplaySource:
     """A zarr ReplayBuffer (see the module docstring); ``fps`` times buffers without timestamps.
 
@@ -176,24 +189,25 @@ class ZarrReplaySource:
         arr = self.data[key]
         rows = arr.chunks[0]
         grid = [range(start // rows, (stop - 1) // rows + 1),
-                *(range(n) for n in arr._chunk_grid_shape[1:])]
+                *(range(n) for n in arr.cdata_shape[1:])]
+        meta = getattr(arr, "metadata", None)
         for coords in itertools.product(*grid):
-            yield f"{arr.path}/{arr.metadata.encode_chunk_key(coords)}", coords[0] * rows
+            if hasattr(meta, "encode_chunk_key"):  # zarr 3
+                yield f"{arr.path}/{meta.encode_chunk_key(coords)}", coords[0] * rows
+            else:  # zarr 2
+                yield arr._chunk_key(coords), coords[0] * rows
 
     def _check_chunks(self, key: str, start: int, stop: int) -> None:
         """Raise when a chunk of ``data/<key>`` holding rows ``start:stop`` is not stored."""
-        from zarr.core.sync import sync
-
         arr = self.data[key]
         if key not in self._stored:
-            async def listed() -> set[str]:
-                return {k async for k in arr.store.list_prefix(f"{arr.path}/")}
-
-            self._stored[key] = sync(listed())
+            self._stored[key] = _stored_keys(arr)
         rows = arr.chunks[0]
         for chunk, a in self._chunks(key, start, stop):
             if chunk not in self._stored[key]:
-                fill = arr.metadata.fill_value
+                meta = getattr(arr, "metadata", None)
+                fill = meta.fill_value if hasattr(meta, "fill_value") else arr.fill_value
+                fill = fill.item() if hasattr(fill, "item") else fill  # NumPy scalar: plain
                 why = ("the array declares no fill value, so it was never elided" if fill is None
                        else f"zarr would read it as the fill value {fill!r}")
                 raise DataError(
