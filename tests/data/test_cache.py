@@ -278,3 +278,18 @@ def test_align_batch_equals_each_episode_alone(rng, rate):
         for k in want:
             assert np.array_equal(got[k], want[k]) or (
                 want[k].dtype.kind == "f" and np.array_equal(got[k], want[k], equal_nan=True)), k
+
+
+def test_what_a_cache_owns_never_leads_outside_it(tmp_path):
+    from robocache.data.owned import owned
+
+    cache = tmp_path / "cache"
+    (cache / "data.lance").mkdir(parents=True)
+    (tmp_path / "outside.txt").write_text("not the cache's")
+    (cache / "manifest.json").write_text(json.dumps({
+        "format": "robocache-cache/1", "stats_path": "../outside.txt",
+        "streams": {"../../x": {"kind": "image"}, "cam": {"kind": "video"}}}))
+    (cache / "frames" / "cam.lance").mkdir(parents=True)
+    (cache / "frames" / "mine.txt").write_text("keep")
+    assert sorted(p.relative_to(cache).as_posix() for p in owned(cache)) == \
+        ["data.lance", "frames/cam.lance", "manifest.json"]

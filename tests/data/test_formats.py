@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import h5py
 import numpy as np
@@ -255,3 +256,24 @@ def test_video_decoding_needs_an_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "av", None)
     with pytest.raises(MissingDependencyError, match="pip install"):
         decode_frames(VideoRef(tmp_path / "x.mp4"), np.zeros(2))
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_zarr_missing_chunk_of_an_array_without_fill_value(tmp_path, zarr_format):
+    root = tmp_path / "rb.zarr"
+    g = zarr.open_group(str(root), mode="w", zarr_format=zarr_format)
+    g.create_array("data/state", data=np.ones((60, 3), np.float32), chunks=(20, 3),
+                   fill_value=None)
+    g.create_array("data/timestamp", data=np.arange(60) / 10.0, chunks=(20,))
+    g.create_array("meta/episode_ends", data=np.array([20, 40, 60]))
+    files = open_source(root).files
+    files(2)[-1].unlink()  # the timestamps of rows 40:60
+    files(1)[0].unlink()  # a chunk of the array declaring no fill value (or zarr 3's default)
+    src = open_source(root)
+    assert src.read(0).streams["state"].data.shape == (20, 3)
+    with pytest.raises(DataError, match=r"data/timestamp/\S+ \(rows 40:60\) is missing"):
+        src.read(2)
+    fill = g["data/state"].metadata.fill_value
+    why = "declares no fill value" if fill is None else re.escape(f"fill value {fill.item()!r})")
+    with pytest.raises(DataError, match=why):
+        src.read(1)

@@ -149,6 +149,8 @@ def test_shards_merge_into_the_ingest_cache(tmp_path, source):
     assert sorted(seen) == list(range(7))  # disjoint and complete
     merged = merge(parts[::-1], tmp_path / "merged", progress=False)
     assert merged["counts"]["new"] == 5 and "shard" not in merged
+    whole = json.loads((tmp_path / "all" / "manifest.json").read_text())
+    assert all(merged[k] == whole[k] for k in ("source_files", "episode_digests"))  # the record
     assert_same_cache(tmp_path / "all", tmp_path / "merged", exact_quantiles=False)
     stats = json.loads((tmp_path / "merged" / "stats.json").read_text())["action"]
     rows = np.concatenate(table(tmp_path / "all" / "data.lance").column("action")

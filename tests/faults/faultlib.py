@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import h5py
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import zarr
 from typer.testing import CliRunner
 
@@ -151,6 +153,24 @@ def same_as_clean(dest: Path, clean: Path, indices) -> bool:
     return all(got[i].equals(want[i]) for i in indices)
 
 
+def truncate(path: Path, keep: float = 0.5) -> None:
+    """Cut ``path`` to ``keep`` of its bytes (a file whose copy or write was interrupted)."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def edit_episode(src: Path, index: int) -> None:
+    """Add 1 to episode ``index``'s actions in a LeRobot v3.0 source (its shared data file)."""
+    path = src / "data" / "chunk-000" / "file-000.parquet"
+    table = pq.read_table(path)
+    col = table.schema.get_field_index("action")
+    mine = table.column("episode_index").to_numpy() == index
+    values = np.stack(table.column(col).to_numpy(zero_copy_only=False))
+    values[mine] += 1
+    pq.write_table(table.set_column(col, table.schema.field(col),
+                                    pa.array(list(values), table.schema.field(col).type)), path)
+
+
 def copy_source(src: Path, root: Path) -> Path:
     out = root / src.name
     (shutil.copytree if src.is_dir() else shutil.copy2)(src, out)
@@ -200,6 +220,36 @@ def cli_process(*args: str, fsize: int, timeout: float = 120) -> Result:
     p = subprocess.run([sys.executable, "-c", RUNNER, str(fsize), *map(str, args)],
                        env=env, capture_output=True, text=True, timeout=timeout)
     return Result(p.returncode, p.stdout, p.stderr)
+
+
+# A writer whose source reads slowly: `build` of every episode, `delay` seconds per read.
+SLOW_BUILD = """
+import sys, time
+from robocache.data.cache import build
+from robocache.data.formats import open_source
+src = open_source(sys.argv[1])
+read = src.read
+def slow(i):
+    time.sleep(float(sys.argv[3]))
+    return read(i)
+src.read = slow
+build(src, sys.argv[2], rate_hz=float(sys.argv[4]), progress=False, device="cpu",
+      batch_rows=STEPS)
+""".replace("STEPS", str(STEPS))  # one episode per batch: a commit per episode
+
+
+def slow_writer(src: Path, dest: Path, delay: float) -> subprocess.Popen:
+    """Start a slow writer of ``dest`` (see :data:`SLOW_BUILD`); return once it holds the lock."""
+    from robocache.data.lock import holder
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, str(src), str(dest), str(delay),
+                             str(RATE)], env=env)
+    deadline = time.monotonic() + 60
+    while holder(dest) is None:
+        assert proc.poll() is None and time.monotonic() < deadline, "the writer did not start"
+        time.sleep(0.02)
+    return proc
 
 
 def table_markdown(rows: list[Row]) -> str:

@@ -3,6 +3,10 @@ empty results, impossible sizes refused before allocation, an empty epoch warns.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import faultlib as fl
 import pytest
 import torch
@@ -53,6 +57,71 @@ def test_impossible_sizes_refused_before_allocation():
         ik(chain, fk(chain, torch.zeros(4, chain.dof)), num_seeds=1_000_000_000)
     fl.record("T = 2e8 (Pipeline), IK seeds 1e9", "ShapeError with the bytes needed, nothing "
               "allocated")
+
+
+# Imports, a 1.5 GiB address-space allowance over what the process maps now (as `ulimit -v`),
+# then each call; a stride-0 (expanded) argument is as large as it says but costs nothing.
+UNDER_RLIMIT = """
+import resource, sys, torch
+import robocache
+from robocache.errors import RoboCacheError
+from robocache.kinematics import Chain, asset_path, fk
+from robocache.ops.pipeline import Augment, Pipeline, Resample
+chain = Chain.from_urdf(asset_path("panda.urdf"), "panda_hand")
+big = lambda n, *shape, dtype=torch.float32: torch.zeros(1, *shape, dtype=dtype).expand(n, *shape)
+t10 = torch.linspace(0, 1, 10, dtype=torch.float64)
+CALLS = {
+    "resample T = 2e8": lambda: robocache.resample(torch.randn(1, 10, 1), t10,
+                                                   big(200_000_000, dtype=torch.float64)),
+    "align T = 2e8": lambda: robocache.align({"a": robocache.Stream(torch.randn(10, 2), t10)},
+                                             big(200_000_000, dtype=torch.float64)),
+    "windows M = 5e7": lambda: robocache.windows(torch.randn(100, 8), torch.tensor([0, 100]),
+                                                 big(50_000_000, dtype=torch.int64),
+                                                 horizon=16),
+    "key_windows M = 5e7": lambda: robocache.key_windows(
+        torch.randn(100, 8), torch.tensor([0, 100]), big(50_000_000, dtype=torch.int64),
+        {"a": (0, 8)}, {"a": range(16)}),
+    "compute_stats bins = 1e11": lambda: robocache.compute_stats(torch.randn(10, 3),
+                                                                 bins=100_000_000_000),
+    "fk of 2e9 configurations": lambda: fk(chain, big(2_000_000_000, chain.dof)),
+    "depth_to_points of a 100000 x 100000 image": lambda: robocache.depth_to_points(
+        big(100_000, 100_000), torch.tensor([[50.0, 0, 50], [0, 50, 50], [0, 0, 1]])),
+    "image_transform to 100000 x 100000": lambda: robocache.image_transform(
+        torch.zeros(1, 3, 8, 8, dtype=torch.uint8), (100_000, 100_000)),
+    "Pipeline T = 2e7": lambda: Pipeline([Resample(50.0, 20_000_000), Augment(k=4)])(
+        torch.randn(8, 10, 8), t10, seed=0),
+}
+vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
+limit = vm + (3 << 29)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+for name, call in CALLS.items():
+    try:
+        call()
+        print(name, "|ran")
+    except RoboCacheError as e:
+        print(name, "|", type(e).__name__, e)
+    except BaseException as e:
+        print(name, "|raw", type(e).__name__, str(e).splitlines()[0])
+"""
+
+NAMED = {"resample": "`target_times`", "align": "`target_times`", "windows": "`indices`",
+         "key_windows": "`indices`", "compute_stats": "`bins`", "fk": "`q`",
+         "depth_to_points": "`depth`", "image_transform": "`size`", "Pipeline": "Resample.num"}
+
+
+def test_sizes_beyond_the_process_limit_are_refused_naming_the_argument():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.run([sys.executable, "-c", UNDER_RLIMIT], env=env, capture_output=True,
+                       text=True, timeout=300)
+    results = dict(line.split(" |", 1) for line in p.stdout.splitlines() if " |" in line)
+    assert p.returncode == 0 and len(results) == len(NAMED), p.stderr
+    for name, got in results.items():
+        op = name.split()[0]
+        ok = got.startswith(" ShapeError") and NAMED[op] in got and "RLIMIT_AS" in got
+        fl.record(f"{name}, under a 1.5 GiB address-space limit (RLIMIT_AS)",
+                  "ShapeError naming the argument, the bytes needed and the limit; nothing "
+                  "allocated" if ok else got, lost=not ok)
+        assert ok, (name, got)
 
 
 @pytest.mark.parametrize("fx", [0.0, -5.0, float("inf"), float("nan")])

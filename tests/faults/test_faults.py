@@ -21,8 +21,6 @@ import pytest
 import torch
 import zarr
 
-from robocache.data.lock import holder
-
 ALL = range(fl.EPISODES)
 TIMELESS = ("--fps", str(fl.FPS))  # zarr and robomimic sources
 
@@ -92,6 +90,42 @@ def test_overwrite_replaces_a_cache_and_says_what_it_removes(pristine, tmp_path)
     assert r.code == 0 and "removing the RoboCache cache" in r.stderr and ok
 
 
+def test_overwrite_keeps_what_the_cache_does_not_own(pristine, tmp_path):
+    src, clean = pristine["lerobot-v3.0"]
+    dest = tmp_path / "cache"
+    assert ingest(src, dest, "--key", "state").code == 0
+    (dest / "my_notes.txt").write_text("keep me")
+    (dest / "checkpoints").mkdir()
+    (dest / "checkpoints" / "step_100.pt").write_bytes(b"\1" * 64)
+    mine = {p: fl.tree_hash(dest / p) for p in ("my_notes.txt", "checkpoints")}
+    r = ingest(src, dest, "--overwrite")
+    kept = all(fl.tree_hash(dest / p) == h for p, h in mine.items())
+    ok = kept and fl.same_as_clean(dest, clean, ALL)
+    fl.record("--overwrite on a cache that also holds my_notes.txt and checkpoints/",
+              f"removes only what the manifest says the cache owns (listed, and what it keeps), "
+              f"rebuilds, exit {r.code}", lost=not ok, traceback=r.traceback)
+    assert r.code == 0 and ok and "keeping what is not the cache's: checkpoints, my_notes.txt" \
+        in r.stderr
+
+
+def test_a_stray_manifest_without_tables_is_not_a_cache(pristine, tmp_path):
+    src, clean = pristine["lerobot-v3.0"]
+    dest = tmp_path / "experiment"
+    (dest / "runs" / "0").mkdir(parents=True)
+    (dest / "experiment.yaml").write_text("lr: 1e-4\n")
+    (dest / "runs" / "0" / "log.txt").write_text("epoch 1\n")
+    (dest / "manifest.json").write_bytes((clean / "manifest.json").read_bytes())
+    before = fl.tree_hash(dest)
+    results = [ingest(src, dest, "--overwrite"), ingest(src, dest)]
+    lost = fl.tree_hash(dest) != before
+    fl.record("--overwrite (or a resume) on a dir with experiment.yaml, runs/ and a stray "
+              "manifest.json of a cache but no Lance tables",
+              f"refused naming the missing tables, nothing deleted, exit {results[0].code}",
+              lost=lost, traceback=any(r.traceback for r in results))
+    assert all(failed_cleanly(r, 2) and "data.lance" in r.stderr for r in results)
+    assert not lost
+
+
 def test_dest_is_a_file(pristine, tmp_path):
     dest = tmp_path / "file"
     dest.write_text("x")
@@ -127,38 +161,11 @@ def test_read_only_dest(pristine, tmp_path):
 
 # --- writers: one at a time; kill -9; resume ------------------------------------------------
 
-SLOW_BUILD = """
-import sys, time
-from robocache.data.cache import build
-from robocache.data.formats import open_source
-src = open_source(sys.argv[1])
-read = src.read
-def slow(i):
-    time.sleep(float(sys.argv[3]))
-    return read(i)
-src.read = slow
-build(src, sys.argv[2], rate_hz=float(sys.argv[4]), progress=False, device="cpu",
-      batch_rows=fl_steps)
-""".replace("fl_steps", str(fl.STEPS))  # one episode per batch: a commit per episode
-
-
-def slow_writer(src, dest, delay: float) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, str(src), str(dest), str(delay),
-                             str(fl.RATE)],
-                            env=env)
-    deadline = time.monotonic() + 60
-    while holder(dest) is None:
-        assert proc.poll() is None and time.monotonic() < deadline, "the writer did not start"
-        time.sleep(0.02)
-    return proc
-
-
 def test_second_writer_then_kill_then_resume(pristine, tmp_path):
     src, clean = pristine["lerobot-v3.0"]
     before = fl.tree_hash(src)
     dest = tmp_path / "cache"
-    proc = slow_writer(src, dest, 0.5)
+    proc = fl.slow_writer(src, dest, 0.5)
     try:
         second = ingest(src, dest)
         busy = fl.cli("inspect", dest)
@@ -272,16 +279,73 @@ def test_truncated_manifest(pristine, tmp_path):
     assert rebuilt.code == 0 and ok
 
 
+# --- an edited source ------------------------------------------------------------------------
+
+def test_an_edited_source_is_refused_or_rebuilt_and_warned_of(pristine, tmp_path):
+    import warnings
+
+    from robocache.data import RobotDataset
+    from robocache.data.cache import build
+
+    src = fl.copy_source(pristine["lerobot-v3.0"][0], tmp_path / "s")
+    dest = tmp_path / "cache"
+    assert ingest(src, dest).code == 0
+    before = fl.load_cache(dest)
+    os.utime(src / "meta" / "info.json")  # touched, not changed: nothing to do
+    touched = ingest(src, dest)
+    fl.edit_episode(src, 0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        RobotDataset(dest)
+        RobotDataset(dest)
+    refused = ingest(src, dest)
+    kept = all(fl.load_cache(dest)[i].equals(before[i]) for i in ALL)
+    rebuilt = ingest(src, dest, "--rebuild-changed")
+    build(src, tmp_path / "fresh", rate_hz=fl.RATE, device="cpu", progress=False)
+    ok = kept and fl.same_as_clean(dest, tmp_path / "fresh", ALL) and \
+        not fl.load_cache(dest)[0].equals(before[0]) and \
+        all(fl.load_cache(dest)[i].equals(before[i]) for i in ALL if i)
+    stale = [str(w.message) for w in said if "changed since" in str(w.message)]
+    fl.record("the source edited after caching (episode 0 of a LeRobot v3.0 data file)",
+              "opening the cache warns once naming the file (its episodes may be stale); a "
+              f"re-run refuses naming episode 0 "
+              f"(exit {refused.code}, cache unchanged); --rebuild-changed rebuilds only it (exit "
+              f"{rebuilt.code}); a touched file alone changes nothing (exit {touched.code})",
+              lost=not ok, traceback=refused.traceback or rebuilt.traceback)
+    assert touched.code == 0 and "1 cached episodes differ" not in touched.stderr
+    assert failed_cleanly(refused, 2) and "episodes differ (0;" in refused.stderr and \
+        "--rebuild-changed" in refused.stderr, refused.stderr
+    assert rebuilt.code == 0 and ok
+    # (without reading the source, every episode of the changed file may be stale)
+    assert len(stale) == 1 and "file-000.parquet): episodes [0, 1" in stale[0], stale
+
+
+def test_an_edited_zarr_chunk_names_its_episode(pristine, tmp_path):
+    from robocache.data.cache import build
+
+    src = fl.copy_source(pristine["zarr"][0], tmp_path / "s")
+    dest = tmp_path / "cache"
+    assert ingest(src, dest).code == 0
+    zarr.open_group(str(src), mode="r+")["data"]["state"][120:150] = 7.0  # episode 4's chunk
+    refused = ingest(src, dest)
+    rebuilt = ingest(src, dest, "--rebuild-changed")
+    build(src, tmp_path / "fresh", rate_hz=fl.RATE, device="cpu", progress=False,
+          source_options={"fps": fl.FPS})
+    ok = fl.same_as_clean(dest, tmp_path / "fresh", ALL)
+    fl.record("zarr: one episode's chunk rewritten after caching", "a re-run refuses naming "
+              f"that episode and chunk (exit {refused.code}); --rebuild-changed rebuilds it "
+              f"(exit {rebuilt.code})", lost=not ok,
+              traceback=refused.traceback or rebuilt.traceback)
+    assert failed_cleanly(refused, 2) and "differ (4; e.g. data/state/4.0 changed)" in \
+        refused.stderr, refused.stderr
+    assert rebuilt.code == 0 and ok
+
+
 # --- corrupt and truncated files ------------------------------------------------------------
-
-def truncate(path, keep: float = 0.5) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * keep)])
-
 
 def test_truncated_parquet_v30(pristine, tmp_path):
     src = fl.copy_source(pristine["lerobot-v3.0"][0], tmp_path)
-    truncate(src / "data" / "chunk-000" / "file-000.parquet")
+    fl.truncate(src / "data" / "chunk-000" / "file-000.parquet")
     before = fl.tree_hash(src)
     seen = fl.cli("inspect", src)
     r = ingest(src, tmp_path / "cache")
@@ -298,7 +362,7 @@ def test_truncated_parquet_v30(pristine, tmp_path):
 def test_truncated_parquet_v21(pristine, tmp_path):
     src, clean = pristine["lerobot-v2.1"]
     src = fl.copy_source(src, tmp_path)
-    truncate(src / "data" / "chunk-000" / "episode_000002.parquet")
+    fl.truncate(src / "data" / "chunk-000" / "episode_000002.parquet")
     r = ingest(src, tmp_path / "cache")
     reasons = quarantined(tmp_path / "cache")
     ok = list(reasons) == [2] and "episode_000002.parquet" in reasons[2] and \
@@ -328,6 +392,27 @@ def test_corrupt_zarr_chunk_then_retry(pristine, tmp_path):
               f" exit {r.code}; after repair --retry-quarantined caches it, exit {retried.code}",
               lost=not ok, traceback=r.traceback or retried.traceback)
     assert r.code == 3 and retried.code == 0 and ok
+
+
+def test_missing_zarr_chunk(pristine, tmp_path):
+    from robocache.data.cache import build
+
+    src, clean = pristine["zarr"]
+    src = fl.copy_source(src, tmp_path)
+    (src / "data" / "action" / "3.0").unlink()
+    r = ingest(src, tmp_path / "cache")
+    reasons = quarantined(tmp_path / "cache")
+    ok = list(reasons) == [3] and "data/action/3.0" in reasons[3] and \
+        "rows 90:120" in reasons[3] and fl.same_as_clean(tmp_path / "cache", clean, [0, 1, 2, 4, 5])
+    # a writer that left out all-fill chunks on purpose: read as zarr does, when asked
+    filled = build(src, tmp_path / "filled", rate_hz=fl.RATE, device="cpu", progress=False,
+                   source_options={"fps": fl.FPS, "missing_chunks": "fill"})
+    zeros = fl.load_cache(tmp_path / "filled")[3].column("action").to_pylist()
+    fl.record("zarr: one missing chunk", f"its episode quarantined (chunk, rows), the rest cached, "
+              f"exit {r.code}; read as the fill value only with missing_chunks='fill'",
+              lost=not ok, traceback=r.traceback)
+    assert r.code == 3 and ok
+    assert filled["counts"]["cached"] == fl.EPISODES and all(v == [0, 0] for v in zeros)
 
 
 @pytest.mark.parametrize("ends, bad, code", [
@@ -380,7 +465,7 @@ def test_unreadable_hdf5(pristine, tmp_path, damage):
     if damage == "junk":
         src.write_bytes(b"this is not an HDF5 file" * 10)
     else:
-        truncate(src, 0.3)
+        fl.truncate(src, 0.3)
     r = ingest(src, tmp_path / "cache")
     fl.record(f"robomimic HDF5: {damage} file", f"one line, exit {r.code}",
               traceback=r.traceback)

@@ -7,7 +7,8 @@
     $ robocache ingest lerobot/aloha /tmp/aloha.cache --decode-workers 8 --video-decoder pyav
     $ robocache ingest bags/ /tmp/bags.cache --rate 50 --task-topic /task --exclude-topic /tf
 
-Re-running resumes: episodes already in the cache are skipped.
+Re-running resumes: episodes already in the cache are skipped; episodes whose source data
+changed since they were cached are refused (naming them) or, with --rebuild-changed, rebuilt.
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ ShardOpt = Annotated[str, typer.Option(help="Cache only shard i/n of the episode
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")]
 ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
 OverwriteOpt = Annotated[bool, typer.Option(
-    help="Delete the RoboCache cache at DEST first (says what it removes; a directory that is "
-         "not a cache is never deleted).")]
+    help="Delete the RoboCache cache at DEST first: only the files and tables its manifest "
+         "says it owns (says what it removes; other files stay; a directory that is not a "
+         "cache is never touched).")]
 RetryOpt = Annotated[bool, typer.Option(
     "--retry-quarantined", help="Read again the episodes an earlier run quarantined.")]
+RebuildOpt = Annotated[bool, typer.Option(
+    "--rebuild-changed", help="Cache again the cached episodes whose source data changed since "
+                              "(by default a re-run refuses, naming them).")]
 WaitOpt = Annotated[bool, typer.Option(
     "--wait", help="If another process is writing DEST, wait for it to finish.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help=VERBOSE_OPTION_HELP)]
@@ -99,6 +104,7 @@ SHARED = {"keys": (KeysOpt, None), "fps": (FpsOpt, None), "split": (SplitOpt, No
           "tolerance": (ToleranceOpt, None), "grid_tolerance": (GridToleranceOpt, 1e-4),
           "shard": (ShardOpt, None), "as_json": (JsonOpt, False), "progress": (ProgressOpt, True),
           "overwrite": (OverwriteOpt, False), "retry_quarantined": (RetryOpt, False),
+          "rebuild_changed": (RebuildOpt, False),
           "wait": (WaitOpt, False), "verbose": (VerboseOpt, False),
           "metrics_port": (int, METRICS_PORT_OPTION), "pushgateway": (str, PUSHGATEWAY_OPTION),
           "log_format": (str, LOG_FORMAT_OPTION)}

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from robocache._optional import require
+from robocache.data import snapshot, source_identity
 from robocache.errors import DataError
 
 Batch = dict[str, torch.Tensor]
@@ -136,10 +137,15 @@ class RobotDataset(torch.utils.data.Dataset):
     batch (nvJPEG on a GPU); plus
     ``episode_index``, ``index`` (the global step) and ``timestamp`` (float64 seconds).
 
+    While another process extends the cache (or after an interrupted extension), the last
+    complete version is served, with a warning naming the writer (see
+    :mod:`robocache.data.snapshot`).
+
     Raises:
         FileNotFoundError: no cache at ``cache``.
-        DataError: an unfinished cache, a key the cache lacks, a non-servable (event) key, bad
-            history/horizon/pad, or bad ``delta_timestamps`` (see :func:`seconds_to_steps`).
+        DataError: a cache never complete yet (naming its live writer), a key the cache
+            lacks, a non-servable (event) key, bad history/horizon/pad, or bad
+            ``delta_timestamps`` (see :func:`seconds_to_steps`).
     """
 
     def __init__(self, cache: str | Path, *, history: int = 1, horizon: int = 0,
@@ -165,10 +171,12 @@ class RobotDataset(torch.utils.data.Dataset):
                             f"{horizon}.")
         if pad not in ("edge", "zero"):
             raise DataError(f"`pad` must be 'edge' or 'zero'; got {pad!r}.")
-        self.manifest = json.loads(manifest_path.read_text())
-        if self.manifest.get("status") != "complete":
-            raise DataError(f"{self.path}: the cache build did not finish; re-run `robocache "
-                            "ingest` with the same arguments to resume it.")
+        # while another process extends the cache: its last complete version
+        written = json.loads(manifest_path.read_text())
+        self.manifest = snapshot.servable(self.path, written)
+        if self.manifest is not written and episodes is None:
+            episodes = [e["index"] for e in self.manifest["episodes"]]
+        source_identity.warn_if_changed(self.path, self.manifest)  # an edited source: say so
         self.history, self.horizon, self.pad = history, horizon, pad
         streams = self.manifest["streams"]
         servable = [k for k, s in streams.items() if s["kind"] in ("numeric", "image", "video")]
@@ -207,7 +215,8 @@ class RobotDataset(torch.utils.data.Dataset):
         self.image_keys = [k for k in keys if streams[k]["kind"] in ("image", "video")]
         self.image_size, self.image_transforms = image_size, image_transforms
         self.image_dtype, self._rng = image_dtype, torch.Generator().manual_seed(seed)
-        stats = json.loads((self.path / self.manifest["stats_path"]).read_text())
+        stats = self.manifest["stats"] if "stats" in self.manifest else \
+            json.loads((self.path / self.manifest["stats_path"]).read_text())
         # stats normalize float streams; integer and bool streams are served as stored
         self.stats = {k: Stats.from_dict(v) for k, v in stats.items() if k in keys
                       and np.dtype(streams[k]["dtype"]).kind == "f"}

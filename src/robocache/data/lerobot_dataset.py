@@ -139,12 +139,17 @@ class LeRobotDataset(torch.utils.data.Dataset):
             ``video_backend``); ``force_cache_sync=True`` rebuilds the RoboCache cache.
         cache: the cache directory (default :func:`default_cache_dir`).
         device: where the cache is gathered: ``"cpu"`` (default) or ``"cuda"``.
+        build_timeout_s: when another process is building the cache (the other ranks of a
+            ``torchrun`` job constructing the same dataset), seconds to wait for it (its
+            progress is logged at INFO) before failing; then the finished cache is opened.
 
     Raises:
         FileNotFoundError: no dataset at ``root``.
         DataError: bad ``meta/info.json`` (version, fps), ``delta_timestamps`` off the fps grid,
             for an unknown key or empty, ``tolerance_s <= 0``, episodes not in the dataset,
-            or episodes quarantined while caching (the reason names the row and offset).
+            or requested episodes (all by default) quarantined while caching (the reason
+            names the row and offset).
+        CacheBusyError: another process still builds the cache after ``build_timeout_s``.
     """
 
     def __init__(self, repo_id: str, root: str | Path | None = None,
@@ -153,8 +158,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
                  tolerance_s: float = 1e-4, revision: str | None = None,
                  force_cache_sync: bool = False, download_videos: bool = True,
                  video_backend: str | None = None, *, cache: str | Path | None = None,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", build_timeout_s: float = 3600.0):
         from robocache.data.cache import build
+        from robocache.data.lock import build_once
 
         if root is None:
             home = os.environ.get("HF_LEROBOT_HOME",
@@ -174,12 +180,17 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.cache = Path(cache) if cache is not None else default_cache_dir(self.root)
         manifest = self.cache / "manifest.json"
         if force_cache_sync or not self._reusable(manifest):
-            m = build(self.root, self.cache, rate_hz="native", grid_tolerance_s=tolerance_s,
-                      progress=False, overwrite=force_cache_sync)
-            if m["quarantined"]:
-                q = m["quarantined"][0]
-                raise DataError(f"{self.root}: {len(m['quarantined'])} episodes could not be "
-                                f"cached; episode {q['index']}: {q['reason']}")
+            build_once(self.cache, lambda: build(
+                self.root, self.cache, rate_hz="native", grid_tolerance_s=tolerance_s,
+                progress=False, overwrite=force_cache_sync, rebuild_changed=True),
+                lambda: self._reusable(manifest),
+                timeout_s=build_timeout_s, fix="pass a larger build_timeout_s")
+        bad = [q for q in json.loads(manifest.read_text())["quarantined"]
+               if episodes is None or q["index"] in set(episodes)]
+        if bad:
+            raise DataError(f"{self.root}: {len(bad)} requested episodes could not be cached; "
+                            f"episode {bad[0]['index']}: {bad[0]['reason']}; repair them, or "
+                            "pass `episodes` naming the others to serve those.")
         if not self.meta.stats:  # no meta/stats.json: the cache's, in LeRobot's layout
             stats = json.loads((self.cache / "stats.json").read_text())
             self.meta.stats = {k: {s: np.array(d[s]) for s in ("min", "max", "mean", "std",
@@ -216,14 +227,18 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return lut[self._ds.task_id]
 
     def _reusable(self, manifest: Path) -> bool:
-        """The cache at ``manifest`` is a finished native-rate cache of every episode of this
-        dataset (otherwise :func:`robocache.cache.build` resumes it, or refuses another)."""
+        """The cache at ``manifest`` is a finished native-rate cache that read every episode of
+        this dataset, cached or quarantined, from the files as they are (otherwise
+        :func:`robocache.cache.build` resumes it and caches again what changed, or refuses
+        another)."""
+        from robocache.data.source_identity import changed_since
+
         if not manifest.exists():
             return False
         m = json.loads(manifest.read_text())
         return (m.get("status") == "complete" and m.get("native") is True
                 and m["source"]["path"] == str(self.root.resolve())
-                and m["counts"]["cached"] == self.meta.total_episodes)
+                and m["counts"]["read"] == self.meta.total_episodes and not changed_since(m))
 
     @property
     def fps(self) -> int:

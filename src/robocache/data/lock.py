@@ -3,6 +3,8 @@
 The lock is ``fcntl.flock`` on ``<cache>/.robocache.lock``: the kernel releases it when the
 holding process exits, however it exits (``kill -9`` included), so a lock is never stale. The
 file's text names the holder (pid, host, start time) for the message a second writer gets.
+Processes that only need the finished cache (e.g. every rank of a ``torchrun`` job opening the
+same dataset) let the first build it and :func:`wait_for_writer` until it is done.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import datetime as _dt
 import fcntl
 import json
+import logging
+import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +118,58 @@ def holder(dest: str | Path) -> dict[str, Any] | None:
     finally:
         os.close(fd)
 
+
+
+def wait_for_writer(dest: str | Path, timeout_s: float, *,
+                    report: Callable[[dict[str, Any], float], None] | None = None,
+                    every_s: float = 10.0, fix: str = "") -> None:
+    """Block until no process writes the cache at ``dest`` (returns at once when none does).
+
+    Args:
+        dest: the cache directory.
+        timeout_s: give up after this many seconds (>= 0).
+        report: called with the writer (:func:`holder`) and the seconds waited, when the wait
+            starts and every ``every_s`` seconds after (progress for the user).
+        fix: the sentence a timeout's message ends with (how to wait longer).
+
+    Raises:
+        CacheBusyError: the writer still holds the cache after ``timeout_s``; the message names
+            it (pid, host, start time).
+    """
+    t0 = time.monotonic()
+    told = -math.inf
+    while (info := holder(dest)) is not None:
+        waited = time.monotonic() - t0
+        if waited > timeout_s:
+            raise CacheBusyError(f"{dest} is still being written by {describe_holder(info)} "
+                                 f"after {waited:.0f} s of waiting; {fix or 'wait longer'}.")
+        if report is not None and waited - told >= every_s:
+            report(info, waited)
+            told = waited
+        time.sleep(min(0.2, every_s))
+
+
+def build_once(dest: str | Path, build: Callable[[], Any], ready: Callable[[], bool], *,
+               timeout_s: float, fix: str = "") -> None:
+    """Run ``build()`` (which locks ``dest``), unless another process is already building
+    ``dest``: then wait for it (:func:`wait_for_writer`, its progress logged at INFO every 10 s)
+    and use its cache when ``ready()``, else build what it left. Many processes opening one
+    dataset at once (the ranks of a ``torchrun`` job) so build it once.
+
+    Raises:
+        CacheBusyError: the other process is still writing after ``timeout_s`` seconds in all.
+    """
+    log = logging.getLogger(__name__)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            build()
+            return
+        except CacheBusyError:
+            wait_for_writer(dest, max(0.0, deadline - time.monotonic()), fix=fix, report=lambda
+                            info, waited: log.info("waiting for %s to finish building %s "
+                                                   "(%.0f s of at most %.0f s)",
+                                                   describe_holder(info), dest, waited,
+                                                   timeout_s))
+        if ready():
+            return

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from robocache._optional import require
+from robocache.data import source_identity
 from robocache.data.build.commit import _done_episodes, commit
 from robocache.data.build.manifest import IDENTITY, _check_dest, _claim, is_cache
 from robocache.data.build.run import _progress, finish
@@ -109,6 +110,7 @@ def merge(shards: list[str | Path], dest: str | Path, *, overwrite: bool = False
                         "destination.")
     manifests = _manifests(shards)
     header = {k: manifests[0].get(k) for k in IDENTITY}
+    header.update(source_identity.merged(manifests))
     dest = Path(dest)
     for shard in shards:  # the shards are sources: never written
         _check_dest(shard, dest)

@@ -156,7 +156,7 @@ class _AlignWrite:
             else:
                 ready.append(pickle.loads(payload))
         out = Batch(1 << 62, 1 << 62)
-        sizes = {}
+        sizes, digests = {}, {}
         aligned = align_batch([p.episode for p in ready], self.specs, self.config,
                               self.device, self.fps)
         for p, cols in zip(ready, aligned, strict=True):
@@ -166,10 +166,11 @@ class _AlignWrite:
             out.add(p.index, episode_tables(p.episode, cols, self.specs, self.config,
                                             p.frames))
             sizes[p.index] = metrics.episode_sizes(p.episode, cols)
+            digests[p.index] = p.digest
         indices = list(out.indices)
         written = out.write(self.dest) if indices else []
-        return {"payload": np.array([pickle.dumps((indices, written, sizes, quarantined))],
-                                    dtype=object)}
+        return {"payload": np.array([pickle.dumps((indices, written, sizes, digests,
+                                                   quarantined))], dtype=object)}
 
 
 def _commit_group(run, pending: list[tuple[list[int], list]], advance) -> None:
@@ -259,13 +260,15 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                 pending: list[tuple[list[int], list]] = []
                 since = time.perf_counter()
                 for row in ds.iter_rows():
-                    indices, written, sizes, quarantined = pickle.loads(row["payload"])
+                    indices, written, sizes, digests, quarantined = \
+                        pickle.loads(row["payload"])
                     for q in quarantined:
                         run.quarantined(q["index"], q["reason"], pickle.loads(q["payload"]))
                         advance(f"episode {q['index']} quarantined")
                     if not indices:
                         continue
                     run.sizes.update(sizes)
+                    run.digested(digests)
                     pending.append((indices, written))
                     if sum(len(i) for i, _ in pending) >= COMMIT_EPISODES or \
                             time.perf_counter() - since > COMMIT_SECONDS:

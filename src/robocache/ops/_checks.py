@@ -40,23 +40,34 @@ def validates_eager_cuda(validate: bool | None) -> bool:
     return _VALIDATE_ON_CUDA if validate is None else validate
 
 
-def memory_bytes(device: torch.device) -> int:
-    """Total memory of ``device`` in bytes (the GPU's, or the host's physical memory)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+# Requests below this are left to the allocator: reading the limits costs tens of
+# microseconds, more than small eager calls take.
+CHECKED_BYTES = 1 << 26
+
+
+def nbytes(shape, dtype: torch.dtype) -> int:
+    """Bytes of a tensor of ``shape`` and ``dtype`` (Python ints: no overflow)."""
+    n = dtype.itemsize
+    for s in shape:
+        n *= int(s)
+    return n
 
 
 def check_fits(op: str, what: str, need: int, device: torch.device, fix: str) -> None:
-    """Refuse, before allocating, ``need`` bytes for ``what`` that exceed all of ``device``
-    (in eager calls: a traced call checks when its graph was first run eagerly, or fails to
-    allocate)."""
-    if torch.compiler.is_compiling():
+    """The one size check of every op that allocates from its arguments: refuse, before
+    allocating, ``need`` bytes for ``what`` that exceed what this process may still use on
+    ``device`` (:func:`robocache._memory.available_bytes`: rlimits, cgroup, physical memory,
+    or the GPU's free memory). ``fix`` names the argument to shrink. Skipped while tracing (a
+    traced call was checked when its graph first ran eagerly) and below
+    :data:`CHECKED_BYTES`."""
+    if need < CHECKED_BYTES or torch.compiler.is_compiling():
         return
-    have = memory_bytes(device)
+    from robocache._memory import available_bytes
+
+    have, limit = available_bytes(torch.device(device))
     if need > have:
-        fail(op, f"{what} needs {need:,} bytes, more than the {have:,} bytes of {device}; {fix}",
-             ShapeError)
+        fail(op, f"{what} needs {need:,} bytes, more than the {have:,} bytes this process may "
+             f"still use on {device} (limited by {limit}); {fix}", ShapeError)
 
 
 def check_choice(op: str, name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -254,6 +254,12 @@ class _Plan:
             self.concat_dtype = data_dtypes[0]
             for d in data_dtypes[1:]:
                 self.concat_dtype = torch.promote_types(self.concat_dtype, d)
+        # every output, the masks and ages/offsets, and the reference's bracket indices/weights
+        C.check_fits(_OP, f"{len(specs)} streams aligned onto [B, T] = [{self.B}, {self.T}]",
+                     sum(C.nbytes(s, d) for s, d in zip(self.out_shapes, self.out_dtypes,
+                                                        strict=True))
+                     * (2 if concat else 1) + self.B * self.T * len(specs) * 29, target.device,
+                     "pass fewer `target_times` (T), fewer streams or a smaller batch (B).")
         self.names = [sp[0] for sp in specs]
         self.pad_rows = {name: k for k, name in enumerate(self.names)}
         self.age_rows = {specs[k][0]: i for k, i in self.aux_index.items()

@@ -26,7 +26,7 @@ import torch
 from robocache._plancache import PlanCache
 from robocache.errors import DTypeError
 from robocache.observability import nvtx
-from robocache.ops._checks import check_device, check_dtype, fail
+from robocache.ops._checks import check_device, check_dtype, check_fits, fail
 from robocache.ops._dispatch import Op, launches_directly
 from robocache.reference import image as ref
 
@@ -250,6 +250,9 @@ def image_transform(frames: torch.Tensor, size: tuple[int, int],
     if h < 1 or w < 1:
         fail(op, f"`size` must be positive (height, width); got {size}.", ValueError)
     n = frames.shape[0]
+    if out is None:  # the frames at `size` and the reference's sampling grid
+        check_fits(op, f"{n} frames of 3 x {h} x {w}", n * h * w * (3 * dtype.itemsize + 24),
+                   frames.device, "pass a smaller `size` or fewer `frames` per call.")
     if params is None:  # resize only: cached identity parameters, no colour op in any slot
         params, slots = _identity_on(n, tuple(frames.shape[-2:]), frames.device), 0
     else:

@@ -71,7 +71,11 @@ _IK = Op("kinematics_ik", cpu=_ik_cpu, cuda=_K + "ik_cuda", fake=_ik_fake)
 
 # --------------------------------------------------------------------------- public ops
 
-def _check_q(op: str, chain: Chain, q: torch.Tensor, validate: bool | None) -> torch.Tensor:
+def _check_q(op: str, chain: Chain, q: torch.Tensor, validate: bool | None,
+             what: str, words: int) -> torch.Tensor:
+    """``q`` checked and flattened to ``[N, dof]``; refused before any copy when ``words``
+    values of q's dtype per configuration (the op's output and working memory, ``what``)
+    cannot fit."""
     if not isinstance(chain, Chain):
         fail(op, f"`chain` must be a robocache.kinematics.Chain (from Chain.from_urdf or "
              f"Chain.from_dh); got {type(chain).__name__}.", TypeError)
@@ -81,6 +85,9 @@ def _check_q(op: str, chain: Chain, q: torch.Tensor, validate: bool | None) -> t
     if q.dim() == 0 or q.shape[-1] != chain.dof:
         fail(op, f"`q` must have shape [..., {chain.dof}] (one value per joint of chain "
              f"{chain.name!r}: {', '.join(chain.joint_names)}); got {list(q.shape)}.", ShapeError)
+    n = q.numel() // chain.dof
+    check_fits(op, f"{n} configurations x {what}", n * (words + chain.dof) * q.element_size(),
+               q.device, "pass fewer configurations in `q` per call.")
     if wants_validation(validate, q) and bool(torch.isnan(q).any()):
         idx = [int(v) for v in torch.isnan(q).nonzero()[0]]
         fail(op, f"`q` has a NaN at index {idx} (joint {chain.joint_names[idx[-1]]!r}); drop or "
@@ -116,7 +123,9 @@ def fk(chain: Chain, q: torch.Tensor, *, all_links: bool = False,
         torch.Size([1024, 4, 4])
     """
     lead = q.shape[:-1] if isinstance(q, torch.Tensor) else ()
-    flat = _check_q("fk", chain, q, validate)
+    links = len(chain.link_names) if all_links else 1
+    # the poses and the reference's per-joint transforms
+    flat = _check_q("fk", chain, q, validate, f"{links} link poses", (links + 3) * 16)
     params, _, _ = chain.tensors(q.device, q.dtype)
     out = _FK(flat, params, chain.movable, chain.prismatic, bool(all_links))
     return out if q.dim() == 2 else out.reshape(*lead, *out.shape[1:])
@@ -146,7 +155,9 @@ def jacobian(chain: Chain, q: torch.Tensor, *, validate: bool | None = None) -> 
         torch.Size([6, 7])
     """
     lead = q.shape[:-1] if isinstance(q, torch.Tensor) else ()
-    flat = _check_q("jacobian", chain, q, validate)
+    # the Jacobians and every link's pose they are made of
+    flat = _check_q("jacobian", chain, q, validate, "a Jacobian",
+                    6 * chain.dof + (len(chain.link_names) + 3) * 16)
     params, _, _ = chain.tensors(q.device, q.dtype)
     out = _JACOBIAN(flat, params, chain.movable, chain.prismatic)
     return out if q.dim() == 2 else out.reshape(*lead, 6, chain.dof)

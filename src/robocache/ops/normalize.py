@@ -32,7 +32,7 @@ import torch
 from robocache._plancache import PlanCache
 from robocache.errors import DataError, ShapeError
 from robocache.observability import nvtx
-from robocache.ops._checks import FLOAT_DTYPES, check_choice, check_dtype, fail
+from robocache.ops._checks import FLOAT_DTYPES, check_choice, check_dtype, check_fits, fail
 from robocache.ops._dispatch import Op, launches_directly
 from robocache.ops._shared import affine, affine_into
 from robocache.reference import normalize as ref
@@ -155,6 +155,12 @@ def compute_stats(x: torch.Tensor, *, bins: int = DEFAULT_BINS) -> Stats:
     if bins < 2:
         fail("compute_stats", f"`bins` must be >= 2; got {bins}.", ValueError)
     x2 = x.reshape(-1, x.shape[-1])
+    n, d = x2.shape
+    # the histogram counts (and their scatter), the sorted copy with its indices, a float64 copy
+    check_fits("compute_stats", f"`bins` = {bins:,} histogram bins x {d} dims over `x` [{n}, {d}]",
+               d * int(bins) * 16 + n * d * (x.element_size() + 24), x.device,
+               "lower `bins` (the default is enough for merged quantiles), or pass `x` in parts "
+               "and merge_stats them.")
     names = ("mean", "std", "min", "max", "q01", "q99", "hist_exponent", "hist_origin",
              "hist_counts")
     cpu = {k: v.cpu() for k, v in zip(names, _STATS(x2, int(bins)), strict=True)}

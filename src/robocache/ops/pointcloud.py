@@ -136,6 +136,13 @@ def _check_dense_fits(op: str, b: int, dims, f: int, mode: str, device: torch.de
 
 
 
+def _check_points_fit(op: str, shape, device: torch.device) -> None:
+    """Points (float32 xyz), valid flags and the reference's pixel grids of ``[B, H, W]``."""
+    b, h, w = shape
+    check_fits(op, f"the points of {b} x {h} x {w} pixels", b * h * w * (12 + 1 + 16), device,
+               "pass smaller `depth` images (downsample them) or fewer per call.")
+
+
 def _check_camera_matrix(op: str, name: str, m: torch.Tensor, n: int, b: int,
                          device: torch.device) -> None:
     """`m` is a float [n, n] or [B, n, n] (B = b or 1) matrix on `device`."""
@@ -359,6 +366,7 @@ def depth_to_points(depth: torch.Tensor, intrinsics: torch.Tensor, *,
         # metadata checks are a pure function of the key: run once per geometry
         d, scale = _check_camera(op, depth, intrinsics, extrinsics, rgb, depth_scale,
                                  min_depth, max_depth, False)
+        _check_points_fit(op, d.shape, d.device)
         call = _PointsCall(d.shape, scale, float(min_depth), float(max_depth))
         if key is not None:
             _POINT_CALLS.put(key, call)
@@ -553,6 +561,7 @@ def depth_to_voxels(depth: torch.Tensor, intrinsics: torch.Tensor, *,
     d, scale = _check_camera(op, depth, intrinsics, extrinsics, rgb, depth_scale, min_depth,
                              max_depth, validate)
     b, h, w = d.shape
+    _check_points_fit(op, d.shape, d.device)
     feats = None if rgb is None else rgb.reshape(b, h, w, -1).contiguous()
     if not sparse:
         _check_dense_fits(op, b, dims, 1 if feats is None else feats.shape[-1], mode, d.device)

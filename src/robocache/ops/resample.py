@@ -146,6 +146,11 @@ def _check(data, times, target, lengths, method, out_of_range, out) -> None:
         C.fail(_OP, "`data` has S == 0 samples; every row needs at least one sample.")
     C.check_series(_OP, "", data, times, target, lengths,
                    batch=data.shape[0] if data.dim() == 3 else None)
+    B, T, D = data.shape[0] if data.dim() == 3 else 1, target.shape[-1], data.shape[-1]
+    # the output, its mask and the reference's per-target bracket indices and weights
+    C.check_fits(_OP, f"the output [B, T, D] = [{B}, {T}, {D}]",
+                 C.nbytes((B, T, D), data.dtype) + B * T * 25, data.device,
+                 "pass fewer `target_times` (T) or a smaller batch of `data` (B).")
     if out is not None:
         shape = (*data.shape[:-2], target.shape[-1], data.shape[-1])
         if tuple(out.shape) != shape or out.dtype != data.dtype or out.device != data.device:

@@ -95,6 +95,10 @@ def windows(
         # metadata checks are a pure function of the key: run once per geometry
         rel, split = _relative(history, horizon, offsets)
         _check(data, episode_offsets, indices, episodes, pad)
+        M, L = indices.shape[0], len(rel)
+        C.check_fits(_OP, f"{M} windows of {L} rows x {data.shape[1]} columns",
+                     M * L * (C.nbytes(data.shape[1:], data.dtype) + 1 + 8), data.device,
+                     "pass fewer `indices` (M) per call, or a shorter history/horizon.")
         plan = _WindowPlan(rel, split)
         if key is not None:
             _WINDOW_PLANS.put(key, plan)
@@ -371,6 +375,10 @@ def key_windows(
         # metadata and layout checks are a pure function of the key: run once per geometry
         _check(data, episode_offsets, indices, episodes, pad)
         call = _KeyCall(*_key_layout(data, columns, offsets))
+        M = indices.shape[0]
+        C.check_fits(_OP, f"{M} windows of {len(call.cols)} keys",
+                     M * (call.plan.n_values * data.element_size() + call.plan.n_pads * 9),
+                     data.device, "pass fewer `indices` (M) per call, or fewer `offsets`.")
         if key is not None:
             _KEY_CALLS.put(key, call)
     if _checked_eager(validate, data, episode_offsets, indices, episodes):

@@ -30,10 +30,14 @@ class CacheConfig:
             (LeRobot's ``tolerance_s``); > 0.
         episodes: source episode indices to ingest (default: all).
         source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer.
-        overwrite: delete the cache at the destination instead of resuming it (only a directory
-            recognised as a RoboCache cache is ever deleted).
+        overwrite: delete the cache at the destination instead of resuming it (only the files
+            and tables its manifest says the cache owns are deleted, see
+            :mod:`robocache.data.owned`; anything else there stays).
         retry_quarantined: read again the episodes an earlier run quarantined (by default a
-            resume leaves them quarantined).
+            resume leaves them quarantined, unless a source file they are read from changed).
+        rebuild_changed: cache again the cached episodes whose source data changed since they
+            were cached (by default a re-run refuses them, naming them; see
+            :mod:`robocache.data.source_identity`).
         wait: when another process is writing the destination, wait for it to finish instead
             of failing with :class:`~robocache.errors.CacheBusyError`.
         shard: ``(i, n)`` or ``"i/n"``: cache only the episodes at positions ``p`` of the
@@ -81,6 +85,7 @@ class CacheConfig:
     source_options: dict[str, Any] = field(default_factory=dict)
     overwrite: bool = False
     retry_quarantined: bool = False
+    rebuild_changed: bool = False
     wait: bool = False
     shard: tuple[int, int] | str | None = None
     camera_codec: str = "jpeg"

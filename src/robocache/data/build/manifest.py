@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from robocache.data.lock import LOCK_NAME
+from robocache.data.owned import check_tables, remove_owned
+from robocache.data.snapshot import last_complete
 from robocache.errors import DataError
 
 CACHE_FORMAT = "robocache-cache/1"
@@ -79,22 +81,19 @@ def _check_dest(source: Path, dest: Path) -> None:
         raise DataError(f"DEST {dest} is not empty and is not a RoboCache cache (no manifest.json "
                         "of one), so it is neither resumed nor removed (--overwrite removes only "
                         "caches); choose a new or empty destination.")
+    if dest.is_dir() and is_cache(dest):
+        check_tables(dest)
 
 
 def _remove_cache(dest: Path, log) -> None:
-    """Delete the cache at ``dest`` (checked by :func:`_check_dest`), keeping the held lock file;
-    says what it removes."""
-    import shutil
-
+    """Delete the cache at ``dest`` (checked by :func:`_check_dest`): only what its manifest
+    says it owns (:func:`robocache.data.owned.owned`), keeping the held lock file; says what it
+    removes and what it keeps."""
     try:
         cached = (read_manifest(dest) or {}).get("counts", {}).get("cached", "unfinished")
     except DataError:
         cached = "unreadable manifest"
-    entries = sorted(p for p in dest.iterdir() if p.name != LOCK_NAME)
-    log(f"overwrite: removing the RoboCache cache at {dest} (episodes: {cached}): "
-        + ", ".join(p.name for p in entries))
-    for p in entries:
-        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    remove_owned(dest, log, cached)
 
 
 # the manifest fields that identify a cache's configuration: a resume or merge must match them
@@ -114,7 +113,9 @@ def _claim(dest: Path, header: dict[str, Any], overwrite: bool, log) -> list[dic
                 raise DataError(f"{dest} holds a cache with a different {key} "
                                 f"({old.get(key)!r} vs {header[key]!r}); pick a new destination "
                                 "or pass overwrite=True (--overwrite).")
-    carried = old.get("quarantined", []) if old is not None and \
-        all(old.get(k) == header[k] for k in IDENTITY) else []
-    _write_json(dest / "manifest.json", {**header, "status": "building", "quarantined": carried})
+    same = old is not None and all(old.get(k) == header[k] for k in IDENTITY)
+    carried = old.get("quarantined", []) if same else []
+    # readers serve the last complete version meanwhile (robocache.data.snapshot)
+    _write_json(dest / "manifest.json", {**header, "status": "building", "quarantined": carried,
+                                         **last_complete(dest, old if same else None)})
     return carried

@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from robocache._optional import require
+from robocache.data import source_identity
 from robocache.data.build.config import CacheConfig, decode_workers
 from robocache.data.build.encode import stored_size
 from robocache.data.cameras import decode_videos, frames_table
 from robocache.data.episode import Episode, Source, Stream, StreamSpec, check_episode
-from robocache._optional import require
 from robocache.errors import DataError
 
 
@@ -58,12 +59,15 @@ def load_episode(src: Source, index: int, specs: dict[str, StreamSpec],
                  lock: threading.Lock | None = None) -> Episode:
     """Read episode ``index`` (its videos decoded by ``video_decoder``, see
     :func:`robocache.data.cameras.decode_video`) and check it against ``specs`` (a bad episode
-    raises). ``lock``: held while the source reads (readers are not all thread-safe)."""
+    raises). ``lock``: held while the source reads (readers are not all thread-safe). Its
+    digest as read (:func:`robocache.data.source_identity.episode_digest`) is kept in
+    ``episode.meta["digest"]``."""
     if lock is None:
         episode = src.read(index)
     else:
         with lock:
             episode = src.read(index)
+    episode.meta["digest"] = source_identity.episode_digest(episode)  # as read: see its module
     decode_videos(episode, specs, decoder=video_decoder, gpu=gpu)
     check_episode(episode, specs)
     return episode
@@ -73,10 +77,13 @@ def load_episode(src: Source, index: int, specs: dict[str, StreamSpec],
 class Prepared:
     """One episode made ready off the writing thread (:func:`prepare_episode`): read, its
     videos decoded, checked, its camera frames encoded (``frames``: stream -> Lance table);
-    or the ``error`` that quarantines it. ``seconds``: stage -> seconds spent."""
+    or the ``error`` that quarantines it. ``seconds``: stage -> seconds spent. ``digest``: the
+    episode's digest as read (:func:`robocache.data.source_identity.episode_digest`), kept
+    when the episode itself is dropped (aligned in a worker process) for the manifest."""
 
     index: int
     episode: Episode | None = None
+    digest: str | None = None
     frames: dict[str, Any] | None = None
     error: Exception | None = None
     seconds: dict[str, float] = field(default_factory=dict)
@@ -106,6 +113,7 @@ def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
     out = Prepared(index)
     try:
         episode = load_episode(src, index, specs, config.video_decoder, gpu, lock)
+        out.digest = episode.meta["digest"]
         t1 = time.perf_counter()
         out.frames = {name: frames_table(episode, name, spec, config.camera_codec,
                                          config.camera_quality, threads,

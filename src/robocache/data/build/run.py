@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from robocache._optional import require
+from robocache.data import source_identity
 from robocache.data.build.align import align_batch, check_rate
 from robocache.data.build.commit import (
     Committer,
@@ -33,7 +34,13 @@ from robocache.data.build.config import (
     parse_size,
 )
 from robocache.data.build.encode import _camera_entry
-from robocache.data.build.manifest import CACHE_FORMAT, _check_dest, _claim, _write_json
+from robocache.data.build.manifest import (
+    CACHE_FORMAT,
+    _check_dest,
+    _claim,
+    _write_json,
+    read_manifest,
+)
 from robocache.data.build.read import (
     Prepared,
     native_rate,
@@ -44,8 +51,9 @@ from robocache.data.build.read import (
 from robocache.data.build.stats import _compute_stats, _episode_summary
 from robocache.data.build.write import Batch, episode_tables
 from robocache.data.cameras import CODECS, VIDEO_DECODERS, nvdec_available
-from robocache.data.episode import Episode, Source, StreamSpec
+from robocache.data.episode import Source, StreamSpec
 from robocache.data.lock import CacheLock
+from robocache.data.snapshot import kept
 from robocache.errors import DataError
 from robocache.observability import metrics
 
@@ -119,8 +127,15 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     dest.mkdir(parents=True, exist_ok=True)
     with CacheLock(dest, wait=config.wait):
         _check_dest(Path(src.path), dest)  # again: another writer may have changed it
-        carried = _claim(dest, header, config.overwrite,
-                         log or logging.getLogger(__name__).warning)
+        # the source's identity now; episodes whose source data changed (robocache.data.
+        # source_identity): refused, or dropped to be cached again
+        stale, retry = source_identity.check(
+            src, dest, None if config.overwrite else read_manifest(dest), header,
+            _done_episodes(dest / "data.lance"), rebuild=config.rebuild_changed)
+        carried = [q for q in _claim(dest, header, config.overwrite,
+                                     log or logging.getLogger(__name__).warning)
+                   if q["index"] not in retry]
+        source_identity.drop(dest, stale)
         yield Run(src, specs, config, device, dest, header, carried,
                   None if hasattr(source, "read") else str(source))
 
@@ -246,9 +261,17 @@ class Run:
         for used, n in frames.items():
             self.video_frames[used] = self.video_frames.get(used, 0) + n
 
+    def digested(self, digests: dict[int, str]) -> None:
+        """Keep episodes' digests as read (index -> :attr:`~robocache.data.build.read.
+        Prepared.digest`, see :func:`robocache.data.source_identity.episode_digest`) for the
+        manifest."""
+        self.header.setdefault("episode_digests", {}).update(
+            {str(i): d for i, d in digests.items() if d is not None})
+
     def _write_running(self) -> None:
         _write_json(self.dest / "manifest.json", {**self.header, "status": "building",
-                                                  "quarantined": list(self.quarantine.values())})
+                                                  "quarantined": list(self.quarantine.values()),
+                                                  **kept(self.dest)})
 
     def finish(self, device: str | None = None) -> dict[str, Any]:
         """Commit the last batch, compact and tidy the tables, write stats and the complete
@@ -389,6 +412,7 @@ def _settle(run: Run, group: list[Prepared], advance) -> None:
             advance(f"episode {p.index} quarantined")
             continue
         run.decoded(p.decoded)
+        run.digested({p.index: p.digest})
         run.add(p.index, p.tables, p.sizes)
         advance(f"episode {p.index}")
     group.clear()

@@ -57,7 +57,8 @@ def open_source(path: str | Path, format: str | None = None, **options: Any) -> 
         format: ``"lerobot"``, ``"zarr-replay"``, ``"robomimic"``, ``"rlds"`` or
             ``"rosbag"``; ``None`` detects.
         **options: reader options, e.g. ``fps=10.0`` for sources without timestamps (zarr,
-            HDF5, RLDS), ``split="train[:95%]"`` for RLDS, ``topics=[...]``,
+            HDF5, RLDS), ``split="train[:95%]"`` for RLDS, ``missing_chunks="fill"`` for a
+            zarr buffer whose writer left out chunks equal to the fill value, ``topics=[...]``,
             ``task_topic="/task"`` for ROS 2 bags (see each reader).
 
     Returns:

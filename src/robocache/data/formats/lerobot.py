@@ -233,6 +233,11 @@ class LeRobotSource:
             where += f" rows {ep['dataset_from_index']}:{ep['dataset_to_index']}"
         return where
 
+    def files(self, index: int) -> list[Path]:
+        """The files episode ``index`` is read from: its data file and its videos."""
+        videos = [k for k, s in self.specs.items() if s.kind == "video"]
+        return [self._data_path(index), *(self._video(index, k).path for k in videos)]
+
     def _read_file(self, path: Path, columns: list[str] | None = None) -> pa.Table:
         """A data file (its ``columns`` that it has, or all); a file that fails to read fails
         every episode in it with the same reason (without reading it again)."""

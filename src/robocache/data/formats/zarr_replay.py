@@ -7,10 +7,22 @@ was recorded at; default 10 Hz, as diffusion policy's Push-T; the assumption is 
 episodes whose ranges are empty, decreasing, overlapping or past the data are quarantined with
 that reason, and rows after the last end (belonging to no episode) are an error. ``.zarr``
 directories and ``.zarr.zip`` files are both read through the zarr library.
+
+Missing chunks. zarr reads a chunk that is not in the store as the array's fill value, so a
+deleted or never-copied chunk would become rows of zeros. Before an episode is read, every chunk
+its rows need, of every ``data/<key>`` array (timestamps included), is looked up in the store;
+a missing one quarantines the episode, naming the chunk and its rows. One case is ambiguous: a
+zarr writer with ``write_empty_chunks=False`` (zarr-python 3's default) does not store a chunk
+whose values all equal the fill value, so its absence is by design. An array whose metadata
+declares no fill value (``"fill_value": null``) cannot have elided a chunk: a missing chunk is
+always damage. When the writer elided chunks on purpose, ``missing_chunks="fill"`` (reader
+option) reads them as the fill value, as zarr does; the default, ``"quarantine"``, never turns
+an absent chunk into data silently.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +34,7 @@ from robocache.data.formats import check_fps
 from robocache.errors import DataError, MissingDependencyError
 
 TIME_KEY = "timestamp"
+MISSING_CHUNKS = ("quarantine", "fill")
 
 
 def _open(path: Path):
@@ -58,6 +71,19 @@ def episode_ranges(ends: np.ndarray, rows: int) -> list[tuple[int, int, str | No
     return out
 
 
+def _stored_keys(arr) -> set[str]:
+    """The keys the store holds under an array (its chunks and metadata)."""
+    prefix, store = f"{arr.path}/", arr.store
+    if hasattr(store, "list_prefix"):  # zarr 3: an asynchronous store
+        from zarr.core.sync import sync
+
+        async def listed() -> set[str]:
+            return {k async for k in store.list_prefix(prefix)}
+
+        return sync(listed())
+    return {k for k in store if k.startswith(prefix)}  # zarr 2: a mapping
+
+
 class ZarrReplaySource:
     """A zarr ReplayBuffer (see the module docstring); ``fps`` times buffers without timestamps.
 
@@ -69,8 +95,14 @@ class ZarrReplaySource:
 
     format = "zarr-replay"
 
-    def __init__(self, path: str | Path, fps: float | None = None):
+    def __init__(self, path: str | Path, fps: float | None = None,
+                 missing_chunks: str = "quarantine"):
+        if missing_chunks not in MISSING_CHUNKS:
+            raise DataError(f"`missing_chunks` must be one of {MISSING_CHUNKS}; got "
+                            f"{missing_chunks!r}.")
         self.path = Path(path)
+        self.missing_chunks = missing_chunks
+        self._stored: dict[str, set[str]] = {}  # array -> the chunk keys its store holds
         try:
             self.root = _open(self.path)
             self.ends = np.asarray(self.root["meta"]["episode_ends"][:]).reshape(-1)
@@ -127,6 +159,9 @@ class ZarrReplaySource:
         start, stop, problem = self.ranges[index]
         if problem:
             raise DataError(f"episode {index}: {problem}.")
+        if self.missing_chunks == "quarantine":
+            for key in sorted(self.data.array_keys()):
+                self._check_chunks(key, start, stop)
         if self.has_time:
             times = np.asarray(self.data[TIME_KEY][start:stop], np.float64).reshape(-1)
         else:
@@ -136,3 +171,47 @@ class ZarrReplaySource:
             data = np.asarray(self.data[name][start:stop])
             streams[name] = Stream(spec, times, data)
         return Episode(index, streams, {"length": stop - start})
+
+    def files(self, index: int) -> list[Path]:
+        """The chunk files episode ``index`` is read from (a ``.zarr`` directory; a
+        ``.zarr.zip`` is one file, which every episode is read from)."""
+        if self.path.is_file():
+            return [self.path]
+        start, stop, problem = self.ranges[index]
+        if problem:
+            return []
+        return [self.path / chunk for key in sorted(self.data.array_keys())
+                for chunk, _ in self._chunks(key, start, stop)]
+
+    def _chunks(self, key: str, start: int, stop: int):
+        """``(store key, first row)`` of every chunk of ``data/<key>`` holding rows
+        ``start:stop``."""
+        arr = self.data[key]
+        rows = arr.chunks[0]
+        grid = [range(start // rows, (stop - 1) // rows + 1),
+                *(range(n) for n in arr.cdata_shape[1:])]
+        meta = getattr(arr, "metadata", None)
+        for coords in itertools.product(*grid):
+            if hasattr(meta, "encode_chunk_key"):  # zarr 3
+                yield f"{arr.path}/{meta.encode_chunk_key(coords)}", coords[0] * rows
+            else:  # zarr 2
+                yield arr._chunk_key(coords), coords[0] * rows
+
+    def _check_chunks(self, key: str, start: int, stop: int) -> None:
+        """Raise when a chunk of ``data/<key>`` holding rows ``start:stop`` is not stored."""
+        arr = self.data[key]
+        if key not in self._stored:
+            self._stored[key] = _stored_keys(arr)
+        rows = arr.chunks[0]
+        for chunk, a in self._chunks(key, start, stop):
+            if chunk not in self._stored[key]:
+                meta = getattr(arr, "metadata", None)
+                fill = meta.fill_value if hasattr(meta, "fill_value") else arr.fill_value
+                fill = fill.item() if hasattr(fill, "item") else fill  # NumPy scalar: plain
+                why = ("the array declares no fill value, so it was never elided" if fill is None
+                       else f"zarr would read it as the fill value {fill!r}")
+                raise DataError(
+                    f"chunk {chunk} (rows {a}:{min(a + rows, arr.shape[0])}) is missing from "
+                    f"the store ({why}); restore it, or, if its writer left out chunks equal "
+                    "to the fill value on purpose (write_empty_chunks=False), read with "
+                    "source_options={'missing_chunks': 'fill'}.")
