@@ -130,7 +130,7 @@ class ObservationCore(torch.nn.Module):
         self.groups, self.zero_pad, self.inputs = groups, zero_pad, inputs
         self.norm_keys = list(norm)
         self.clip = {k: c for k, (_, _, c) in norm.items()}
-        for i, (k, (o, s, _)) in enumerate(norm.items()):
+        for i, (o, s, _) in enumerate(norm.values()):
             self.register_buffer(f"offset{i}", o)
             self.register_buffer(f"scale{i}", s)
         self.outputs = [f for s in streams for f in (s.name, f"{s.name}_is_pad")] + \
@@ -159,7 +159,8 @@ class ObservationCore(torch.nn.Module):
                 # ring slots: the frame's window position mapped back, the sample ids rounded
                 v = idx.gather(1, v) if method == "frame_index" else \
                     v[..., 0].round().to(torch.int64)
-            pad = pad | (head == start)[:, None] | pre[None, :]
+            pad_only = (head == start)[:, None] | pre[None, :]
+            pad = pad | pad_only
             for row, name in enumerate(names):
                 s = self.streams[name]
                 if method in _INTERPOLATED:
@@ -173,9 +174,12 @@ class ObservationCore(torch.nn.Module):
                     vals[name] = st[f"{name}.values"][v[row]]
                 p = pad[row]
                 if method == "previous":
+                    # a held sample is never padded for being the latest one (ingest's streams
+                    # always go on past the grid): only before the first sample, where the
+                    # age is negative; at a native rate only the sample on the step counts
                     ages[name] = aux[row]
-                    if s.exact:  # native rate: only the sample on the step counts
-                        p = p | (aux[row] != 0)
+                    edge = pad_only[row]
+                    p = edge | ((aux[row] != 0) if s.exact else (aux[row] < 0))
                 pads[name] = p
         out = []
         for name, s in self.streams.items():
@@ -369,10 +373,7 @@ class Observer:
             camera = s["kind"] in ("image", "video")
             exact = k in native and method != "frame_index" and (
                 s["kind"] == "numeric" or method == "previous")
-            if isinstance(capacity, Mapping):
-                cap = capacity.get(k)
-            else:
-                cap = capacity
+            cap = capacity.get(k) if isinstance(capacity, Mapping) else capacity
             if cap is None:
                 src = s.get("source_rate_hz")
                 cap = 16 if not src else math.ceil(src * span) + 4
