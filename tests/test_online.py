@@ -274,7 +274,7 @@ def test_aoti_package_runs_without_robocache(sample_caches, tmp_path):
     expected = obs.core(*inputs)
     package = torch._inductor.aoti_compile_and_package(obs.export(),
                                                        package_path=str(tmp_path / "core.pt2"))
-    torch.save((inputs, expected), tmp_path / "io.pt")
+    torch.save(([x.clone() for x in inputs], expected), tmp_path / "io.pt")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([sys.executable, "-c", _FRESH, package, str(tmp_path / "io.pt")],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
