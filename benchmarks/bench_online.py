@@ -6,13 +6,16 @@ against the hand-written alternative, in one run.
     $ python benchmarks/bench_online.py --quick                        # smoke run
 
 Numeric case: 4 streams into a 50 Hz policy with 2 history steps (``history=2``,
-``normalize="mean_std"``): joints 7-D at 500 Hz, end-effector pose 7-D at 100 Hz (both
-linear), tactile 16-D at 333 Hz (linear, off the grid), gripper 1-D events at irregular times
-(``previous``, with its age). Per tick: push every message that came since the last tick, one
-``push`` per message, then ``observation(now)`` (now = the step + 5 ms, so every interpolated
-stream has a message past the step); on a GPU the tick ends with a synchronize (the
-observation is ready to read). Per-tick wall-clock microseconds over ``ticks`` ticks after
-200 warm-up ticks: p50, p99, max.
+``normalize="mean_std"``; the core eager, and with ``compile=True``): joints 7-D at 500 Hz,
+end-effector pose 7-D at 100 Hz (both linear), tactile 16-D at 333 Hz (linear, off the grid),
+gripper 1-D events at irregular times (``previous``, with its age). Per tick: push every
+message that came since the last tick, one ``push`` per message, then ``observation(now)``
+(now = the step + 5 ms, so every interpolated stream has a message past the step); on a GPU
+the tick ends with a synchronize (the observation is ready to read). Per-tick microseconds
+over ``ticks`` ticks after 200 warm-up ticks, p50 / p99 / max: wall clock (``p99_us``...) and
+the thread's CPU time (``cpu_p99_us``...: what the tick costs a core of its own; on a shared
+machine the wall clock also counts time other processes held the core; ``load_average_1min``
+records how busy the machine was).
 
 The alternative (``handwritten``): a dict holding the latest message per topic, updated per
 message, and at the tick the last two ticks' latest values stacked and normalized with NumPy
@@ -28,6 +31,7 @@ on an H100.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -134,26 +138,34 @@ class Handwritten:
         return out
 
 
-def per_tick_us(impl, log, sync) -> list[float]:
-    """Wall-clock microseconds of each tick: its pushes, then the observation."""
-    samples = []
+def per_tick_us(impl, log, sync) -> tuple[list[float], list[float]]:
+    """Microseconds of each tick (its pushes, then the observation): wall clock, and this
+    thread's CPU time (what the tick costs a core of its own: on a shared machine the wall
+    clock also counts the time other processes held the core)."""
+    wall, cpu = [], []
     for k, msgs in enumerate(log):
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for name, t, v in msgs:
             impl.push(name, t, v)
         impl.observation(k / RATE + LAG_S)
         sync()
-        samples.append((time.perf_counter_ns() - t0) / 1e3)
-    return samples
+        cpu.append((time.thread_time_ns() - c0) / 1e3)
+        wall.append((time.perf_counter_ns() - t0) / 1e3)
+    return wall, cpu
 
 
-def record(name: str, impl: str, samples: list[float], device: str, **extra) -> dict:
-    warm = samples[200:] if len(samples) > 400 else samples[len(samples) // 4:]
-    s = np.asarray(warm)
+def record(name: str, impl: str, samples: tuple[list[float], list[float]], device: str,
+           **extra) -> dict:
+    wall, cpu = samples
+    skip = 200 if len(wall) > 400 else len(wall) // 4  # warm-up ticks (compilation, caches)
+    s, c = np.asarray(wall[skip:]), np.asarray(cpu[skip:])
     timing = H.summarize(s.tolist())
-    return H.case(FAMILY, name, impl, timing, unit="us", device=device, ticks=len(warm),
-                  p50_us=float(np.percentile(s, 50)), p99_us=float(np.percentile(s, 99)),
-                  max_us=float(s.max()), threads=torch.get_num_threads(), **extra)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return H.case(FAMILY, name, impl, timing, unit="us", device=device, ticks=len(s),
+                  load_average_1min=load, p50_us=float(np.percentile(s, 50)),
+                  p99_us=float(np.percentile(s, 99)), max_us=float(s.max()),
+                  cpu_p50_us=float(np.percentile(c, 50)), cpu_p99_us=float(np.percentile(c, 99)),
+                  cpu_max_us=float(c.max()), threads=torch.get_num_threads(), **extra)
 
 
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
@@ -161,6 +173,8 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     from robocache.ops.normalize import Stats
 
     cfg = QUICK if quick else FULL
+    if hasattr(os, "sched_getaffinity"):  # `taskset -c 0`: one intra-op thread, not one per core
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
     ticks = cfg["ticks"] + 200
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
@@ -171,11 +185,12 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         name = "4 streams (500/100/333 Hz + events) -> 50 Hz, history 2"
         for dev in devices:
             sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-            obs = robocache.Observer.from_cache(cache, history=2, normalize="mean_std",
-                                                device=dev)
-            obs.start(0.0)
-            rows.append(record(name, "robocache", per_tick_us(obs, log, sync), dev,
-                               messages_per_tick=msgs))
+            for compiled in (False, True):  # compiled: the first (warm-up) tick compiles
+                obs = robocache.Observer.from_cache(cache, history=2, normalize="mean_std",
+                                                    device=dev, compile=compiled)
+                obs.start(0.0)
+                rows.append(record(name, "robocache-compiled" if compiled else "robocache",
+                                   per_tick_us(obs, log, sync), dev, messages_per_tick=msgs))
         import json
 
         stats = json.loads((cache / "stats.json").read_text())

@@ -120,7 +120,8 @@ class ObservationCore(torch.nn.Module):
     """The numeric work of one tick, plain PyTorch (CUDA-graph capturable, ``torch.export``-able).
 
     ``forward(target, pre, *state)``: ``target`` float64 ``[U]`` grid instants (oldest first),
-    ``pre`` bool ``[U]`` (instants before the first tick, edge rows), ``state`` the ring
+    ``pre`` bool ``[U]`` (instants before the first tick, edge rows), ``horizon`` float64 ``[1]``
+    (the tick's time: every message before it has come), ``state`` the ring
     arrays in :attr:`inputs` order. Returns a flat tuple in :attr:`outputs` order: per served
     key its values (``[U, D]`` in the stream's dtype, normalized float32 where asked; cameras:
     int64 ``[U]`` ring slots) and bool ``[U]`` pad mask, then float32 ``[U]`` ages of
@@ -141,7 +142,8 @@ class ObservationCore(torch.nn.Module):
         self.outputs = [f for s in streams for f in (s.name, f"{s.name}_is_pad")] + \
             [f"{s.name}_age" for s in streams if s.method == "previous"]
 
-    def forward(self, target: torch.Tensor, pre: torch.Tensor, *state: torch.Tensor):
+    def forward(self, target: torch.Tensor, pre: torch.Tensor, horizon: torch.Tensor,
+                *state: torch.Tensor):
         st = dict(zip(self.inputs, state, strict=True))
         vals, pads, ages = {}, {}, {}
         u = target.shape[0]
@@ -161,6 +163,12 @@ class ObservationCore(torch.nn.Module):
                 ids = idx.to(torch.float64)[..., None]
                 v, pad, aux = interp_ref(None if method == "frame_index" else ids, t, x,
                                          lengths, method, tolerance_s=tol)
+                if method != "previous" and tol is None:
+                    # past the latest sample, the nearest one is final once the horizon (the
+                    # tick's time: every earlier message has come) is at least as far away
+                    t_last = t.gather(1, lengths[:, None] - 1)
+                    final = (x > t_last) & (x - t_last <= horizon - x) & (x >= t[:, :1])
+                    pad = pad & ~final
                 # ring slots: the frame's window position mapped back, the sample ids rounded
                 v = idx.gather(1, v) if method == "frame_index" else \
                     v[..., 0].round().to(torch.int64)
@@ -233,6 +241,7 @@ class Observer:
         arena = _Arena()
         arena.add("target", np.float64, (len(offsets),))
         arena.add("pre", np.bool_, (len(offsets),))
+        arena.add("horizon", np.float64, (1,))
         inputs = []
         for g, (method, _, names) in enumerate(self._groups):
             cap = max(self.streams[n].cap for n in names)
@@ -265,7 +274,7 @@ class Observer:
         self._on_grid = {s.name: True for s in streams}
         self._last = {s.name: -math.inf for s in streams}
         self.core = ObservationCore(streams, self._groups, norm, pad == "zero", inputs).to(device)
-        self._inputs = inputs
+        self._args = ["target", "pre", "horizon", *inputs]
         # torch.compile fuses the core's ~100 small operators into a few kernels (measured on
         # one loaded CPU core: 247 us against 794 us per tick, benchmarks/results/online-*)
         self._core = torch.compile(self.core, fullgraph=True, dynamic=False) if compile \
@@ -555,16 +564,22 @@ class Observer:
         return float(self.t0 + np.float64(k) / self.rate)
 
     def ready(self, t: float) -> bool:
-        """Whether every stream has the messages the step at ``t`` needs to be final (an
-        interpolated / nearest stream: one at or after it; pchip: two)."""
+        """Whether, at time ``t`` (every earlier message has come), every stream has what the
+        step at ``t`` needs to be final: an interpolated stream a message at or after the step
+        (pchip: two); a nearest / camera stream that, or a latest message no farther before
+        the step than ``t`` is after it."""
         x = self.instant(self.step(t))
         for s in self.streams.values():
             need = _AHEAD[s.method]
-            if need:
-                times, head = self._host[f"g{s.group}.times"][s.row], int(
-                    self._host[f"g{s.group}.head"][s.row])
-                if head < need or times[head - need] < x:
-                    return False
+            head = int(s.heads[s.row])
+            if not need:
+                continue
+            if head < need:
+                return False
+            latest = s.times[head - need]
+            if latest < x and not (s.method in ("nearest", "frame_index") and s.tolerance_s
+                                   is None and x - latest <= float(t) - x):
+                return False
         return True
 
     def _snap(self) -> None:
@@ -614,6 +629,7 @@ class Observer:
         h = self._host
         h["target"][:] = self.t0 + np.maximum(steps, 0).astype(np.float64) / self.rate
         h["pre"][:] = steps < 0
+        h["horizon"][0] = t
         outs = self._run()
         return self._assemble(outs, k, float(h["target"][-1]) if self._offsets[-1] == 0
                               else self.instant(k))
@@ -621,7 +637,7 @@ class Observer:
     def _run(self) -> tuple[torch.Tensor, ...]:
         if self.device.type != "cuda":
             v = self._views
-            return self._core(v["target"], v["pre"], *(v[n] for n in self._inputs))
+            return self._core(*(v[n] for n in self._args))
         if self._graph is None:
             self._capture()
         self._dev_buf.copy_(self._host_buf, non_blocking=True)
@@ -634,7 +650,7 @@ class Observer:
         """Capture the core on the device's current stream's graph pool (once)."""
         self._dev_buf = self._host_buf.to(self.device)
         v = self._arena.views(self._dev_buf)
-        args = (v["target"], v["pre"], *(v[n] for n in self._inputs))
+        args = tuple(v[n] for n in self._args)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -729,7 +745,7 @@ class Observer:
         """The core's inputs now (``target``, ``pre``, the ring arrays), as fresh tensors on
         the observer's device: what :meth:`export` traces with."""
         v = self._views
-        return tuple(v[n].clone().to(self.device) for n in ("target", "pre", *self._inputs))
+        return tuple(v[n].clone().to(self.device) for n in self._args)
 
     def export(self):
         """``torch.export.export`` of :attr:`core` at the current ring sizes (static shapes):
