@@ -58,10 +58,11 @@ def robot_messages(cache: Path, index: int = 0):
     msgs = [(float(t), k, v) for k in KEYS[:2]
             for t, v in zip(ep.streams[k].times, ep.streams[k].data, strict=True)]
     # the camera sends JPEG frames; here, the ones the cache stores for this episode
-    table = lance.dataset(str(cache / "frames" / f"{KEYS[2]}.lance")).to_table().to_pandas()
-    table = table[table.episode_index == index].sort_values("frame")
-    msgs += [(float(t), KEYS[2], bytes(b)) for t, b in zip(table.timestamp, table.encoded,
-                                                             strict=True)]
+    table = lance.dataset(str(cache / "frames" / f"{KEYS[2]}.lance")).to_table()
+    table = table.filter(table.column("episode_index").to_numpy() == index).sort_by("frame")
+    msgs += [(float(t), KEYS[2], b) for t, b in zip(table.column("timestamp").to_pylist(),
+                                                    table.column("encoded").to_pylist(),
+                                                    strict=True)]
     return sorted(msgs, key=lambda m: m[0])
 
 
