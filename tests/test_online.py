@@ -224,6 +224,7 @@ def test_errors_name_the_stream(sample_caches, call, match):
     (dict(history=0), "`history` must be"),
     (dict(capacity=1), "`capacity` of stream"),
     (dict(pad="wrap"), "`pad` must be"),
+    (dict(package="core.pt2", device="cuda"), "`package` is for CPU observers"),
 ])
 def test_from_cache_validation(sample_caches, kw, match):
     with pytest.raises(DataError, match=match):
@@ -279,10 +280,21 @@ def test_aoti_package_runs_without_robocache(sample_caches, tmp_path):
     obs.observation(0.1)
     inputs = obs.example_inputs()
     expected = obs.core(*inputs)
-    package = torch._inductor.aoti_compile_and_package(obs.export(),
-                                                       package_path=str(tmp_path / "core.pt2"))
+    package = obs.save_package(tmp_path / "core.pt2")
     torch.save(([x.clone() for x in inputs], expected), tmp_path / "io.pt")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([sys.executable, "-c", _FRESH, package, str(tmp_path / "io.pt")],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    # the same package as this process's core: every tick as the eager observer's
+    fast = Observer.from_cache(sample_caches / "hold", history=2, keys=SAMPLE_KEYS[:2],
+                               normalize="mean_std", package=package)
+    for o in (obs, fast):
+        o.reset()
+        o.start(0.0)
+        for i in range(40):
+            o.push("observation.state", i * 0.008, np.full(8, i, np.float32))
+            o.push("observation.ee_pose", i * 0.01, np.full(9, -i, np.float32))
+    for t in (0.0, 0.1, 0.2, 0.3):
+        a, b = obs.observation(t), fast.observation(t)
+        assert all(torch.equal(a[k], b[k]) for k in a), t

@@ -220,7 +220,7 @@ class Observer:
                  deltas: dict[str, list[int]], squeezed: list[str], norm: dict[str, Any],
                  *, pad: str, image_size, image_dtype: torch.dtype, device: torch.device,
                  stale_s: float | None, tolerance_s: float, task: str | None,
-                 compile: bool = False):
+                 compile: bool = False, package: str | Path | None = None):
         self.manifest, self.rate = manifest, float(manifest["rate_hz"])
         self.grid_tolerance_s = tolerance_s
         self.streams = {s.name: s for s in streams}
@@ -275,10 +275,8 @@ class Observer:
         self._last = {s.name: -math.inf for s in streams}
         self.core = ObservationCore(streams, self._groups, norm, pad == "zero", inputs).to(device)
         self._args = ["target", "pre", "horizon", *inputs]
-        # torch.compile fuses the core's ~100 small operators into a few kernels (measured on
-        # one loaded CPU core: 247 us against 794 us per tick, benchmarks/results/online-*)
-        self._core = torch.compile(self.core, fullgraph=True, dynamic=False) if compile \
-            else self.core
+        self._compile, self._package = compile, package
+        self._core = None  # made at the first tick (see _make_core)
         self._graph = None
         self._pending: torch.cuda.Event | None = None
         self.t0: float | None = None
@@ -295,7 +293,8 @@ class Observer:
                    capacity: int | Mapping[str, int] | None = None,
                    late_s: float | None = None, stale_s: float | None = None,
                    lookahead_s: float = 0.1, camera_tolerance_s: float | None = None,
-                   task: str | None = None, compile: bool = False) -> Observer:
+                   task: str | None = None, compile: bool = False,
+                   package: str | Path | None = None) -> Observer:
         """An observer serving the observations a :class:`~robocache.RobotDataset` over the
         cache at ``path`` would, with the same keyword arguments.
 
@@ -322,9 +321,13 @@ class Observer:
             camera_tolerance_s: the cache's ``tolerance_s`` (``--tolerance``): camera steps
                 farther than this from every frame are padded (default: off, as ingest's).
             task: the task string served as ``"task"`` (settable later, :attr:`task`).
-            compile: ``torch.compile`` the core (``fullgraph``, static shapes) on the first
-                tick (a minute or more on a CPU), then every tick runs the fused kernels (on
-                a GPU inside the CUDA graph).
+            compile: compile the core on the first tick (static shapes): on the CPU into an
+                AOTInductor package loaded in this process (a minute or more: gcc), on a GPU
+                with ``torch.compile`` (then captured in the CUDA graph). Measured on one
+                loaded CPU core: 32 us per core call as a package, 192 us torch.compile'd,
+                780 us eager (docs/online.md).
+            package: a package :meth:`save_package` wrote for an observer of the same cache
+                and arguments (CPU): loaded instead of compiling.
 
         Raises:
             FileNotFoundError: no cache at ``path``.
@@ -415,6 +418,9 @@ class Observer:
                 "each" if (s["kind"] == "numeric" and method in ("previous", "nearest"))
                 or exact else "all",
                 tolerance_s if late_s is None else float(late_s)))
+        if package is not None and torch.device(device).type == "cuda":
+            raise DataError("`package` is for CPU observers; on a GPU pass compile=True "
+                            "(torch.compile inside the CUDA graph).")
         stats = json.loads((path / manifest["stats_path"]).read_text())
         norm: dict[str, Any] = {}
         if normalize is not None:
@@ -426,7 +432,8 @@ class Observer:
             norm = {k: normalizer.params(k, torch.device("cpu"), torch.float32) for k in floats}
         return cls(manifest, streams, deltas, squeezed, norm, pad=pad, image_size=image_size,
                    image_dtype=image_dtype, device=torch.device(device), stale_s=stale_s,
-                   tolerance_s=float(tolerance_s), task=task, compile=compile)
+                   tolerance_s=float(tolerance_s), task=task, compile=compile,
+                   package=package)
 
     # ------------------------------------------------------------------ messages
     def _spec(self, stream: str) -> _StreamSpec:
@@ -635,6 +642,8 @@ class Observer:
                               else self.instant(k))
 
     def _run(self) -> tuple[torch.Tensor, ...]:
+        if self._core is None:
+            self._core = self._make_core()
         if self.device.type != "cuda":
             v = self._views
             return self._core(*(v[n] for n in self._args))
@@ -645,6 +654,27 @@ class Observer:
         self._pending.record()
         self._graph.replay()
         return self._static_out
+
+    def _make_core(self):
+        """The callable each tick runs: the eager core, a loaded AOTInductor package (CPU:
+        ``package``, or ``compile``), or the torch.compile'd core (GPU ``compile``)."""
+        if self._package is not None or (self._compile and self.device.type != "cuda"):
+            if self._package is None:
+                import tempfile
+
+                self._tmp = tempfile.TemporaryDirectory(prefix="robocache-online-")
+                self._package = self.save_package(Path(self._tmp.name) / "core.pt2")
+            core = torch._inductor.aoti_load_package(str(self._package))
+            try:
+                core(*self.example_inputs())
+            except Exception as e:  # the package's shapes or dtypes differ from this observer's
+                raise DataError(f"`package` {self._package} does not fit this observer "
+                                f"({type(e).__name__}); write it with save_package() from an "
+                                "observer made with the same cache and arguments.") from None
+            return core
+        if self._compile:
+            return torch.compile(self.core, fullgraph=True, dynamic=False)
+        return self.core
 
     def _capture(self) -> None:
         """Capture the core on the device's current stream's graph pool (once)."""
@@ -746,6 +776,13 @@ class Observer:
         the observer's device: what :meth:`export` traces with."""
         v = self._views
         return tuple(v[n].clone().to(self.device) for n in self._args)
+
+    def save_package(self, path: str | Path) -> str:
+        """Compile :meth:`export` into an AOTInductor package at ``path`` (``.pt2``; CPU: gcc;
+        a minute or more) and return its path. The package runs with torch alone:
+        ``torch._inductor.aoti_load_package(path)(*inputs)``, inputs in
+        :meth:`example_inputs` order."""
+        return torch._inductor.aoti_compile_and_package(self.export(), package_path=str(path))
 
     def export(self):
         """``torch.export.export`` of :attr:`core` at the current ring sizes (static shapes):
