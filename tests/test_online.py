@@ -201,6 +201,8 @@ def test_late_messages_inserted_in_order(sample_caches):
     (lambda o: o.push("observation.state", float("nan"), np.zeros(8)), "stream "
      "'observation.state': message time nan is not finite"),
     (lambda o: o.push("observation.state", 1.0, np.full(8, np.nan)), "NaN or infinite"),
+    (lambda o: o.push("observation.state", 1.0, np.r_[np.zeros(7, np.float32), np.inf]
+                      .astype(np.float32)), "NaN or infinite"),
     (lambda o: o.push("observation.state", 1.0, np.zeros(3)), "expected 8"),
     (lambda o: (o.push("observation.state", 1.0, np.zeros(8)),
                 o.push("observation.state", 0.5, np.zeros(8))), "time went backwards"),
