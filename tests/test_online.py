@@ -244,15 +244,18 @@ def test_top_level_export():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_graph_replay_matches_cache(sample_caches):
-    """On the GPU the tick is one captured CUDA graph; nvJPEG decodes the frames, as the
-    dataset does on the GPU."""
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cuda_graph_replay_matches_cache(sample_caches, compiled):
+    """On the GPU the tick is one captured CUDA graph (of the torch.compile'd core with
+    ``compile``); nvJPEG decodes the frames, as the dataset does on the GPU."""
     ds = robocache.RobotDataset(sample_caches / "linear", history=2, keys=SAMPLE_KEYS).to("cuda")
-    obs = Observer.from_cache(sample_caches / "linear", history=2, device="cuda")
+    obs = Observer.from_cache(sample_caches / "linear", history=2, device="cuda",
+                              compile=compiled)
     assert replay(obs, ds, SAMPLE, 0, interpolated=SAMPLE_KEYS[:2]) > 100
     assert obs._graph is not None
     ds = robocache.RobotDataset(sample_caches / "hold", history=2, keys=SAMPLE_KEYS).to("cuda")
-    obs = Observer.from_cache(sample_caches / "hold", history=2, device="cuda")
+    obs = Observer.from_cache(sample_caches / "hold", history=2, device="cuda",
+                              compile=compiled)
     assert replay(obs, ds, SAMPLE, 1) > 100
 
 

@@ -27,9 +27,10 @@ and at each tick aligns them onto the cache's grid with the cache's own semantic
 - Normalization is the training loader's (:class:`robocache.Normalizer` with the cache's stats,
   float32 streams only), applied by the same reference affine map.
 
-Staleness is explicit: a step beyond a stream's latest message (an interpolated or nearest
-stream needs one at or after the step), before its oldest kept one, or farther than a camera's
-tolerance from every frame is padded and flagged in ``<key>_is_pad``; ``previous`` streams
+Staleness is explicit: a step not yet final (an interpolated stream needs a message at or
+after it; a nearest stream or camera that, or the tick's time at least as far after the step
+as its latest message is before it), before a stream's oldest kept message, or farther than a
+camera's tolerance from every frame is padded and flagged in ``<key>_is_pad``; ``previous`` streams
 also report ``<key>_age`` (seconds since the sample held) and, with ``stale_s``, are padded
 when older. Time going backwards (more than ``late_s``), NaN and unknown streams raise
 :class:`~robocache.errors.DataError` naming the stream.
@@ -323,9 +324,9 @@ class Observer:
             task: the task string served as ``"task"`` (settable later, :attr:`task`).
             compile: compile the core on the first tick (static shapes): on the CPU into an
                 AOTInductor package loaded in this process (a minute or more: gcc), on a GPU
-                with ``torch.compile`` (then captured in the CUDA graph). Measured on one
-                loaded CPU core: 32 us per core call as a package, 192 us torch.compile'd,
-                780 us eager (docs/online.md).
+                with ``torch.compile`` (then captured in the CUDA graph). On one CPU core a
+                4-stream tick took 93 us (p50) compiled against 674 us eager
+                (benchmarks/results/online-cpu-2026-11-27.json).
             package: a package :meth:`save_package` wrote for an observer of the same cache
                 and arguments (CPU): loaded instead of compiling.
 
@@ -471,8 +472,8 @@ class Observer:
             if v.size != s.dim:  # (a value is written as a row: any shape of that size)
                 raise DataError(f"stream {stream!r}: value has {v.size} elements, expected "
                                 f"{s.dim} (shape {list(s.shape)}).")
-            # float32 values summed in float64 cannot overflow: finite iff the sum is (a
-            # third of np.isfinite(v).all()'s time on a small vector)
+            # float32 values summed in float64 cannot overflow: finite iff the sum is (one
+            # Python call instead of a ufunc and a reduction per message)
             if v.dtype.kind == "f" and not (math.isfinite(sum(v.reshape(-1).tolist()))
                                             if v.dtype.itemsize <= 4 else np.isfinite(v).all()):
                 raise DataError(f"stream {stream!r}: value at t = {t!r} s holds NaN or "
@@ -668,8 +669,8 @@ class Observer:
                 self._tmp = tempfile.TemporaryDirectory(prefix="robocache-online-")
                 self._package = self.save_package(Path(self._tmp.name) / "core.pt2")
             package = torch._inductor.aoti_load_package(str(self._package))
-            # flat tensors in and out: the loader's own call, without the pytree round trip
-            # (half of the package call's host time on a loaded CPU core)
+            # flat tensors in and out: the loader's own call, without the package call's
+            # pytree flatten / unflatten of the same flat tuple
             run = getattr(getattr(package, "loader", None), "boxed_run", None)
             core = package if run is None else (lambda *xs: run(list(xs)))
             try:
