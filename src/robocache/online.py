@@ -468,7 +468,7 @@ class Observer:
             raise DataError(f"stream {stream!r}: time went backwards: {t!r} s after a message "
                             f"at {self._last[stream]!r} s (late_s = {s.late_s:g}).")
         if s.kind == "numeric":
-            v = np.asarray(value)
+            v = value if type(value) is np.ndarray else np.asarray(value)
             if v.size != s.dim:  # (a value is written as a row: any shape of that size)
                 raise DataError(f"stream {stream!r}: value has {v.size} elements, expected "
                                 f"{s.dim} (shape {list(s.shape)}).")
@@ -481,8 +481,9 @@ class Observer:
         elif not isinstance(value, (bytes, bytearray, np.ndarray, torch.Tensor)):
             raise DataError(f"stream {stream!r}: a camera frame must be encoded bytes or a "
                             f"uint8 [H, W, C] array; got {type(value).__name__}.")
-        self._wait()
-        self._insert(s, t, v.reshape(-1) if s.kind == "numeric" else value)
+        if self._pending is not None:
+            self._wait()
+        self._insert(s, t, value if s.kind == "camera" else v if v.ndim == 1 else v.reshape(-1))
 
     def push_many(self, stream: str, times: Sequence[float] | np.ndarray,
                   values: Sequence[Any] | np.ndarray) -> None:
@@ -654,8 +655,8 @@ class Observer:
         if self._graph is None:
             self._capture()
         self._dev_buf.copy_(self._host_buf, non_blocking=True)
-        self._pending = torch.cuda.Event()
-        self._pending.record()
+        self._copied.record()
+        self._pending = self._copied
         self._graph.replay()
         return self._static_out
 
@@ -687,6 +688,7 @@ class Observer:
     def _capture(self) -> None:
         """Capture the core on the device's current stream's graph pool (once)."""
         self._dev_buf = self._host_buf.to(self.device)
+        self._copied = torch.cuda.Event()  # recorded after each tick's copy
         v = self._arena.views(self._dev_buf)
         args = tuple(v[n] for n in self._args)
         side = torch.cuda.Stream(self.device)
