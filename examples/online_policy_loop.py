@@ -54,7 +54,7 @@ def robot_messages(cache: Path, index: int = 0):
     from robocache.data.formats import open_source
 
     src = open_source(ROOT)
-    ep = load_episode(src, index, src.specs)
+    ep = load_episode(src, index, {k: src.specs[k] for k in KEYS[:2]})
     msgs = [(float(t), k, v) for k in KEYS[:2]
             for t, v in zip(ep.streams[k].times, ep.streams[k].data, strict=True)]
     # the camera sends JPEG frames; here, the ones the cache stores for this episode

@@ -35,7 +35,8 @@ def log(source: Path, cache_path: Path, index: int, keys: list[str]):
     import lance
 
     src = open_source(source)
-    episode = load_episode(src, index, src.specs)
+    # only the served streams are read (a video the observer does not serve is not decoded)
+    episode = load_episode(src, index, {k: s for k, s in src.specs.items() if k in keys})
     msgs = []
     for name in keys:
         spec = src.specs[name]
