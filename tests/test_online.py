@@ -197,6 +197,19 @@ def test_late_messages_inserted_in_order(sample_caches):
     assert torch.allclose(o["observation.state"], torch.full((1, 8), 3.0 * 0.02 / 0.035))
 
 
+def test_push_many_equals_pushes(sample_caches):
+    rng = np.random.default_rng(0)
+    times, values = np.sort(rng.uniform(0, 0.3, 50)), rng.normal(size=(50, 8))
+    one, many = (Observer.from_cache(sample_caches / "linear", history=3, keys=SAMPLE_KEYS[:1])
+                 for _ in range(2))
+    for t, v in zip(times, values, strict=True):
+        one.push("observation.state", t, v)
+    many.push_many("observation.state", times, values)
+    for t in (0.1, 0.2, 0.3):
+        a, b = one.observation(t), many.observation(t)
+        assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda o: o.push("nope", 0.0, np.zeros(8)), "unknown stream 'nope'"),
     (lambda o: o.push("observation.state", float("nan"), np.zeros(8)), "stream "
