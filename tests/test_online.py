@@ -1,6 +1,7 @@
 """robocache.online: replaying recorded episodes message by message in log order gives, at
 every grid step, the offline cache's item (bit-exact for previous/nearest/native streams and
-cameras, within one float32 ulp for interpolated streams); errors; export."""
+cameras; interpolated streams bit-exact on the CPU, where both run the reference, within one
+float32 ulp on a GPU, whose arithmetic may round differently); errors; export."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def replay(observer: Observer, dataset, source: Path, episode: int, interpolated
             assert a.shape == b.shape and a.dtype == b.dtype, (key, a.shape, b.shape)
             if observer.streams[key].kind == "camera":
                 assert torch.equal(a[~pa], b[~pb]), (k, key)
-            elif key in interpolated:
+            elif key in interpolated and observer.device.type == "cuda":
                 assert within_ulp(a, b), (k, key, (a - b).abs().max())
             else:
                 assert torch.equal(a, b), (k, key, a, b)
