@@ -198,6 +198,19 @@ def test_late_messages_inserted_in_order(sample_caches):
     assert torch.allclose(o["observation.state"], torch.full((1, 8), 3.0 * 0.02 / 0.035))
 
 
+def test_values_as_tensors_and_camera_arrays(sample_caches):
+    """Messages may be torch tensors; a camera may send decoded uint8 [H, W, 3] frames."""
+    obs = Observer.from_cache(sample_caches / "linear", keys=SAMPLE_KEYS)
+    frame = np.arange(16 * 16 * 3, dtype=np.uint8).reshape(16, 16, 3)
+    obs.push("observation.state", 0.0, torch.ones(8))
+    obs.push("observation.ee_pose", 0.0, torch.zeros(9, dtype=torch.float64))
+    obs.push("observation.images.top", 0.0, frame)
+    o = obs.observation(0.0)
+    assert o["observation.state"].tolist() == [[1.0] * 8]
+    assert torch.equal(o["observation.images.top"][0],
+                       torch.from_numpy(frame).permute(2, 0, 1).float() / 255)
+
+
 def test_push_many_equals_pushes(sample_caches):
     rng = np.random.default_rng(0)
     times, values = np.sort(rng.uniform(0, 0.3, 50)), rng.normal(size=(50, 8))

@@ -468,7 +468,8 @@ class Observer:
             raise DataError(f"stream {stream!r}: time went backwards: {t!r} s after a message "
                             f"at {self._last[stream]!r} s (late_s = {s.late_s:g}).")
         if s.kind == "numeric":
-            v = value if type(value) is np.ndarray else np.asarray(value)
+            v = value if type(value) is np.ndarray else np.asarray(
+                value.detach().cpu() if isinstance(value, torch.Tensor) else value)
             if v.size != s.dim:  # (a value is written as a row: any shape of that size)
                 raise DataError(f"stream {stream!r}: value has {v.size} elements, expected "
                                 f"{s.dim} (shape {list(s.shape)}).")
@@ -747,7 +748,8 @@ class Observer:
             raw = {}
             for i in want:
                 if i not in encoded:
-                    f = torch.as_tensor(np.asarray(frames[i]))
+                    f = frames[i] if isinstance(frames[i], torch.Tensor) else \
+                        torch.from_numpy(np.ascontiguousarray(frames[i]))
                     raw[i] = (f[..., None] if f.dim() == 2 else f).permute(2, 0, 1).to(
                         self.device)
             if encoded:
