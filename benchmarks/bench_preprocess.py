@@ -58,9 +58,12 @@ from preprocess_data import PER_FILE, SECONDS, make_dataset  # noqa: E402
 FAMILY = "preprocess"
 RATE = 50.0
 TARGET_S = 30.0  # each node-scale run lasts about this long
+MAX_EPISODES = 400_000
 OPTIONS = {"episodes": (int, "episodes in the dataset (default: ~30 s of the node's ingest)"),
            "gpus": (str, "GPU counts for the preprocess scaling runs, e.g. 1,2,4"),
-           "camera": (int, "1: add the inline 48x64 camera (JPEG-encoded by the build)")}
+           "camera": (int, "1: add the inline 48x64 camera (JPEG-encoded by the build)"),
+           "budget_s": (float, "skip the preprocess runs that would end past this many "
+                                "seconds of the whole benchmark (default 420)")}
 
 
 # --- measurements ----------------------------------------------------------------------------
@@ -257,7 +260,9 @@ def ray_run(root: Path, dest: Path, gpus: int, cpus: int, episodes: list[int]) -
 
 
 def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | None = None,
-        gpus: str | None = None, camera: int | None = None) -> list[dict]:
+        gpus: str | None = None, camera: int | None = None,
+        budget_s: float = 420.0) -> list[dict]:
+    start = time.perf_counter()
     cores = os.cpu_count() or 1
     visible = torch.cuda.device_count()
     camera = bool(camera)
@@ -279,7 +284,7 @@ def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | Non
             free = shutil.disk_usage(tmp).free
             one = _episode_bytes(tmp, camera)
             episodes = max(PER_FILE if not quick else 48,
-                           min(episodes, int(free / 4 / one), 2_000_000))
+                           min(episodes, int(free / 4 / one), MAX_EPISODES))
         t0 = time.perf_counter()
         root, samples = make_dataset(tmp / "src", episodes, camera=camera)
         made = time.perf_counter() - t0
@@ -300,7 +305,7 @@ def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | Non
                                    f"{g['peak_over_final']:.2f}x final", **g))
         shutil.rmtree(tmp / "growth")
         records += _scaling(root, tmp, name, episodes, nbytes, raw, cores, visible, gpus,
-                            quick)
+                            quick, start + budget_s)
     return records
 
 
@@ -334,8 +339,10 @@ def _node(root: Path, dest: Path, name: str, episodes: int, samples: int, nbytes
 
 
 def _scaling(root: Path, tmp: Path, name: str, episodes: int, nbytes: int, raw: float,
-             cores: int, visible: int, asked: str | None, quick: bool) -> list[dict]:
-    """``robocache preprocess`` with each GPU count, its share of the cores each."""
+             cores: int, visible: int, asked: str | None, quick: bool,
+             deadline: float) -> list[dict]:
+    """``robocache preprocess`` with each GPU count, its share of the cores each; a count
+    whose run would end past ``deadline`` (``time.perf_counter``) is skipped, and says so."""
     counts = gpu_counts(visible, asked)
     top = max(max(counts), 1)
     per_episode = nbytes / episodes
@@ -347,6 +354,10 @@ def _scaling(root: Path, tmp: Path, name: str, episodes: int, nbytes: int, raw: 
             rate = len(probe) / ray_run(root, tmp / "probe-cache", g, cpus, probe)
         n = min(episodes, max(16, int(rate * TARGET_S * max(g, 1) / max(counts[0], 1))))
         n = n if not quick else min(episodes, 24)
+        if time.perf_counter() + n / (rate * max(g, 1) / max(counts[0], 1)) + 20 > deadline:
+            records.append(H.case(FAMILY, name, f"preprocess {g} GPU", H.summarize([0.0]),
+                                  gpus=g, skipped=True, note="skipped: past --budget-s"))
+            continue
         wall = ray_run(root, tmp / f"cache-{g}", g, cpus, list(range(n)))
         eps = n / wall
         base = base or eps

@@ -28,7 +28,8 @@ MARK = re.compile(r"(<!-- estimates -->\n).*?(<!-- /estimates -->)", re.S)
 def preprocess_rates(doc: dict) -> dict:
     """What the estimates need from a ``bench preprocess`` results document."""
     cases = doc["cases"]
-    ray = sorted((c for c in cases if c["impl"].startswith("preprocess ") and c.get("gpus")),
+    ray = sorted((c for c in cases if c["impl"].startswith("preprocess ") and c.get("gpus")
+                  and not c.get("skipped")),
                  key=lambda c: c["gpus"])
     node = next((c for c in cases if c["impl"] == "ingest node"), None)
     cpu = next((c for c in cases if c["impl"] == "cpu total"), None)
