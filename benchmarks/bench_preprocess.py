@@ -58,7 +58,7 @@ from preprocess_data import PER_FILE, SECONDS, make_dataset  # noqa: E402
 FAMILY = "preprocess"
 RATE = 50.0
 TARGET_S = 30.0  # each node-scale run lasts about this long
-MAX_EPISODES = 400_000
+MAX_EPISODES = 300_000
 OPTIONS = {"episodes": (int, "episodes in the dataset (default: ~30 s of the node's ingest)"),
            "gpus": (str, "GPU counts for the preprocess scaling runs, e.g. 1,2,4"),
            "camera": (int, "1: add the inline 48x64 camera (JPEG-encoded by the build)"),
