@@ -188,6 +188,7 @@ def test_second_writer_then_kill_then_resume(pristine, tmp_path):
 KILL_BUILD = """
 import os, signal, sys
 import robocache.data.build.commit as C
+import robocache.data.build.read as R
 import robocache.data.build.write as W
 from robocache.data.cache import build
 from robocache.data.formats import open_source
@@ -211,7 +212,7 @@ def committing(dest, episodes, written):
     commit(dest, episodes, written)
     if processes:  # chunks of 2 episodes are being prepared and written by the workers
         die()
-W.Batch.add, C.commit = adding, committing
+W.Batch.add, C.commit, R.CHUNK = adding, committing, (2, 256)  # 3 chunks of 2 episodes
 build(src, dest, rate_hz=rate, progress=False, device="cpu", decode_workers=2,
       decode_processes=processes, batch_rows=3 * STEPS)
 """.replace("STEPS", str(fl.STEPS))
