@@ -52,7 +52,7 @@ import torch
 from robocache.bench import harness as H
 from robocache.bench.standalone import main
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # also for the spawned generators
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also for the generator processes
 from preprocess_data import PER_FILE, SECONDS, make_dataset  # noqa: E402
 
 FAMILY = "preprocess"

@@ -106,10 +106,10 @@ def make_dataset(root: Path, episodes: int, seconds: float = SECONDS, camera: bo
     template = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
     files = [(f, i, min(PER_FILE, episodes - i)) for f, i in
              enumerate(range(0, episodes, PER_FILE))]
-    # spawned: this module imports only NumPy and Arrow (Lance, imported by the caller, is
-    # not fork-safe)
+    # from a fork server (Lance, imported by the caller, is not fork-safe); the processes
+    # need only this module: NumPy and Arrow
     with ProcessPoolExecutor(workers or os.cpu_count(),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
+                             mp_context=multiprocessing.get_context("forkserver")) as pool:
         list(pool.map(_write_file, [str(root / template.format(chunk_index=f // 1000,
                                                                file_index=f % 1000))
                                     for f, _, _ in files],
