@@ -135,8 +135,8 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
     prepared while the caller handles the one yielded.
 
     In processes (:func:`use_processes`; ``path``: the source to open in each) when the build
-    is large enough: reading and checking numeric episodes is Python work that threads
-    serialize on the GIL. There, with ``align`` (alignment on the CPU, at rate ``fps`` when
+    is large enough: reading, checking and aligning numeric episodes is mostly Python on small
+    arrays, and processes run it on every core. There, with ``align`` (alignment on the CPU, at rate ``fps`` when
     native), each episode is also aligned and made into its Arrow tables
     (:attr:`Prepared.tables`), so every core does the whole per-episode work and the caller
     only batches and writes. Otherwise on threads: PyAV decodes and converts colours and
