@@ -37,10 +37,11 @@ _LAZY = {
     "RobotLoader": "robocache.data.loader",
     "MixedDataset": "robocache.data.loader",
     "LeRobotDataset": "robocache.data.lerobot_dataset",
+    "Observer": "robocache.online",
 }
 
 # submodules loaded on first attribute access (robocache.kinematics.fk, robocache.geometry...)
-_SUBMODULES = ("kinematics", "geometry", "augment", "cache")
+_SUBMODULES = ("kinematics", "geometry", "augment", "cache", "online")
 
 __all__ = ["__version__", *_LAZY, *_SUBMODULES]
 

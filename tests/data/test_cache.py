@@ -246,6 +246,8 @@ def test_processes_build_the_same_cache_as_threads(tmp_path, rng):
               device="cpu", decode_processes=True, decode_workers=2, batch_rows=100)
     assert a["counts"] == b["counts"] and a["quarantined"] == b["quarantined"]
     assert a["episodes"] == b["episodes"] and a["counts"]["quarantined"] == 1
+    # the source's record: digests of episodes read in a worker process too
+    assert a["episode_digests"] == b["episode_digests"] and len(a["episode_digests"]) == 11
     for rel in ("data.lance", "frames/observation.images.cam.lance"):
         ta, tb = (lance.dataset(str(tmp_path / d / rel)).to_table() for d in ("threads", "procs"))
         assert ta.equals(tb), rel
@@ -253,8 +255,9 @@ def test_processes_build_the_same_cache_as_threads(tmp_path, rng):
         json.loads((tmp_path / "procs" / "stats.json").read_text())
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("rate", [RATE, "native"])
-def test_align_batch_equals_each_episode_alone(rng, rate):
+def test_align_batch_equals_each_episode_alone(rng, rate, device):
     from robocache.data.build.align import align_batch
     from robocache.data.cache import CacheConfig, align_episode
     from robocache.data.episode import Stream
@@ -266,14 +269,14 @@ def test_align_batch_equals_each_episode_alone(rng, rate):
     eps[4].streams["action"] = Stream(a.spec, a.times + 100.013, a.data)
     config = CacheConfig(rate_hz=rate)
     fps = 25.0 if rate == "native" else None
-    batched = align_batch(eps, SPECS, config, "cpu", fps)
+    batched = align_batch(eps, SPECS, config, device, fps)
     for ep, got in zip(eps, batched, strict=True):
         if ep.index == 4:
             assert isinstance(got, DataError)
             with pytest.raises(DataError, match="overlap" if rate != "native" else "grid"):
-                align_episode(ep, SPECS, config, "cpu", fps)
+                align_episode(ep, SPECS, config, device, fps)
             continue
-        want = align_episode(ep, SPECS, config, "cpu", fps)
+        want = align_episode(ep, SPECS, config, device, fps)
         assert got.keys() == want.keys()
         for k in want:
             assert np.array_equal(got[k], want[k]) or (

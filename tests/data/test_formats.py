@@ -47,6 +47,42 @@ def test_lerobot_multirate_round_trip(tmp_path, episodes, version):
         assert got.meta["tasks"] == ep.meta["tasks"]
 
 
+@pytest.mark.parametrize("damage", ["none", "shifted", "interleaved"])
+def test_lerobot_v30_reads_an_episode_by_its_rows(tmp_path, episodes, damage):
+    """Each episode is the slice of its data file that the metadata names; where the file's
+    rows are not where the metadata says, the file is filtered on episode_index instead, and
+    the episodes read the same either way (the selected streams only)."""
+    root = write_lerobot(tmp_path / "ds", episodes, SPECS, fps=25.0, version="v3.0")
+    meta = next((root / "meta" / "episodes").rglob("*.parquet"))
+    data = root / "data" / "chunk-000" / "file-000.parquet"
+    if damage == "shifted":  # every range off by one row
+        t = pq.read_table(meta)
+        for col in ("dataset_from_index", "dataset_to_index"):
+            shifted = pa.array(np.asarray(t.column(col)) + 1, t.schema.field(col).type)
+            t = t.set_column(t.schema.get_field_index(col), col, shifted)
+        pq.write_table(t, meta)
+    elif damage == "interleaved":  # the rows of episodes 1 and 2 alternate
+        t = pq.read_table(data)
+        ep = np.asarray(t.column("episode_index"))
+        one, two = np.flatnonzero(ep == 1), np.flatnonzero(ep == 2)
+        keys = np.r_[2 * np.arange(len(one)), 2 * np.arange(len(two)) + 1]
+        order = np.arange(len(ep))
+        order[np.r_[one, two]] = np.r_[one, two][np.argsort(keys, kind="stable")]
+        pq.write_table(t.take(order), data)
+    src = open_source(root)
+    src.select(["observation.state", "language.note"])
+    for ep in episodes:
+        got = src.read(ep.index)
+        assert sorted(got.streams) == ["language.note", "observation.state"]
+        for name in got.streams:
+            np.testing.assert_array_equal(got.streams[name].times.astype(np.float32),
+                                          ep.streams[name].times.astype(np.float32))
+            if name == "language.note":
+                assert list(got.streams[name].data) == list(ep.streams[name].data)
+            else:
+                np.testing.assert_array_equal(got.streams[name].data, ep.streams[name].data)
+
+
 def test_lerobot_v21_standard_layout(tmp_path, rng):
     """A single-rate v2.1 dataset laid out as LeRobot writes it (no robocache writer)."""
     root = tmp_path / "ds"

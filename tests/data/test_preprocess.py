@@ -112,6 +112,8 @@ def test_preprocess_equals_ingest_and_resumes(tmp_path, source, local_ray):
     assert first["counts"]["cached"] == 2
     assert m["device"] == "cpu x1 (ray)"
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
+    assert m["episode_digests"] == ingested["episode_digests"]  # read in the Ray tasks too
+    assert len(m["episode_digests"]) == m["counts"]["cached"]
     again = preprocess(source, tmp_path / "ray", rate_hz=RATE, progress=False)
     assert (again["counts"]["skipped"], again["counts"]["new"]) == (5, 0)
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")

@@ -222,9 +222,11 @@ def cli_process(*args: str, fsize: int, timeout: float = 120) -> Result:
     return Result(p.returncode, p.stdout, p.stderr)
 
 
-# A writer whose source reads slowly: `build` of every episode, `delay` seconds per read.
+# A writer whose source reads slowly: `build` of every episode, `delay` seconds per read, each
+# episode aligned and committed as soon as it is read (one per batch: a commit per episode).
 SLOW_BUILD = """
 import sys, time
+import robocache.data.build.run as run
 from robocache.data.cache import build
 from robocache.data.formats import open_source
 src = open_source(sys.argv[1])
@@ -233,9 +235,10 @@ def slow(i):
     time.sleep(float(sys.argv[3]))
     return read(i)
 src.read = slow
+run.ALIGN_EPISODES = 1
 build(src, sys.argv[2], rate_hz=float(sys.argv[4]), progress=False, device="cpu",
       batch_rows=STEPS)
-""".replace("STEPS", str(STEPS))  # one episode per batch: a commit per episode
+""".replace("STEPS", str(STEPS))
 
 
 def slow_writer(src: Path, dest: Path, delay: float) -> subprocess.Popen:

@@ -195,17 +195,20 @@ def test_second_writer_then_kill_then_resume(pristine, tmp_path):
 KILL_BUILD = """
 import os, signal, sys
 import robocache.data.build.commit as C
+import robocache.data.build.read as R
+import robocache.data.build.write as W
 from robocache.data.cache import build
 from robocache.data.formats import open_source
 src, dest, point, rate = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-src = open_source(src)
-read, commit, calls = src.read, C.commit, []
+processes = point == "in worker processes, after the first commit"
+src = src if processes else open_source(src)  # a path: workers open it
+add, commit, calls = W.Batch.add, C.commit, []
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
-def reading(i):
+def adding(batch, i, tables):  # episodes 0-2 committed, 3 in the batch
     if point == "inside a batch" and i == 4:
         die()
-    return read(i)
+    add(batch, i, tables)
 def committing(dest, episodes, written):
     calls.append(episodes)
     if len(calls) == 2 and point == "between a batch's write and its commit":
@@ -214,12 +217,15 @@ def committing(dest, episodes, written):
         commit(dest, episodes, [w for w in written if w[0] != "data.lance"])
         die()
     commit(dest, episodes, written)
-src.read, C.commit = reading, committing
-build(src, dest, rate_hz=rate, progress=False, device="cpu", decode_workers=1,
-      batch_rows=3 * STEPS)
+    if processes:  # chunks of 2 episodes are being prepared and written by the workers
+        die()
+W.Batch.add, C.commit, R.CHUNK = adding, committing, (2, 256)  # 3 chunks of 2 episodes
+build(src, dest, rate_hz=rate, progress=False, device="cpu", decode_workers=2,
+      decode_processes=processes, batch_rows=3 * STEPS)
 """.replace("STEPS", str(fl.STEPS))
 KILL_POINTS = ("inside a batch", "between a batch's write and its commit",
-               "between its frames commit and its rows commit")
+               "between its frames commit and its rows commit",
+               "in worker processes, after the first commit")
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)
@@ -243,7 +249,8 @@ def test_kill_inside_a_batch_then_resume(tmp_path, point):
               f"each episode and camera frame once, exit {resumed.code}", lost=not ok,
               traceback=resumed.traceback)
     assert killed.returncode == -signal.SIGKILL
-    assert partial == [0, 1, 2] and resumed.code == 0 and ok
+    first = [0, 1, 2, 3] if "processes" in point else [0, 1, 2]
+    assert partial == first and resumed.code == 0 and ok
 
 
 def test_disk_full_then_resume(pristine, tmp_path):

@@ -51,7 +51,7 @@ def test_scraped_values_equal_the_run(exporter, sample_source, tmp_path):
     assert v("robocache_loader_wait_seconds_sum", **lab) == pytest.approx(loaded["wait_seconds"])
     assert 0 < v("robocache_loader_stall_ratio", **lab) <= 1
     assert v("robocache_loader_first_batch_seconds", **lab) > 0
-    assert v("robocache_op_calls_total", op="align") >= 6
+    assert v("robocache_op_calls_total", op="align") >= 1  # ingest aligns episodes in batches
     assert v("robocache_camera_frames_decoded_total", decoder="cpu") > 0  # the sample's cameras
     assert v("robocache_build_info", version=robocache.__version__) == 1
 
@@ -121,10 +121,12 @@ def test_json_log_events(sample_source, tmp_path):
     finally:
         logs.reset()
     events = [json.loads(line) for line in out.getvalue().splitlines()]
-    episodes = [e for e in events if e["event"] == "ingest.episode"]
-    assert [e["status"] for e in episodes] == ["cached", "cached", "quarantined"]
-    assert episodes[2]["reason"] == "DataError"
-    assert episodes[2]["metric"] == "robocache_ingest_episodes_quarantined_total"
+    # an episode is reported cached when its batch is committed, quarantined at once
+    episodes = {e["episode"]: e for e in events if e["event"] == "ingest.episode"}
+    assert {i: e["status"] for i, e in episodes.items()} == \
+        {0: "cached", 1: "cached", 99: "quarantined"}
+    assert episodes[99]["reason"] == "DataError"
+    assert episodes[99]["metric"] == "robocache_ingest_episodes_quarantined_total"
     summary = events[-1]
     assert summary["event"] == "ingest.summary" and summary["cached"] == m["counts"]["cached"]
 

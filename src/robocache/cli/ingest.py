@@ -187,9 +187,10 @@ def ingest(
              "source's size). Each batch then decodes that many fewer pixels; the frames are "
              "no longer the source's.")] = None,
     decode_workers: Annotated[int, typer.Option(
-        help="Episodes read, video-decoded and JPEG-encoded at once (threads; default: the "
-             "machine's cores). Each holds one decoded episode in memory; the cache is the "
-             "same whatever the number.")] = None,
+        help="Episodes read, video-decoded and JPEG-encoded at once (default: the machine's "
+             "cores; worker processes for a build of 256 episodes or more, threads "
+             "otherwise). Each holds one decoded episode in memory; the cache is the same "
+             "whatever the number.")] = None,
     video_decoder: Annotated[str, typer.Option(
         help="Who decodes camera videos: pyav (CPU, as LeRobot's reader), auto (NVDEC for "
              "H.264/HEVC when a CUDA GPU and PyNvVideoCodec are present, else PyAV) or nvdec "

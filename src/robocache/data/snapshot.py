@@ -2,10 +2,11 @@
 
 A build that resumes or extends a complete cache keeps that cache's manifest, with its stats
 inline, as ``previous`` in the in-progress manifest (until the build completes). Rows are only
-ever added to a cache's tables (a Lance commit per episode; compaction rewrites files, never
-rows), so the latest tables hold every row of that version unchanged: a reader that filters
-them to ``previous``'s episodes serves exactly the last complete cache, whether the writer is
-still running, has just finished, or was killed.
+ever added to a cache's tables (Lance commits of batches of episodes; compaction rewrites
+files, never rows), so the latest tables hold every row of that version unchanged: a reader
+that filters them to ``previous``'s episodes serves exactly the last complete cache, whether
+the writer is still running, has just finished, or was killed (a scan that overlaps the
+writer's compaction: see :class:`robocache.data.build.commit.Committer`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Any
 
 from robocache._optional import require
 from robocache.data import source_identity
-from robocache.data.build.commit import _done_episodes, commit
+from robocache.data.build.commit import _done_episodes, commit, drop_orphan_frames
 from robocache.data.build.manifest import IDENTITY, _check_dest, _claim, is_cache
 from robocache.data.build.run import _progress, finish
 from robocache.data.build.write import write_files
@@ -125,6 +125,7 @@ def _merge_locked(shards: list[Path], manifests: list[dict[str, Any]], dest: Pat
                   header: dict[str, Any], progress: bool) -> dict[str, Any]:
     lance = require("lance", "data", "The Lance cache", "pylance")
 
+    drop_orphan_frames(dest)  # frames a killed merge committed without their rows
     done = _done_episodes(dest / "data.lance")
     tables = ["data.lance"] + [f"frames/{name}.lance" for name, s in header["streams"].items()
                                if s["kind"] in ("image", "video")]

@@ -34,18 +34,23 @@ timestamp within ``grid_tolerance_s`` of a grid instant is snapped onto it befor
 Stream names become column names with ``.`` replaced by ``/`` (Lance reserves ``.``).
 
 Episodes are read, their videos decoded and their camera frames encoded ``decode_workers`` at a
-time on threads (PyAV and Pillow release the GIL), ahead of the episode being aligned and
-written; they are aligned, written and committed one by one in the source's order, so the cache
-holds the same rows and frame bytes whatever the number of workers, and at most
-``decode_workers + 1`` decoded episodes are in memory at once.
+time, ahead of the episodes being aligned and written: on threads (PyAV and Pillow release the
+GIL), or for a large build from a dataset path in worker processes, which also align on the
+CPU and write (see :func:`~robocache.data.build.read.prepared`). Episodes are aligned many at a
+time (:func:`~robocache.data.build.align.align_batch`) and written and committed in batches
+(``batch_rows``, ``batch_bytes``: many episodes per Lance fragment), in the source's order, so
+the cache holds the same rows and frame bytes whatever the number of workers.
 
-Idempotent per episode: each episode is one Lance commit, so a killed run leaves whole episodes
-only; re-running skips the episodes already in ``data.lance`` (resume) and re-checks the rest. A
-malformed episode is quarantined with its reason and listed in the manifest; ``read = cached +
-quarantined`` always holds.
+Idempotent per episode: an episode is cached once its batch's rows are committed, so a killed
+run leaves whole episodes only; re-running drops the camera frames a killed run committed
+without their rows, skips the episodes already in ``data.lance`` (resume) and re-checks the
+rest. A malformed episode is quarantined alone with its reason and listed in the manifest;
+``read = cached + quarantined`` always holds. Old Lance versions are removed as the build goes
+and only fragments the build itself wrote are compacted, so a reader of the complete cache
+a build resumes keeps its files (:class:`~robocache.data.build.commit.Committer`).
 
 Modules, in the order an episode passes through them: :mod:`~robocache.data.build.read`
-(read, decode videos, check, prepare on worker threads), :mod:`~robocache.data.build.align`,
+(read, decode videos, check, prepare on workers), :mod:`~robocache.data.build.align`,
 :mod:`~robocache.data.build.encode` (camera storage; the frames are encoded by
 :mod:`robocache.data.cameras`), :mod:`~robocache.data.build.write`,
 :mod:`~robocache.data.build.commit`; :mod:`~robocache.data.build.run` drives them, and

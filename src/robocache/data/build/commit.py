@@ -71,25 +71,29 @@ class Committer:
     """Commits one build's batches (:func:`commit`) and keeps the cache's disk near its data.
 
     Every :data:`CLEANUP_COMMITS` commits of a table its old versions are removed. The
-    fragments this build wrote below half a batch (``target_rows``, ``target_bytes``) are
-    compacted (rewritten as fewer) once a
+    fragments this build wrote below an eighth of a batch (``target_rows``, ``target_bytes``)
+    are compacted (rewritten as fewer) once a
     table holds :data:`COMPACT_FRAGMENTS` of them, and at :meth:`close`.
 
     What a reader holding an older version keeps: commits only append, so the data files of
     every version stay in the latest one, and removing an old version removes its manifest
     only (a reader that opened it reads on). Compaction rewrites only fragments committed by
-    this build, and readers open only complete caches (:class:`robocache.RobotDataset`
-    refuses one being built), whose fragments all predate this build: they are never
-    rewritten or deleted by it.
+    this build. A reader of a cache being built serves its last complete version
+    (:mod:`robocache.data.snapshot`), whose fragments all predate this build: they are never
+    rewritten or deleted by it. Such a reader scans the latest version, this build's fragments
+    included, and filters their rows out: one whose scan overlaps a compaction of them and
+    the removal of old versions can find a file of theirs gone (an error, no rows served);
+    opening it again reads the newer version.
 
     Args:
         dest: the cache directory.
-        target_rows, target_bytes: the batch's budget; a fragment below half its bytes and
-            below its rows is small.
+        target_rows, target_bytes: the batch's budget; a fragment below an eighth of its rows
+            and of its bytes is small (larger ones are left as they are: rewriting them would
+            need their size again in transient disk).
     """
 
     def __init__(self, dest: Path, target_rows: int, target_bytes: int):
-        self.dest, self.target_rows, self.target_bytes = dest, target_rows // 2, target_bytes // 2
+        self.dest, self.target_rows, self.target_bytes = dest, target_rows // 8, target_bytes // 8
         self.before: dict[str, set[int]] = {}  # table -> fragment ids when the build began
         self.commits: dict[str, int] = {}
 

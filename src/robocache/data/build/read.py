@@ -92,6 +92,10 @@ class Prepared:
     tables: list[tuple[str, Any]] | None = None
     sizes: dict[str, int] | None = None
     decoded: dict[str, int] | None = None
+    # written by the worker process too (uncommitted): the last such episode of a chunk
+    # carries the chunk's files, (episodes, [(table, schema, fragments)])
+    written: bool = False
+    files: tuple[list[int], list] | None = None
 
 
 def video_frames(episode: Episode) -> dict[str, int]:
@@ -134,15 +138,16 @@ def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
 
 def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
              config: CacheConfig, *, gpu: int = 0, path: str | None = None,
-             fps: float | None = None, align: bool = False) -> Iterator[Prepared]:
+             fps: float | None = None, align: bool = False,
+             dest: Path | None = None) -> Iterator[Prepared]:
     """:func:`prepare_episode` of each of ``indices``, in their order, ``decode_workers`` at a
     time: at most that many episodes (or chunks of :data:`CHUNK`, in processes) are being
     prepared while the caller handles the one yielded.
 
     In processes (:func:`use_processes`; ``path``: the source to open in each) when the build
-    is large enough: reading and checking numeric episodes is Python work that threads
-    serialize on the GIL. There, with ``align`` (alignment on the CPU, at rate ``fps`` when
-    native), each episode is also aligned and made into its Arrow tables
+    is large enough: reading, checking and aligning numeric episodes is mostly Python on small
+    arrays, and processes run it on every core. There, with ``align`` (alignment on the CPU,
+    at rate ``fps`` when native), each episode is also aligned and made into its Arrow tables
     (:attr:`Prepared.tables`), so every core does the whole per-episode work and the caller
     only batches and writes. Otherwise on threads: PyAV decodes and converts colours and
     Pillow encodes without the GIL (measured on 2 cores, 16 480x640 H.264 clips decoded and
@@ -151,7 +156,7 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
     if path is not None:
         indices = list(indices)
         if use_processes(config, len(indices)):
-            yield from _in_processes(path, indices, config, fps, align)
+            yield from _in_processes(path, indices, config, fps, align, dest)
             return
     workers = decode_workers(config)
     lock = threading.Lock()
@@ -181,7 +186,10 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
 # Builds of at least this many episodes prepare them in processes (a process costs a few
 # seconds to start: torch and the reader imported, the source opened).
 PROCESS_EPISODES = 256
-CHUNK = 32  # episodes per task sent to a worker process
+# Episodes per task sent to a worker process (one Lance fragment per table when it writes):
+# a quarter of each worker's share of the build, within these bounds (at 64, a fragment of
+# 12 s episodes at 50 Hz holds 38k rows: not small enough for the build to compact it).
+CHUNK = (64, 256)
 _WORKER: dict[str, Any] = {}  # the source a worker process opened, its specs and options
 
 
@@ -214,11 +222,13 @@ def _picklable(e: Exception) -> Exception:
         return DataError(f"{type(e).__name__}: {e}")
 
 
-def _prepare_chunk(indices: list[int], fps: float | None, align: bool) -> list[Prepared]:
+def _prepare_chunk(indices: list[int], fps: float | None, align: bool,
+                   dest: Path | None) -> list[Prepared]:
     """In a worker process: :func:`prepare_episode` of each of ``indices`` and, with
-    ``align``, its alignment and tables (the episode itself is then not sent back)."""
+    ``align``, its alignment and tables (the episode itself is then not sent back), written
+    under ``dest`` as one set of uncommitted Lance files when given."""
     from robocache.data.build.align import align_batch
-    from robocache.data.build.write import episode_tables
+    from robocache.data.build.write import Batch, episode_tables
     from robocache.observability import metrics
 
     src, specs, config = _WORKER["src"], _WORKER["specs"], _WORKER["config"]
@@ -237,6 +247,13 @@ def _prepare_chunk(indices: list[int], fps: float | None, align: bool) -> list[P
             p.episode = p.frames = None
         for p in todo:
             p.seconds["align"] = (time.perf_counter() - t0) / len(todo)
+        done = [p for p in todo if p.error is None]
+        if dest is not None and done:
+            batch = Batch(1 << 62, 1 << 62)
+            for p in done:
+                batch.add(p.index, p.tables)
+                p.tables, p.written = None, True
+            done[-1].files = ([p.index for p in done], batch.write(dest))
     for p in out:
         if p.error is not None:
             p.episode, p.frames, p.error = None, None, _picklable(p.error)
@@ -244,7 +261,7 @@ def _prepare_chunk(indices: list[int], fps: float | None, align: bool) -> list[P
 
 
 def _in_processes(path: str, indices: list[int], config: CacheConfig, fps: float | None,
-                  align: bool) -> Iterator[Prepared]:
+                  align: bool, dest: Path | None) -> Iterator[Prepared]:
     """:func:`prepared` in ``decode_workers`` spawned processes, chunks of :data:`CHUNK`
     episodes, in order, two chunks per process in flight."""
     import multiprocessing
@@ -254,14 +271,15 @@ def _in_processes(path: str, indices: list[int], config: CacheConfig, fps: float
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_open_worker, initargs=(path, asdict(config)))
     try:
-        chunks = iter([indices[i:i + CHUNK] for i in range(0, len(indices), CHUNK)])
+        size = min(max(len(indices) // (4 * workers), CHUNK[0]), CHUNK[1])
+        chunks = iter([indices[i:i + size] for i in range(0, len(indices), size)])
         pending: deque = deque()
         for chunk in itertools.islice(chunks, 2 * workers):
-            pending.append(pool.submit(_prepare_chunk, chunk, fps, align))
+            pending.append(pool.submit(_prepare_chunk, chunk, fps, align, dest))
         while pending:
             done = pending.popleft().result()
             for chunk in itertools.islice(chunks, 1):
-                pending.append(pool.submit(_prepare_chunk, chunk, fps, align))
+                pending.append(pool.submit(_prepare_chunk, chunk, fps, align, dest))
             yield from done
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

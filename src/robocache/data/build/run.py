@@ -194,6 +194,7 @@ class Run:
         self.batch = Batch(config.batch_rows, config.batch_bytes)
         self.committer = Committer(dest, config.batch_rows, config.batch_bytes)
         self.sizes: dict[int, dict[str, int]] = {}  # batched episodes' sizes, for the metrics
+        self.files: list[tuple[list[int], list]] = []  # written by workers, uncommitted
         self.since = time.perf_counter()
         # frames a killed writer committed without their rows: dropped before anything else
         drop_orphan_frames(dest)
@@ -236,11 +237,32 @@ class Run:
             return True
         return False
 
+    def add_files(self, indices: list[int], written: list[tuple[str, Any, list]]) -> None:
+        """Add files a worker wrote for episodes ``indices`` (uncommitted); commit those
+        gathered so far once their rows reach ``batch_rows`` or the first is
+        :data:`COMMIT_SECONDS` old."""
+        if not self.files:
+            self.since = time.perf_counter()
+        self.files.append((indices, written))
+        rows = sum(f.physical_rows or 0 for _, w in self.files for rel, _, frags in w
+                   if rel == "data.lance" for f in frags)
+        if rows >= self.config.batch_rows or time.perf_counter() - self.since > COMMIT_SECONDS:
+            self.flush()
+
     def flush(self) -> None:
-        """Write the batch's episodes (one Lance write per table) and commit them."""
+        """Write the batch's episodes (one Lance write per table) and commit them, and commit
+        the files workers wrote."""
         if self.batch:
             indices = list(self.batch.indices)
             self.cached(indices, self.batch.write(self.dest))
+        if self.files:
+            tables: dict[str, tuple[Any, list]] = {}
+            for _, written in self.files:
+                for rel, schema, fragments in written:
+                    tables.setdefault(rel, (schema, []))[1].extend(fragments)
+            indices = [i for batch, _ in self.files for i in batch]
+            self.files = []
+            self.cached(indices, [(rel, *t) for rel, t in tables.items()])
 
     def cached(self, indices: list[int], written: list[tuple[str, Any, list]]) -> None:
         """Commit files written for episodes ``indices`` (one Lance commit per table for all
@@ -367,7 +389,7 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
         group: list[Prepared] = []  # prepared episodes, in order, aligned together
         with _progress(progress, len(run.wanted)) as advance, closing(prepared(
                 run.src, run.todo, run.specs, run.config, gpu=run.gpu, path=run.path,
-                fps=run.fps, align=on_cpu)) as ready:
+                fps=run.fps, align=on_cpu, dest=run.dest)) as ready:
             for index in run.wanted:
                 why = run.skip(index)
                 if why is not None:
@@ -387,7 +409,7 @@ def _settle(run: Run, group: list[Prepared], advance) -> None:
     """Align the episodes of ``group`` not aligned yet in one
     :func:`~robocache.data.build.align.align_batch`, then add each to the run's batch (or
     quarantine it with its reason), in order; empties ``group``."""
-    todo = [p for p in group if p.error is None and p.tables is None]
+    todo = [p for p in group if p.error is None and p.tables is None and not p.written]
     t0 = time.perf_counter()
     for p, out in zip(todo, align_batch([p.episode for p in todo], run.specs, run.config,
                                         run.device, run.fps), strict=True):
@@ -413,7 +435,12 @@ def _settle(run: Run, group: list[Prepared], advance) -> None:
             continue
         run.decoded(p.decoded)
         run.digested({p.index: p.digest})
-        run.add(p.index, p.tables, p.sizes)
+        if p.written:  # a worker process wrote it; the chunk's last one carries the files
+            run.sizes[p.index] = p.sizes
+            if p.files is not None:
+                run.add_files(*p.files)
+        else:
+            run.add(p.index, p.tables, p.sizes)
         advance(f"episode {p.index}")
     group.clear()
 

@@ -1,0 +1,809 @@
+"""Online observations: the training-time observation of a cache, built at every control tick.
+
+    >>> obs = robocache.Observer.from_cache("/tmp/panda.cache", history=2, normalize="mean_std")
+    >>> obs.push("observation.state", t, joints)          # as each message arrives
+    >>> batch = obs.observation(t_tick)                   # the RobotDataset item of that step
+    >>> batch["observation.state"].shape, batch["observation.state_is_pad"].shape
+    (torch.Size([2, 8]), torch.Size([2]))
+
+An :class:`Observer` holds, per stream, a ring buffer of the latest messages (sized from the
+history the observation needs, the stream's rate and how far ahead of the tick messages come),
+and at each tick aligns them onto the cache's grid with the cache's own semantics:
+
+- The grid is ``t0 + k / rate`` (``rate``: the cache's), ``t0`` the first tick (or
+  :meth:`Observer.start`), computed as :func:`robocache.data.cache.target_times` computes it;
+  ``observation(t)`` serves the latest step at or before ``t`` (within the cache's grid
+  tolerance), its history at the steps before, edge-padded (or zero-padded) before ``t0``.
+- Message times are snapped onto grid instants with :func:`robocache.data.cache.snap_times`,
+  as ingest snaps them: every sample of ``previous``/``nearest`` numeric streams; the samples
+  of the other streams while every sample seen so far is within the tolerance of an instant
+  (ingest decides this over the whole episode, which a live stream cannot know in advance).
+- Values come from :func:`robocache.reference.interp.interp_ref`, the implementation
+  :func:`robocache.align` runs on the CPU and tests its kernel against: interpolated streams on
+  float32 rows rounded back to the stream's dtype, ``previous``/``nearest`` streams as the
+  sample itself (bit for bit), cameras as the nearest frame (``frame_index``), decoded and
+  served as :class:`~robocache.RobotDataset` serves them; streams stored frame by frame at a
+  native-rate cache's fps are the sample on the step, padded on steps without one.
+- Normalization is the training loader's (:class:`robocache.Normalizer` with the cache's stats,
+  float32 streams only), applied by the same reference affine map.
+
+Staleness is explicit: a step not yet final (an interpolated stream needs a message at or
+after it; a nearest stream or camera that, or the tick's time at least as far after the step
+as its latest message is before it), before a stream's oldest kept message, or farther than a
+camera's tolerance from every frame is padded and flagged in ``<key>_is_pad``; ``previous`` streams
+also report ``<key>_age`` (seconds since the sample held) and, with ``stale_s``, are padded
+when older. Time going backwards (more than ``late_s``), NaN and unknown streams raise
+:class:`~robocache.errors.DataError` naming the stream.
+
+The per-tick numeric work is one module (:class:`ObservationCore`, plain PyTorch): captured
+once as a CUDA graph on a GPU, exportable with ``torch.export`` (:meth:`Observer.export`) and
+runnable as an AOTInductor package in a process without RoboCache. See docs/online.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from robocache.errors import DataError
+from robocache.reference.interp import interp_ref
+from robocache.reference.normalize import affine_reference
+
+_INTERPOLATED = ("linear", "pchip", "slerp")
+_INDEXED = ("previous", "nearest", "frame_index")
+# samples an interpolated method needs at or after the step before the step is final
+_AHEAD = {"linear": 1, "slerp": 1, "pchip": 2, "nearest": 1, "frame_index": 1, "previous": 0}
+_ALIGN = 8  # byte alignment of the arrays in the state arena
+
+
+@dataclass
+class _StreamSpec:
+    """One stream of an :class:`Observer`: where its ring lives and how it is aligned.
+
+    ``group``/``row``: its alignment group (one ``interp_ref`` call per method and tolerance)
+    and row there; ``exact``: stored frame by frame at a native-rate cache's fps (padded on
+    steps without a sample); ``snap``: ``"each"`` (every sample near an instant) or ``"all"``
+    (only while every sample is)."""
+
+    name: str
+    kind: str  # "numeric" or "camera"
+    method: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    cap: int
+    tolerance_s: float | None
+    exact: bool
+    snap: str
+    late_s: float
+    group: int = 0
+    row: int = 0
+    dim: int = 1
+    # the stream's ring in the host arena: times [2cap], the group's heads, value rows
+    # ([2cap, D]: the group's float32 rows or the stream's own; None for cameras)
+    times: np.ndarray | None = None
+    heads: np.ndarray | None = None
+    values: np.ndarray | None = None
+
+    def __post_init__(self):
+        self.dim = int(np.prod(self.shape)) if self.shape else 1
+
+
+class _Arena:
+    """Named numpy arrays laid out in one uint8 buffer (one host-to-device copy per tick)."""
+
+    def __init__(self):
+        self.layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
+        self.size = 0
+
+    def add(self, name: str, dtype, shape: tuple[int, ...]) -> None:
+        dtype = np.dtype(dtype)
+        self.layout[name] = (self.size, dtype, shape)
+        nbytes = dtype.itemsize * int(np.prod(shape))
+        self.size += -(-nbytes // _ALIGN) * _ALIGN
+
+    def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each array as a typed tensor view of ``buf`` (uint8 ``[size]``, any device)."""
+        out = {}
+        for name, (at, dtype, shape) in self.layout.items():
+            n = dtype.itemsize * int(np.prod(shape))
+            out[name] = buf[at:at + n].view(_TORCH[dtype]).view(shape)
+        return out
+
+
+class ObservationCore(torch.nn.Module):
+    """The numeric work of one tick, plain PyTorch (CUDA-graph capturable, ``torch.export``-able).
+
+    ``forward(target, pre, *state)``: ``target`` float64 ``[U]`` grid instants (oldest first),
+    ``pre`` bool ``[U]`` (instants before the first tick, edge rows), ``horizon`` float64 ``[1]``
+    (the tick's time: every message before it has come), ``state`` the ring
+    arrays in :attr:`inputs` order. Returns a flat tuple in :attr:`outputs` order: per served
+    key its values (``[U, D]`` in the stream's dtype, normalized float32 where asked; cameras:
+    int64 ``[U]`` ring slots) and bool ``[U]`` pad mask, then float32 ``[U]`` ages of
+    ``previous`` streams."""
+
+    def __init__(self, streams: list[_StreamSpec], groups: list[tuple[str, float | None,
+                                                                     list[str]]],
+                 norm: dict[str, tuple[torch.Tensor, torch.Tensor, bool]], zero_pad: bool,
+                 inputs: list[str]):
+        super().__init__()
+        self.streams = {s.name: s for s in streams}
+        self.groups, self.zero_pad, self.inputs = groups, zero_pad, inputs
+        self.norm_keys = list(norm)
+        self.clip = {k: c for k, (_, _, c) in norm.items()}
+        for i, (o, s, _) in enumerate(norm.values()):
+            self.register_buffer(f"offset{i}", o)
+            self.register_buffer(f"scale{i}", s)
+        self.outputs = [f for s in streams for f in (s.name, f"{s.name}_is_pad")] + \
+            [f"{s.name}_age" for s in streams if s.method == "previous"]
+
+    def forward(self, target: torch.Tensor, pre: torch.Tensor, horizon: torch.Tensor,
+                *state: torch.Tensor):
+        st = dict(zip(self.inputs, state, strict=True))
+        vals, pads, ages = {}, {}, {}
+        u = target.shape[0]
+        for g, (method, tol, names) in enumerate(self.groups):
+            times, head = st[f"g{g}.times"], st[f"g{g}.head"]
+            b, cap = times.shape[0], times.shape[1] // 2
+            start = (head - cap).clamp(min=0)
+            idx = start[:, None] + torch.arange(cap, device=times.device)
+            lengths = (head - start).clamp(min=1)
+            t = times.gather(1, idx)
+            x = target[None, :].expand(b, u)
+            if method in _INTERPOLATED:
+                data = st[f"g{g}.data"]
+                d = data.gather(1, idx[..., None].expand(-1, -1, data.shape[-1]))
+                v, pad, aux = interp_ref(d, t, x, lengths, method)
+            else:  # sample slots, as ingest aligns sample ids and gathers
+                ids = idx.to(torch.float64)[..., None]
+                v, pad, aux = interp_ref(None if method == "frame_index" else ids, t, x,
+                                         lengths, method, tolerance_s=tol)
+                if method != "previous" and tol is None:
+                    # past the latest sample, the nearest one is final once the horizon (the
+                    # tick's time: every earlier message has come) is at least as far away
+                    t_last = t.gather(1, lengths[:, None] - 1)
+                    final = (x > t_last) & (x - t_last <= horizon - x) & (x >= t[:, :1])
+                    pad = pad & ~final
+                # ring slots: the frame's window position mapped back, the sample ids rounded
+                v = idx.gather(1, v) if method == "frame_index" else \
+                    v[..., 0].round().to(torch.int64)
+            pad_only = (head == start)[:, None] | pre[None, :]
+            pad = pad | pad_only
+            for row, name in enumerate(names):
+                s = self.streams[name]
+                if method in _INTERPOLATED:
+                    value = v[row, :, :s.dim]
+                    if s.dtype.kind in "biu":
+                        value = value.round()
+                    vals[name] = value.to(_TORCH[s.dtype])
+                elif method == "frame_index":
+                    vals[name] = v[row]
+                else:
+                    vals[name] = st[f"{name}.values"][v[row]]
+                p = pad[row]
+                if method == "previous":
+                    # a held sample is never padded for being the latest one (ingest's streams
+                    # always go on past the grid): only before the first sample, where the
+                    # age is negative; at a native rate only the sample on the step counts
+                    ages[name] = aux[row]
+                    edge = pad_only[row]
+                    p = edge | ((aux[row] != 0) if s.exact else (aux[row] < 0))
+                pads[name] = p
+        out = []
+        for name, s in self.streams.items():
+            v = vals[name]
+            if name in self.norm_keys:
+                i = self.norm_keys.index(name)
+                v = affine_reference(v, getattr(self, f"offset{i}"), getattr(self, f"scale{i}"),
+                                     self.clip[name], False)
+            if self.zero_pad and s.kind == "numeric":
+                v = torch.where(pre[:, None], torch.zeros_like(v), v)
+            out += [v, pads[name]]
+        out += [ages[s.name] for s in self.streams.values() if s.method == "previous"]
+        return tuple(out)
+
+
+class Observer:
+    """The training-time observation of a cache, built online from live messages.
+
+    Make one with :meth:`from_cache`; :meth:`push` messages as they arrive (any stream order,
+    each stream in time order up to ``late_s``), then :meth:`observation` at each tick.
+    The module docstring gives the semantics; docs/online.md a control loop.
+    """
+
+    def __init__(self, manifest: dict[str, Any], streams: list[_StreamSpec],
+                 deltas: dict[str, list[int]], squeezed: list[str], norm: dict[str, Any],
+                 *, pad: str, image_size, image_dtype: torch.dtype, device: torch.device,
+                 stale_s: float | None, tolerance_s: float, task: str | None,
+                 compile: bool = False, package: str | Path | None = None):
+        self.manifest, self.rate = manifest, float(manifest["rate_hz"])
+        self.grid_tolerance_s = tolerance_s
+        self.streams = {s.name: s for s in streams}
+        self.keys = list(self.streams)
+        self.deltas, self.squeezed = deltas, squeezed
+        self.image_size, self.image_dtype = image_size, image_dtype
+        self.device, self.stale_s, self.task = device, stale_s, task
+        offsets = sorted({d for v in deltas.values() for d in v})
+        self._offsets = np.array(offsets, np.int64)  # steps relative to the tick, oldest first
+        self._rows = {k: torch.tensor([offsets.index(d) for d in v], device=device)
+                      for k, v in deltas.items()}
+        self._all_rows = {k: v == offsets for k, v in deltas.items()}
+        # alignment groups: one interp_ref call per (method, tolerance)
+        groups: dict[tuple[str, float | None], list[str]] = {}
+        for s in streams:
+            groups.setdefault((s.method, s.tolerance_s), []).append(s.name)
+        self._groups = [(m, tol, names) for (m, tol), names in groups.items()]
+        arena = _Arena()
+        arena.add("target", np.float64, (len(offsets),))
+        arena.add("pre", np.bool_, (len(offsets),))
+        arena.add("horizon", np.float64, (1,))
+        inputs = []
+        for g, (method, _, names) in enumerate(self._groups):
+            cap = max(self.streams[n].cap for n in names)
+            for row, n in enumerate(names):
+                self.streams[n].group, self.streams[n].row = g, row
+                self.streams[n].cap = cap
+            arena.add(f"g{g}.times", np.float64, (len(names), 2 * cap))
+            arena.add(f"g{g}.head", np.int64, (len(names),))
+            inputs += [f"g{g}.times", f"g{g}.head"]
+            if method in _INTERPOLATED:
+                dim = max(self.streams[n].dim for n in names)
+                arena.add(f"g{g}.data", np.float32, (len(names), 2 * cap, dim))
+                inputs.append(f"g{g}.data")
+        for s in streams:
+            if s.kind == "numeric" and s.method in _INDEXED:
+                arena.add(f"{s.name}.values", s.dtype, (2 * s.cap, s.dim))
+                inputs.append(f"{s.name}.values")
+        self._arena = arena
+        pin = device.type == "cuda"
+        self._host_buf = torch.zeros(arena.size, dtype=torch.uint8, pin_memory=pin)
+        self._host = {k: v.numpy() for k, v in arena.views(self._host_buf).items()}
+        for s in streams:
+            h, g = self._host, f"g{s.group}"
+            s.times, s.heads = h[f"{g}.times"][s.row], h[f"{g}.head"]
+            s.values = h[f"{g}.data"][s.row] if f"{g}.data" in h else h.get(f"{s.name}.values")
+        self._views = self._arena.views(self._host_buf)
+        self._frames = {s.name: [None] * (2 * s.cap) for s in streams if s.kind == "camera"}
+        self._decoded: dict[str, dict[int, torch.Tensor]] = {n: {} for n in self._frames}
+        self._fresh = {s.name: 0 for s in streams}  # trailing samples not snapped yet
+        self._on_grid = {s.name: True for s in streams}
+        self._last = {s.name: -math.inf for s in streams}
+        self.core = ObservationCore(streams, self._groups, norm, pad == "zero", inputs).to(device)
+        self._args = ["target", "pre", "horizon", *inputs]
+        self._compile, self._package = compile, package
+        self._core = None  # made at the first tick (see _make_core)
+        self._graph = None
+        self._pending: torch.cuda.Event | None = None
+        self.t0: float | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_cache(cls, path: str | Path, *, history: int = 1, keys: Sequence[str] | None = None,
+                   pad: str = "edge", delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+                   delta_steps: Mapping[str, Sequence[int]] | None = None,
+                   tolerance_s: float = 1e-4, image_size: tuple[int, int] | None = None,
+                   image_dtype: torch.dtype = torch.float32,
+                   normalize: str | Mapping[str, str] | None = None,
+                   device: str | torch.device = "cpu",
+                   capacity: int | Mapping[str, int] | None = None,
+                   late_s: float | None = None, stale_s: float | None = None,
+                   lookahead_s: float = 0.1, camera_tolerance_s: float | None = None,
+                   task: str | None = None, compile: bool = False,
+                   package: str | Path | None = None) -> Observer:
+        """An observer serving the observations a :class:`~robocache.RobotDataset` over the
+        cache at ``path`` would, with the same keyword arguments.
+
+        Args:
+            path: cache directory (from ``robocache ingest``).
+            history, keys, pad, delta_timestamps, delta_steps, tolerance_s, image_size,
+                image_dtype: as :class:`~robocache.RobotDataset` (``keys`` default: every
+                servable stream that is not an action; offsets must be <= 0: the
+                observation cannot see the future). ``tolerance_s`` is also the grid
+                tolerance the cache was built with (``--grid-tolerance``, default 1e-4).
+            normalize: ``None`` (raw values), a mode for every float32 stream with stats
+                (``"mean_std"``, ``"min_max"``, ``"quantile"``), or key -> mode: what
+                :class:`~robocache.RobotLoader`'s ``normalize`` does in training.
+            device: where the tick runs (``"cpu"`` or a CUDA device: one captured CUDA graph).
+            capacity: messages kept per stream (int for all, or key -> int); default: what the
+                history span plus ``lookahead_s`` holds at the stream's rate, plus 4 (16 for
+                streams without a rate).
+            late_s: a message may come this many seconds before the stream's latest one and
+                is inserted in order (default: the cache's grid tolerance); earlier ones raise.
+            stale_s: ``previous`` (hold) streams whose held sample is older than this are
+                padded (default: held as in training, the age is reported).
+            lookahead_s: how far ahead of the tick messages may already be buffered (sizes
+                the rings).
+            camera_tolerance_s: the cache's ``tolerance_s`` (``--tolerance``): camera steps
+                farther than this from every frame are padded (default: off, as ingest's).
+            task: the task string served as ``"task"`` (settable later, :attr:`task`).
+            compile: compile the core on the first tick (static shapes): on the CPU into an
+                AOTInductor package loaded in this process (a minute or more: gcc), on a GPU
+                with ``torch.compile`` (then captured in the CUDA graph). On one CPU core a
+                4-stream tick took 88 us (p50) compiled against 704 us eager
+                (benchmarks/results/online-cpu-2026-11-27.json).
+            package: a package :meth:`save_package` wrote for an observer of the same cache
+                and arguments (CPU): loaded instead of compiling.
+
+        Raises:
+            FileNotFoundError: no cache at ``path``.
+            DataError: an unfinished cache, unknown or action keys, a method that needs the
+                whole episode (``cubic``), future offsets, bad sizes (messages name the
+                argument and the fix).
+        """
+        from robocache.data.cache import native_streams
+        from robocache.data.dataset import seconds_to_steps
+        from robocache.data.episode import StreamSpec
+        from robocache.ops.normalize import Normalizer, Stats
+
+        path = Path(path)
+        mpath = path / "manifest.json"
+        if not mpath.exists():
+            raise FileNotFoundError(f"{path} is not a RoboCache cache (no manifest.json); "
+                                    "build one with `robocache ingest SOURCE DEST`.")
+        manifest = json.loads(mpath.read_text())
+        if manifest.get("status") != "complete":
+            raise DataError(f"{path}: the cache build did not finish; re-run `robocache "
+                            "ingest` with the same arguments to resume it.")
+        if not (isinstance(history, int) and history >= 1):
+            raise DataError(f"`history` must be an integer >= 1; got {history!r}.")
+        if pad not in ("edge", "zero"):
+            raise DataError(f"`pad` must be 'edge' or 'zero'; got {pad!r}.")
+        specs = manifest["streams"]
+        servable = [k for k, s in specs.items() if s["kind"] in ("numeric", "image", "video")]
+        keys = list(keys) if keys is not None else \
+            [k for k in servable if not k.startswith("action")]
+        bad = [k for k in keys if k not in servable]
+        if bad:
+            raise DataError(f"`keys` {bad} are not servable streams of {path}; servable: "
+                            f"{servable}.")
+        acts = [k for k in keys if k.startswith("action")]
+        if acts:
+            raise DataError(f"`keys` {acts} are actions: the policy predicts them, an observer "
+                            "serves observations; leave them out of `keys`.")
+        rate = float(manifest["rate_hz"])
+        if delta_timestamps is not None and delta_steps is not None:
+            raise DataError("pass `delta_timestamps` (seconds) or `delta_steps`, not both.")
+        if delta_timestamps is not None:
+            delta_steps = seconds_to_steps(dict(delta_timestamps), rate, tolerance_s, keys)
+        squeezed: list[str] = []
+        if delta_steps is not None:
+            if history != 1:
+                raise DataError("per-key offsets replace `history`; pass one or the other.")
+            unknown = [k for k in delta_steps if k not in keys]
+            if unknown or any(len(v) == 0 for v in delta_steps.values()):
+                raise DataError(f"`delta_steps` must name served keys ({keys}) with at least "
+                                f"one offset each; got {dict(delta_steps)}.")
+            deltas = {k: [int(o) for o in delta_steps.get(k, [0])] for k in keys}
+            squeezed = [k for k in keys if k not in delta_steps]
+        else:
+            deltas = {k: list(range(1 - history, 1)) for k in keys}
+        future = {k: v for k, v in deltas.items() if max(v) > 0}
+        if future:
+            raise DataError(f"offsets after the current step {future} cannot be observed "
+                            "online; serve them from the dataset (actions) or drop them.")
+        native = set()
+        if manifest.get("native"):
+            declared = {n: StreamSpec(n, s["kind"], s["dtype"], tuple(s["shape"]),
+                                      s.get("source_rate_hz")) for n, s in specs.items()}
+            native = set(native_streams(declared, rate))
+        span = (-min(min(v) for v in deltas.values())) / rate + lookahead_s
+        streams = []
+        for k in keys:
+            s = specs[k]
+            method = s["method"]
+            if method not in _INTERPOLATED + _INDEXED:
+                raise DataError(f"stream {k!r} is aligned with {method!r} in {path}, which "
+                                "needs the whole episode; online alignment supports "
+                                f"{_INTERPOLATED + _INDEXED} (re-ingest with --method).")
+            camera = s["kind"] in ("image", "video")
+            exact = k in native and method != "frame_index" and (
+                s["kind"] == "numeric" or method == "previous")
+            cap = capacity.get(k) if isinstance(capacity, Mapping) else capacity
+            if cap is None:
+                src = s.get("source_rate_hz")
+                cap = 16 if not src else math.ceil(src * span) + 4
+            if not (isinstance(cap, int) and cap >= 2):
+                raise DataError(f"`capacity` of stream {k!r} must be an integer >= 2; got "
+                                f"{cap!r}.")
+            tol = camera_tolerance_s if method == "frame_index" else None
+            streams.append(_StreamSpec(
+                k, "camera" if camera else "numeric", "previous" if exact else method,
+                np.dtype("int64" if camera else s["dtype"]),
+                tuple(s["shape"]) if not camera else (), cap, tol, exact,
+                "each" if (s["kind"] == "numeric" and method in ("previous", "nearest"))
+                or exact else "all",
+                tolerance_s if late_s is None else float(late_s)))
+        if package is not None and torch.device(device).type == "cuda":
+            raise DataError("`package` is for CPU observers; on a GPU pass compile=True "
+                            "(torch.compile inside the CUDA graph).")
+        stats = json.loads((path / manifest["stats_path"]).read_text())
+        norm: dict[str, Any] = {}
+        if normalize is not None:
+            floats = {k: Stats.from_dict(stats[k]) for k in keys if k in stats
+                      and specs[k]["kind"] == "numeric" and specs[k]["dtype"] == "float32"}
+            modes = normalize if isinstance(normalize, str) else \
+                {k: m for k, m in normalize.items() if k in floats}
+            normalizer = Normalizer(floats, modes)
+            norm = {k: normalizer.params(k, torch.device("cpu"), torch.float32) for k in floats}
+        return cls(manifest, streams, deltas, squeezed, norm, pad=pad, image_size=image_size,
+                   image_dtype=image_dtype, device=torch.device(device), stale_s=stale_s,
+                   tolerance_s=float(tolerance_s), task=task, compile=compile,
+                   package=package)
+
+    # ------------------------------------------------------------------ messages
+    def _spec(self, stream: str) -> _StreamSpec:
+        s = self.streams.get(stream)
+        if s is None:
+            raise DataError(f"unknown stream {stream!r}; this observer serves {self.keys}.")
+        return s
+
+    def _wait(self) -> None:
+        """The last tick's host-to-device copy must finish before the host arena changes."""
+        if self._pending is not None:
+            self._pending.synchronize()
+            self._pending = None
+
+    def push(self, stream: str, t: float, value: Any) -> None:
+        """One message: ``value`` of ``stream`` at ``t`` (seconds, the cache's clock).
+
+        ``value``: numeric streams an array-like of the stream's shape (any numeric dtype,
+        stored in the stream's); cameras the frame's encoded JPEG/PNG ``bytes`` (as the cache
+        stores them) or a uint8 ``[H, W, C]`` array.
+
+        Raises:
+            DataError: an unknown stream, a NaN or infinite time or value, a value of the
+                wrong size, or a time earlier than the stream's latest by more than ``late_s``.
+        """
+        s = self.streams.get(stream) or self._spec(stream)
+        t = float(t)
+        if not self._last[stream] - s.late_s <= t < math.inf:  # also NaN
+            if not math.isfinite(t):
+                raise DataError(f"stream {stream!r}: message time {t!r} is not finite.")
+            raise DataError(f"stream {stream!r}: time went backwards: {t!r} s after a message "
+                            f"at {self._last[stream]!r} s (late_s = {s.late_s:g}).")
+        if s.kind == "numeric":
+            v = value if type(value) is np.ndarray else np.asarray(
+                value.detach().cpu() if isinstance(value, torch.Tensor) else value)
+            if v.size != s.dim:  # (a value is written as a row: any shape of that size)
+                raise DataError(f"stream {stream!r}: value has {v.size} elements, expected "
+                                f"{s.dim} (shape {list(s.shape)}).")
+            # float32 values summed in float64 cannot overflow: finite iff the sum is (one
+            # Python call instead of a ufunc and a reduction per message)
+            if v.dtype.kind == "f" and not (math.isfinite(sum(v.reshape(-1).tolist()))
+                                            if v.dtype.itemsize <= 4 else np.isfinite(v).all()):
+                raise DataError(f"stream {stream!r}: value at t = {t!r} s holds NaN or "
+                                "infinite elements.")
+        elif not isinstance(value, (bytes, bytearray, np.ndarray, torch.Tensor)):
+            raise DataError(f"stream {stream!r}: a camera frame must be encoded bytes or a "
+                            f"uint8 [H, W, C] array; got {type(value).__name__}.")
+        if self._pending is not None:
+            self._wait()
+        self._insert(s, t, value if s.kind == "camera" else v if v.ndim == 1 else v.reshape(-1))
+
+    def push_many(self, stream: str, times: Sequence[float] | np.ndarray,
+                  values: Sequence[Any] | np.ndarray) -> None:
+        """Several messages of one stream (``times [N]``, ``values [N, ...]``), as :meth:`push`
+        one by one, checked at once."""
+        times = np.asarray(times, np.float64).reshape(-1)
+        s = self._spec(stream)
+        if s.kind == "camera" or len(times) < 2:
+            for t, v in zip(times, values, strict=True):
+                self.push(stream, t, v)
+            return
+        v = np.asarray(values).reshape(len(times), -1)
+        if v.shape[1] != s.dim:
+            raise DataError(f"stream {stream!r}: values hold {v.shape[1]} elements per "
+                            f"message, expected {s.dim} (shape {list(s.shape)}).")
+        if not np.isfinite(times).all() or (v.dtype.kind == "f" and not np.isfinite(v).all()):
+            raise DataError(f"stream {stream!r}: NaN or infinite times or values.")
+        if np.any(np.diff(times) < 0) or times[0] < self._last[stream] - s.late_s:
+            raise DataError(f"stream {stream!r}: time went backwards within the messages "
+                            "(push_many takes them in time order).")
+        self._wait()
+        for t, row in zip(times.tolist(), v, strict=True):
+            self._insert(s, t, row)
+
+    def _insert(self, s: _StreamSpec, t: float, value: Any) -> None:
+        cap, times, vals, r = s.cap, s.times, s.values, s.row
+        head = int(s.heads[r])
+        if head == 2 * cap:  # keep the latest cap - 1 at the front
+            times[:cap - 1] = times[cap + 1:]
+            if vals is not None:
+                vals[:cap - 1] = vals[cap + 1:]
+            else:
+                f = self._frames[s.name]
+                f[:cap - 1] = f[cap + 1:]
+                self._decoded[s.name] = {}
+            head = cap - 1
+        at = head
+        last = self._last[s.name]
+        if t < last:  # late: insert in order among the kept samples
+            start = max(head - cap, 0)
+            at = start + int(np.searchsorted(times[start:head], t, side="right"))
+            times[at + 1:head + 1] = times[at:head].copy()
+            if vals is not None:
+                vals[at + 1:head + 1] = vals[at:head].copy()
+            else:
+                f = self._frames[s.name]
+                f[at + 1:head + 1] = f[at:head]
+                self._decoded[s.name] = {}
+        else:
+            self._last[s.name] = t
+        times[at] = t
+        if vals is None:
+            self._frames[s.name][at] = value
+            self._decoded[s.name].pop(at, None)
+        elif s.dim == vals.shape[1]:
+            vals[at] = value
+        else:
+            vals[at, :s.dim] = value
+        s.heads[r] = head + 1
+        self._fresh[s.name] = max(self._fresh[s.name] + 1, head + 1 - at)
+
+    # ------------------------------------------------------------------ ticks
+    def start(self, t0: float) -> None:
+        """Anchor the grid at ``t0`` (step 0, the episode's first step); by default the first
+        :meth:`observation` does."""
+        if not math.isfinite(float(t0)):
+            raise DataError(f"`t0` must be a finite time in seconds; got {t0!r}.")
+        self.t0 = float(t0)
+
+    def reset(self) -> None:
+        """Forget every message and the grid (a new episode)."""
+        self._wait()
+        self._host_buf.zero_()
+        for n in self._frames:
+            self._frames[n] = [None] * len(self._frames[n])
+            self._decoded[n] = {}
+        for n in self.streams:
+            self._fresh[n], self._on_grid[n], self._last[n] = 0, True, -math.inf
+        self.t0 = None
+
+    def step(self, t: float) -> int:
+        """The grid step :meth:`observation` serves at ``t``: the latest at or before it
+        (within the grid tolerance)."""
+        if self.t0 is None:
+            self.start(t)
+        return int(math.floor((float(t) - self.t0 + self.grid_tolerance_s) * self.rate))
+
+    def instant(self, k: int) -> float:
+        """Grid step ``k``'s time, as ingest computes it (``t0 + k / rate`` in float64)."""
+        return float(self.t0 + np.float64(k) / self.rate)
+
+    def ready(self, t: float) -> bool:
+        """Whether, at time ``t`` (every earlier message has come), every stream has what the
+        step at ``t`` needs to be final: an interpolated stream a message at or after the step
+        (pchip: two); a nearest / camera stream that, or a latest message no farther before
+        the step than ``t`` is after it."""
+        x = self.instant(self.step(t))
+        for s in self.streams.values():
+            need = _AHEAD[s.method]
+            head = int(s.heads[s.row])
+            if not need:
+                continue
+            if head < need:
+                return False
+            latest = s.times[head - need]
+            if latest < x and not (s.method in ("nearest", "frame_index") and s.tolerance_s
+                                   is None and x - latest <= float(t) - x):
+                return False
+        return True
+
+    def _snap(self) -> None:
+        """Snap the samples that came since the last tick onto the grid (ingest's rule)."""
+        from robocache.data.cache import snap_times
+
+        tol = self.grid_tolerance_s
+        for s in self.streams.values():
+            n = self._fresh[s.name]
+            if not n or (s.snap == "all" and not self._on_grid[s.name]):
+                self._fresh[s.name] = 0
+                continue
+            times = self._host[f"g{s.group}.times"][s.row]
+            head = int(self._host[f"g{s.group}.head"][s.row])
+            chunk = times[head - n:head]
+            lo = max(math.floor((chunk.min() - self.t0) * self.rate) - 1, 0)
+            hi = max(math.ceil((chunk.max() - self.t0) * self.rate) + 1, lo + 1)
+            grid = self.t0 + np.arange(lo, hi + 1, dtype=np.float64) / self.rate
+            snapped = snap_times(chunk, grid, tol)
+            if s.snap == "all" and not np.isin(snapped, grid).all():
+                self._on_grid[s.name] = False
+            else:
+                times[head - n:head] = snapped
+            self._fresh[s.name] = 0
+
+    def observation(self, t: float) -> dict[str, Any]:
+        """The observation of the grid step at ``t`` (see :meth:`step`): what the
+        :class:`~robocache.RobotDataset` item of that step holds for the observer's keys
+        (``<key>`` and ``<key>_is_pad``, ``timestamp`` float64, ``index``: the step since
+        ``t0``), plus ``<key>_age`` (float32 seconds) of ``previous`` streams and ``task``
+        when set. Tensors live on the observer's device (the CUDA graph's outputs: read them
+        before the next tick).
+
+        Raises:
+            DataError: ``t`` is NaN, or before the first tick.
+        """
+        t = float(t)
+        if not math.isfinite(t):
+            raise DataError(f"`t` must be a finite time in seconds; got {t!r}.")
+        k = self.step(t)
+        if k < 0:
+            raise DataError(f"`t` = {t!r} s is before the first tick (t0 = {self.t0!r} s); "
+                            "call reset() to start a new episode.")
+        self._wait()
+        self._snap()
+        steps = k + self._offsets
+        h = self._host
+        h["target"][:] = self.t0 + np.maximum(steps, 0).astype(np.float64) / self.rate
+        h["pre"][:] = steps < 0
+        h["horizon"][0] = t
+        outs = self._run()
+        return self._assemble(outs, k, float(h["target"][-1]) if self._offsets[-1] == 0
+                              else self.instant(k))
+
+    def _run(self) -> tuple[torch.Tensor, ...]:
+        if self._core is None:
+            self._core = self._make_core()
+        if self.device.type != "cuda":
+            v = self._views
+            return self._core(*(v[n] for n in self._args))
+        if self._graph is None:
+            self._capture()
+        self._dev_buf.copy_(self._host_buf, non_blocking=True)
+        self._copied.record()
+        self._pending = self._copied
+        self._graph.replay()
+        return self._static_out
+
+    def _make_core(self):
+        """The callable each tick runs: the eager core, a loaded AOTInductor package (CPU:
+        ``package``, or ``compile``), or the torch.compile'd core (GPU ``compile``)."""
+        if self._package is not None or (self._compile and self.device.type != "cuda"):
+            if self._package is None:
+                import tempfile
+
+                self._tmp = tempfile.TemporaryDirectory(prefix="robocache-online-")
+                self._package = self.save_package(Path(self._tmp.name) / "core.pt2")
+            package = torch._inductor.aoti_load_package(str(self._package))
+            # flat tensors in and out: the loader's own call, without the package call's
+            # pytree flatten / unflatten of the same flat tuple
+            run = getattr(getattr(package, "loader", None), "boxed_run", None)
+            core = package if run is None else (lambda *xs: run(list(xs)))
+            try:
+                core(*self.example_inputs())
+            except Exception as e:  # the package's shapes or dtypes differ from this observer's
+                raise DataError(f"`package` {self._package} does not fit this observer "
+                                f"({type(e).__name__}); write it with save_package() from an "
+                                "observer made with the same cache and arguments.") from None
+            return core
+        if self._compile:
+            return torch.compile(self.core, fullgraph=True, dynamic=False)
+        return self.core
+
+    def _capture(self) -> None:
+        """Capture the core on the device's current stream's graph pool (once)."""
+        self._dev_buf = self._host_buf.to(self.device)
+        self._copied = torch.cuda.Event()  # recorded after each tick's copy
+        v = self._arena.views(self._dev_buf)
+        args = tuple(v[n] for n in self._args)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm up allocations outside the capture
+                self._core(*args)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            self._static_out = self._core(*args)
+
+    def _assemble(self, outs, k: int, timestamp: float) -> dict[str, Any]:
+        n = len(self.streams)
+        ages = dict(zip([s.name for s in self.streams.values() if s.method == "previous"],
+                        outs[2 * n:], strict=True))
+        out: dict[str, Any] = {"timestamp": torch.tensor(timestamp, dtype=torch.float64),
+                               "index": torch.tensor(k, dtype=torch.int64)}
+        for i, (name, s) in enumerate(self.streams.items()):
+            value, pad = outs[2 * i], outs[2 * i + 1]
+            if name in ages and self.stale_s is not None:
+                pad = pad | (ages[name] > self.stale_s)
+            if s.kind == "camera":
+                value = self._camera(s, value, pad)
+            else:
+                value = value.reshape(-1, *s.shape)
+            if not self._all_rows[name]:
+                rows = self._rows[name]
+                value, pad = value[rows], pad[rows]
+                if name in ages:
+                    ages[name] = ages[name][rows]
+            if name in self.squeezed:
+                value, pad = value[0], pad[0]
+                if name in ages:
+                    ages[name] = ages[name][0]
+            out[name], out[f"{name}_is_pad"] = value, pad
+            if name in ages:
+                out[f"{name}_age"] = ages[name]
+        if self.task is not None:
+            out["task"] = self.task
+        return out
+
+    def _camera(self, s: _StreamSpec, slots: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """A camera's frames at ring ``slots`` ``[U]``: ``[U, C, h, w]`` as
+        :class:`~robocache.RobotDataset` serves them (decoded, resized, cast; each kept frame
+        once: frames are served independently, so serving them one by one or stacked gives
+        the same values); padded rows are zero."""
+        from robocache.data.cameras import EncodedFrames, decode_all, serve
+
+        slots_h, pad_h = slots.tolist(), pad.tolist()
+        cache = self._decoded[s.name]
+        want = sorted({i for i, p in zip(slots_h, pad_h, strict=True) if not p} - set(cache))
+        if want:
+            frames = self._frames[s.name]
+            encoded = [i for i in want if isinstance(frames[i], (bytes, bytearray))]
+            raw = {}
+            for i in want:
+                if i not in encoded:
+                    f = frames[i] if isinstance(frames[i], torch.Tensor) else \
+                        torch.from_numpy(np.ascontiguousarray(frames[i]))
+                    raw[i] = (f[..., None] if f.dim() == 2 else f).permute(2, 0, 1).to(
+                        self.device)
+            if encoded:
+                spec = self.manifest["streams"][s.name]
+                parts = [np.frombuffer(bytes(frames[i]), np.uint8) for i in encoded]
+                sizes = np.cumsum([0] + [len(p) for p in parts])
+                enc = EncodedFrames(torch.from_numpy(np.concatenate(parts)),
+                                    torch.from_numpy(sizes.astype(np.int64)),
+                                    tuple(spec["shape"]), spec["dtype"],
+                                    spec.get("codec", "jpeg"))
+                raw.update(zip(encoded, decode_all([(enc, torch.arange(len(encoded)))],
+                                                   self.device)[0], strict=True))
+            served = serve(torch.stack([raw[i] for i in want])[None], self.image_size, None,
+                           self.image_dtype)[0]
+            cache.update(zip(want, served, strict=True))
+        shown = [i for i, p in zip(slots_h, pad_h, strict=True) if not p]
+        if not shown:
+            (c, h, w), dtype = self._served_shape(s)
+            return torch.zeros(len(slots_h), c, h, w, dtype=dtype, device=self.device)
+        blank = torch.zeros_like(cache[shown[0]])
+        return torch.stack([blank if p else cache[i] for i, p in zip(slots_h, pad_h,
+                                                                       strict=True)])
+
+    def _served_shape(self, s: _StreamSpec) -> tuple[tuple[int, int, int], torch.dtype]:
+        """A camera's served frame ``(C, h, w)`` and dtype (as ``RobotDataset.camera_shape``)."""
+        spec = self.manifest["streams"][s.name]
+        h, w = spec["shape"][:2]
+        if len(spec["shape"]) == 3 and spec["shape"][2] == 3 and spec["dtype"] == "uint8":
+            return (3, *(self.image_size or (h, w))), self.image_dtype
+        return (spec["shape"][2] if len(spec["shape"]) == 3 else 1, h, w), \
+            getattr(torch, spec["dtype"])
+
+    # ------------------------------------------------------------------ deployment
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The core's inputs now (``target``, ``pre``, the ring arrays), as fresh tensors on
+        the observer's device: what :meth:`export` traces with."""
+        v = self._views
+        return tuple(v[n].clone().to(self.device) for n in self._args)
+
+    def save_package(self, path: str | Path) -> str:
+        """Compile :meth:`export` into an AOTInductor package at ``path`` (``.pt2``; CPU: gcc;
+        a minute or more) and return its path. The package runs with torch alone:
+        ``torch._inductor.aoti_load_package(path)(*inputs)``, inputs in
+        :meth:`example_inputs` order."""
+        return torch._inductor.aoti_compile_and_package(self.export(), package_path=str(path))
+
+    def export(self):
+        """``torch.export.export`` of :attr:`core` at the current ring sizes (static shapes):
+        the program an AOTInductor package is compiled from
+        (``torch._inductor.aoti_compile_and_package``); it calls only PyTorch operators."""
+        return torch.export.export(self.core, self.example_inputs())
+
+
+_TORCH = {np.dtype(n): getattr(torch, n) for n in
+          ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")}
+
+__all__ = ["Observer", "ObservationCore"]

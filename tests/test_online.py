@@ -1,0 +1,333 @@
+"""robocache.online: replaying recorded episodes message by message in log order gives, at
+every grid step, the offline cache's item (bit-exact for previous/nearest/native streams and
+cameras; interpolated streams bit-exact on the CPU, where both run the reference, within one
+float32 ulp on a GPU, whose arithmetic may round differently); errors; export."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import robocache
+from robocache.data.cache import build, load_episode
+from robocache.data.formats import open_source
+from robocache.errors import DataError
+from robocache.online import Observer
+
+pytest.importorskip("lance")
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "data" / "sample" / "panda_multirate"
+TINY = ROOT / "tests" / "fixtures" / "lerobot" / "tiny"
+SAMPLE_KEYS = ["observation.state", "observation.ee_pose", "observation.images.top"]
+TINY_KEYS = ["observation.state", "observation.gripper_mode", "observation.counts",
+             "observation.contact", "observation.image"]
+
+
+def log(source: Path, cache_path: Path, index: int, keys: list[str]):
+    """Every message of episode ``index`` of the served streams, in log (time) order: numeric
+    samples as the source holds them, camera frames as the encoded bytes the cache stores."""
+    import lance
+
+    src = open_source(source)
+    # only the served streams are read (a video the observer does not serve is not decoded)
+    episode = load_episode(src, index, {k: s for k, s in src.specs.items() if k in keys})
+    msgs = []
+    for name in keys:
+        spec = src.specs[name]
+        if spec.kind == "numeric":
+            s = episode.streams[name]
+            msgs += [(float(t), name, v) for t, v in zip(s.times, s.data, strict=True)]
+        else:
+            table = lance.dataset(str(cache_path / "frames" / f"{name}.lance")).to_table()
+            rows = table.filter(table.column("episode_index").to_numpy() == index)
+            rows = rows.sort_by("frame")
+            msgs += [(float(t), name, bytes(b)) for t, b in
+                     zip(rows.column("timestamp").to_pylist(),
+                         rows.column("encoded").to_pylist(), strict=True)]
+    order = sorted(range(len(msgs)), key=lambda i: msgs[i][0])  # stable: ties keep stream order
+    return [msgs[i] for i in order]
+
+
+def within_ulp(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.cpu().numpy(), b.cpu().numpy()
+    return bool(np.all(np.abs(a - b) <= np.spacing(np.abs(b).astype(b.dtype))))
+
+
+def replay(observer: Observer, dataset, source: Path, episode: int, interpolated=(),
+           normalizer=None, tolerance_s: float = 1e-4) -> int:
+    """Push the episode's messages in log order; emit each grid step once the log has passed
+    it and the observer says it is final (or the log ended); compare with the cache's item.
+    Returns the number of steps compared."""
+    rows = torch.nonzero(dataset.episode_index == episode).flatten().tolist()
+    ticks = [float(dataset.timestamp[i]) for i in rows]
+    observer.reset()
+    observer.start(ticks[0])
+    compared = 0
+
+    def emit(k: int) -> None:
+        nonlocal compared
+        o = observer.observation(ticks[k])
+        item = dataset[rows[k]]
+        if normalizer is not None:
+            item = normalizer(item)
+        if float(o["timestamp"]) != ticks[k]:  # only the last step may be clamped to the end
+            assert k == len(ticks) - 1, (k, float(o["timestamp"]), ticks[k])
+            return
+        assert int(o["index"]) == k
+        for key in observer.keys:
+            a, b = o[key].cpu(), item[key].cpu()
+            pa, pb = o[f"{key}_is_pad"].cpu(), item[f"{key}_is_pad"].cpu()
+            if ticks[k] > ends[key] and observer.streams[key].method != "previous":
+                # the recording stopped: the cache pads what is past its last message, live
+                # the latest one stays the nearest (the horizon says none nearer can come)
+                continue
+            assert torch.equal(pa, pb), (k, key, pa, pb)
+            assert a.shape == b.shape and a.dtype == b.dtype, (key, a.shape, b.shape)
+            if observer.streams[key].kind == "camera":
+                assert torch.equal(a[~pa], b[~pb]), (k, key)
+            elif key in interpolated and observer.device.type == "cuda":
+                assert within_ulp(a, b), (k, key, (a - b).abs().max())
+            else:
+                assert torch.equal(a, b), (k, key, a, b)
+        compared += 1
+
+    messages = log(source, dataset.path, episode, observer.keys)
+    ends = {name: t for t, name, _ in messages}
+    k = 0
+    for t, name, value in messages:
+        while k < len(ticks) and t > ticks[k] + tolerance_s and observer.ready(ticks[k]):
+            emit(k)
+            k += 1
+        observer.push(name, t, value)
+    while k < len(ticks):
+        emit(k)
+        k += 1
+    return compared
+
+
+@pytest.fixture(scope="module")
+def sample_caches(tmp_path_factory):
+    """The bundled sample at 50 Hz, twice: default methods (linear), and state nearest /
+    end-effector pose previous (snapped samples)."""
+    root = tmp_path_factory.mktemp("online")
+    keys = SAMPLE_KEYS + ["action"]
+    build(SAMPLE, root / "linear", rate_hz=50.0, progress=False, device="cpu", episodes=[0, 3],
+          keys=keys)
+    build(SAMPLE, root / "hold", rate_hz=50.0, progress=False, device="cpu", episodes=[1],
+          keys=keys, methods={"observation.state": "nearest",
+                              "observation.ee_pose": "previous"})
+    return root
+
+
+@pytest.mark.parametrize("episode", [0, 3])
+def test_sample_replay_matches_cache_linear(sample_caches, episode):
+    ds = robocache.RobotDataset(sample_caches / "linear", history=2, keys=SAMPLE_KEYS)
+    obs = Observer.from_cache(sample_caches / "linear", history=2)
+    n = replay(obs, ds, SAMPLE, episode, interpolated=("observation.state",
+                                                       "observation.ee_pose"))
+    assert n >= int((ds.episode_index == episode).sum()) - 1
+
+
+def test_sample_replay_matches_cache_hold_and_nearest(sample_caches):
+    ds = robocache.RobotDataset(sample_caches / "hold", history=3, keys=SAMPLE_KEYS)
+    obs = Observer.from_cache(sample_caches / "hold", history=3)
+    assert replay(obs, ds, SAMPLE, 1) > 100
+    o = obs.observation(float(ds.timestamp[-1]))
+    assert o["observation.ee_pose_age"].shape == (3,) and (o["observation.ee_pose_age"] >= 0).all()
+
+
+def test_normalized_per_key_offsets_and_zero_pad(sample_caches):
+    """delta_timestamps (a squeezed key, a gap) and zero padding, normalized as the loader
+    normalizes (the packed cache normalized once, then windows)."""
+    from robocache.ops.normalize import Normalizer
+
+    kw = dict(keys=SAMPLE_KEYS[:2], pad="zero",
+              delta_timestamps={"observation.state": [-0.06, -0.02, 0.0]})
+    ds = robocache.RobotDataset(sample_caches / "linear", **kw)
+    ds = ds.normalized(Normalizer(ds.stats, "min_max"))
+    obs = Observer.from_cache(sample_caches / "linear", normalize="min_max", **kw)
+    assert replay(obs, ds, SAMPLE, 0, interpolated=SAMPLE_KEYS[:2]) > 100
+    o = obs.observation(float(ds.timestamp[5]))
+    assert o["observation.state"].shape == (3, 8) and o["observation.ee_pose"].shape == (9,)
+
+
+def test_lerobot_fixture_native_replay_matches_cache(tmp_path):
+    """LeRobot's own writer made the fixture (tests/fixtures/lerobot/make_fixtures.py): int64,
+    int32, bool streams and PNG images, cached at the native fps (every frame exact)."""
+    build(TINY, tmp_path / "c", progress=False, device="cpu")
+    ds = robocache.RobotDataset(tmp_path / "c", history=2, keys=TINY_KEYS)
+    obs = Observer.from_cache(tmp_path / "c", history=2)
+    assert {s.method for s in obs.streams.values()} == {"previous", "frame_index"}
+    total = sum(replay(obs, ds, TINY, int(e)) for e in ds.episode_ids)
+    assert total == len(ds)
+
+
+def test_staleness_is_padded_and_flagged(sample_caches):
+    obs = Observer.from_cache(sample_caches / "hold", history=2, keys=SAMPLE_KEYS[:2],
+                              stale_s=0.05)
+    obs.push("observation.state", 0.0, np.zeros(8))
+    obs.push("observation.ee_pose", 0.0, np.ones(9))
+    o = obs.observation(0.0)
+    assert not o["observation.ee_pose_is_pad"][-1] and o["observation.ee_pose_is_pad"][0]
+    o = obs.observation(0.04)  # nearest stream: no message at or after 0.04 s
+    # at 0.02 s the message at 0 is final (a newer one comes at 0.04 s or later), not at 0.04 s
+    assert o["observation.state_is_pad"].tolist() == [False, True]
+    assert o["observation.ee_pose_age"][-1] == pytest.approx(0.04)
+    assert not o["observation.ee_pose_is_pad"][-1]
+    o = obs.observation(0.1)  # the held pose is older than stale_s
+    assert o["observation.ee_pose_is_pad"][-1]
+    assert not obs.ready(0.1)
+    obs.push("observation.state", 0.12, np.zeros(8))
+    assert obs.ready(0.1)
+
+
+def test_late_messages_inserted_in_order(sample_caches):
+    obs = Observer.from_cache(sample_caches / "linear", keys=SAMPLE_KEYS[:1], late_s=0.01)
+    obs.start(0.0)
+    obs.push("observation.state", 0.0, np.zeros(8))
+    obs.push("observation.state", 0.04, np.full(8, 4.0))
+    obs.push("observation.state", 0.035, np.full(8, 3.0))  # late, within late_s
+    o = obs.observation(0.02)
+    assert torch.allclose(o["observation.state"], torch.full((1, 8), 3.0 * 0.02 / 0.035))
+
+
+def test_values_as_tensors_and_camera_arrays(sample_caches):
+    """Messages may be torch tensors; a camera may send decoded uint8 [H, W, 3] frames."""
+    obs = Observer.from_cache(sample_caches / "linear", keys=SAMPLE_KEYS)
+    frame = np.arange(16 * 16 * 3, dtype=np.uint8).reshape(16, 16, 3)
+    obs.push("observation.state", 0.0, torch.ones(8))
+    obs.push("observation.ee_pose", 0.0, torch.zeros(9, dtype=torch.float64))
+    obs.push("observation.images.top", 0.0, frame)
+    o = obs.observation(0.0)
+    assert o["observation.state"].tolist() == [[1.0] * 8]
+    assert torch.equal(o["observation.images.top"][0],
+                       torch.from_numpy(frame).permute(2, 0, 1).float() / 255)
+
+
+def test_push_many_equals_pushes(sample_caches):
+    rng = np.random.default_rng(0)
+    times, values = np.sort(rng.uniform(0, 0.3, 50)), rng.normal(size=(50, 8))
+    one, many = (Observer.from_cache(sample_caches / "linear", history=3, keys=SAMPLE_KEYS[:1])
+                 for _ in range(2))
+    for t, v in zip(times, values, strict=True):
+        one.push("observation.state", t, v)
+    many.push_many("observation.state", times, values)
+    for t in (0.1, 0.2, 0.3):
+        a, b = one.observation(t), many.observation(t)
+        assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda o: o.push("nope", 0.0, np.zeros(8)), "unknown stream 'nope'"),
+    (lambda o: o.push("observation.state", float("nan"), np.zeros(8)), "stream "
+     "'observation.state': message time nan is not finite"),
+    (lambda o: o.push("observation.state", 1.0, np.full(8, np.nan)), "NaN or infinite"),
+    (lambda o: o.push("observation.state", 1.0, np.r_[np.zeros(7, np.float32), np.inf]
+                      .astype(np.float32)), "NaN or infinite"),
+    (lambda o: o.push("observation.state", 1.0, np.zeros(3)), "expected 8"),
+    (lambda o: (o.push("observation.state", 1.0, np.zeros(8)),
+                o.push("observation.state", 0.5, np.zeros(8))), "time went backwards"),
+    (lambda o: o.push_many("observation.state", [1.0, 0.5], np.zeros((2, 8))),
+     "time went backwards"),
+    (lambda o: o.push("observation.images.top", 1.0, 3), "camera frame must be"),
+    (lambda o: o.observation(float("nan")), "`t` must be a finite time"),
+    (lambda o: (o.observation(1.0), o.observation(0.5)), "before the first tick"),
+])
+def test_errors_name_the_stream(sample_caches, call, match):
+    obs = Observer.from_cache(sample_caches / "linear", keys=SAMPLE_KEYS)
+    with pytest.raises(DataError, match=match) as e:
+        call(obs)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(keys=["action"]), "are actions"),
+    (dict(keys=["nope"]), "not servable"),
+    (dict(delta_timestamps={"observation.state": [0.02]}), "cannot be observed online"),
+    (dict(history=0), "`history` must be"),
+    (dict(capacity=1), "`capacity` of stream"),
+    (dict(pad="wrap"), "`pad` must be"),
+    (dict(package="core.pt2", device="cuda"), "`package` is for CPU observers"),
+])
+def test_from_cache_validation(sample_caches, kw, match):
+    with pytest.raises(DataError, match=match):
+        Observer.from_cache(sample_caches / "linear", **kw)
+
+
+def test_from_cache_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="robocache ingest"):
+        Observer.from_cache(tmp_path)
+
+
+def test_top_level_export():
+    assert robocache.Observer is Observer and "Observer" in dir(robocache)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cuda_graph_replay_matches_cache(sample_caches, compiled):
+    """On the GPU the tick is one captured CUDA graph (of the torch.compile'd core with
+    ``compile``); nvJPEG decodes the frames, as the dataset does on the GPU."""
+    ds = robocache.RobotDataset(sample_caches / "linear", history=2, keys=SAMPLE_KEYS).to("cuda")
+    obs = Observer.from_cache(sample_caches / "linear", history=2, device="cuda",
+                              compile=compiled)
+    assert replay(obs, ds, SAMPLE, 0, interpolated=SAMPLE_KEYS[:2]) > 100
+    assert obs._graph is not None
+    ds = robocache.RobotDataset(sample_caches / "hold", history=2, keys=SAMPLE_KEYS).to("cuda")
+    obs = Observer.from_cache(sample_caches / "hold", history=2, device="cuda",
+                              compile=compiled)
+    assert replay(obs, ds, SAMPLE, 1) > 100
+
+
+_FRESH = """
+import sys, torch
+assert "robocache" not in sys.modules
+model = torch._inductor.aoti_load_package(sys.argv[1])
+inputs, expected = torch.load(sys.argv[2])
+out = model(*inputs)
+assert len(out) == len(expected)
+for a, b in zip(out, expected):
+    assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
+assert "robocache" not in sys.modules
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_aoti_package_runs_without_robocache(sample_caches, tmp_path):
+    """The core exports with torch.export, compiles to an AOTInductor package (CPU, gcc) and
+    gives the eager core's outputs in a fresh process that never imports robocache."""
+    obs = Observer.from_cache(sample_caches / "hold", history=2, keys=SAMPLE_KEYS[:2],
+                              normalize="mean_std")
+    for i in range(40):
+        obs.push("observation.state", i * 0.008, np.full(8, i, np.float32))
+        obs.push("observation.ee_pose", i * 0.01, np.full(9, -i, np.float32))
+    obs.observation(0.1)
+    inputs = obs.example_inputs()
+    expected = obs.core(*inputs)
+    package = obs.save_package(tmp_path / "core.pt2")
+    torch.save(([x.clone() for x in inputs], expected), tmp_path / "io.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-c", _FRESH, package, str(tmp_path / "io.pt")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    # the same package as this process's core: every tick as the eager observer's
+    fast = Observer.from_cache(sample_caches / "hold", history=2, keys=SAMPLE_KEYS[:2],
+                               normalize="mean_std", package=package)
+    for o in (obs, fast):
+        o.reset()
+        o.start(0.0)
+        for i in range(40):
+            o.push("observation.state", i * 0.008, np.full(8, i, np.float32))
+            o.push("observation.ee_pose", i * 0.01, np.full(9, -i, np.float32))
+    for t in (0.0, 0.1, 0.2, 0.3):
+        a, b = obs.observation(t), fast.observation(t)
+        assert all(torch.equal(a[k], b[k]) for k in a), t
