@@ -37,6 +37,8 @@ _LAZY = {
     "RobotLoader": "robocache.data.loader",
     "MixedDataset": "robocache.data.loader",
     "LeRobotDataset": "robocache.data.lerobot_dataset",
+    "LeRobotDatasetMetadata": "robocache.data.lerobot_meta",
+    "MultiLeRobotDataset": "robocache.data.lerobot_dataset",
 }
 
 # submodules loaded on first attribute access (robocache.kinematics.fk, robocache.geometry...)
