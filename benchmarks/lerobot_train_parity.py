@@ -64,7 +64,8 @@ def digest(batch: dict) -> dict[str, str]:
     return out
 
 
-def run_backend(backend: str, args: list[str], out: Path, cache: Path | None) -> None:
+def run_backend(backend: str, args: list[str], out: Path, cache: Path | None,
+                camera_codec: str = "png") -> None:
     """In this process: LeRobot's training with ``backend`` serving the data; writes
     ``{"loss": [...], "index": [[...]...], "digest": [{key: sha}...], "seconds": s}`` to
     ``out``."""
@@ -73,7 +74,7 @@ def run_backend(backend: str, args: list[str], out: Path, cache: Path | None) ->
     if backend == "robocache":
         from robocache.lerobot_train import use_robocache
 
-        use_robocache(camera_codec="png", **({"cache": str(cache)} if cache else {}))
+        use_robocache(camera_codec=camera_codec, **({"cache": str(cache)} if cache else {}))
     record: dict = {"loss": [], "index": [], "digest": []}
     cycle, update = lt.cycle, lt.update_policy
 
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=1000)
+    p.add_argument("--camera-codec", choices=("png", "jpeg"), default="png",
+                   help="how RoboCache stores video frames (png: LeRobot's decode exactly)")
     p.add_argument("--record", type=Path, help="write the expected losses and LeRobot's "
                    "batch digests here (the CI test's reference)")
     p.add_argument("--json", type=Path, help="write the comparison here")
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.backend:  # a child process: one backend
         args = lerobot_args(a.root.resolve(), a.out.with_suffix(".train"), a.steps,
                             a.batch_size, a.num_workers, a.device, a.seed)
-        run_backend(a.backend, args, a.out, a.cache)
+        run_backend(a.backend, args, a.out, a.cache, a.camera_codec)
         return {}
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,12 +140,13 @@ def main(argv: list[str] | None = None) -> dict:
                    "--cache", str(Path(tmp) / "cache"), "--root", str(a.root),
                    "--steps", str(a.steps), "--batch-size", str(a.batch_size),
                    "--num-workers", str(a.num_workers), "--device", a.device,
-                   "--seed", str(a.seed)]
+                   "--seed", str(a.seed), "--camera-codec", a.camera_codec]
             subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
             runs[backend] = json.loads(out.read_text())
     result = compare(runs)
     result["settings"] = {"steps": a.steps, "batch_size": a.batch_size,
                           "num_workers": a.num_workers, "device": a.device, "seed": a.seed,
+                          "camera_codec": a.camera_codec,
                           "dataset": str(a.root.relative_to(REPO) if a.root.is_relative_to(
                               REPO) else a.root), "policy": ACT}
     print(json.dumps(result, indent=1))
