@@ -6,10 +6,10 @@
 The one change from LeRobot: ``python -m robocache.lerobot_train`` instead of
 ``lerobot-train``, in LeRobot's own environment with robocache installed. Every argument is
 ``lerobot-train``'s, plus ``--robocache.camera_codec=jpeg|png`` (how video frames are stored in
-the cache; ``png``: exactly the frames LeRobot decodes), ``--robocache.cache=DIR`` (the cache
-directory; default :func:`robocache.data.lerobot_dataset.default_cache_dir`) and
-``--robocache.device=cpu|cuda`` (where the cache is gathered; DataLoader workers need
-``cpu``, so ``cuda`` goes with ``--num_workers=0``). LeRobot's dataset factory then builds
+the cache; ``png``: exactly the frames LeRobot decodes) and ``--robocache.cache=DIR`` (the
+cache directory; default :func:`robocache.data.lerobot_dataset.default_cache_dir`). Batches
+are gathered in LeRobot's DataLoader workers (``__getitems__``: one gather per batch) and
+moved to the GPU by LeRobot's loop. LeRobot's dataset factory then builds
 :class:`robocache.LeRobotDataset` where it built its own, and LeRobot's training loop
 (sampler, DataLoader, policy, optimizer, logging, checkpoints) runs unchanged.
 
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-_OPTIONS = ("camera_codec", "cache", "device")
+_OPTIONS = ("camera_codec", "cache")
 
 
 def _lerobot(module: str) -> ModuleType:
@@ -42,7 +42,7 @@ def _lerobot(module: str) -> ModuleType:
 def use_robocache(**options: Any) -> None:
     """Make LeRobot's dataset factory (``lerobot.datasets.factory``, what ``lerobot-train``
     builds its datasets with) build :class:`robocache.LeRobotDataset` with ``options``
-    (``camera_codec``, ``cache``, ``device``: its keyword arguments).
+    (``camera_codec``, ``cache``: its keyword arguments).
 
     Raises:
         TypeError: an option other than those.

@@ -57,10 +57,11 @@ _SAID: set[str] = set()
 
 
 def _say_once(what: str, message: str) -> None:
-    """Warn ``message`` the first time ``what`` comes up in this process."""
+    """Warn ``message`` (at the caller of the dataset) the first time ``what`` comes up in
+    this process."""
     if what not in _SAID:
         _SAID.add(what)
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warnings.warn(message, UserWarning, stacklevel=4)
 
 
 def default_cache_dir(root: Path, camera_codec: str = "jpeg") -> Path:
@@ -193,7 +194,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self._say_ignored(download_videos, video_backend, token)
         self.cache = Path(cache) if cache is not None else default_cache_dir(self.root,
                                                                               camera_codec)
-        streams = self._ensure_cache(force_cache_sync)
+        manifest = self._ensure_cache(force_cache_sync)
+        streams = manifest["streams"]
         if not self.meta.stats:  # no meta/stats.json: the cache's, in LeRobot's layout
             stats = json.loads((self.cache / "stats.json").read_text())
             self.meta.stats = {k: {s: np.array(d[s]) for s in ("min", "max", "mean", "std",
@@ -207,8 +209,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.delta_indices = None if delta_timestamps is None else delta_indices(
             delta_timestamps, float(self.meta.fps), tolerance_s,
             self.feature_keys + list(FRAME_KEYS))
+        # the cache is opened on first use (in each DataLoader worker, not before a fork)
         self._ds: RobotDataset | None = None
-        self._len = len(self._served)
+        served = set(self.episodes) if self.episodes is not None else None
+        self._len = sum(e["rows"] for e in manifest["episodes"]
+                        if served is None or e["index"] in served)
 
     # ── the cache ─────────────────────────────────────────────────────
 
@@ -225,8 +230,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
                       f"{self.meta.depth_keys} are served in the unit stored, not converted to "
                       f"depth_output_unit={self.depth_output_unit!r}.")
 
-    def _ensure_cache(self, force: bool) -> dict[str, dict]:
-        """Build (or extend) the cache with the served episodes; return its streams."""
+    def _ensure_cache(self, force: bool) -> dict[str, Any]:
+        """Build (or extend) the cache with the served episodes; return its manifest."""
         from robocache.data.cache import build
 
         manifest_path = self.cache / "manifest.json"
@@ -241,7 +246,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
                 q = m["quarantined"][0]
                 raise DataError(f"{self.root}: {len(m['quarantined'])} episodes could not be "
                                 f"cached; episode {q['index']}: {q['reason']}")
-        return json.loads(manifest_path.read_text())["streams"]
+        return json.loads(manifest_path.read_text())
 
     def _reusable(self, manifest: Path, wanted: list[int]) -> bool:
         """The cache at ``manifest`` is a finished native-rate cache of this dataset holding
