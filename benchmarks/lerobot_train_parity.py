@@ -120,8 +120,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--camera-codec", choices=("png", "jpeg"), default="png",
                    help="how RoboCache stores video frames (png: LeRobot's decode exactly)")
-    p.add_argument("--record", type=Path, help="write the expected losses and LeRobot's "
-                   "batch digests here (the CI test's reference)")
+    p.add_argument("--record", type=Path, help="write the expected losses, the batches' "
+                   "indices and LeRobot's batch digests (per key, one per step) here (the CI "
+                   "test's reference)")
     p.add_argument("--json", type=Path, help="write the comparison here")
     p.add_argument("--backend", choices=("lerobot", "robocache"), help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -156,8 +157,9 @@ def main(argv: list[str] | None = None) -> dict:
 
         a.record.write_text(json.dumps({
             **result, "lerobot_version": lerobot.__version__, "torch": torch.__version__,
-            "loss": {k: r["loss"] for k, r in runs.items()},
-            "index": runs["lerobot"]["index"], "digest": runs["lerobot"]["digest"]}) + "\n")
+            "loss": {k: r["loss"] for k, r in runs.items()}, "index": runs["lerobot"]["index"],
+            "digest": {k: [d[k] for d in runs["lerobot"]["digest"]]  # key -> one per step
+                       for k in runs["lerobot"]["digest"][0]}}, separators=(",", ":")) + "\n")
     if a.json:
         a.json.write_text(json.dumps(result, indent=1) + "\n")
     return result
