@@ -5,6 +5,8 @@ repository root:
 
     # CPU parity: ACT, 300 steps, both backends, the loss of every step compared
     HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --steps 300
+    # the same with a diffusion policy (needs lerobot[diffusion])
+    HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --policy diffusion --steps 50
     # record the expected losses (and LeRobot's batches) the CI test checks against
     HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --steps 300 \\
         --record tests/fixtures/lerobot/train_parity.json
@@ -35,19 +37,30 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "tests" / "fixtures" / "lerobot" / "train"
-#: ACT small enough for a CPU: a few hundred steps in about a minute.
-ACT = ["--policy.type=act", "--policy.pretrained_backbone_weights=null",
-       "--policy.dim_model=64", "--policy.n_heads=2", "--policy.dim_feedforward=128",
-       "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1",
-       "--policy.n_vae_encoder_layers=1", "--policy.latent_dim=8", "--policy.chunk_size=10",
-       "--policy.n_action_steps=10"]
+#: policies small enough for a CPU (a few hundred steps in minutes); the training fixture's
+#: cameras differ in size, so diffusion resizes them to one shape first
+POLICIES = {
+    "act": ["--policy.type=act", "--policy.pretrained_backbone_weights=null",
+            "--policy.dim_model=64", "--policy.n_heads=2", "--policy.dim_feedforward=128",
+            "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1",
+            "--policy.n_vae_encoder_layers=1", "--policy.latent_dim=8",
+            "--policy.chunk_size=10", "--policy.n_action_steps=10"],
+    "diffusion": ["--policy.type=diffusion", "--policy.pretrained_backbone_weights=null",
+                  "--policy.use_group_norm=true", "--policy.n_obs_steps=2",
+                  "--policy.horizon=8", "--policy.n_action_steps=4",
+                  "--policy.drop_n_last_frames=3", "--policy.down_dims=[32,64]",
+                  "--policy.diffusion_step_embed_dim=32",
+                  "--policy.spatial_softmax_num_keypoints=8", "--policy.resize_shape=[24,32]",
+                  "--policy.crop_shape=[20,28]", "--policy.num_train_timesteps=20"],
+}
 
 
 def lerobot_args(root: Path, out: Path, steps: int, batch_size: int, num_workers: int,
-                 device: str, seed: int) -> list[str]:
-    """``lerobot-train`` arguments of the run (ACT, no checkpoints, no eval, no wandb)."""
+                 device: str, seed: int, policy: str = "act") -> list[str]:
+    """``lerobot-train`` arguments of the run (no checkpoints, no eval, no wandb)."""
     return [f"--dataset.repo_id=robocache/{root.name}", f"--dataset.root={root}",
-            "--dataset.image_transforms.enable=false", *ACT, f"--policy.device={device}",
+            "--dataset.image_transforms.enable=false", *POLICIES[policy],
+            f"--policy.device={device}",
             "--policy.push_to_hub=false", f"--batch_size={batch_size}", f"--steps={steps}",
             f"--seed={seed}", f"--num_workers={num_workers}", "--log_freq=100",
             "--save_checkpoint=false", "--wandb.enable=false",
@@ -113,6 +126,7 @@ def compare(runs: dict[str, dict]) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", type=Path, default=ROOT, help="a LeRobot dataset with cameras")
+    p.add_argument("--policy", choices=sorted(POLICIES), default="act")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--num-workers", type=int, default=0)
@@ -130,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     if a.backend:  # a child process: one backend
         args = lerobot_args(a.root.resolve(), a.out.with_suffix(".train"), a.steps,
-                            a.batch_size, a.num_workers, a.device, a.seed)
+                            a.batch_size, a.num_workers, a.device, a.seed, a.policy)
         run_backend(a.backend, args, a.out, a.cache, a.camera_codec)
         return {}
     runs = {}
@@ -141,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
                    "--cache", str(Path(tmp) / "cache"), "--root", str(a.root),
                    "--steps", str(a.steps), "--batch-size", str(a.batch_size),
                    "--num-workers", str(a.num_workers), "--device", a.device,
-                   "--seed", str(a.seed), "--camera-codec", a.camera_codec]
+                   "--seed", str(a.seed), "--camera-codec", a.camera_codec,
+                   "--policy", a.policy]
             subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
             runs[backend] = json.loads(out.read_text())
     result = compare(runs)
@@ -149,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
                           "num_workers": a.num_workers, "device": a.device, "seed": a.seed,
                           "camera_codec": a.camera_codec,
                           "dataset": str(a.root.relative_to(REPO) if a.root.is_relative_to(
-                              REPO) else a.root), "policy": ACT}
+                              REPO) else a.root), "policy": POLICIES[a.policy]}
     print(json.dumps(result, indent=1))
     if a.record:
         import lerobot

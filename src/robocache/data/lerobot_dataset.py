@@ -192,6 +192,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.depth_output_unit, self.video_backend = depth_output_unit, video_backend
         self.camera_codec, self.device = camera_codec, torch.device(device)
         self._say_ignored(download_videos, video_backend, token)
+        self.delta_indices = None if delta_timestamps is None else delta_indices(  # before caching
+            delta_timestamps, float(self.meta.fps), tolerance_s,
+            list(dict.fromkeys([*self.meta.features, *FRAME_KEYS])))
         self.cache = Path(cache) if cache is not None else default_cache_dir(self.root,
                                                                               camera_codec)
         manifest = self._ensure_cache(force_cache_sync)
@@ -206,9 +209,6 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.feature_keys = [k for k in self.meta.features if k in streams
                              and streams[k]["kind"] in ("numeric", "image", "video")]
         self._cameras = [k for k in self.feature_keys if streams[k]["kind"] in ("image", "video")]
-        self.delta_indices = None if delta_timestamps is None else delta_indices(
-            delta_timestamps, float(self.meta.fps), tolerance_s,
-            self.feature_keys + list(FRAME_KEYS))
         # the cache is opened on first use (in each DataLoader worker, not before a fork)
         self._ds: RobotDataset | None = None
         served = set(self.episodes) if self.episodes is not None else None

@@ -140,6 +140,16 @@ class EpisodeTable:
         return f"EpisodeTable(columns={self.column_names}, num_rows={self.num_rows})"
 
 
+def _info(name: str, cast: Callable[[Any], Any] | None = None, default: Any = None) -> property:
+    """A read-only attribute: ``meta/info.json``'s ``name`` (``default`` when absent; LeRobot's
+    defaults), through ``cast``."""
+    def get(self: LeRobotDatasetMetadata) -> Any:
+        value = self.info.get(name, default)
+        return value if cast is None or value is None else cast(value)
+
+    return property(get, doc=f"``meta/info.json``'s ``{name}``.")
+
+
 class LeRobotDatasetMetadata:
     """LeRobot 0.6.1's ``LeRobotDatasetMetadata`` for reading, from ``root/meta``.
 
@@ -205,49 +215,20 @@ class LeRobotDatasetMetadata:
         return {k: {s: np.atleast_1d(np.array(v)) for s, v in d.items()}
                 for k, d in json.loads(path.read_text()).items()}
 
-    @property
-    def fps(self) -> int:
-        return self.info["fps"]
-
-    @property
-    def features(self) -> dict[str, dict]:
-        return self.info["features"]
-
-    @property
-    def robot_type(self) -> str | None:
-        return self.info.get("robot_type")
-
-    @property
-    def total_frames(self) -> int:
-        return int(self.info["total_frames"])
-
-    @property
-    def total_episodes(self) -> int:
-        return int(self.info["total_episodes"])
+    fps = _info("fps")
+    features = _info("features")
+    robot_type = _info("robot_type")
+    total_frames = _info("total_frames", int)
+    total_episodes = _info("total_episodes", int)
+    chunks_size = _info("chunks_size", int, 1000)
+    data_files_size_in_mb = _info("data_files_size_in_mb", int, 100)
+    video_files_size_in_mb = _info("video_files_size_in_mb", int, 200)
+    data_path = _info("data_path")
+    video_path = _info("video_path")
 
     @property
     def total_tasks(self) -> int:
         return int(self.info.get("total_tasks", len(self.task_names)))
-
-    @property
-    def chunks_size(self) -> int:
-        return int(self.info.get("chunks_size", 1000))
-
-    @property
-    def data_files_size_in_mb(self) -> int:
-        return int(self.info.get("data_files_size_in_mb", 100))
-
-    @property
-    def video_files_size_in_mb(self) -> int:
-        return int(self.info.get("video_files_size_in_mb", 200))
-
-    @property
-    def data_path(self) -> str:
-        return self.info["data_path"]
-
-    @property
-    def video_path(self) -> str | None:
-        return self.info.get("video_path")
 
     @property
     def url_root(self) -> str:
