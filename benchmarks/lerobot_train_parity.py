@@ -5,14 +5,17 @@ repository root:
 
     # CPU parity: ACT, 300 steps, both backends, the loss of every step compared
     HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --steps 300
-    # the same with a diffusion policy (needs lerobot[diffusion])
-    HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --policy diffusion --steps 50
+    # a diffusion policy (needs lerobot[diffusion]) on a dataset LeRobot writes now
+    HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --policy diffusion --steps 100 \\
+        --write-dataset 4,30,32,48
     # record the expected losses (and LeRobot's batches) the CI test checks against
     HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --steps 300 \\
         --record tests/fixtures/lerobot/train_parity.json
-    # GPU speed: the same training, timed end to end, each backend in its own process
+    # GPU speed: the same training on a larger LeRobot-written dataset (40 episodes of 300
+    # frames, 240x320 cameras), timed end to end, each backend in its own process
     HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --device cuda --steps 2000 \\
-        --batch-size 64 --num-workers 4 --json benchmarks/results/lerobot_train.json
+        --batch-size 64 --num-workers 4 --camera-codec jpeg --write-dataset 40,300,240,320 \\
+        --json benchmarks/results/lerobot_train.json
 
 Each backend runs ``lerobot.scripts.lerobot_train.main`` (what ``lerobot-train`` runs) in a
 fresh process with the same arguments and seed: ``lerobot`` as is, ``robocache`` through
@@ -37,8 +40,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "tests" / "fixtures" / "lerobot" / "train"
-#: policies small enough for a CPU (a few hundred steps in minutes); the training fixture's
-#: cameras differ in size, so diffusion resizes them to one shape first
+#: policies small enough for a CPU (a few hundred steps in minutes); diffusion wants cameras of
+#: one size (``--write-dataset``, not the training fixture's two sizes)
 POLICIES = {
     "act": ["--policy.type=act", "--policy.pretrained_backbone_weights=null",
             "--policy.dim_model=64", "--policy.n_heads=2", "--policy.dim_feedforward=128",
@@ -50,8 +53,8 @@ POLICIES = {
                   "--policy.horizon=8", "--policy.n_action_steps=4",
                   "--policy.drop_n_last_frames=3", "--policy.down_dims=[32,64]",
                   "--policy.diffusion_step_embed_dim=32",
-                  "--policy.spatial_softmax_num_keypoints=8", "--policy.resize_shape=[24,32]",
-                  "--policy.crop_shape=[20,28]", "--policy.num_train_timesteps=20"],
+                  "--policy.spatial_softmax_num_keypoints=8", "--policy.crop_shape=[28,40]",
+                  "--policy.num_train_timesteps=20"],
 }
 
 
@@ -134,6 +137,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--camera-codec", choices=("png", "jpeg"), default="png",
                    help="how RoboCache stores video frames (png: LeRobot's decode exactly)")
+    p.add_argument("--write-dataset", metavar="EPISODES,LENGTH,HEIGHT,WIDTH",
+                   help="instead of --root: write a dataset of that many episodes and frames "
+                   "per episode with a HEIGHTxWIDTH video camera and image camera with "
+                   "LeRobot's writer, in a temporary directory")
     p.add_argument("--record", type=Path, help="write the expected losses, the batches' "
                    "indices and LeRobot's batch digests (per key, one per step) here (the CI "
                    "test's reference)")
@@ -149,6 +156,13 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
+        if a.write_dataset:
+            sys.path.insert(0, str(ROOT.parent))
+            from make_fixtures import write_train_dataset
+
+            n, length, h, w = (int(x) for x in a.write_dataset.split(","))
+            a.root = Path(tmp) / "train"
+            write_train_dataset(a.root, (length,) * n, (h, w), (h, w))
         for backend in ("lerobot", "robocache"):
             out = Path(tmp) / f"{backend}.json"
             cmd = [sys.executable, __file__, "--backend", backend, "--out", str(out),
