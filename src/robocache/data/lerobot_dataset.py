@@ -135,8 +135,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         depth_output_unit: ``"mm"`` or ``"m"``, as LeRobot; depth features are served in the
             unit stored (said once when a dataset has depth features).
         download_videos, video_backend, token: LeRobot's download and decode arguments:
-            nothing is downloaded, and videos are decoded by PyAV once when the cache is built,
-            whatever ``video_backend`` (each non-default value is said once per process).
+            nothing is downloaded, and videos are decoded by PyAV once when the cache is built
+            (``video_backend="pyav"``; any other value, ``token`` and ``download_videos=False``
+            are said once per process).
         cache: the cache directory (default :func:`default_cache_dir`).
         device: where the cache is gathered: ``"cpu"`` (default) or ``"cuda"``.
         camera_codec: how video frames are stored in the cache: ``"jpeg"`` (default, q95,
@@ -218,7 +219,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
     # ── the cache ─────────────────────────────────────────────────────
 
     def _say_ignored(self, download_videos: bool, video_backend: str | None, token) -> None:
-        if video_backend is not None:
+        if video_backend not in (None, "pyav"):
             _say_once("video_backend", f"robocache.LeRobotDataset: video_backend="
                       f"{video_backend!r} is not used: videos are decoded once by PyAV when the "
                       "RoboCache cache is built.")
