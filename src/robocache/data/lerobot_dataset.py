@@ -273,6 +273,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return self._ds
 
     def _open(self, ds: RobotDataset) -> None:
+        """Serve ``ds``: with each episode's first ``index`` and each row's task index."""
         eps = self.meta.episodes
         from_index = torch.zeros(max(eps["episode_index"]) + 1, dtype=torch.int64)
         from_index[torch.tensor(eps["episode_index"])] = torch.tensor(eps["dataset_from_index"])
@@ -313,8 +314,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         LeRobot's ``EpisodeAwareSampler`` takes it."""
         if self.episodes is None:
             return None
-        ds = self._served
-        absolute = (self._from_index[ds.episode_index] + ds.step).tolist()
+        rows = [self.meta.episodes[e] for e in sorted(set(self.episodes))]  # the items' order
+        absolute = [i for r in rows for i in range(r["dataset_from_index"],
+                                                   r["dataset_to_index"])]
         return dict(zip(absolute, range(len(absolute)), strict=True))
 
     @property
