@@ -229,7 +229,7 @@ KW = FULL
 KWN = "M65536-3keys-L2,16,3-D32,32,16-fp32"
 CAM = "benchmarks/results/cameras-h100-2026-11-26.json"
 CAMB = "480x640-b256-cams2-t2-to224"
-LRC, LRG = "benchmarks/results/lerobot-cpu-2026-11-24.json", \
+LRC, LRG = "benchmarks/results/lerobot-cpu-2026-11-27.json", \
     "benchmarks/results/lerobot-h100-2026-11-24.json"
 LR = "E12x192-state2-action16"
 MIX = "benchmarks/results/mixture-h100-2026-11-24.json"

@@ -38,6 +38,8 @@ _LAZY = {
     "MixedDataset": "robocache.data.loader",
     "LeRobotDataset": "robocache.data.lerobot_dataset",
     "Observer": "robocache.online",
+    "LeRobotDatasetMetadata": "robocache.data.lerobot_meta",
+    "MultiLeRobotDataset": "robocache.data.lerobot_dataset",
 }
 
 # submodules loaded on first attribute access (robocache.kinematics.fk, robocache.geometry...)

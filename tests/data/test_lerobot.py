@@ -78,8 +78,9 @@ def test_bad_input(tmp_path, cache):
         make(delta_timestamps={"observation.nope": [0.0]})
     with pytest.raises(DataError, match="empty"):
         make(delta_timestamps={"action": []})
-    with pytest.raises(DataError, match="tolerance_s"):
-        make(delta_timestamps={"action": [0.0]}, tolerance_s=0.0)
+    with pytest.raises(DataError, match="tolerance_s = 0"):  # as LeRobot: exact offsets only
+        make(delta_timestamps={"action": [0.0, 0.01]}, tolerance_s=0.0)
+    assert len(make(delta_timestamps={"action": [0.0, D]}, tolerance_s=0.0)) == 33
     for fps in (None, 0):
         root = with_fps(FIXTURES / "tiny", tmp_path / f"fps{fps}", fps)
         with pytest.raises(DataError, match="meta/info.json"):

@@ -8,25 +8,31 @@
                                           "action": [k / 10 for k in range(16)]})
     item = ds[0]     # LeRobot's keys, dtypes and shapes; "task" a string
 
-The first use of a dataset directory ingests it at its native rate (every frame bit-exact, see
-:mod:`robocache.data.cache`) into a cache directory next to nothing of the source's (default
-``$ROBOCACHE_HOME`` or ``~/.cache/robocache``, one sub-directory per source path); later uses
-reuse it. Items follow LeRobot 0.6.1's ``__getitem__``: every feature (per ``delta_timestamps``
-key a window ``[K, ...]`` and ``<key>_is_pad``, the current frame otherwise), features of shape
-``[1]`` as scalars, floats as float32, integers as int64, bools as bool, image and video
-features as float32 ``[C, H, W]`` in [0, 1] (image features keep their PNG bytes, videos are
-decoded once when the cache is built and stored as JPEG frames; a batch's frames are decoded
-together, with nvJPEG on a GPU), plus ``timestamp`` (float32), ``frame_index``,
-``episode_index``, ``index``, ``task_index`` (int64) and ``task`` (str).
+The first use of a dataset directory ingests the episodes asked for at their native rate (every
+frame bit-exact, see :mod:`robocache.data.cache`) into a cache directory next to nothing of the
+source's (default ``$ROBOCACHE_HOME`` or ``~/.cache/robocache``, one sub-directory per source
+path); later uses reuse it and add the episodes it lacks. Items follow LeRobot 0.6.1's
+``__getitem__``: every feature (per ``delta_timestamps`` key a window ``[K, ...]`` and
+``<key>_is_pad``, the current frame otherwise), features of shape ``[1]`` as scalars, floats as
+float32, integers as int64, bools as bool, image and video features as float32 ``[C, H, W]`` in
+[0, 1] (video features uint8 with ``return_uint8=True``; image features keep their PNG bytes,
+videos are decoded once when the cache is built and stored as JPEG frames, or PNG with
+``camera_codec="png"``), plus ``timestamp`` (float32), ``frame_index``, ``episode_index``,
+``index``, ``task_index`` (int64) and ``task`` (str).
 
-``__getitem__`` exists for compatibility with ``torch.utils.data.DataLoader``; the fast path is
-batch-level: :meth:`LeRobotDataset.batches` gathers whole batches where the cache lives (on
-the GPU: one kernel launch for every key's window) and returns the same keys with a leading
-batch dimension (``task``: a list of strings).
+``__getitem__`` serves ``torch.utils.data.DataLoader`` one item at a time; ``__getitems__``
+(what a DataLoader calls with a batch of indices) gathers the whole batch at once, and
+:meth:`LeRobotDataset.batches` gathers whole batches where the cache lives (on the GPU: one
+kernel launch for every key's window), returning the same keys with a leading batch dimension
+(``task``: a list of strings).
+
+Pickling (DataLoader workers, ``spawn`` included) carries the settings only: each process opens
+the cache itself on first use.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -39,206 +45,271 @@ import numpy as np
 import torch
 
 from robocache._optional import require
-from robocache.data.dataset import RobotDataset, seconds_to_steps
+from robocache.data.dataset import RobotDataset
+from robocache.data.lerobot_meta import LeRobotDatasetMetadata
 from robocache.errors import DataError
 
 Batch = dict[str, Any]
 
+#: LeRobot's per-frame columns that every item carries and ``delta_timestamps`` may name.
+FRAME_KEYS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+_SAID: set[str] = set()
 
-def default_cache_dir(root: Path) -> Path:
+
+def _say_once(what: str, message: str) -> None:
+    """Warn ``message`` (at the caller of the dataset) the first time ``what`` comes up in
+    this process."""
+    if what not in _SAID:
+        _SAID.add(what)
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def default_cache_dir(root: Path, camera_codec: str = "jpeg") -> Path:
     """Where the cache of the dataset at ``root`` goes: ``$ROBOCACHE_HOME`` (default
-    ``~/.cache/robocache``) / ``<name>-<hash of the resolved path>``."""
+    ``~/.cache/robocache``) / ``<name>-<hash of the resolved path>`` (``-png`` appended for
+    camera frames stored as PNG)."""
     home = Path(os.environ.get("ROBOCACHE_HOME", Path.home() / ".cache" / "robocache"))
     digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]
-    return home / f"{root.name}-{digest}"
+    return home / (f"{root.name}-{digest}" + ("" if camera_codec == "jpeg" else f"-{camera_codec}"))
 
 
-class LeRobotDatasetMetadata:
-    """LeRobot's dataset metadata, read from ``root/meta``: ``info``, ``fps``, ``features``,
-    ``stats`` (``key -> {min, max, mean, std, count, q01, q10, q50, q90, q99}`` NumPy arrays,
-    as LeRobot; without ``meta/stats.json``, the cache's min, max, mean, std, count, q01 and
-    q99 of every numeric feature), ``episodes`` (one dict per episode: ``episode_index``,
-    ``tasks``, ``length``, ``dataset_from_index``, ``dataset_to_index``...), ``tasks`` (a
-    pandas DataFrame indexed by task with a ``task_index`` column, as LeRobot),
-    ``total_frames``, ``total_episodes``."""
+def delta_indices(delta_timestamps: dict[str, Sequence[float]], fps: float,
+                  tolerance_s: float, keys: Sequence[str]) -> dict[str, list[int]]:
+    """LeRobot's ``delta_timestamps`` (seconds) as frame offsets, checked as LeRobot 0.6.1
+    checks them: every offset ``ts`` with ``|ts * fps - round(ts * fps)| / fps <= tolerance_s``
+    (so ``tolerance_s = 0`` takes exact multiples of ``1 / fps`` only, and a negative one
+    none), offsets ``round(ts * fps)``.
 
-    def __init__(self, repo_id: str, root: Path):
-        from robocache.data.formats.lerobot import LeRobotSource
-
-        self.repo_id, self.root = repo_id, root
-        source = LeRobotSource(root)  # checks the version and meta/info.json's fps
-        self.info = source.info
-        self.fps = self.info["fps"]
-        self.features = {k: {**f, "shape": tuple(f["shape"])}
-                         for k, f in self.info["features"].items()}
-        self.robot_type = self.info.get("robot_type")
-        self.total_frames = int(self.info["total_frames"])
-        self.total_episodes = int(self.info["total_episodes"])
-        self.total_tasks = int(self.info.get("total_tasks", len(source._tasks)))
-        rows = source._episodes
-        start = 0
-        self.episodes = []
-        for e in sorted(rows):
-            row = {k: v for k, v in rows[e].items() if not k.startswith("stats/")}
-            row.setdefault("dataset_from_index", start)
-            row.setdefault("dataset_to_index", start + int(row["length"]))
-            start = int(row["dataset_to_index"])
-            self.episodes.append(row)
-        self.task_names = [source._tasks[i] for i in sorted(source._tasks)]
-        self.stats = self._stats(root)
-
-    @staticmethod
-    def _stats(root: Path) -> dict[str, dict[str, np.ndarray]]:
-        path = root / "meta" / "stats.json"
-        if not path.exists():
-            return {}
-        return {k: {s: np.array(v) for s, v in d.items()}
-                for k, d in json.loads(path.read_text()).items()}
-
-    @property
-    def tasks(self):
-        pd = require("pandas", "lerobot", "LeRobot's meta.tasks table")
-        return pd.DataFrame({"task_index": range(len(self.task_names))},
-                            index=pd.Index(self.task_names, name="task"))
-
-    @property
-    def image_keys(self) -> list[str]:
-        return [k for k, f in self.features.items() if f["dtype"] == "image"]
-
-    @property
-    def video_keys(self) -> list[str]:
-        return [k for k, f in self.features.items() if f["dtype"] == "video"]
-
-    @property
-    def camera_keys(self) -> list[str]:
-        return self.image_keys + self.video_keys
-
-
-def _item_dtype(dtype: str) -> torch.dtype:
-    """The dtype LeRobot's items carry for a feature dtype."""
-    if dtype in ("image", "video") or dtype.startswith("float"):
-        return torch.float32
-    return torch.bool if dtype == "bool" else torch.int64
+    Raises:
+        DataError: a key not in ``keys``, an empty list, or offsets off the grid (all of them
+            named, with the nearest valid offsets of the first).
+    """
+    out, outside = {}, {}
+    for key, offsets in delta_timestamps.items():
+        if key not in keys:
+            raise DataError(f"`delta_timestamps` names {key!r}, which is not a served key; "
+                            f"served keys: {list(keys)}.")
+        offsets = [float(o) for o in offsets]
+        if not offsets:
+            raise DataError(f"`delta_timestamps[{key!r}]` is empty; give at least one offset "
+                            "in seconds, e.g. [0.0].")
+        bad = [o for o in offsets if not abs(o * fps - round(o * fps)) / fps <= tolerance_s]
+        if bad:
+            outside[key] = bad
+        out[key] = [round(o * fps) for o in offsets]
+    if outside:
+        key, (o, *_) = next(iter(outside.items()))
+        lo, hi = np.floor(o * fps) / fps, np.ceil(o * fps) / fps
+        raise DataError(f"`delta_timestamps` offsets are not multiples of 1/{fps:g} s within "
+                        f"tolerance_s = {tolerance_s:g}: {outside}; e.g. for {key!r} the nearest "
+                        f"valid offsets to {o!r} s are {lo!r} and {hi!r} s.")
+    return out
 
 
 class LeRobotDataset(torch.utils.data.Dataset):
     """LeRobot's ``LeRobotDataset`` over a RoboCache cache (see the module docstring).
 
     Args:
-        repo_id: the dataset's name (``root`` defaults to ``$HF_LEROBOT_HOME/<repo_id>``, as
-            LeRobot); nothing is downloaded.
-        root: the LeRobot dataset directory (v3.0 or v2.1), never written.
-        episodes: serve only these episodes (LeRobot's indices are then relative to them).
-        image_transforms: applied to each camera key of an item (and of a batch).
-        delta_timestamps: per key offsets in seconds, multiples of ``1 / fps`` within
-            ``tolerance_s``.
-        tolerance_s: LeRobot's timestamp tolerance (> 0): for ``delta_timestamps`` and for the
-            frames' timestamps when the cache is built.
-        revision, force_cache_sync, download_videos, video_backend: accepted for LeRobot's
-            signature (videos are decoded by PyAV when the cache is built, whatever
-            ``video_backend``); ``force_cache_sync=True`` rebuilds the RoboCache cache.
+        repo_id: the dataset's name.
+        root: the LeRobot dataset directory (v3.0 or v2.1), never written. Default: where
+            LeRobot 0.6.1 keeps ``repo_id`` (``$HF_LEROBOT_HOME/<repo_id>``, or its Hub snapshot
+            under ``$HF_LEROBOT_HOME/hub``, see :func:`robocache.data.lerobot_meta.find_root`);
+            nothing is downloaded.
+        episodes: serve only these episodes (indices are then relative to them, in episode
+            order, and :attr:`absolute_to_relative_idx` maps LeRobot's ``index`` to them);
+            only these are ingested into the cache.
+        episode_filter: keep the episodes whose row of ``meta.episodes`` it accepts (among
+            ``episodes`` when given), as LeRobot.
+        image_transforms: a callable applied to each camera key (depth excepted) of each item,
+            on ``[C, H, W]`` (``[K, C, H, W]`` for a ``delta_timestamps`` key), as LeRobot; in
+            batches, per sample.
+        delta_timestamps: per key offsets in seconds, checked as LeRobot checks them
+            (:func:`delta_indices`); any served feature and LeRobot's per-frame columns
+            (``timestamp``, ``frame_index``, ``episode_index``, ``index``, ``task_index``).
+        tolerance_s: LeRobot's tolerance: for ``delta_timestamps`` and, when > 0, for the
+            frames' timestamps when the cache is built (else the cache's default, 1e-4 s).
+        revision: the Hub revision whose snapshot to read when ``root`` is None.
+        force_cache_sync: rebuild the RoboCache cache.
+        return_uint8: serve video features as uint8 ``[C, H, W]`` (LeRobot's fast path; image
+            features stay float32, as LeRobot).
+        depth_output_unit: ``"mm"`` or ``"m"``, as LeRobot; depth features are served in the
+            unit stored (said once when a dataset has depth features).
+        download_videos, video_backend, token: LeRobot's download and decode arguments:
+            nothing is downloaded, and videos are decoded by PyAV once when the cache is built
+            (``video_backend="pyav"``; any other value, ``token`` and ``download_videos=False``
+            are said once per process).
         cache: the cache directory (default :func:`default_cache_dir`).
         device: where the cache is gathered: ``"cpu"`` (default) or ``"cuda"``.
+        camera_codec: how video frames are stored in the cache: ``"jpeg"`` (default, q95,
+            GPU-decodable) or ``"png"`` (lossless: the decoded frames exactly).
         build_timeout_s: when another process is building the cache (the other ranks of a
             ``torchrun`` job constructing the same dataset), seconds to wait for it (its
             progress is logged at INFO) before failing; then the finished cache is opened.
 
+    LeRobot's write API (``create``, ``add_frame``, ``save_episode``, ``finalize``,
+    ``push_to_hub``) and ``StreamingLeRobotDataset`` stay LeRobot's.
+
     Raises:
-        FileNotFoundError: no dataset at ``root``.
-        DataError: bad ``meta/info.json`` (version, fps), ``delta_timestamps`` off the fps grid,
-            for an unknown key or empty, ``tolerance_s <= 0``, episodes not in the dataset,
-            or requested episodes (all by default) quarantined while caching (the reason
-            names the row and offset).
+        FileNotFoundError: no dataset at ``root`` (or where LeRobot keeps ``repo_id``).
+        DataError: bad ``meta/info.json`` (version, fps), bad ``delta_timestamps`` (see
+            :func:`delta_indices`), episodes not in the dataset, bad ``depth_output_unit`` or
+            ``camera_codec``, or requested episodes (all by default) quarantined while caching
+            (the reason names the row and offset).
         CacheBusyError: another process still builds the cache after ``build_timeout_s``.
+        ValueError: ``episode_filter`` matched no episode.
     """
 
     def __init__(self, repo_id: str, root: str | Path | None = None,
-                 episodes: list[int] | None = None, image_transforms: Callable | None = None,
+                 episodes: list[int] | None = None,
+                 episode_filter: Callable[[dict], bool] | None = None,
+                 image_transforms: Callable | None = None,
                  delta_timestamps: dict[str, list[float]] | None = None,
                  tolerance_s: float = 1e-4, revision: str | None = None,
                  force_cache_sync: bool = False, download_videos: bool = True,
-                 video_backend: str | None = None, *, cache: str | Path | None = None,
-                 device: str | torch.device = "cpu", build_timeout_s: float = 3600.0):
-        from robocache.data.cache import build
-        from robocache.data.lock import build_once
-
-        if root is None:
-            home = os.environ.get("HF_LEROBOT_HOME",
-                                  Path.home() / ".cache" / "huggingface" / "lerobot")
-            root = Path(home) / repo_id
-        self.repo_id, self.root = repo_id, Path(root)
-        if not (self.root / "meta" / "info.json").is_file():
-            raise FileNotFoundError(f"{self.root} holds no LeRobot dataset (no meta/info.json); "
-                                    "download it first, e.g. with LeRobot or "
-                                    "`huggingface-cli download --repo-type dataset REPO`.")
+                 video_backend: str | None = None, return_uint8: bool = False,
+                 depth_output_unit: str = "mm", *, token: str | bool | None = None,
+                 cache: str | Path | None = None, device: str | torch.device = "cpu",
+                 camera_codec: str = "jpeg", build_timeout_s: float = 3600.0):
         if image_transforms is not None and not callable(image_transforms):
             raise TypeError("`image_transforms` must be callable or None.")
-        self.meta = LeRobotDatasetMetadata(repo_id, self.root)
-        self.delta_timestamps, self.tolerance_s = delta_timestamps, tolerance_s
-        self.episodes, self.image_transforms = episodes, image_transforms
-        self.revision, self.video_backend = revision, video_backend
-        self.cache = Path(cache) if cache is not None else default_cache_dir(self.root)
-        manifest = self.cache / "manifest.json"
-        if force_cache_sync or not self._reusable(manifest):
-            build_once(self.cache, lambda: build(
-                self.root, self.cache, rate_hz="native", grid_tolerance_s=tolerance_s,
-                progress=False, overwrite=force_cache_sync, rebuild_changed=True),
-                lambda: self._reusable(manifest),
-                timeout_s=build_timeout_s, fix="pass a larger build_timeout_s")
-        bad = [q for q in json.loads(manifest.read_text())["quarantined"]
-               if episodes is None or q["index"] in set(episodes)]
-        if bad:
-            raise DataError(f"{self.root}: {len(bad)} requested episodes could not be cached; "
-                            f"episode {bad[0]['index']}: {bad[0]['reason']}; repair them, or "
-                            "pass `episodes` naming the others to serve those.")
+        if depth_output_unit not in ("mm", "m"):
+            raise DataError(f"`depth_output_unit` must be 'mm' or 'm'; got "
+                            f"{depth_output_unit!r}.")
+        if camera_codec not in ("jpeg", "png"):
+            raise DataError(f"`camera_codec` must be 'jpeg' or 'png'; got {camera_codec!r}.")
+        self.meta = LeRobotDatasetMetadata(repo_id, root, revision)
+        self.repo_id, self.root, self.revision = repo_id, self.meta.root, self.meta.revision
+        total = self.meta.total_episodes
+        if episodes is not None:
+            episodes = [int(e) for e in episodes]
+            bad = sorted({e for e in episodes if not 0 <= e < total})
+            if bad or not episodes:
+                raise DataError(f"`episodes` must name episodes of {self.root} (0..{total - 1}); "
+                                f"got {bad or 'none'}.")
+        if episode_filter is not None:
+            episodes = self.meta.filter_episodes(episode_filter, candidates=episodes)
+            if not episodes:
+                raise ValueError("`episode_filter` matched no episode; check the filter against "
+                                 "`meta.episodes` (and `episodes`).")
+        self.episodes = episodes
+        self.image_transforms, self.tolerance_s = image_transforms, tolerance_s
+        self.delta_timestamps, self.return_uint8 = delta_timestamps, return_uint8
+        self.depth_output_unit, self.video_backend = depth_output_unit, video_backend
+        self.camera_codec, self.device = camera_codec, torch.device(device)
+        self._say_ignored(download_videos, video_backend, token)
+        self.delta_indices = None if delta_timestamps is None else delta_indices(  # before caching
+            delta_timestamps, float(self.meta.fps), tolerance_s,
+            list(dict.fromkeys([*self.meta.features, *FRAME_KEYS])))
+        self.cache = Path(cache) if cache is not None else default_cache_dir(self.root,
+                                                                              camera_codec)
+        manifest = self._ensure_cache(force_cache_sync, build_timeout_s)
+        streams = manifest["streams"]
         if not self.meta.stats:  # no meta/stats.json: the cache's, in LeRobot's layout
             stats = json.loads((self.cache / "stats.json").read_text())
             self.meta.stats = {k: {s: np.array(d[s]) for s in ("min", "max", "mean", "std",
                                                                "count", "q01", "q99")}
                                for k, d in stats.items()}
-        streams = json.loads(manifest.read_text())["streams"]
         # served: numeric and camera features (sparse string events of the multi-rate
         # extension are not item keys in LeRobot)
         self.feature_keys = [k for k in self.meta.features if k in streams
                              and streams[k]["kind"] in ("numeric", "image", "video")]
         self._cameras = [k for k in self.feature_keys if streams[k]["kind"] in ("image", "video")]
-        steps = None
-        if delta_timestamps is not None:
-            steps = seconds_to_steps(delta_timestamps, float(self.meta.fps), tolerance_s,
-                                     self.feature_keys)
-        self.delta_indices = steps
-        self._ds = RobotDataset(self.cache, keys=self.feature_keys, episodes=episodes,
-                                delta_steps=steps or {}).to(device)
-        eps = self.meta.episodes
-        size = max(e["episode_index"] for e in eps) + 1
-        from_index = torch.zeros(size, dtype=torch.int64)
-        for e in eps:
-            from_index[e["episode_index"]] = int(e["dataset_from_index"])
-        self._from_index, self._task_index = from_index.to(device), self._row_tasks().to(device)
-        # DataLoader workers forked after this never call Lance (everything served, camera
-        # frames included, is in memory now): pylance's warning at each fork does not apply
-        warnings.filterwarnings("ignore", "lance is not fork-safe")
+        # the cache is opened on first use (in each DataLoader worker, not before a fork)
+        self._ds: RobotDataset | None = None
+        served = set(self.episodes) if self.episodes is not None else None
+        self._len = sum(e["rows"] for e in manifest["episodes"]
+                        if served is None or e["index"] in served)
 
-    def _row_tasks(self) -> torch.Tensor:
-        """int64 ``[rows]``: the task index of each served row (the cache's per-step task, i.e.
-        LeRobot's per-frame ``task_index``)."""
-        ids = {t: i for i, t in enumerate(self.meta.task_names)}
-        lut = torch.tensor([ids.get(t, 0) for t in self._ds.task_names], dtype=torch.int64)
-        return lut[self._ds.task_id]
+    # ── the cache ─────────────────────────────────────────────────────
 
-    def _reusable(self, manifest: Path) -> bool:
-        """The cache at ``manifest`` is a finished native-rate cache that read every episode of
-        this dataset, cached or quarantined, from the files as they are (otherwise
-        :func:`robocache.cache.build` resumes it and caches again what changed, or refuses
-        another)."""
+    def _say_ignored(self, download_videos: bool, video_backend: str | None, token) -> None:
+        if video_backend not in (None, "pyav"):
+            _say_once("video_backend", f"robocache.LeRobotDataset: video_backend="
+                      f"{video_backend!r} is not used: videos are decoded once by PyAV when the "
+                      "RoboCache cache is built.")
+        if not download_videos or token is not None:
+            _say_once("download", "robocache.LeRobotDataset: download_videos / token are not "
+                      "used: RoboCache reads local datasets only and downloads nothing.")
+        if self.meta.depth_keys:
+            _say_once("depth", f"robocache.LeRobotDataset: depth features "
+                      f"{self.meta.depth_keys} are served in the unit stored, not converted to "
+                      f"depth_output_unit={self.depth_output_unit!r}.")
+
+    def _ensure_cache(self, force: bool, timeout_s: float) -> dict[str, Any]:
+        """Build (or extend) the cache with the served episodes, once for all the processes
+        constructing this dataset at once; return its manifest."""
+        from robocache.data.cache import build
+        from robocache.data.lock import build_once
+
+        manifest_path = self.cache / "manifest.json"
+        wanted = self.episodes if self.episodes is not None else \
+            list(self.meta.episodes["episode_index"])
+        if force or not self._reusable(manifest_path, wanted):
+            grid = self.tolerance_s if self.tolerance_s > 0 else 1e-4
+            build_once(self.cache, lambda: build(
+                self.root, self.cache, rate_hz="native", grid_tolerance_s=grid,
+                episodes=wanted, progress=False, overwrite=force, rebuild_changed=True,
+                camera_codec=self.camera_codec),
+                lambda: self._reusable(manifest_path, wanted),
+                timeout_s=timeout_s, fix="pass a larger build_timeout_s")
+        m = json.loads(manifest_path.read_text())
+        asked = set(wanted)
+        bad = [q for q in m["quarantined"] if q["index"] in asked]
+        if bad:
+            raise DataError(f"{self.root}: {len(bad)} requested episodes could not be cached; "
+                            f"episode {bad[0]['index']}: {bad[0]['reason']}; repair them, or "
+                            "pass `episodes` naming the others to serve those.")
+        return m
+
+    def _reusable(self, manifest: Path, wanted: list[int]) -> bool:
+        """The cache at ``manifest`` is a finished native-rate cache of this dataset that read
+        every episode of ``wanted`` (cached or quarantined) from its files as they are
+        (otherwise :func:`robocache.cache.build` adds the missing ones and caches again what
+        changed, or refuses a cache of another source)."""
         from robocache.data.source_identity import changed_since
 
         if not manifest.exists():
             return False
         m = json.loads(manifest.read_text())
+        cached = {e["index"] for e in m.get("episodes", [])}
         return (m.get("status") == "complete" and m.get("native") is True
                 and m["source"]["path"] == str(self.root.resolve())
-                and m["counts"]["read"] == self.meta.total_episodes and not changed_since(m))
+                and set(wanted) <= cached | {q["index"] for q in m.get("quarantined", [])}
+                and not changed_since(m))
+
+    @property
+    def _served(self) -> RobotDataset:
+        """The cache, opened in this process on first use (after unpickling too)."""
+        if self._ds is None:
+            steps = {k: v for k, v in (self.delta_indices or {}).items()
+                     if k not in FRAME_KEYS}
+            ds = RobotDataset(self.cache, keys=self.feature_keys, episodes=self.episodes,
+                              delta_steps=steps, image_dtype=torch.uint8)
+            self._open(ds.to(self.device))
+        return self._ds
+
+    def _open(self, ds: RobotDataset) -> None:
+        """Serve ``ds``: with each episode's first ``index`` and each row's task index."""
+        eps = self.meta.episodes
+        from_index = torch.zeros(max(eps["episode_index"]) + 1, dtype=torch.int64)
+        from_index[torch.tensor(eps["episode_index"])] = torch.tensor(eps["dataset_from_index"])
+        ids = {t: i for i, t in enumerate(self.meta.task_names)}
+        lut = torch.tensor([ids.get(t, 0) for t in ds.task_names], dtype=torch.int64)
+        dev = ds.device
+        self._ds, self._from_index, self._task_index = ds, from_index.to(dev), lut[ds.task_id]
+        self._task_index = self._task_index.to(dev)
+        # DataLoader workers forked after this never call Lance (everything served, camera
+        # frames included, is in memory now): pylance's warning at each fork does not apply
+        warnings.filterwarnings("ignore", "lance is not fork-safe")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_ds", "_from_index", "_task_index"):
+            state.pop(name, None)
+        state["_ds"] = None
+        return state
+
+    # ── LeRobot's attributes ──────────────────────────────────────────
 
     @property
     def fps(self) -> int:
@@ -250,76 +321,282 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     @property
     def num_frames(self) -> int:
-        return len(self._ds)
+        return self._len
 
     @property
     def num_episodes(self) -> int:
-        return int(self._ds.episode_ids.shape[0])
+        return len(self.episodes) if self.episodes is not None else self.meta.total_episodes
+
+    @property
+    def absolute_to_relative_idx(self) -> dict[int, int] | None:
+        """LeRobot's ``index`` -> item position, for an ``episodes`` subset (else None), as
+        LeRobot's ``EpisodeAwareSampler`` takes it."""
+        if self.episodes is None:
+            return None
+        rows = [self.meta.episodes[e] for e in sorted(set(self.episodes))]  # the items' order
+        absolute = [i for r in rows for i in range(r["dataset_from_index"],
+                                                   r["dataset_to_index"])]
+        return dict(zip(absolute, range(len(absolute)), strict=True))
+
+    @property
+    def hf_dataset(self):
+        """The served episodes' rows as stored in the dataset's parquet files, as a
+        ``datasets.Dataset`` in torch format (``pip install "robocache[lerobot]"``); image
+        features as stored, not decoded."""
+        datasets = require("datasets", "lerobot", "LeRobotDataset.hf_dataset")
+        pa = require("pyarrow", "data", "Arrow tables")
+        pc = require("pyarrow.compute", "data", "Arrow tables")
+        pq = require("pyarrow.parquet", "data", "Parquet files")
+        from robocache.data.formats.lerobot import LeRobotSource
+
+        source = LeRobotSource(self.root)
+        wanted = self.episodes if self.episodes is not None else source.episode_indices()
+        files = list(dict.fromkeys(source._data_path(e) for e in wanted))
+        table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+        table = table.filter(pc.is_in(table.column("episode_index"),
+                                      pa.array(sorted(wanted), table.schema.field(
+                                          "episode_index").type)))
+        table = table.take(pc.sort_indices(table, [("index", "ascending")]))
+        return datasets.Dataset(datasets.table.InMemoryTable(table)).with_format("torch")
+
+    def get_raw_item(self, idx: int) -> dict:
+        """Row ``idx`` of :attr:`hf_dataset`: no windows, decoding or transforms."""
+        return self.hf_dataset[idx]
+
+    def select_columns(self, column_names: str | list[str]):
+        """:attr:`hf_dataset` with only ``column_names``."""
+        return self.hf_dataset.select_columns(column_names)
+
+    def set_image_transforms(self, image_transforms: Callable | None) -> None:
+        """Replace the transform applied to camera keys."""
+        if image_transforms is not None and not callable(image_transforms):
+            raise TypeError("`image_transforms` must be callable or None.")
+        self.image_transforms = image_transforms
+
+    def clear_image_transforms(self) -> None:
+        """Remove the transform applied to camera keys."""
+        self.image_transforms = None
+
+    # ── items and batches ─────────────────────────────────────────────
 
     def __len__(self) -> int:
-        return len(self._ds)
+        return self._len
 
-    def __getitem__(self, idx: int) -> Batch:
-        if not isinstance(idx, (int, np.integer)):
-            raise TypeError(f"index with an int; got {type(idx).__name__} (batches: "
+    def __getitem__(self, idx: int | slice) -> Batch | list[Batch]:
+        if isinstance(idx, slice):
+            return [self[i] for i in range(*idx.indices(len(self)))]
+        if not isinstance(idx, (int, np.integer)) and not (
+                isinstance(idx, torch.Tensor) and idx.ndim == 0 and not idx.is_floating_point()):
+            raise TypeError(f"index with an int or a slice; got {type(idx).__name__} (batches: "
                             "`get_batch(indices)` or `batches(batch_size)`).")
+        idx = int(idx)
         if not -len(self) <= idx < len(self):
             raise IndexError(f"index {idx} is out of range for {len(self)} frames.")
-        batch = self.get_batch(torch.tensor([int(idx) % len(self)]))
-        return {k: v[0] for k, v in batch.items()}
+        return self.__getitems__([idx % len(self)])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Batch]:
+        """Items ``indices`` (what a DataLoader asks for one batch) gathered at once, each
+        with its own tensors (``torch.save`` works on each)."""
+        batch = self._lerobot(self._served.fetch(torch.as_tensor(
+            [int(i) for i in indices], dtype=torch.int64).to(self._served.device)))
+        items = [{k: v[b] if isinstance(v, list) else v[b].clone() for k, v in batch.items()}
+                 for b in range(len(indices))]
+        if self.image_transforms is not None:
+            for item in items:
+                for k in self._transformed:
+                    item[k] = self.image_transforms(item[k])
+        return items
+
+    @property
+    def _transformed(self) -> list[str]:
+        depth = set(self.meta.depth_keys)
+        return [k for k in self.meta.camera_keys if k in self._cameras and k not in depth]
 
     def get_batch(self, indices: torch.Tensor | Sequence[int]) -> Batch:
         """Items ``indices`` (int ``[B]``, relative to the served episodes) as one batch: the
-        item keys with a leading ``B`` (``task``: a list of ``B`` strings)."""
-        idx = torch.as_tensor(indices, dtype=torch.int64).to(self._ds.device)
-        return self._lerobot(self._ds.fetch(idx))
+        item keys with a leading ``B`` (``task``: a list of ``B`` strings); ``image_transforms``
+        applied per sample."""
+        idx = torch.as_tensor(indices, dtype=torch.int64).to(self._served.device)
+        batch = self._lerobot(self._served.fetch(idx))
+        if self.image_transforms is not None:
+            for k in self._transformed:
+                batch[k] = torch.stack([self.image_transforms(v) for v in batch[k]])
+        return batch
 
-    def batches(self, batch_size: int, *, shuffle: bool = True, drop_last: bool = True,
-                seed: int = 0) -> Iterator[Batch]:
-        """Batches of LeRobot items over an epoch, gathered where the cache lives (the fast
-        path: ``LeRobotDataset(..., device="cuda").batches(256)``)."""
+    def batches(self, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
+                seed: int | None = None) -> Iterator[Batch]:
+        """One epoch of batches of LeRobot items, gathered where the cache lives (the fast
+        path: ``LeRobotDataset(..., device="cuda").batches(256)``).
+
+        Args:
+            batch_size: items per batch (>= 1).
+            shuffle: a new random order each call (each epoch).
+            drop_last: drop the last batch when it is smaller than ``batch_size`` (default
+                False: the last batch may be smaller, as a DataLoader's default).
+            seed: the order of epoch ``e`` (the ``e``-th call) is drawn from ``seed + e``, so
+                a run replays; None (default): drawn from torch's global generator, as a
+                DataLoader's shuffle.
+        """
         if batch_size < 1:
             raise DataError(f"`batch_size` must be >= 1; got {batch_size}.")
         n = len(self)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if shuffle \
-            else torch.arange(n)
-        order = order.to(self._ds.device)
+        epoch = self.__dict__.setdefault("_epoch", 0)
+        self._epoch = epoch + 1
+        if not shuffle:
+            order = torch.arange(n)
+        elif seed is None:
+            order = torch.randperm(n)
+        else:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+        order = order.to(self._served.device)
         stop = n - n % batch_size if drop_last else n
         for b in range(0, stop, batch_size):
             yield self.get_batch(order[b:b + batch_size])
 
     def _lerobot(self, batch: Batch) -> Batch:
-        """RobotDataset's batch in LeRobot's keys, dtypes and shapes."""
-        index = batch["index"]
-        episode = batch["episode_index"]
-        frame = self._ds.step[index]
+        """RobotDataset's batch in LeRobot's keys, dtypes and shapes (every tensor its own)."""
+        rows = batch["index"]
+        ds = self._served
         out: Batch = {}
+        video = set(self.meta.video_keys)
         for k in self.feature_keys:
             f = self.meta.features[k]
             v = batch[k]
             if k in self._cameras:
-                v = self._camera(v)
+                if v.dtype == torch.uint8 and not (self.return_uint8 and k in video):
+                    # x / 255 as LeRobot computes it (a tensor divisor: CUDA would multiply by
+                    # the reciprocal of a Python number, one ulp off)
+                    v = v.float() / v.new_tensor(255.0, dtype=torch.float32)
             else:
                 lead = v.shape[:-1]
                 shape = () if tuple(f["shape"]) == (1,) else tuple(f["shape"])
-                v = v.reshape(*lead, *shape).to(_item_dtype(f["dtype"]))
+                v = v.reshape(*lead, *shape).to(_item_dtype(f["dtype"]), copy=True)
             out[k] = v
             if self.delta_indices is not None and k in self.delta_indices:
-                out[f"{k}_is_pad"] = batch[f"{k}_is_pad"]
+                out[f"{k}_is_pad"] = batch[f"{k}_is_pad"].clone()
+        episode = batch["episode_index"]
+        frame = ds.step[rows]
         out["timestamp"] = batch["timestamp"].to(torch.float32)
         out["frame_index"] = frame
         out["episode_index"] = episode
         out["index"] = self._from_index[episode] + frame
-        out["task_index"] = self._task_index[index]
-        out["task"] = [self.meta.task_names[int(i)] for i in out["task_index"].tolist()]
+        out["task_index"] = self._task_index[rows]
+        for k, offsets in (self.delta_indices or {}).items():
+            if k in FRAME_KEYS:
+                out[k], out[f"{k}_is_pad"] = self._frame_window(k, rows, offsets)
+        out["task"] = [self.meta.task_names[int(i)] for i in self._task_index[rows].tolist()]
         return out
 
-    def _camera(self, frames: torch.Tensor) -> torch.Tensor:
-        """A camera key's frames (float32 ``[B, (K,) C, H, W]`` in [0, 1], decoded per batch by
-        the camera path) with ``image_transforms`` applied, as LeRobot serves them."""
-        return self.image_transforms(frames) if self.image_transforms is not None else frames
+    def _frame_window(self, key: str, rows: torch.Tensor, offsets: list[int]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """LeRobot's window of a per-frame column (``[B, K]``, clamped to the episode) and
+        its ``_is_pad`` mask, for served rows ``rows``."""
+        ds = self._served
+        pos = torch.searchsorted(ds.offsets, rows, right=True) - 1
+        start, end = ds.offsets[pos][:, None], ds.offsets[pos + 1][:, None]
+        want = rows[:, None] + torch.tensor(offsets, device=rows.device)
+        q = torch.minimum(torch.maximum(want, start), end - 1)
+        pad = (want < start) | (want >= end)
+        episode = ds.episode_index[q]
+        value = {"timestamp": lambda: ds.timestamp[q].to(torch.float32),
+                 "frame_index": lambda: ds.step[q], "episode_index": lambda: episode,
+                 "index": lambda: self._from_index[episode] + ds.step[q],
+                 "task_index": lambda: self._task_index[q]}[key]()
+        return value, pad
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(repo_id={self.repo_id!r}, root={str(self.root)!r}, "
                 f"frames={len(self)}, episodes={self.num_episodes}, fps={self.fps}, "
                 f"cache={str(self.cache)!r})")
+
+
+def _item_dtype(dtype: str) -> torch.dtype:
+    """The dtype LeRobot's items carry for a feature dtype."""
+    if dtype in ("image", "video") or dtype.startswith("float"):
+        return torch.float32
+    return torch.bool if dtype == "bool" else torch.int64
+
+
+class MultiLeRobotDataset(torch.utils.data.Dataset):
+    """LeRobot's ``MultiLeRobotDataset``: several datasets served as one, each item with a
+    ``dataset_index`` (int64) naming its dataset; only the features every dataset has are
+    served (the others are dropped, as LeRobot).
+
+    Args:
+        repo_ids: the datasets' names.
+        root: a directory holding one sub-directory per ``repo_id`` (default: where LeRobot
+            keeps each).
+        episodes: ``repo_id -> episodes`` to serve (default: all).
+        tolerances_s: ``repo_id -> tolerance_s`` (default 1e-4 each).
+        image_transforms, delta_timestamps, download_videos, video_backend, token: as
+            :class:`LeRobotDataset`, for each dataset; other keyword arguments go to each
+            :class:`LeRobotDataset` (``cache`` excepted: each dataset has its own).
+    """
+
+    def __init__(self, repo_ids: list[str], root: str | Path | None = None,
+                 episodes: dict[str, list[int]] | None = None,
+                 image_transforms: Callable | None = None,
+                 delta_timestamps: dict[str, list[float]] | None = None,
+                 tolerances_s: dict[str, float] | None = None, download_videos: bool = True,
+                 video_backend: str | None = None, *, token: str | bool | None = None,
+                 **kwargs: Any):
+        self.repo_ids = list(repo_ids)
+        self.root = Path(root) if root is not None else None
+        self.tolerances_s = tolerances_s or dict.fromkeys(self.repo_ids, 1e-4)
+        self._datasets = [
+            LeRobotDataset(r, root=self.root / r if self.root is not None else None,
+                           episodes=(episodes or {}).get(r), image_transforms=image_transforms,
+                           delta_timestamps=delta_timestamps, tolerance_s=self.tolerances_s[r],
+                           download_videos=download_videos, video_backend=video_backend,
+                           token=token, **kwargs)
+            for r in self.repo_ids]
+        common = set.intersection(*(set(d.features) for d in self._datasets))
+        self.disabled_features = set().union(*(set(d.features) for d in self._datasets)) - common
+        self._ends = np.cumsum([len(d) for d in self._datasets]).tolist()
+
+    @property
+    def repo_id_to_index(self) -> dict[str, int]:
+        return {r: i for i, r in enumerate(self.repo_ids)}
+
+    @property
+    def repo_index_to_id(self) -> dict[int, str]:
+        return dict(enumerate(self.repo_ids))
+
+    @property
+    def fps(self) -> int:
+        return self._datasets[0].fps
+
+    @property
+    def features(self) -> dict[str, dict]:
+        return {k: f for k, f in self._datasets[0].features.items()
+                if k not in self.disabled_features}
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return [k for k, f in self.features.items() if f["dtype"] in ("image", "video")]
+
+    @property
+    def num_frames(self) -> int:
+        return sum(d.num_frames for d in self._datasets)
+
+    @property
+    def num_episodes(self) -> int:
+        return sum(d.num_episodes for d in self._datasets)
+
+    def __len__(self) -> int:
+        return self.num_frames
+
+    def __getitem__(self, idx: int) -> Batch:
+        if not -len(self) <= idx < len(self):
+            raise IndexError(f"index {idx} is out of range for {len(self)} frames.")
+        idx %= len(self)
+        which = bisect.bisect_right(self._ends, idx)
+        start = self._ends[which - 1] if which else 0
+        item = self._datasets[which][idx - start]
+        item = {k: v for k, v in item.items() if k not in self.disabled_features}
+        item["dataset_index"] = torch.tensor(which)
+        return item
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(repo_ids={self.repo_ids}, frames={len(self)}, "
+                f"episodes={self.num_episodes})")

@@ -1,0 +1,241 @@
+"""robocache.LeRobotDataset's LeRobot 0.6.1 API beyond items: the metadata (episodes as a
+table, info attributes, helpers), LeRobot's sampler, spawn DataLoader workers, pickling,
+torch.save, image transforms, slices, the batch path's epochs, the Hub snapshot layout and
+MultiLeRobotDataset, on the LeRobot-written fixtures (tests/fixtures/lerobot/make_fixtures.py).
+Behaviours are LeRobot's as read in its 0.6.1 sources and checked live where it imports."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import pickle
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import robocache
+from robocache.data.lerobot_meta import LeRobotDatasetMetadata, find_root
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
+META = json.loads((FIXTURES / "meta.json").read_text())
+D = 1 / META["fps"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("lerobot_api") / "cache"
+
+
+def tiny(cache, **kw) -> robocache.LeRobotDataset:
+    return robocache.LeRobotDataset("robocache/tiny", root=FIXTURES / "tiny", cache=cache, **kw)
+
+
+def test_meta_as_lerobot_0_6_1():
+    m = robocache.LeRobotDatasetMetadata("robocache/tiny", root=str(FIXTURES / "tiny"))
+    assert m.info.fps == m.info["fps"] == m.fps == META["fps"]
+    assert m.info.total_episodes == len(META["lengths"]) and m.revision == "v3.0"
+    lengths = list(META["lengths"])
+    starts = np.r_[0, np.cumsum(lengths)[:-1]].tolist()
+    assert m.episodes["dataset_from_index"] == starts
+    assert m.episodes["dataset_to_index"] == np.cumsum(lengths).tolist()
+    assert len(m.episodes) == m.episodes.num_rows == len(lengths)
+    assert m.episodes[2]["length"] == lengths[2] and m.episodes[2]["episode_index"] == 2
+    assert [e["episode_index"] for e in m.episodes] == list(range(len(lengths)))
+    assert m.shapes["observation.state"] == (5,) and "observation.state" in m.names
+    assert m.chunks_size == 1000 and m.depth_keys == []
+    assert m.camera_keys == ["observation.image"]
+    assert m.get_task_index(META["tasks"][1]) == 1 and m.get_task_index("nope") is None
+    assert m.filter_episodes(lambda e: e["length"] > 8) == [1, 3]
+    assert m.filter_episodes(lambda e: e["length"] > 8, candidates=[0, 1]) == [1]
+    assert m.get_data_file_path(3) == Path("data/chunk-000/file-000.parquet")
+    with pytest.raises(IndexError, match="out of range"):
+        m.get_data_file_path(4)
+    with pytest.raises(KeyError, match="no column"):
+        m.episodes["nope"]
+
+
+def test_camera_keys_in_feature_order(tmp_path):
+    root = Path(shutil.copytree(FIXTURES / "tiny", tmp_path / "tiny"))
+    info = json.loads((root / "meta" / "info.json").read_text())
+    feats = info["features"]
+    info["features"] = {"observation.image": feats.pop("observation.image"),
+                        "observation.other": {"dtype": "video", "shape": [6, 8, 3],
+                                              "names": None, "info": {"is_depth_map": True}},
+                        **feats}
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    m = LeRobotDatasetMetadata("x", root)
+    assert m.camera_keys == ["observation.image", "observation.other"]
+    assert m.depth_keys == ["observation.other"]
+
+
+def test_lerobot_sampler_runs(cache):
+    """lerobot-train's sampler: EpisodeAwareSampler(meta.episodes[...], episodes,
+    absolute_to_relative_idx); LeRobot's own class where it imports, else the same contract."""
+    ds = tiny(cache, episodes=[3, 1])
+    rel = ds.absolute_to_relative_idx
+    m = ds.meta.episodes
+    absolute = [i for e in (1, 3) for i in range(m[e]["dataset_from_index"],
+                                                 m[e]["dataset_to_index"])]
+    assert rel == {a: r for r, a in enumerate(absolute)}
+    assert [int(ds[r]["index"]) for r in rel.values()] == list(rel)
+    assert tiny(cache).absolute_to_relative_idx is None
+    if importlib.util.find_spec("lerobot"):
+        from lerobot.datasets import EpisodeAwareSampler
+
+        s = EpisodeAwareSampler(m["dataset_from_index"], m["dataset_to_index"],
+                                episode_indices_to_use=ds.episodes, shuffle=True,
+                                absolute_to_relative_idx=rel)
+        assert sorted(s) == list(range(len(ds)))
+
+
+def test_spawn_workers_and_pickle(cache):
+    ds = tiny(cache, delta_timestamps={"action": [0.0, D]})
+    assert ds._ds is None and len(ds) == sum(META["lengths"])  # nothing opened before a fork
+    assert len(pickle.dumps(ds)) < 64_000  # settings only: each worker opens the cache
+    want = torch.utils.data.default_collate([ds[i] for i in range(len(ds))])
+    loader = torch.utils.data.DataLoader(ds, batch_size=len(ds), num_workers=2,
+                                         multiprocessing_context="spawn")
+    got = [b for b in loader]
+    assert len(got) == 1 and set(got[0]) == set(want)
+    for k, v in want.items():
+        assert got[0][k] == v if k == "task" else torch.equal(got[0][k], v), k
+
+
+def test_items_save_and_slice(cache):
+    ds = tiny(cache, delta_timestamps={"observation.state": [-D, 0.0]})
+    buf = io.BytesIO()
+    torch.save(ds[4], buf)
+    buf.seek(0)
+    back = torch.load(buf)
+    assert all(torch.equal(back[k], v) for k, v in ds[4].items() if k != "task")
+    sliced = ds[2:5]
+    assert [int(it["index"]) for it in sliced] == [2, 3, 4]
+    assert [int(it["index"]) for it in ds[-2:]] == [len(ds) - 2, len(ds) - 1]
+    assert int(ds[torch.tensor(3)]["index"]) == 3
+    with pytest.raises(TypeError, match="index with an int or a slice"):
+        ds[[1, 2]]
+
+
+def test_image_transforms_as_lerobot(cache):
+    """LeRobot calls image_transforms per item on [C, H, W] (or [K, C, H, W] with deltas);
+    the batch path draws per sample."""
+    shapes = []
+
+    def record(x):
+        shapes.append(tuple(x.shape))
+        return x + torch.rand(())  # a random draw per call
+
+    ds = tiny(cache, image_transforms=record)
+    assert shapes == [] and ds[0]["observation.image"].shape == (3, 6, 8)
+    assert shapes == [(3, 6, 8)]
+    batch = ds.get_batch(torch.arange(8))
+    offsets = (batch["observation.image"] - tiny(cache).get_batch(torch.arange(8))[
+        "observation.image"]).flatten(1)[:, 0]
+    assert len(set(offsets.tolist())) == 8  # one draw per sample
+    ds.set_image_transforms(None)
+    assert torch.equal(ds[0]["observation.image"], tiny(cache)[0]["observation.image"])
+    ds.set_image_transforms(record)
+    ds.clear_image_transforms()
+    assert ds.image_transforms is None
+    windowed = tiny(cache, image_transforms=record,
+                    delta_timestamps={"observation.image": [-D, 0.0]})
+    shapes.clear()
+    windowed[1]
+    assert shapes == [(2, 3, 6, 8)]
+    with pytest.raises(TypeError, match="callable"):
+        ds.set_image_transforms(3)
+
+
+def test_batches_epochs(cache):
+    ds = tiny(cache)
+    n = len(ds)
+    first = [b["index"] for b in ds.batches(8, seed=5)]
+    second = [b["index"] for b in ds.batches(8, seed=5)]
+    assert sum(len(i) for i in first) == n  # the last, smaller batch is kept by default
+    assert len(first[-1]) == n % 8
+    assert not torch.equal(torch.cat(first), torch.cat(second))  # reshuffled per epoch
+    assert sorted(torch.cat(second).tolist()) == list(range(n))
+    replay = tiny(cache)
+    assert torch.equal(torch.cat([b["index"] for b in replay.batches(8, seed=5)]),
+                       torch.cat(first))
+    assert sum(len(b["index"]) for b in ds.batches(8, drop_last=True)) == n - n % 8
+
+
+def test_constructor_arguments(cache, tmp_path, monkeypatch):
+    from robocache.data import lerobot_dataset
+
+    monkeypatch.setattr(lerobot_dataset, "_SAID", set())
+    ds = tiny(cache, episode_filter=lambda e: e["length"] < 8)
+    assert ds.episodes == [0, 2] and len(ds) == 7 + 5 and ds.num_episodes == 2
+    with pytest.raises(ValueError, match="episode_filter"):
+        tiny(cache, episode_filter=lambda e: False)
+    u8 = tiny(cache, return_uint8=True)  # image (parquet) features stay float32, as LeRobot
+    assert u8[0]["observation.image"].dtype == torch.float32
+    with pytest.raises(robocache.errors.DataError, match="depth_output_unit"):
+        tiny(cache, depth_output_unit="cm")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        tiny(cache, video_backend="torchcodec", token="hf_x")
+        tiny(cache, video_backend="video_reader", download_videos=False)
+    texts = [str(w.message) for w in said]
+    assert sum("video_backend" in t for t in texts) == 1  # said once per process
+    assert sum("downloads nothing" in t for t in texts) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny(cache, video_backend="pyav")  # what the cache decodes with: nothing to say
+
+
+def test_root_from_hub_snapshot(tmp_path, monkeypatch):
+    """root=None: $HF_LEROBOT_HOME/<repo_id>, else LeRobot 0.6.1's Hub snapshot cache."""
+    home = tmp_path / "home"
+    repo = home / "hub" / "datasets--robocache--tiny"
+    shutil.copytree(FIXTURES / "tiny", repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "v3.0").write_text("abc123")
+    monkeypatch.setenv("HF_LEROBOT_HOME", str(home))
+    assert find_root("robocache/tiny") == repo / "snapshots" / "abc123"
+    ds = robocache.LeRobotDataset("robocache/tiny", cache=tmp_path / "c")
+    assert ds.root == repo / "snapshots" / "abc123" and len(ds) == sum(META["lengths"])
+    shutil.copytree(FIXTURES / "tiny", home / "robocache" / "tiny")
+    assert find_root("robocache/tiny") == home / "robocache" / "tiny"
+    with pytest.raises(FileNotFoundError, match="no local copy of 'robocache/other'"):
+        find_root("robocache/other")
+
+
+def test_only_asked_episodes_are_cached(tmp_path):
+    ds = robocache.LeRobotDataset("robocache/tiny", root=FIXTURES / "tiny", episodes=[2],
+                                  cache=tmp_path / "c")
+    cached = json.loads((tmp_path / "c" / "manifest.json").read_text())["episodes"]
+    assert [e["index"] for e in cached] == [2] and len(ds) == META["lengths"][2]
+    more = robocache.LeRobotDataset("robocache/tiny", root=FIXTURES / "tiny",
+                                    episodes=[0, 2], cache=tmp_path / "c")
+    cached = json.loads((tmp_path / "c" / "manifest.json").read_text())["episodes"]
+    assert [e["index"] for e in cached] == [0, 2] and len(more) == 7 + 5
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("datasets"),
+                    reason="hf_dataset needs `datasets` (pip install 'robocache[lerobot]')")
+def test_hf_dataset_rows(cache):
+    ds = tiny(cache, episodes=[1])
+    assert len(ds.hf_dataset) == len(ds)
+    row = ds.get_raw_item(2)
+    assert int(row["index"]) == int(ds[2]["index"])
+    assert torch.equal(row["observation.state"], ds[2]["observation.state"])
+    assert ds.select_columns("action").column_names == ["action"]
+
+
+def test_multi_dataset(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("ROBOCACHE_HOME", str(tmp_path / "caches"))
+    root = tmp_path / "many"
+    for name in ("a", "b"):
+        shutil.copytree(FIXTURES / "tiny", root / name)
+    multi = robocache.MultiLeRobotDataset(["a", "b"], root=root)
+    n = sum(META["lengths"])
+    assert len(multi) == 2 * n and multi.repo_id_to_index == {"a": 0, "b": 1}
+    assert int(multi[n + 1]["dataset_index"]) == 1
+    assert torch.equal(multi[n + 1]["observation.state"], tiny(cache)[1]["observation.state"])
