@@ -169,7 +169,8 @@ def record(name: str, impl: str, samples: tuple[list[float], list[float]], devic
                   cpu_max_us=float(c.max()), threads=torch.get_num_threads(), **extra)
 
 
-def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+def run(quick: bool = False, copy_gbps: float | None = None,
+        devices: str | None = None) -> list[dict]:
     import robocache
     from robocache.ops.normalize import Stats
 
@@ -177,7 +178,8 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
     if hasattr(os, "sched_getaffinity"):  # `taskset -c 0`: one intra-op thread, not one per core
         torch.set_num_threads(len(os.sched_getaffinity(0)))
     ticks = cfg["ticks"] + 200
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    devices = (devices.split(",") if devices else
+               ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cache = make_cache(Path(tmp) / "numeric")
@@ -226,4 +228,5 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main(run, __doc__)
+    main(run, __doc__, {"devices": (str, "comma-separated devices to measure on (default: cpu "
+                                         "and cuda where present)")})
