@@ -117,6 +117,18 @@ class _Arena:
         return out
 
 
+@dataclass(frozen=True)
+class _CoreStream:
+    """What :class:`ObservationCore` needs of a stream (``dtype``: the torch dtype)."""
+
+    kind: str
+    method: str
+    exact: bool
+    dim: int
+    dtype: torch.dtype
+    integer: bool
+
+
 class ObservationCore(torch.nn.Module):
     """The numeric work of one tick, plain PyTorch (CUDA-graph capturable, ``torch.export``-able).
 
@@ -133,7 +145,10 @@ class ObservationCore(torch.nn.Module):
                  norm: dict[str, tuple[torch.Tensor, torch.Tensor, bool]], zero_pad: bool,
                  inputs: list[str]):
         super().__init__()
-        self.streams = {s.name: s for s in streams}
+        # plain constants only (no numpy objects: torch.compile traces this forward)
+        self.streams = {s.name: _CoreStream(s.kind, s.method, s.exact, s.dim,
+                                            _TORCH[s.dtype], s.dtype.kind in "biu")
+                        for s in streams}
         self.groups, self.zero_pad, self.inputs = groups, zero_pad, inputs
         self.norm_keys = list(norm)
         self.clip = {k: c for k, (_, _, c) in norm.items()}
@@ -179,9 +194,9 @@ class ObservationCore(torch.nn.Module):
                 s = self.streams[name]
                 if method in _INTERPOLATED:
                     value = v[row, :, :s.dim]
-                    if s.dtype.kind in "biu":
+                    if s.integer:
                         value = value.round()
-                    vals[name] = value.to(_TORCH[s.dtype])
+                    vals[name] = value.to(s.dtype)
                 elif method == "frame_index":
                     vals[name] = v[row]
                 else:
@@ -205,7 +220,7 @@ class ObservationCore(torch.nn.Module):
             if self.zero_pad and s.kind == "numeric":
                 v = torch.where(pre[:, None], torch.zeros_like(v), v)
             out += [v, pads[name]]
-        out += [ages[s.name] for s in self.streams.values() if s.method == "previous"]
+        out += [ages[n] for n, s in self.streams.items() if s.method == "previous"]
         return tuple(out)
 
 
