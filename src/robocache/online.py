@@ -285,7 +285,6 @@ class Observer:
             s.values = h[f"{g}.data"][s.row] if f"{g}.data" in h else h.get(f"{s.name}.values")
         self._views = self._arena.views(self._host_buf)
         self._frames = {s.name: [None] * (2 * s.cap) for s in streams if s.kind == "camera"}
-        self._decoded: dict[str, dict[int, torch.Tensor]] = {n: {} for n in self._frames}
         self._fresh = {s.name: 0 for s in streams}  # trailing samples not snapped yet
         self._on_grid = {s.name: True for s in streams}
         self._last = {s.name: -math.inf for s in streams}
@@ -534,7 +533,6 @@ class Observer:
             else:
                 f = self._frames[s.name]
                 f[:cap - 1] = f[cap + 1:]
-                self._decoded[s.name] = {}
             head = cap - 1
         at = head
         last = self._last[s.name]
@@ -547,13 +545,11 @@ class Observer:
             else:
                 f = self._frames[s.name]
                 f[at + 1:head + 1] = f[at:head]
-                self._decoded[s.name] = {}
         else:
             self._last[s.name] = t
         times[at] = t
         if vals is None:
             self._frames[s.name][at] = value
-            self._decoded[s.name].pop(at, None)
         elif s.dim == vals.shape[1]:
             vals[at] = value
         else:
@@ -575,7 +571,6 @@ class Observer:
         self._host_buf.zero_()
         for n in self._frames:
             self._frames[n] = [None] * len(self._frames[n])
-            self._decoded[n] = {}
         for n in self.streams:
             self._fresh[n], self._on_grid[n], self._last[n] = 0, True, -math.inf
         self.t0 = None
@@ -723,14 +718,17 @@ class Observer:
                         outs[2 * n:], strict=True))
         out: dict[str, Any] = {"timestamp": torch.tensor(timestamp, dtype=torch.float64),
                                "index": torch.tensor(k, dtype=torch.int64)}
+        pads = [outs[2 * i + 1] for i in range(n)]
+        if self.stale_s is not None:
+            pads = [p | (ages[name] > self.stale_s) if name in ages else p
+                    for name, p in zip(self.streams, pads, strict=True)]
+        cams = [(s, outs[2 * i], pads[i]) for i, s in enumerate(self.streams.values())
+                if s.kind == "camera"]
+        frames = dict(zip([c[0].name for c in cams], self._cameras(cams) if cams else [],
+                          strict=True))
         for i, (name, s) in enumerate(self.streams.items()):
-            value, pad = outs[2 * i], outs[2 * i + 1]
-            if name in ages and self.stale_s is not None:
-                pad = pad | (ages[name] > self.stale_s)
-            if s.kind == "camera":
-                value = self._camera(s, value, pad)
-            else:
-                value = value.reshape(-1, *s.shape)
+            value, pad = outs[2 * i], pads[i]
+            value = frames[name] if name in frames else value.reshape(-1, *s.shape)
             if not self._all_rows[name]:
                 rows = self._rows[name]
                 value, pad = value[rows], pad[rows]
@@ -747,46 +745,65 @@ class Observer:
             out["task"] = self.task
         return out
 
-    def _camera(self, s: _StreamSpec, slots: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        """A camera's frames at ring ``slots`` ``[U]``: ``[U, C, h, w]`` as
-        :class:`~robocache.RobotDataset` serves them (decoded, resized, cast; each kept frame
-        once: frames are served independently, so serving them one by one or stacked gives
-        the same values); padded rows are zero."""
+    def _cameras(self, cams: list[tuple[_StreamSpec, torch.Tensor, torch.Tensor]]
+                 ) -> list[torch.Tensor]:
+        """The cameras' frames at ring ``slots`` ``[U]`` (``cams``: stream, slots, pad):
+        ``[U, C, h, w]`` each, as :class:`~robocache.RobotDataset` serves them; padded rows
+        are zero. Decoded as the dataset decodes an item, so the values are bit-exact on
+        nvJPEG too (whose output can depend on the batch): every tick, one
+        :func:`~robocache.data.cameras.decode_all` of every camera's distinct frames in the
+        window, then resized and cast per camera by the same ``serve``."""
         from robocache.data.cameras import EncodedFrames, decode_all, serve
 
-        slots_h, pad_h = slots.tolist(), pad.tolist()
-        cache = self._decoded[s.name]
-        want = sorted({i for i, p in zip(slots_h, pad_h, strict=True) if not p} - set(cache))
-        if want:
+        u = cams[0][1].shape[0]
+        host = torch.cat([torch.cat([sl, p.to(sl.dtype)]) for _, sl, p in cams]).cpu()
+        host = host.view(len(cams), 2, u).tolist()
+        jobs, raws, rows = [], [], []
+        for (s, _, _), (slots, pads) in zip(cams, host, strict=True):
             frames = self._frames[s.name]
-            encoded = [i for i in want if isinstance(frames[i], (bytes, bytearray))]
-            raw = {}
-            for i in want:
-                if i not in encoded:
-                    f = frames[i] if isinstance(frames[i], torch.Tensor) else \
-                        torch.from_numpy(np.ascontiguousarray(frames[i]))
-                    raw[i] = (f[..., None] if f.dim() == 2 else f).permute(2, 0, 1).to(
-                        self.device)
-            if encoded:
+            have = sorted({i for i in slots if frames[i] is not None})
+            rows.append([have.index(i) if frames[i] is not None and not p else -1
+                         for i, p in zip(slots, pads, strict=True)])
+            if have and all(isinstance(frames[i], (bytes, bytearray)) for i in have):
                 spec = self.manifest["streams"][s.name]
-                parts = [np.frombuffer(bytes(frames[i]), np.uint8) for i in encoded]
+                parts = [np.frombuffer(frames[i], np.uint8) for i in have]
                 sizes = np.cumsum([0] + [len(p) for p in parts])
                 enc = EncodedFrames(torch.from_numpy(np.concatenate(parts)),
                                     torch.from_numpy(sizes.astype(np.int64)),
                                     tuple(spec["shape"]), spec["dtype"],
                                     spec.get("codec", "jpeg"))
-                raw.update(zip(encoded, decode_all([(enc, torch.arange(len(encoded)))],
-                                                   self.device)[0], strict=True))
-            served = serve(torch.stack([raw[i] for i in want])[None], self.image_size, None,
-                           self.image_dtype)[0]
-            cache.update(zip(want, served, strict=True))
-        shown = [i for i, p in zip(slots_h, pad_h, strict=True) if not p]
-        if not shown:
-            (c, h, w), dtype = self._served_shape(s)
-            return torch.zeros(len(slots_h), c, h, w, dtype=dtype, device=self.device)
-        blank = torch.zeros_like(cache[shown[0]])
-        return torch.stack([blank if p else cache[i] for i, p in zip(slots_h, pad_h,
-                                                                       strict=True)])
+                raws.append(len(jobs))
+                jobs.append((enc, torch.arange(len(have))))
+            else:  # arrays (or arrays and bytes mixed): each frame as pushed, bytes decoded
+                raws.append([self._frame(s, frames[i]) for i in have])
+        decoded = decode_all(jobs, self.device) if jobs else []
+        out = []
+        for (s, _, _), raw, r in zip(cams, raws, rows, strict=True):
+            raw = decoded[raw] if isinstance(raw, int) else \
+                torch.stack(raw) if raw else None
+            if raw is None or all(i < 0 for i in r):
+                (c, h, w), dtype = self._served_shape(s)
+                out.append(torch.zeros(u, c, h, w, dtype=dtype, device=self.device))
+                continue
+            served = serve(raw[None], self.image_size, None, self.image_dtype)[0]
+            blank = torch.zeros_like(served[0])
+            out.append(torch.stack([blank if i < 0 else served[i] for i in r]))
+        return out
+
+    def _frame(self, s: _StreamSpec, frame) -> torch.Tensor:
+        """One pushed frame (an array, a tensor or encoded bytes): uint8 ``[C, H, W]`` on the
+        device."""
+        from robocache.data.cameras import EncodedFrames, decode_all
+
+        if isinstance(frame, (bytes, bytearray)):
+            spec = self.manifest["streams"][s.name]
+            enc = EncodedFrames(torch.frombuffer(bytearray(frame), dtype=torch.uint8),
+                                torch.tensor([0, len(frame)]), tuple(spec["shape"]),
+                                spec["dtype"], spec.get("codec", "jpeg"))
+            return decode_all([(enc, torch.zeros(1, dtype=torch.int64))], self.device)[0][0]
+        f = frame if isinstance(frame, torch.Tensor) else \
+            torch.from_numpy(np.ascontiguousarray(frame))
+        return (f[..., None] if f.dim() == 2 else f).permute(2, 0, 1).to(self.device)
 
     def _served_shape(self, s: _StreamSpec) -> tuple[tuple[int, int, int], torch.dtype]:
         """A camera's served frame ``(C, h, w)`` and dtype (as ``RobotDataset.camera_shape``)."""
