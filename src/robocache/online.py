@@ -85,6 +85,7 @@ class _StreamSpec:
     group: int = 0
     row: int = 0
     dim: int = 1
+    full: bool = True  # the value rows are the stream's own width
     # the stream's ring in the host arena: times [2cap], the group's heads, value rows
     # ([2cap, D]: the group's float32 rows or the stream's own; None for cameras)
     times: np.ndarray | None = None
@@ -245,10 +246,20 @@ class Observer:
         self.image_size, self.image_dtype = image_size, image_dtype
         self.device, self.stale_s, self.task = device, stale_s, task
         offsets = sorted({d for v in deltas.values() for d in v})
-        self._offsets = np.array(offsets, np.int64)  # steps relative to the tick, oldest first
-        self._rows = {k: torch.tensor([offsets.index(d) for d in v], device=device)
-                      for k, v in deltas.items()}
-        self._all_rows = {k: v == offsets for k, v in deltas.items()}
+        self._offset_list = offsets  # steps relative to the tick, oldest first
+        # each key's rows of the union of offsets: None (all), a slice (a view) or indices
+        self._rows: dict[str, Any] = {}
+        for k, v in deltas.items():
+            rows = [offsets.index(d) for d in v]
+            self._rows[k] = None if v == offsets else \
+                slice(rows[0], rows[-1] + 1) if rows == list(range(rows[0], rows[-1] + 1)) \
+                else torch.tensor(rows, device=device)
+        # every served tensor a view of the core's outputs: on a GPU the served dict of the
+        # graph's static outputs is made once
+        self._views_only = stale_s is None and not any(
+            s.kind == "camera" for s in streams) and not any(
+            isinstance(r, torch.Tensor) for r in self._rows.values())
+        self._served: dict[str, torch.Tensor] | None = None
         # alignment groups: one interp_ref call per (method, tolerance)
         groups: dict[tuple[str, float | None], list[str]] = {}
         for s in streams:
@@ -283,6 +294,7 @@ class Observer:
             h, g = self._host, f"g{s.group}"
             s.times, s.heads = h[f"{g}.times"][s.row], h[f"{g}.head"]
             s.values = h[f"{g}.data"][s.row] if f"{g}.data" in h else h.get(f"{s.name}.values")
+            s.full = s.values is not None and s.values.shape[1] == s.dim
         self._views = self._arena.views(self._host_buf)
         self._frames = {s.name: [None] * (2 * s.cap) for s in streams if s.kind == "camera"}
         self._fresh = {s.name: 0 for s in streams}  # trailing samples not snapped yet
@@ -498,7 +510,24 @@ class Observer:
                             f"uint8 [H, W, C] array; got {type(value).__name__}.")
         if self._pending is not None:
             self._wait()
-        self._insert(s, t, value if s.kind == "camera" else v if v.ndim == 1 else v.reshape(-1))
+        if s.kind == "camera":
+            self._insert(s, t, value)
+            return
+        if v.ndim != 1:
+            v = v.reshape(-1)
+        head = int(s.heads[s.row])
+        if t < self._last[stream] or head == 2 * s.cap:  # late, or the ring wraps
+            self._insert(s, t, v)
+            return
+        # in order with room: a few NumPy stores into the ring (what _insert does then)
+        s.times[head] = t
+        if s.full:
+            s.values[head] = v
+        else:
+            s.values[head, :s.dim] = v
+        s.heads[s.row] = head + 1
+        self._last[stream] = t
+        self._fresh[stream] += 1
 
     def push_many(self, stream: str, times: Sequence[float] | np.ndarray,
                   values: Sequence[Any] | np.ndarray) -> None:
@@ -550,7 +579,7 @@ class Observer:
         times[at] = t
         if vals is None:
             self._frames[s.name][at] = value
-        elif s.dim == vals.shape[1]:
+        elif s.full:
             vals[at] = value
         else:
             vals[at, :s.dim] = value
@@ -648,13 +677,15 @@ class Observer:
                             "call reset() to start a new episode.")
         self._wait()
         self._snap()
-        steps = k + self._offsets
-        h = self._host
-        h["target"][:] = self.t0 + np.maximum(steps, 0).astype(np.float64) / self.rate
-        h["pre"][:] = steps < 0
+        # the window's instants as ingest computes them (t0 + k / rate in float64: Python
+        # floats are the same doubles), a few stores into the host arena
+        t0, rate, h = self.t0, self.rate, self._host
+        target = [t0 + (k + o if k + o > 0 else 0) / rate for o in self._offset_list]
+        h["target"][:] = target
+        h["pre"][:] = [k + o < 0 for o in self._offset_list]
         h["horizon"][0] = t
         outs = self._run()
-        return self._assemble(outs, k, float(h["target"][-1]) if self._offsets[-1] == 0
+        return self._assemble(outs, k, target[-1] if self._offset_list[-1] == 0
                               else self.instant(k))
 
     def _run(self) -> tuple[torch.Tensor, ...]:
@@ -713,11 +744,25 @@ class Observer:
             self._static_out = self._core(*args)
 
     def _assemble(self, outs, k: int, timestamp: float) -> dict[str, Any]:
+        out: dict[str, Any] = {"timestamp": torch.tensor(timestamp, dtype=torch.float64),
+                               "index": torch.tensor(k, dtype=torch.int64)}
+        if self._served is not None:  # the graph's outputs, viewed once
+            out.update(self._served)
+        else:
+            served = self._serve(outs)
+            if self._graph is not None and self._views_only:
+                self._served = served
+            out.update(served)
+        if self.task is not None:
+            out["task"] = self.task
+        return out
+
+    def _serve(self, outs) -> dict[str, torch.Tensor]:
+        """The served keys of the core's outputs: views of them (and, with cameras, stale
+        streams or rows out of order, a few ops)."""
         n = len(self.streams)
         ages = dict(zip([s.name for s in self.streams.values() if s.method == "previous"],
                         outs[2 * n:], strict=True))
-        out: dict[str, Any] = {"timestamp": torch.tensor(timestamp, dtype=torch.float64),
-                               "index": torch.tensor(k, dtype=torch.int64)}
         pads = [outs[2 * i + 1] for i in range(n)]
         if self.stale_s is not None:
             pads = [p | (ages[name] > self.stale_s) if name in ages else p
@@ -726,11 +771,12 @@ class Observer:
                 if s.kind == "camera"]
         frames = dict(zip([c[0].name for c in cams], self._cameras(cams) if cams else [],
                           strict=True))
+        out = {}
         for i, (name, s) in enumerate(self.streams.items()):
             value, pad = outs[2 * i], pads[i]
             value = frames[name] if name in frames else value.reshape(-1, *s.shape)
-            if not self._all_rows[name]:
-                rows = self._rows[name]
+            rows = self._rows[name]
+            if rows is not None:
                 value, pad = value[rows], pad[rows]
                 if name in ages:
                     ages[name] = ages[name][rows]
@@ -741,8 +787,6 @@ class Observer:
             out[name], out[f"{name}_is_pad"] = value, pad
             if name in ages:
                 out[f"{name}_age"] = ages[name]
-        if self.task is not None:
-            out["task"] = self.task
         return out
 
     def _cameras(self, cams: list[tuple[_StreamSpec, torch.Tensor, torch.Tensor]]
