@@ -169,6 +169,59 @@ def record(name: str, impl: str, samples: tuple[list[float], list[float]], devic
                   cpu_max_us=float(c.max()), threads=torch.get_num_threads(), **extra)
 
 
+def _observer(cache: Path, device: str, compiled: bool):
+    import robocache
+
+    obs = robocache.Observer.from_cache(cache, history=2, normalize="mean_std", device=device,
+                                        compile=compiled)
+    obs.start(0.0)
+    return obs
+
+
+_CHILD = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("bench_online_child", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+bench.compiled_cpu_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+"""
+
+
+def compiled_cpu_child(cache: str, ticks: int, out: str) -> None:
+    """The compiled CPU row's ticks (in the child process :func:`_isolated_cpu_compiled`
+    starts), written to ``out`` as JSON ``[wall, cpu]``."""
+    import json
+
+    if hasattr(os, "sched_getaffinity"):
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+    log = message_log(ticks, np.random.default_rng(1))
+    samples = per_tick_us(_observer(Path(cache), "cpu", True), log, lambda: None)
+    Path(out).write_text(json.dumps(samples))
+
+
+def _isolated_cpu_compiled(cache: Path, ticks: int) -> tuple[list[float], list[float]]:
+    """The compiled CPU row (AOTInductor: gcc, then the package loaded) measured in a child
+    process, so that a crash there (one segfault was seen on a GPU machine) costs that row
+    only: it raises RuntimeError with the child's exit status and last output."""
+    import json
+    import subprocess
+    import sys
+
+    import robocache
+
+    out = cache.parent / "compiled-cpu.json"
+    env = dict(os.environ)
+    src = str(Path(robocache.__file__).parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    child = subprocess.run([sys.executable, "-c", _CHILD, __file__, str(cache), str(ticks),
+                            str(out)], env=env, capture_output=True, text=True)
+    if child.returncode != 0 or not out.exists():
+        raise RuntimeError(f"the child process exited with status {child.returncode}: "
+                           f"{(child.stderr or child.stdout).strip()[-500:]}")
+    wall, cpu = json.loads(out.read_text())
+    return wall, cpu
+
+
 def run(quick: bool = False, copy_gbps: float | None = None,
         devices: str | None = None) -> list[dict]:
     import robocache
@@ -189,11 +242,11 @@ def run(quick: bool = False, copy_gbps: float | None = None,
         for dev in devices:
             sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
             for compiled in (False, True):  # compiled: the first (warm-up) tick compiles
-                obs = robocache.Observer.from_cache(cache, history=2, normalize="mean_std",
-                                                    device=dev, compile=compiled)
-                obs.start(0.0)
                 try:
-                    samples = per_tick_us(obs, log, sync)
+                    if compiled and dev == "cpu":  # AOTInductor: in a process of its own
+                        samples = _isolated_cpu_compiled(cache, ticks)
+                    else:
+                        samples = per_tick_us(_observer(cache, dev, compiled), log, sync)
                 except Exception as e:  # no compiler on this machine: the eager rows stand
                     if not compiled:
                         raise

@@ -1,0 +1,83 @@
+"""Where a tick of `robocache.Observer` spends its host time (the numeric case of
+bench_online.py, eager core, CPU, one intra-op thread).
+
+    $ python benchmarks/profile_online.py
+
+Prints, over 1,200 ticks after 200 warm-up ticks, p50 / p99 microseconds of the pushes of a
+tick, of the observation and of the core inside it (on a GPU the core is one CUDA graph replay
+after one copy; the rest of the observation is the host work a GPU tick keeps; ``serve``, the
+views of the core's outputs, a GPU tick makes once), and the torch
+operators of one core call (views, and the others: one kernel each in a CUDA graph) and of a
+tick's pushes.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_online as B  # noqa: E402
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the operators dispatched inside it: ``views`` and ``other``."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count["views" if func.is_view else "other"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        obs = B._observer(B.make_cache(Path(tmp) / "numeric"), "cpu", False)
+        log = B.message_log(1400, np.random.default_rng(1))
+        B.per_tick_us(obs, log[:200], lambda: None)
+        times: dict[str, list[float]] = {"push": [], "observation": [], "core": [],
+                                         "serve": []}
+
+        def timed(name, f):
+            def call(*args):
+                a = time.perf_counter_ns()
+                out = f(*args)
+                times[name].append((time.perf_counter_ns() - a) / 1e3)
+                return out
+            return call
+
+        obs._run, obs._serve = timed("core", obs._run), timed("serve", obs._serve)
+        for k, msgs in enumerate(log[200:], 200):
+            a = time.perf_counter_ns()
+            for name, t, v in msgs:
+                obs.push(name, t, v)
+            b = time.perf_counter_ns()
+            obs.observation(k / B.RATE + B.LAG_S)
+            times["push"].append((b - a) / 1e3)
+            times["observation"].append((time.perf_counter_ns() - b) / 1e3)
+        times["observation minus core"] = list(np.subtract(times["observation"],
+                                                           times["core"]))
+        for key, x in times.items():
+            p50, p99 = np.percentile(x, 50), np.percentile(x, 99)
+            print(f"{key:24s} p50 {p50:7.1f} us  p99 {p99:7.1f} us")
+        with _Ops() as core:
+            obs.core(*obs.example_inputs())
+        with _Ops() as pushes:
+            for name, t, v in log[-1]:
+                obs.push(name, t + 1.0, v)
+        print(f"core operators: {core.count['views']} views, {core.count['other']} others; "
+              f"torch operators in {len(log[-1])} pushes: {sum(pushes.count.values())}")
+
+
+if __name__ == "__main__":
+    main()
