@@ -297,6 +297,8 @@ class Observer:
             s.full = s.values is not None and s.values.shape[1] == s.dim
         self._views = self._arena.views(self._host_buf)
         self._frames = {s.name: [None] * (2 * s.cap) for s in streams if s.kind == "camera"}
+        # the frames the last tick decoded (per camera, in time order) and their served tensors
+        self._served_frames: tuple[list, list] = ([], [])
         self._fresh = {s.name: 0 for s in streams}  # trailing samples not snapped yet
         self._on_grid = {s.name: True for s in streams}
         self._last = {s.name: -math.inf for s in streams}
@@ -600,6 +602,7 @@ class Observer:
         self._host_buf.zero_()
         for n in self._frames:
             self._frames[n] = [None] * len(self._frames[n])
+        self._served_frames = ([], [])
         for n in self.streams:
             self._fresh[n], self._on_grid[n], self._last[n] = 0, True, -math.inf
         self.t0 = None
@@ -796,42 +799,59 @@ class Observer:
         are zero. Decoded as the dataset decodes an item, so the values are bit-exact on
         nvJPEG too (whose output can depend on the batch): every tick, one
         :func:`~robocache.data.cameras.decode_all` of every camera's distinct frames in the
-        window, then resized and cast per camera by the same ``serve``."""
-        from robocache.data.cameras import EncodedFrames, decode_all, serve
-
+        window, then resized and cast per camera by the same ``serve`` (reused while the
+        window holds the same frames)."""
         u = cams[0][1].shape[0]
         host = torch.cat([torch.cat([sl, p.to(sl.dtype)]) for _, sl, p in cams]).cpu()
         host = host.view(len(cams), 2, u).tolist()
-        jobs, raws, rows = [], [], []
+        rows, batch = [], []
         for (s, _, _), (slots, pads) in zip(cams, host, strict=True):
             frames = self._frames[s.name]
             have = sorted({i for i in slots if frames[i] is not None})
             rows.append([have.index(i) if frames[i] is not None and not p else -1
                          for i, p in zip(slots, pads, strict=True)])
-            if have and all(isinstance(frames[i], (bytes, bytearray)) for i in have):
+            batch.append([frames[i] for i in have])
+        last, served = self._served_frames
+        if len(last) != len(batch) or any(len(x) != len(y) or any(
+                f is not g or type(f) is not bytes for f, g in zip(x, y, strict=True))
+                for x, y in zip(last, batch, strict=True)):  # (arrays may be refilled)
+            served = self._decode_serve(cams, batch)  # the same frames: the same batch
+            self._served_frames = (batch, served)
+        out = []
+        for (s, _, _), frames, r in zip(cams, served, rows, strict=True):
+            if frames is None or all(i < 0 for i in r):
+                (c, h, w), dtype = self._served_shape(s)
+                out.append(torch.zeros(u, c, h, w, dtype=dtype, device=self.device))
+            else:
+                blank = torch.zeros_like(frames[0])
+                out.append(torch.stack([blank if i < 0 else frames[i] for i in r]))
+        return out
+
+    def _decode_serve(self, cams, batch: list[list[Any]]) -> list[torch.Tensor | None]:
+        """Each camera's frames (``batch``: the pushed frames, in time order) decoded in one
+        :func:`~robocache.data.cameras.decode_all` call, then served (``None``: no frame)."""
+        from robocache.data.cameras import EncodedFrames, decode_all, serve
+
+        jobs, raws = [], []
+        for (s, _, _), frames in zip(cams, batch, strict=True):
+            if frames and all(isinstance(f, (bytes, bytearray)) for f in frames):
                 spec = self.manifest["streams"][s.name]
-                parts = [np.frombuffer(frames[i], np.uint8) for i in have]
+                parts = [np.frombuffer(f, np.uint8) for f in frames]
                 sizes = np.cumsum([0] + [len(p) for p in parts])
                 enc = EncodedFrames(torch.from_numpy(np.concatenate(parts)),
                                     torch.from_numpy(sizes.astype(np.int64)),
                                     tuple(spec["shape"]), spec["dtype"],
                                     spec.get("codec", "jpeg"))
                 raws.append(len(jobs))
-                jobs.append((enc, torch.arange(len(have))))
+                jobs.append((enc, torch.arange(len(frames))))
             else:  # arrays (or arrays and bytes mixed): each frame as pushed, bytes decoded
-                raws.append([self._frame(s, frames[i]) for i in have])
+                raws.append([self._frame(s, f) for f in frames])
         decoded = decode_all(jobs, self.device) if jobs else []
-        out = []
-        for (s, _, _), raw, r in zip(cams, raws, rows, strict=True):
-            raw = decoded[raw] if isinstance(raw, int) else \
-                torch.stack(raw) if raw else None
-            if raw is None or all(i < 0 for i in r):
-                (c, h, w), dtype = self._served_shape(s)
-                out.append(torch.zeros(u, c, h, w, dtype=dtype, device=self.device))
-                continue
-            served = serve(raw[None], self.image_size, None, self.image_dtype)[0]
-            blank = torch.zeros_like(served[0])
-            out.append(torch.stack([blank if i < 0 else served[i] for i in r]))
+        out: list[torch.Tensor | None] = []
+        for raw in raws:
+            raw = decoded[raw] if isinstance(raw, int) else torch.stack(raw) if raw else None
+            out.append(None if raw is None else
+                       serve(raw[None], self.image_size, None, self.image_dtype)[0])
         return out
 
     def _frame(self, s: _StreamSpec, frame) -> torch.Tensor:
