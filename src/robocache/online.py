@@ -287,8 +287,7 @@ class Observer:
                 arena.add(f"{s.name}.values", s.dtype, (2 * s.cap, s.dim))
                 inputs.append(f"{s.name}.values")
         self._arena = arena
-        pin = device.type == "cuda"
-        self._host_buf = torch.zeros(arena.size, dtype=torch.uint8, pin_memory=pin)
+        self._host_buf = torch.zeros(arena.size, dtype=torch.uint8)
         self._host = {k: v.numpy() for k, v in arena.views(self._host_buf).items()}
         for s in streams:
             h, g = self._host, f"g{s.group}"
@@ -307,7 +306,10 @@ class Observer:
         self._compile, self._package = compile, package
         self._core = None  # made at the first tick (see _make_core)
         self._graph = None
-        self._pending: torch.cuda.Event | None = None
+        # GPU: two pinned staging copies of the arena, used in turn, each with the event of
+        # its last host-to-device copy (the host arena itself is never read asynchronously)
+        self._stages: list[tuple[np.ndarray, torch.Tensor, torch.cuda.Event]] = []
+        self._turn = 0
         self.t0: float | None = None
 
     # ------------------------------------------------------------------ construction
@@ -471,12 +473,6 @@ class Observer:
             raise DataError(f"unknown stream {stream!r}; this observer serves {self.keys}.")
         return s
 
-    def _wait(self) -> None:
-        """The last tick's host-to-device copy must finish before the host arena changes."""
-        if self._pending is not None:
-            self._pending.synchronize()
-            self._pending = None
-
     def push(self, stream: str, t: float, value: Any) -> None:
         """One message: ``value`` of ``stream`` at ``t`` (seconds, the cache's clock).
 
@@ -510,8 +506,6 @@ class Observer:
         elif not isinstance(value, (bytes, bytearray, np.ndarray, torch.Tensor)):
             raise DataError(f"stream {stream!r}: a camera frame must be encoded bytes or a "
                             f"uint8 [H, W, C] array; got {type(value).__name__}.")
-        if self._pending is not None:
-            self._wait()
         if s.kind == "camera":
             self._insert(s, t, value)
             return
@@ -550,7 +544,6 @@ class Observer:
         if np.any(np.diff(times) < 0) or times[0] < self._last[stream] - s.late_s:
             raise DataError(f"stream {stream!r}: time went backwards within the messages "
                             "(push_many takes them in time order).")
-        self._wait()
         for t, row in zip(times.tolist(), v, strict=True):
             self._insert(s, t, row)
 
@@ -598,7 +591,6 @@ class Observer:
 
     def reset(self) -> None:
         """Forget every message and the grid (a new episode)."""
-        self._wait()
         self._host_buf.zero_()
         for n in self._frames:
             self._frames[n] = [None] * len(self._frames[n])
@@ -678,7 +670,6 @@ class Observer:
         if k < 0:
             raise DataError(f"`t` = {t!r} s is before the first tick (t0 = {self.t0!r} s); "
                             "call reset() to start a new episode.")
-        self._wait()
         self._snap()
         # the window's instants as ingest computes them (t0 + k / rate in float64: Python
         # floats are the same doubles), a few stores into the host arena
@@ -699,9 +690,13 @@ class Observer:
             return self._core(*(v[n] for n in self._args))
         if self._graph is None:
             self._capture()
-        self._dev_buf.copy_(self._host_buf, non_blocking=True)
-        self._copied.record()
-        self._pending = self._copied
+        # the stage used two ticks ago: its copy has long finished (the wait is a formality)
+        self._turn ^= 1
+        host, stage, copied = self._stages[self._turn]
+        copied.synchronize()
+        np.copyto(host, self._host_np)  # one memcpy of the arena
+        self._dev_buf.copy_(stage, non_blocking=True)
+        copied.record()
         self._graph.replay()
         return self._static_out
 
@@ -733,7 +728,10 @@ class Observer:
     def _capture(self) -> None:
         """Capture the core on the device's current stream's graph pool (once)."""
         self._dev_buf = self._host_buf.to(self.device)
-        self._copied = torch.cuda.Event()  # recorded after each tick's copy
+        self._host_np = self._host_buf.numpy()
+        for _ in range(2):
+            stage = torch.zeros_like(self._host_buf).pin_memory()
+            self._stages.append((stage.numpy(), stage, torch.cuda.Event()))
         v = self._arena.views(self._dev_buf)
         args = tuple(v[n] for n in self._args)
         side = torch.cuda.Stream(self.device)
