@@ -5,6 +5,7 @@ float32 ulp on a GPU, whose arithmetic may round differently); errors; export.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -264,6 +265,37 @@ def test_from_cache_validation(sample_caches, kw, match):
 def test_from_cache_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="robocache ingest"):
         Observer.from_cache(tmp_path)
+
+
+@pytest.mark.parametrize("cache", ["linear", "hold"])
+def test_core_traces_as_one_graph(sample_caches, cache):
+    """torch.compile(fullgraph=True) traces the core (no graph break: plain constants, torch
+    dtypes), and the traced core gives the eager core's outputs. The core holds no NumPy
+    object (torch 2.11's dynamo cannot hash a NumPy dtype; 2.13's can)."""
+    obs = Observer.from_cache(sample_caches / cache, history=2, normalize="mean_std")
+
+    def numpy_objects(x):
+        if isinstance(x, (np.generic, np.dtype, np.ndarray)):
+            return [x]
+        if isinstance(x, dict):
+            x = list(x.keys()) + list(x.values())
+        elif dataclasses.is_dataclass(x):
+            x = [getattr(x, f.name) for f in dataclasses.fields(x)]
+        elif not isinstance(x, (list, tuple)):
+            return []
+        return [o for v in x for o in numpy_objects(v)]
+
+    assert numpy_objects({k: v for k, v in vars(obs.core).items()
+                          if not k.startswith("_")}) == []
+    for i in range(40):
+        obs.push("observation.state", i * 0.008, np.full(8, i, np.float32))
+        obs.push("observation.ee_pose", i * 0.01, np.full(9, -i, np.float32))
+    obs.observation(0.1)
+    inputs = obs.example_inputs()
+    torch._dynamo.reset()
+    traced = torch.compile(obs.core, fullgraph=True, dynamic=False, backend="eager")
+    for a, b in zip(traced(*inputs), obs.core(*inputs), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 def test_top_level_export():
