@@ -214,11 +214,14 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.feature_keys = [k for k in self.meta.features if k in streams
                              and streams[k]["kind"] in ("numeric", "image", "video")]
         self._cameras = [k for k in self.feature_keys if streams[k]["kind"] in ("image", "video")]
-        # the cache is opened on first use (in each DataLoader worker, not before a fork)
-        self._ds: RobotDataset | None = None
         served = set(self.episodes) if self.episodes is not None else None
         self._len = sum(e["rows"] for e in manifest["episodes"]
                         if served is None or e["index"] in served)
+        # Opened here, in memory: forked DataLoader workers inherit it and never call Lance
+        # (which is not fork-safe once this process has used it, as building did); a pickled
+        # copy (spawn workers) drops it and opens the cache in its own process on first use.
+        self._ds: RobotDataset | None = None
+        self._served  # noqa: B018
 
     # ── the cache ─────────────────────────────────────────────────────
 
