@@ -157,7 +157,6 @@ class RobotDataset(torch.utils.data.Dataset):
                  image_dtype: torch.dtype = torch.float32, seed: int = 0):
         from robocache.ops.normalize import Stats
 
-        lance = require("lance", "data", "The Lance cache", "pylance")
         pa = require("pyarrow", "data", "Arrow tables")
         pc = require("pyarrow.compute", "data", "Arrow tables")
 
@@ -226,7 +225,6 @@ class RobotDataset(torch.utils.data.Dataset):
                                 for q in self.manifest["quarantined"][:3])
             raise DataError(f"{self.path} holds no cached episodes "
                             f"({len(self.manifest['quarantined'])} quarantined: {reasons}).")
-        ds = lance.dataset(str(self.path / "data.lance"))
         columns = ["episode_index", "step", "timestamp", "task"]
         for k in keys:
             col = streams[k]["column"]
@@ -237,7 +235,7 @@ class RobotDataset(torch.utils.data.Dataset):
             if missing or not len(episodes):
                 raise DataError(f"`episodes` must name cached episodes; {missing or 'none'} "
                                 f"given are not in {self.path} (cached: {sorted(cached)}).")
-        table = ds.to_table(columns=columns)
+        table = snapshot.read_table(self.path / "data.lance", columns)
         if episodes is not None:  # filtered here: lance's filtered scans differ across versions
             table = table.filter(pc.is_in(table.column("episode_index"),
                                           pa.array(sorted(set(map(int, episodes))),
@@ -299,9 +297,7 @@ class RobotDataset(torch.utils.data.Dataset):
 
         from robocache.data.cameras import EncodedFrames
 
-        lance = require("lance", "data", "The Lance cache", "pylance")
-
-        table = lance.dataset(str(self.path / "frames" / f"{key}.lance")).to_table()
+        table = snapshot.read_table(self.path / "frames" / f"{key}.lance")
         fep = table.column("episode_index").to_numpy()
         order = np.lexsort((table.column("frame").to_numpy(), fep))
         spec = self.manifest["streams"][key]

@@ -6,7 +6,7 @@ ever added to a cache's tables (Lance commits of batches of episodes; compaction
 files, never rows), so the latest tables hold every row of that version unchanged: a reader
 that filters them to ``previous``'s episodes serves exactly the last complete cache, whether
 the writer is still running, has just finished, or was killed (a scan that overlaps the
-writer's compaction: see :class:`robocache.data.build.commit.Committer`).
+writer's compaction: :func:`read_table` reads it again at the newer version).
 """
 
 from __future__ import annotations
@@ -16,10 +16,29 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from robocache._optional import require
 from robocache.data.lock import describe_holder, holder
 from robocache.errors import DataError
 
 _WARNED: set[tuple[str, str]] = set()
+
+
+def read_table(uri: Path, columns: list[str] | None = None, attempts: int = 3):
+    """The Lance table at ``uri`` (only ``columns`` when given), read at its newest version.
+
+    A build extending the cache compacts the small fragments it wrote and removes old
+    versions as it goes; a scan that overlaps that can find one of those files gone. The rows
+    are all still there, rewritten into the newer version, so the table is opened again and
+    read at that version, at most ``attempts`` times in all. Any other error is raised as is.
+    """
+    lance = require("lance", "data", "The Lance cache", "pylance")
+    for attempt in range(attempts):
+        try:
+            return lance.dataset(str(uri)).to_table(columns=columns)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            if attempt == attempts - 1 or "not found" not in str(e).lower():
+                raise
+    raise AssertionError("unreachable")
 
 
 def last_complete(dest: Path, old: dict[str, Any] | None) -> dict[str, Any]:

@@ -82,8 +82,8 @@ class Committer:
     (:mod:`robocache.data.snapshot`), whose fragments all predate this build: they are never
     rewritten or deleted by it. Such a reader scans the latest version, this build's fragments
     included, and filters their rows out: one whose scan overlaps a compaction of them and
-    the removal of old versions can find a file of theirs gone (an error, no rows served);
-    opening it again reads the newer version.
+    the removal of old versions can find a file of theirs gone; it then reads the table again
+    at the newer version (:func:`robocache.data.snapshot.read_table`).
 
     Args:
         dest: the cache directory.
