@@ -34,10 +34,12 @@ timestamp within ``grid_tolerance_s`` of a grid instant is snapped onto it befor
 Stream names become column names with ``.`` replaced by ``/`` (Lance reserves ``.``).
 
 Episodes are read, their videos decoded and their camera frames encoded ``decode_workers`` at a
-time on threads (PyAV and Pillow release the GIL), ahead of the episode being aligned and
-written; they are aligned, written and committed one by one in the source's order, so the cache
-holds the same rows and frame bytes whatever the number of workers, and at most
-``decode_workers + 1`` decoded episodes are in memory at once.
+time (threads that read; videos decoded and encoded in as many worker processes, see
+:func:`robocache.data.cameras.camera_tables`), ahead of the episode being aligned and written;
+they are aligned, written and committed one by one in the source's order, so the cache holds
+the same rows and frame bytes whatever the number of workers, and at most
+``decode_workers + 1`` episodes' frames are in memory at once (as JPEG/PNG bytes: a video is
+encoded as it decodes).
 
 Idempotent per episode: each episode is one Lance commit, so a killed run leaves whole episodes
 only; re-running skips the episodes already in ``data.lance`` (resume) and re-checks the rest. A
@@ -65,15 +67,20 @@ from typing import Any
 import numpy as np
 
 from robocache._optional import require
+from robocache.data import jpeg
 from robocache.data.cameras import (
     CODECS,
+    DEFAULT_CHROMA,
     DEFAULT_QUALITY,
     VIDEO_DECODERS,
+    FrameFormat,
+    camera_tables,
     decode_videos,
     frames_table,
     nvdec_available,
+    worker_pool,
 )
-from robocache.data.episode import Episode, Source, Stream, StreamSpec, check_episode
+from robocache.data.episode import Episode, Source, StreamSpec, check_episode
 from robocache.data.lock import LOCK_NAME, CacheLock
 from robocache.errors import DataError
 from robocache.observability import metrics
@@ -108,15 +115,20 @@ class CacheConfig:
             jobs split a dataset; ``robocache merge`` joins their caches.
         camera_codec: how camera frames are stored: ``"jpeg"`` (GPU-decodable) or ``"png"``
             (lossless); uint16 (depth) frames are always PNG.
-        camera_quality: JPEG quality (1-95).
+        camera_quality: JPEG quality (1-100; default 95).
+        camera_chroma: JPEG chroma subsampling: ``"444"`` (default: none; within 40 dB PSNR
+            of the source's decode on sharp-edged content at quality 95), ``"422"`` or
+            ``"420"`` (smaller, blurs colour edges); see docs/cameras.md for bytes against
+            PSNR.
         camera_size: ``(height, width)`` (or ``"HEIGHTxWIDTH"``) to store RGB camera frames
             at, resized at ingest (antialiased bilinear), or ``None`` (default) for the
             source's size. Training usually resizes to a fixed input anyway; stored at that
             size, each batch decodes that many fewer pixels. The cache's frames are then no
             longer the source's (not what LeRobot serves); depth frames keep their size.
-        decode_workers: episodes read, video-decoded and JPEG-encoded at once, on threads
-            (``None``: the machine's cores); each holds one decoded episode in memory. The
-            cache is the same whatever the number.
+        decode_workers: episodes read, video-decoded and JPEG-encoded at once (``None``: the
+            machine's cores): read on threads, their videos decoded and encoded in as many
+            worker processes (none for 1: on the reading thread). The cache is the same
+            whatever the number.
         video_decoder: who decodes video streams: ``"pyav"`` (default: the CPU decode
             LeRobot's reader does, so cached frames match LeRobot's within the JPEG
             tolerance), ``"auto"`` (NVDEC through PyNvVideoCodec for H.264/HEVC when a CUDA
@@ -140,6 +152,7 @@ class CacheConfig:
     shard: tuple[int, int] | str | None = None
     camera_codec: str = "jpeg"
     camera_quality: int = DEFAULT_QUALITY
+    camera_chroma: str = DEFAULT_CHROMA
     camera_size: tuple[int, int] | str | None = None
     decode_workers: int | None = None
     video_decoder: str = "pyav"
@@ -289,25 +302,27 @@ class Prepared:
 
 
 def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
-                    config: CacheConfig, *, gpu: int = 0, threads: int | None = None,
+                    config: CacheConfig, *, gpu: int = 0, workers=None,
                     lock: threading.Lock | None = None) -> Prepared:
-    """Read, decode, check and encode episode ``index`` (safe on a worker thread: the source
-    reads under ``lock``). Decoded frames are dropped once encoded, so what waits to be written
-    is the episode's JPEG/PNG bytes, not its pixels. Any failure but ``MemoryError`` is
+    """Read, check, decode and encode episode ``index`` (safe on a worker thread: the source
+    reads under ``lock``; ``workers``: the :class:`~robocache.data.cameras.CameraWorkers`
+    that decode and encode its videos, else this thread). What waits to be written is the
+    episode's JPEG/PNG bytes, never its decoded pixels. Any failure but ``MemoryError`` is
     returned as ``error`` (the episode is quarantined with it)."""
     t0 = time.perf_counter()
     out = Prepared(index)
     try:
-        episode = load_episode(src, index, specs, config.video_decoder, gpu, lock)
+        if lock is None:
+            episode = src.read(index)
+        else:
+            with lock:
+                episode = src.read(index)
+        check_episode(episode, specs)  # videos still in their files: their frames next
         t1 = time.perf_counter()
-        out.frames = {name: frames_table(episode, name, spec, config.camera_codec,
-                                         config.camera_quality, threads,
-                                         size=stored_size(spec, config))
-                      for name, spec in specs.items() if spec.kind in ("image", "video")}
-        for name in out.frames:  # alignment needs a video's timestamps, not its decoded pixels
-            s = episode.streams[name]
-            if s.spec.kind == "video":
-                episode.streams[name] = Stream(s.spec, s.times, None, s.video)
+        out.frames = camera_tables(episode, specs, frame_format(config),
+                                   {name: stored_size(spec, config)
+                                    for name, spec in specs.items()},
+                                   decoder=config.video_decoder, gpu=gpu, workers=workers)
         out.episode = episode
         out.seconds = {"read": t1 - t0, "encode": time.perf_counter() - t1}
     except MemoryError:
@@ -320,15 +335,14 @@ def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
 def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
              config: CacheConfig, *, gpu: int = 0) -> Iterator[Prepared]:
     """:func:`prepare_episode` of each of ``indices``, in their order, ``decode_workers`` at a
-    time on threads: at most that many episodes are being prepared while the caller handles
-    the one yielded. Threads, not processes: PyAV decodes and converts colours and Pillow
-    encodes without the GIL (measured on 2 cores, 16 480x640 H.264 clips decoded and
-    JPEG-encoded: threads and processes alike ~300 frames/s against ~140 in one thread), and
-    NVDEC decoders share the process's CUDA context."""
+    time: at most that many episodes are being prepared while the caller handles the one
+    yielded. Episodes are read on threads; their videos are decoded and encoded in as many
+    worker processes (:func:`robocache.data.cameras.worker_pool`), NVDEC's on the threads
+    (its decoders share this process's CUDA context)."""
     workers = decode_workers(config)
     lock = threading.Lock()
-    # JPEG encoding splits the cores between the episodes in flight
-    threads = max(1, min(16, os.cpu_count() or 1) // workers)
+    videos = any(spec.kind == "video" for spec in specs.values())
+    cameras = worker_pool(workers) if workers > 1 and videos else None
     pool = ThreadPoolExecutor(workers, thread_name_prefix="robocache-ingest")
     try:
         it = iter(indices)
@@ -337,7 +351,7 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
         def submit() -> None:
             for index in it:
                 pending.append(pool.submit(prepare_episode, src, index, specs, config,
-                                           gpu=gpu, threads=threads, lock=lock))
+                                           gpu=gpu, workers=cameras, lock=lock))
                 return
 
         for _ in range(workers):
@@ -526,6 +540,11 @@ def stored_size(spec: StreamSpec, config: CacheConfig) -> tuple[int, int] | None
     return tuple(config.camera_size)
 
 
+def frame_format(config: CacheConfig) -> FrameFormat:
+    """How ``config`` stores camera frames."""
+    return FrameFormat(config.camera_codec, config.camera_quality, config.camera_chroma)
+
+
 def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
     """Manifest fields of a camera stream: how its frames are stored (and at which shape,
     when resized)."""
@@ -534,7 +553,10 @@ def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
     size = stored_size(spec, config)
     kept = spec.encoding if size is None else None  # a source's own bytes, unless resized
     codec = kept or ("png" if spec.dtype == "uint16" else config.camera_codec)
-    entry = {"codec": codec, "quality": config.camera_quality if codec == "jpeg" else None}
+    encoded = codec == "jpeg" and kept is None
+    entry = {"codec": codec, "quality": config.camera_quality if encoded else None}
+    if encoded:
+        entry["chroma"] = config.camera_chroma
     if size is not None:
         entry.update(shape=[*size, 3], source_shape=list(spec.shape))
     return entry
@@ -551,8 +573,8 @@ def write_episode(dest: Path, episode: Episode, cols: dict[str, Any],
     config = config or CacheConfig()
     frames = frames or {}
     tables = [(f"frames/{name}.lance", frames[name] if name in frames else
-               frames_table(episode, name, spec, config.camera_codec, config.camera_quality,
-                            size=stored_size(spec, config)))
+               frames_table(episode, name, spec, frame_format(config),
+                            stored_size(spec, config)))
               for name, spec in specs.items() if spec.kind in ("image", "video")]
     tables.append(("data.lance", _table(cols, _schema(specs))))
     return [(rel, t.schema, write_files(t, dest / rel)) for rel, t in tables]
@@ -819,9 +841,10 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
         raise DeviceError("`video_decoder` (--video-decoder) is 'nvdec' but NVDEC is not "
                           "available: it needs a CUDA GPU and PyNvVideoCodec (`pip install "
                           "PyNvVideoCodec`); pass auto or pyav to decode on the CPU.")
-    if config.camera_codec not in CODECS or not 1 <= config.camera_quality <= 95:
-        raise DataError(f"`camera_codec` must be one of {CODECS} and `camera_quality` in "
-                        f"[1, 95]; got {config.camera_codec!r}, {config.camera_quality}.")
+    if config.camera_codec not in CODECS:
+        raise DataError(f"`camera_codec` (--camera-codec) must be one of {CODECS}; got "
+                        f"{config.camera_codec!r}.")
+    jpeg.check(config.camera_quality, config.camera_chroma)
     if config.camera_size is not None:
         config.camera_size = parse_size(config.camera_size)
     if config.shard is not None:
