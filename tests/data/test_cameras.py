@@ -574,3 +574,80 @@ def test_nvdec_leaves_av1_to_pyav(tmp_path, monkeypatch):
     auto = build(src, tmp_path / "h", rate_hz=10.0, progress=False, video_decoder="auto")
     assert auto["decode"]["video_decoder"] == "auto"  # NVDEC for H.264
     assert auto["decode"]["video_frames"] == {"nvdec": 2 * 2 * 5}
+
+
+@pytest.fixture(scope="module")
+def sharp():
+    return dict(np.load(FIXTURES / "sharp_frames.npz"))
+
+
+def test_default_fidelity_is_40db_of_lerobots_decode_on_sharp_edges(tmp_path, sharp):
+    """A LeRobot-written AV1 camera of sharp-edged content (fiducial, code block, colour
+    bars): every stored frame, decoded, is within 40 dB PSNR of LeRobot's own decode of it;
+    4:2:0 (Pillow's default) is not, and the manifest records the chroma."""
+    m = build(FIXTURES / "lerobot_sharp_av1", tmp_path / "c", progress=False, device="cpu")
+    entry = m["streams"][CAM]
+    assert (entry["codec"], entry["quality"], entry["chroma"]) == ("jpeg", 95, "444")
+    got, want = served(tmp_path / "c"), sharp["lerobot"]
+    assert got.shape == want.shape == (11, 64, 96, 3)
+    worst = min(psnr(g, w) for g, w in zip(got, want, strict=True))
+    assert worst >= 40.0, worst
+    build(FIXTURES / "lerobot_sharp_av1", tmp_path / "s", progress=False, device="cpu",
+          camera_chroma="420")
+    assert max(psnr(g, w) for g, w in zip(served(tmp_path / "s"), want, strict=True)) < 35.0
+
+
+@pytest.mark.parametrize("option,value,match", [
+    ("camera_chroma", "411", r"`camera_chroma` \(--camera-chroma\) must be one of"),
+    ("camera_chroma", 444, r"`camera_chroma` \(--camera-chroma\) must be one of"),
+    ("camera_quality", 0, r"`camera_quality` \(--camera-quality\) must be an integer in \[1, 100\]"),
+    ("camera_quality", 101, r"`camera_quality` \(--camera-quality\) must be an integer"),
+    ("camera_quality", 9.5, r"`camera_quality` \(--camera-quality\) must be an integer"),
+    ("camera_codec", "webp", r"`camera_codec` \(--camera-codec\) must be one of"),
+])
+def test_camera_encoding_options_are_checked(tmp_path, option, value, match):
+    with pytest.raises(DataError, match=match):
+        build(FIXTURES / "lerobot_h264", tmp_path / "c", progress=False, device="cpu",
+              **{option: value})
+    assert not (tmp_path / "c").exists()
+
+
+def test_ingest_cli_camera_chroma(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from robocache.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["ingest", str(FIXTURES / "lerobot_h264"), str(tmp_path / "c"),
+                              "--rate", "10", "--device", "cpu", "--camera-chroma", "422",
+                              "--camera-quality", "90", "--json"])
+    assert res.exit_code == 0, res.output
+    entry = json.loads(res.stdout)["streams"][CAM]
+    assert (entry["quality"], entry["chroma"]) == (90, "422")
+    bad = runner.invoke(app, ["ingest", str(FIXTURES / "lerobot_h264"), str(tmp_path / "d"),
+                              "--camera-chroma", "410"])
+    assert bad.exit_code == 2 and "--camera-chroma" in bad.output
+    assert "Traceback" not in bad.output and not (tmp_path / "d").exists()
+
+
+def test_source_jpeg_bytes_pass_through_untouched(tmp_path):
+    """A source's own JPEG bytes (RLDS, LeRobot image features) are stored byte for byte,
+    whatever the JPEG options; a resize re-encodes them."""
+    import lance
+
+    from robocache.data.formats import open_source
+
+    rlds = FIXTURES.parent / "rlds" / "toy_rlds" / "jpeg" / "1.0.0"
+    src = open_source(rlds, fps=10.0)
+    jpegs = [name for name, s in src.specs.items() if s.encoding == "jpeg"]
+    assert jpegs
+    m = build(rlds, tmp_path / "c", progress=False, device="cpu", camera_chroma="420",
+              camera_quality=20, source_options={"fps": 10.0})
+    for name in jpegs:
+        assert m["streams"][name]["quality"] is None and "chroma" not in m["streams"][name]
+        table = lance.dataset(str(tmp_path / "c" / "frames" / f"{name}.lance")).to_table()
+        for row in table.to_pylist():
+            episode = src.read(row["episode_index"])
+            assert row["encoded"] == bytes(episode.streams[name].data[row["frame"]])
