@@ -600,7 +600,8 @@ def test_default_fidelity_is_40db_of_lerobots_decode_on_sharp_edges(tmp_path, sh
 @pytest.mark.parametrize("option,value,match", [
     ("camera_chroma", "411", r"`camera_chroma` \(--camera-chroma\) must be one of"),
     ("camera_chroma", 444, r"`camera_chroma` \(--camera-chroma\) must be one of"),
-    ("camera_quality", 0, r"`camera_quality` \(--camera-quality\) must be an integer in \[1, 100\]"),
+    ("camera_quality", 0, r"`camera_quality` \(--camera-quality\) must be an integer in "
+                          r"\[1, 100\]"),
     ("camera_quality", 101, r"`camera_quality` \(--camera-quality\) must be an integer"),
     ("camera_quality", 9.5, r"`camera_quality` \(--camera-quality\) must be an integer"),
     ("camera_codec", "webp", r"`camera_codec` \(--camera-codec\) must be one of"),
