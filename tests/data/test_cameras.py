@@ -652,3 +652,61 @@ def test_source_jpeg_bytes_pass_through_untouched(tmp_path):
         for row in table.to_pylist():
             episode = src.read(row["episode_index"])
             assert row["encoded"] == bytes(episode.streams[name].data[row["frame"]])
+
+
+def _sampling(data: bytes) -> int:
+    """Pillow's name for a JPEG's chroma subsampling: 0 = 4:4:4, 1 = 4:2:2, 2 = 4:2:0."""
+    import io
+
+    from PIL import Image, JpegImagePlugin
+
+    with Image.open(io.BytesIO(data)) as im:
+        return JpegImagePlugin.get_sampling(im)
+
+
+@pytest.mark.parametrize("chroma,sampling", [("444", 0), ("422", 1), ("420", 2)])
+def test_stored_frames_have_the_chroma_asked_for(tmp_path, chroma, sampling):
+    import lance
+
+    build(FIXTURES / "lerobot_h264", tmp_path / "c", rate_hz=10.0, progress=False,
+          device="cpu", camera_chroma=chroma, decode_workers=2)
+    table = lance.dataset(str(tmp_path / "c" / "frames" / f"{CAM}.lance")).to_table()
+    assert {_sampling(b) for b in table.column("encoded").to_pylist()} == {sampling}
+
+
+def test_jpeg_encode_grey_and_rgb():
+    import io
+
+    from PIL import Image
+
+    from robocache.data import jpeg
+
+    rgb = np.random.default_rng(0).integers(0, 256, (9, 13, 3), dtype=np.uint8)
+    for frame, mode in ((rgb, "RGB"), (rgb[..., 0], "L"), (rgb[..., :1], "L")):
+        with Image.open(io.BytesIO(jpeg.encode(frame, 100))) as im:
+            assert im.mode == mode and im.size == (13, 9)
+            assert psnr(np.asarray(im), frame.reshape(np.asarray(im).shape)) > 30
+
+
+@pytest.mark.gpu
+def test_nvdec_frames_are_nvjpeg_encoded_on_the_gpu(tmp_path, monkeypatch):
+    """NVDEC ingest at the defaults (JPEG 4:4:4, the source's size): the frames never come
+    to the host as pixels; nvJPEG encodes them 4:4:4, within the JPEG tolerance of the PyAV
+    path's cache."""
+    import lance
+
+    from robocache.data import jpeg
+
+    _nvdec()
+    calls = []
+    encode_cuda = jpeg.encode_cuda
+    monkeypatch.setattr(jpeg, "encode_cuda", lambda b, q=95: calls.append(len(b)) or
+                        encode_cuda(b, q))
+    src = _two_cameras(tmp_path / "src", episodes=2, length=9, hw=(144, 176),
+                       options=NO_B_FRAMES["libx264"])
+    m = build(src, tmp_path / "gpu", rate_hz=10.0, progress=False, video_decoder="nvdec")
+    assert m["decode"]["video_frames"] == {"nvdec": 2 * 2 * 9} and sum(calls) == 2 * 2 * 9
+    build(src, tmp_path / "cpu", rate_hz=10.0, progress=False, video_decoder="pyav")
+    table = lance.dataset(str(tmp_path / "gpu" / "frames" / f"{CAM}.lance")).to_table()
+    assert {_sampling(b) for b in table.column("encoded").to_pylist()} == {0}
+    assert psnr(served(tmp_path / "gpu"), served(tmp_path / "cpu")) >= 35.0

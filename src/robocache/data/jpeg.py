@@ -1,10 +1,11 @@
 """JPEG encoding of camera frames at ingest: libjpeg-turbo on the CPU, nvJPEG on the GPU.
 
 CPU (:func:`encode`, :func:`encode_batch`): libjpeg-turbo through simplejpeg, which releases
-the GIL while it encodes (py-spy ``--gil`` on one encoding thread: 1 % of its samples hold the
-GIL, against 93 % for Pillow's JPEG encoder and 3 % for PyTurboJPEG;
-``benchmarks/results/jpeg-gil-cpu-2026-11-27.txt``), and ships libjpeg-turbo inside its wheel
-(PyTurboJPEG needs the system's libturbojpeg, 3.0 or later for its 2.x releases).
+the GIL while it encodes (py-spy ``--gil`` on one thread encoding 480x640 frames at q95: 3 % of
+its samples hold the GIL, against 94 % for Pillow's JPEG encoder and 3 % for PyTurboJPEG;
+``benchmarks/results/jpeg-gil-cpu-2026-11-27.json``, ``benchmarks/profile_jpeg_gil.py``), and
+ships libjpeg-turbo inside its wheel (PyTurboJPEG loads the system's libturbojpeg, 3.0 or later
+for its 2.x releases).
 
 GPU (:func:`encode_cuda`): ``torchvision.io.encode_jpeg`` on a list of CUDA tensors (nvJPEG).
 torchvision's CUDA encoder always writes 4:4:4 chroma (it sets ``NVJPEG_CSS_444`` on every
