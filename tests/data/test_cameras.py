@@ -710,3 +710,33 @@ def test_nvdec_frames_are_nvjpeg_encoded_on_the_gpu(tmp_path, monkeypatch):
     table = lance.dataset(str(tmp_path / "gpu" / "frames" / f"{CAM}.lance")).to_table()
     assert {_sampling(b) for b in table.column("encoded").to_pylist()} == {0}
     assert psnr(served(tmp_path / "gpu"), served(tmp_path / "cpu")) >= 35.0
+
+
+@pytest.mark.parametrize("vision,codec,chosen", [
+    ((0, 26), None, "torchvision"), ((0, 28), (0, 16), "torchvision"),
+    ((0, 29), (0, 16), "torchcodec"), ((0, 29), None, "torchvision"),
+    (None, (0, 17), "torchcodec"), ((0, 29), (0, 15), "torchvision"), (None, None, None)])
+def test_serving_decoder_follows_torchvisions_deprecation(monkeypatch, vision, codec, chosen):
+    """torchvision's nvJPEG batch decode before 0.29; TorchCodec's (0.16+) from then on, or
+    when torchvision is absent; neither: None (Pillow decodes, with a warning)."""
+    import sys
+    import types
+    import warnings
+
+    from robocache.data import cameras
+
+    fakes = {"torchvision": vision, "torchcodec": codec}
+    monkeypatch.setattr(cameras, "_version", fakes.get)
+    for module, name in (("torchvision.io", "torchvision"),
+                         ("torchcodec.decoders", "torchcodec")):
+        fake = types.ModuleType(module)
+        fake.decode_jpeg = name
+        monkeypatch.setitem(sys.modules, module, fake)
+    cameras._nvjpeg.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert cameras._nvjpeg() == chosen
+        assert (chosen is None) == any("nvJPEG" in str(w.message) for w in caught)
+    finally:
+        cameras._nvjpeg.cache_clear()

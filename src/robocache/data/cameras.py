@@ -696,10 +696,8 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
              f.codec == "jpeg" and f.channels == 3]
     decode_jpeg = _nvjpeg() if batch else None
     if decode_jpeg is not None:
-        from torchvision.io import ImageReadMode
-
         parts = [p for i in batch for p in cameras[i][0].slices(distinct[i][0])]
-        frames = decode_jpeg(parts, mode=ImageReadMode.RGB, device=device) if parts else []
+        frames = decode_jpeg(parts, mode="RGB", device=device) if parts else []
         metrics.count_frames("nvjpeg", len(parts))
         for i in batch:  # each camera stacked, its per-frame tensors freed
             f, n = cameras[i][0], distinct[i][0].numel()
@@ -733,17 +731,44 @@ def _decode_pil(frames: EncodedFrames, rows: torch.Tensor, device: torch.device
     return torch.from_numpy(out).permute(0, 3, 1, 2).to(device)
 
 
+# torchvision's image decoders are deprecated from this version on, for TorchCodec's (0.16 and
+# later), which decode a list of JPEGs on CUDA in one nvJPEG call the same way
+TORCHVISION_IMAGE_IO_DEPRECATED = (0, 29)
+TORCHCODEC_IMAGE_IO = (0, 16)
+
+
+def _version(package: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of an installed package, or None."""
+    from importlib import metadata
+
+    try:
+        major, minor = metadata.version(package).split(".")[:2]
+        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
 @functools.cache
 def _nvjpeg():
-    """``torchvision.io.decode_jpeg``, or None (with a warning, once) without torchvision."""
+    """The batched nvJPEG decoder, called as ``decode_jpeg(list, mode="RGB", device=...)``:
+    torchvision's before 0.29; from torchvision 0.29 on, TorchCodec's when TorchCodec 0.16 or
+    later is installed (torchvision's, deprecated, otherwise); or None (with a warning, once)
+    without either (see docs/cameras.md)."""
+    import importlib
+
+    vision, codec = _version("torchvision"), _version("torchcodec")
+    use_codec = codec is not None and codec >= TORCHCODEC_IMAGE_IO and (
+        vision is None or vision >= TORCHVISION_IMAGE_IO_DEPRECATED)
     try:
-        from torchvision.io import decode_jpeg
-    except ImportError:
-        warnings.warn("torchvision is not installed: camera frames are decoded on the CPU and "
-                      "copied to the GPU; `pip install torchvision` decodes them with nvJPEG.",
-                      stacklevel=3)
-        return None
-    return decode_jpeg
+        if use_codec or vision is not None:
+            module = "torchcodec.decoders" if use_codec else "torchvision.io"
+            return importlib.import_module(module).decode_jpeg
+    except ImportError:  # installed but broken (e.g. built for another torch): as if absent
+        pass
+    warnings.warn("neither torchvision nor TorchCodec is installed: camera frames are decoded "
+                  "on the CPU and copied to the GPU; `pip install torchvision` (the build "
+                  "matching your torch) decodes them with nvJPEG.", stacklevel=3)
+    return None
 
 
 def serve(frames: torch.Tensor, size: tuple[int, int] | None, params, dtype: torch.dtype
