@@ -503,8 +503,8 @@ def rlds_cases(tmp: Path, cfg: dict) -> list[dict]:
                       note=f"{nbytes / raw_s / 1e6:,.0f} MB/s")]
     cores = os.cpu_count() or 1
     indices = list(range(cfg["rlds_episodes"]))
+    _rlds_pass_through(str(root), indices[:1])  # imports (the forked workers inherit them)
     for n in (1, cores):
-        _forked(_rlds_pass_through, [(str(root), indices[:1])] * n)  # imports, first calls
         t0 = time.perf_counter()
         frames = sum(_forked(_rlds_pass_through, [(str(root), indices[i::n]) for i in range(n)]))
         seconds = time.perf_counter() - t0
