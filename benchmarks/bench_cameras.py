@@ -50,11 +50,11 @@ FPS, HISTORY, OUT = 30.0, 2, (224, 224)
 FULL = {"hw": (480, 640), "episodes": 16, "length": 48, "batch": 256, "batches": 20,
         "repeats": 5, "workers": (8, 15), "small_batch": 64,
         "codecs": ("h264", "hevc", "av1"), "counts": None, "per_worker": 4,
-        "gpu_episodes": 160, "gpu_streams": 8, "gpu_start_s": 30.0, "encode_frames": 50,
-        "rlds_episodes": 64, "rlds_camera": 256}
+        "clip_length": 150, "gpu_episodes": 96, "gpu_streams": 8, "gpu_start_s": 30.0,
+        "encode_frames": 50, "rlds_episodes": 64, "rlds_camera": 256}
 QUICK = {"hw": (48, 64), "episodes": 3, "length": 12, "batch": 8, "batches": 2,
          "repeats": 2, "workers": (0,), "small_batch": 4,
-         "codecs": ("h264",), "counts": (1, 2), "per_worker": 2,
+         "codecs": ("h264",), "counts": (1, 2), "per_worker": 2, "clip_length": 12,
          "gpu_episodes": 2, "gpu_streams": 2, "gpu_start_s": 20.0, "encode_frames": 5,
          "rlds_episodes": 4, "rlds_camera": 16}
 SECTIONS = ("encode", "fidelity", "cpu", "gpu", "rlds", "serve")
@@ -257,17 +257,18 @@ def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
             gpu: int = 0) -> tuple[int, float, dict[str, int]]:
     """Read ``indices`` and decode and encode their cameras at the defaults (JPEG q95 4:4:4),
     ``workers`` episodes at once, as ingest prepares episodes (threads that read; videos
-    decoded and encoded in ``workers`` processes, or by NVDEC on the threads): (frames,
-    seconds, frames by decoder)."""
+    decoded and encoded in ``workers`` processes with one FFmpeg thread each, as ingest does
+    with a process per core; or by NVDEC on the threads): (frames, seconds, frames by
+    decoder)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from robocache.data.cameras import FrameFormat, camera_tables, worker_pool
+    from robocache.data.cameras import CameraWorkers, FrameFormat, camera_tables
     from robocache.data.formats import open_source
 
     src = open_source(root)
-    pool = worker_pool(workers) if workers > 1 and decoder == "pyav" else None
     lock = threading.Lock()
+    pool = CameraWorkers(workers, threads=1).start() if decoder == "pyav" else None
 
     def one(index: int) -> dict[str, int]:
         with lock:
@@ -277,14 +278,18 @@ def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
         used = episode.meta["video_decoder"]
         return {used[k]: len(t) for k, t in tables.items()}
 
-    one(indices[0])  # warm: the workers' first frames, NVDEC's decoder
-    by: dict[str, int] = {}
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(workers) as threads:
-        for counts in threads.map(one, indices):
-            for k, v in counts.items():
-                by[k] = by.get(k, 0) + v
-    return sum(by.values()), time.perf_counter() - t0, by
+    try:
+        one(indices[0])  # warm: the workers' first frames, NVDEC's decoder
+        by: dict[str, int] = {}
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(workers) as threads:
+            for counts in threads.map(one, indices):
+                for k, v in counts.items():
+                    by[k] = by.get(k, 0) + v
+        return sum(by.values()), time.perf_counter() - t0, by
+    finally:
+        if pool is not None:
+            pool.close()
 
 
 def worker_counts(cores: int) -> list[int]:
@@ -560,7 +565,7 @@ def run(quick: bool = False, copy_gbps: float | None = None,
             cores = os.cpu_count() or 1
             episodes = max(cfg["per_worker"] * max(cfg["counts"] or (cores,)),
                            cfg["gpu_episodes"] * max(torch.cuda.device_count(), 1))
-            roots = {c: make_clips(Path(tmp) / c, episodes, cfg["length"], cfg["hw"], c)
+            roots = {c: make_clips(Path(tmp) / c, episodes, cfg["clip_length"], cfg["hw"], c)
                      for c in cfg["codecs"]}
             if "cpu" in wanted:
                 records += cpu_cases(roots, cfg)

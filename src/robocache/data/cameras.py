@@ -513,15 +513,20 @@ class CameraWorkers:
     imported modules and need no ``if __name__ == "__main__"`` guard in the caller's script
     (a spawned or fork-server process imports the caller's main module again); they run only
     PyAV, NumPy, libjpeg-turbo and Pillow, never CUDA. Each decodes with
-    ``cores // processes`` FFmpeg threads (one per stream when there are as many processes as
-    cores).
+    ``threads`` FFmpeg threads (default ``cores // processes``: one per stream when there are
+    as many processes as cores).
     """
 
-    def __init__(self, processes: int):
+    def __init__(self, processes: int, threads: int | None = None):
         self.processes = processes
-        self.threads = max(1, (os.cpu_count() or 1) // processes)
+        self.threads = threads or max(1, (os.cpu_count() or 1) // processes)
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+
+    def start(self) -> CameraWorkers:
+        """Fork the worker processes now, on this thread (else the first task does)."""
+        self._executor()
+        return self
 
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -591,8 +596,7 @@ def worker_pool(processes: int) -> CameraWorkers:
         if current is not None:
             current.close()
         current = _workers["pool"] = CameraWorkers(processes)
-    current._executor()
-    return current
+    return current.start()
 
 
 @dataclass
