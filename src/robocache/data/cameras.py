@@ -162,6 +162,11 @@ def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float, each=No
     decoded, the frame itself by default; file seconds; frame numbers). ``threads``: FFmpeg's
     decoder threads (0: its own choice, frame and slice threads over the cores)."""
     av = _av()
+    from av.video.reformatter import VideoReformatter
+
+    # one colour converter for the span: frame.to_ndarray(format=...) sets up swscale anew for
+    # every frame (480x640 H.264: 0.36 against 0.18 ms a frame, same pixels)
+    rgb = VideoReformatter()
     kept, times = [], []
     try:
         with av.open(str(path)) as container:
@@ -182,7 +187,7 @@ def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float, each=No
                         continue
                     if t > end_s + tolerance_s:
                         break
-                    image = frame.to_ndarray(format="rgb24")
+                    image = rgb.reformat(frame, format="rgb24").to_ndarray()
                     kept.append(image if each is None else each(image))
                     times.append(t)
             except (av.error.FFmpegError, OSError) as e:
