@@ -627,6 +627,8 @@ def test_ingest_cli_camera_chroma(tmp_path):
     assert res.exit_code == 0, res.output
     entry = json.loads(res.stdout)["streams"][CAM]
     assert (entry["quality"], entry["chroma"]) == (90, "422")
+    shown = runner.invoke(app, ["inspect", str(tmp_path / "c")])
+    assert shown.exit_code == 0 and "jpeg q90 422" in shown.output
     bad = runner.invoke(app, ["ingest", str(FIXTURES / "lerobot_h264"), str(tmp_path / "d"),
                               "--camera-chroma", "410"])
     assert bad.exit_code == 2 and "--camera-chroma" in bad.output
