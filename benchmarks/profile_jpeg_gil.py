@@ -1,5 +1,6 @@
 """How much of a JPEG encoder's time holds the GIL: py-spy samples one thread encoding a 480x640
-frame at quality 95 in a loop, once for all samples and once (``--gil``) for the samples
+frame at quality 95 in a loop (``pillow-decode``: decoding it to an RGB array, as the serving
+path's CPU decode does), once for all samples and once (``--gil``) for the samples
 where that thread holds the GIL; the ratio of the encoder's samples is the share of its time
 other Python threads cannot run.
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-ENCODERS = ("pillow", "simplejpeg", "turbojpeg")
+ENCODERS = ("pillow", "simplejpeg", "turbojpeg", "pillow-decode")
 
 
 def _encoder(name: str):
@@ -38,6 +39,19 @@ def _encoder(name: str):
             Image.fromarray(frame).save(buf, "JPEG", quality=95, subsampling=0)
             return buf.getvalue()
         return pillow
+    if name == "pillow-decode":
+        from PIL import Image
+
+        encoded = {}
+
+        def pillow_decode(frame):
+            if not encoded:  # the frame's JPEG bytes, once
+                buf = io.BytesIO()
+                Image.fromarray(frame).save(buf, "JPEG", quality=95)
+                encoded["data"] = buf.getvalue()
+            with Image.open(io.BytesIO(encoded["data"])) as im:
+                return np.asarray(im.convert("RGB"))
+        return pillow_decode
     if name == "simplejpeg":
         import simplejpeg
 

@@ -735,7 +735,9 @@ def _decode_pil(frames: EncodedFrames, rows: torch.Tensor, device: torch.device
         with Image.open(io.BytesIO(parts[i].numpy().tobytes())) as im:
             out[i] = np.asarray(im.convert("RGB") if c == 3 else im).reshape(h, w, c)
 
-    with ThreadPoolExecutor(_threads()) as pool:  # Pillow decodes without the GIL
+    # Pillow's decode holds the GIL a quarter of its time (py-spy, 480x640 q95:
+    # benchmarks/results/jpeg-gil-cpu-2026-11-27.json): threads overlap the rest
+    with ThreadPoolExecutor(_threads()) as pool:
         list(pool.map(one, range(len(parts))))
     return torch.from_numpy(out).permute(0, 3, 1, 2).to(device)
 

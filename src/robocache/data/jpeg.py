@@ -2,7 +2,7 @@
 
 CPU (:func:`encode`, :func:`encode_batch`): libjpeg-turbo through simplejpeg, which releases
 the GIL while it encodes (py-spy ``--gil`` on one thread encoding 480x640 frames at q95: 3 % of
-its samples hold the GIL, against 94 % for Pillow's JPEG encoder and 3 % for PyTurboJPEG;
+its samples hold the GIL, against 91 % for Pillow's JPEG encoder and 7 % for PyTurboJPEG;
 ``benchmarks/results/jpeg-gil-cpu-2026-11-27.json``, ``benchmarks/profile_jpeg_gil.py``), and
 ships libjpeg-turbo inside its wheel (PyTurboJPEG loads the system's libturbojpeg, 3.0 or later
 for its 2.x releases).
