@@ -742,3 +742,46 @@ def test_serving_decoder_follows_torchvisions_deprecation(monkeypatch, vision, c
         assert (chosen is None) == any("nvJPEG" in str(w.message) for w in caught)
     finally:
         cameras._nvjpeg.cache_clear()
+
+
+KILLED_BUILD = """
+import sys, time
+from robocache.data.cache import build
+from robocache.data.formats import open_source
+src = open_source(sys.argv[1])
+read = src.read
+def slow(i):
+    time.sleep(0.5)
+    return read(i)
+src.read = slow
+build(src, sys.argv[2], rate_hz=10.0, progress=False, device="cpu", decode_workers=2)
+"""
+
+
+def test_killed_ingest_leaves_no_worker_holding_the_cache(tmp_path):
+    """kill -9 of an ingest whose videos decode in worker processes: the workers exit with it
+    (none keeps the cache's lock), and the next run resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from robocache.data.lock import holder
+
+    src = _two_cameras(tmp_path / "src", episodes=6)
+    dest = tmp_path / "c"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(src), str(dest)], env=env)
+    deadline = time.monotonic() + 60
+    while not list((dest / "data.lance" / "_versions").glob("*.manifest")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no episode was cached"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while holder(dest) is not None:
+        assert time.monotonic() < deadline, f"the lock outlived the ingest: {holder(dest)}"
+        time.sleep(0.05)
+    m = build(src, dest, rate_hz=10.0, progress=False, device="cpu", decode_workers=2)
+    assert m["counts"]["cached"] == 6 and m["counts"]["quarantined"] == 0

@@ -538,8 +538,9 @@ class CameraWorkers:
             if self._pool is None:
                 import multiprocessing
 
-                self._pool = ProcessPoolExecutor(self.processes,
-                                                 mp_context=multiprocessing.get_context("fork"))
+                self._pool = ProcessPoolExecutor(
+                    self.processes, mp_context=multiprocessing.get_context("fork"),
+                    initializer=_die_with, initargs=(os.getpid(),))
                 with warnings.catch_warnings():  # the workers never call Lance
                     warnings.filterwarnings("ignore", "lance is not fork-safe")
                     self._pool.submit(int).result()  # the first task forks every process
@@ -588,6 +589,21 @@ class CameraWorkers:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _die_with(parent: int) -> None:
+    """Worker start-up: be killed when the process that forked this one dies (Linux
+    ``PR_SET_PDEATHSIG``), so that a killed ingest leaves no worker holding the files it had
+    open, the cache's lock among them (tested with kill -9)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: workers end when their queue closes
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 _workers: dict[str, CameraWorkers] = {}
