@@ -303,10 +303,11 @@ class Prepared:
 
 def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
                     config: CacheConfig, *, gpu: int = 0, workers=None,
-                    lock: threading.Lock | None = None) -> Prepared:
+                    threads: int = 0, lock: threading.Lock | None = None) -> Prepared:
     """Read, check, decode and encode episode ``index`` (safe on a worker thread: the source
     reads under ``lock``; ``workers``: the :class:`~robocache.data.cameras.CameraWorkers`
-    that decode and encode its videos, else this thread). What waits to be written is the
+    that decode and encode its videos, else this thread with ``threads`` FFmpeg threads, see
+    :func:`~robocache.data.cameras.camera_tables`). What waits to be written is the
     episode's JPEG/PNG bytes, never its decoded pixels. Any failure but ``MemoryError`` is
     returned as ``error`` (the episode is quarantined with it)."""
     t0 = time.perf_counter()
@@ -322,7 +323,8 @@ def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
         out.frames = camera_tables(episode, specs, frame_format(config),
                                    {name: stored_size(spec, config)
                                     for name, spec in specs.items()},
-                                   decoder=config.video_decoder, gpu=gpu, workers=workers)
+                                   decoder=config.video_decoder, gpu=gpu, workers=workers,
+                                   threads=threads)
         out.episode = episode
         out.seconds = {"read": t1 - t0, "encode": time.perf_counter() - t1}
     except MemoryError:

@@ -420,8 +420,8 @@ def _table(episode: int, source: np.ndarray, times: np.ndarray, data: list[bytes
 
 def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameFormat,
                   sizes: dict[str, tuple[int, int] | None] | None = None, *,
-                  decoder: str = "pyav", gpu: int = 0,
-                  workers: CameraWorkers | None = None) -> dict[str, object]:
+                  decoder: str = "pyav", gpu: int = 0, workers: CameraWorkers | None = None,
+                  threads: int = 0) -> dict[str, object]:
     """The Lance rows (:func:`frames_table`) of every camera stream of ``episode`` (stream ->
     table), frames stored as ``fmt`` says, resized to ``sizes[name]`` where given.
 
@@ -430,9 +430,10 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
     or ``"auto"``, as :func:`decode_video` says) on GPU ``gpu``, the frames JPEG-encoded by
     nvJPEG on that GPU when ``fmt`` is JPEG 4:4:4 at the source's size, else on the CPU; with
     PyAV in ``workers``' processes (one task per stream, the streams of an episode at once),
-    or on this thread without ``workers``. Each such stream is then left in ``episode`` as
-    its frames' timestamps (from the episode start) without pixels, its frame numbers in the
-    file in ``episode.meta["source_frame"]`` and its decoder in
+    or on this thread without ``workers`` (with ``threads`` FFmpeg threads, 0: FFmpeg's
+    choice; 1 where every core already runs an episode). Each such stream is then left in
+    ``episode`` as its frames' timestamps (from the episode start) without pixels, its frame
+    numbers in the file in ``episode.meta["source_frame"]`` and its decoder in
     ``episode.meta["video_decoder"]``, as :func:`decode_videos` leaves them.
 
     Raises:
@@ -458,7 +459,7 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
         if got is not None:
             pending[name] = (got, "nvdec")
         elif workers is None:
-            pending[name] = (_pyav_stream(*task), "pyav")
+            pending[name] = (_pyav_stream(*task, threads=threads), "pyav")
         else:
             pending[name] = (workers.submit(_pyav_stream, *task), "pyav")
     for name, (got, used) in pending.items():  # in the specs' order: the first error wins
