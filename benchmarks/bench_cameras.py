@@ -343,7 +343,15 @@ def gpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
                 "root": str(root), "indices": list(range(g * per, (g + 1) * per)), "gpu": g,
                 "streams": cfg["gpu_streams"], "start": start})],
             stdout=subprocess.PIPE, text=True) for g in range(gpus)]
-        outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+        outs = [p.communicate()[0].strip().splitlines() for p in procs]
+        failed = [g for g, (p, o) in enumerate(zip(procs, outs, strict=True))
+                  if p.returncode != 0 or not o]
+        if failed:  # its traceback went to stderr
+            records.append(H.case(FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare",
+                                  f"gpu-x{gpus}", H.summarize([0.0]),
+                                  error=f"the processes of GPUs {failed} failed"))
+            continue
+        outs = [json.loads(o[-1]) for o in outs]
         frames = sum(o["frames"] for o in outs)
         seconds = max(o["end"] for o in outs) - start
         by: dict[str, int] = {}
@@ -574,6 +582,10 @@ def run(quick: bool = False, copy_gbps: float | None = None,
 
                 if nvdec_available():
                     records += gpu_cases(roots, cfg)
+                else:
+                    records.append(H.case(FAMILY, "gpu", "gpu-skipped", H.summarize([0.0]),
+                                          error="NVDEC needs PyNvVideoCodec: `pip install "
+                                                "PyNvVideoCodec`"))
         if "rlds" in wanted:
             records += rlds_cases(Path(tmp), cfg)
     if "serve" in wanted:
