@@ -1,15 +1,24 @@
-"""Benchmark camera serving: JPEG frames from the cache, decoded and transformed on the GPU.
+"""Benchmark cameras: into the cache (encoders, fidelity, the camera path on the cores and on
+the GPUs, RLDS pass-through), and out of it (JPEG frames decoded and transformed on the GPU).
 
     $ robocache bench cameras --json benchmarks/results/cameras.json
+    $ python benchmarks/bench_cameras.py --sections cpu,gpu --json cameras-ingest.json
     $ python benchmarks/bench_cameras.py --quick        # CPU smoke run
 
-The dataset is a LeRobot v3.0 directory written here with two 480x640 cameras (H.264 mp4s written
-the way LeRobot records video: PyAV, yuv420p, keyframe every 2 frames, CRF 30), state and action
-streams (:func:`make_dataset`, shared with ``bench_train_vision``). It is ingested (video decoded,
-frames stored as JPEG quality 95) three ways, each timed once: ``ingest`` (PyAV, ``decode_workers``
-= the cores: episodes decoded and encoded in parallel), ``ingest-w1`` (PyAV, one episode at a time)
-and ``ingest-nvdec`` (NVDEC through PyNvVideoCodec, skipped without it or without a GPU); each
-records frames/s over all cores and per core, and cache vs mp4 bytes per frame.
+Sections (``--sections``, all by default; docs/cameras.md has the targets):
+
+- ``encode`` (:func:`encoder_cases`): JPEG encoders at q95 on a 480x640 frame, one thread and
+  one thread per core; nvJPEG on the GPU.
+- ``fidelity`` (:func:`fidelity_cases`): bytes per frame against PSNR of LeRobot's own decode,
+  per chroma and quality, on the committed LeRobot fixture of sharp-edged content.
+- ``cpu`` (:func:`cpu_cases`): the camera path (read, PyAV decode, JPEG 4:4:4 q95 encode) of
+  480x640 H.264, HEVC and AV1 videos with 1, 2, 4, ... and all cores' worker processes.
+- ``gpu`` (:func:`gpu_cases`): the same with NVDEC and nvJPEG, one process per GPU.
+- ``rlds`` (:func:`rlds_cases`): RLDS JPEG cameras passed through, against the raw read.
+- ``serve`` (:func:`serve_cases`): the dataset of :func:`make_dataset` (LeRobot v3.0, two 480x640
+  H.264 cameras written the way LeRobot records video: PyAV, yuv420p, keyframe every 2 frames,
+  CRF 30; shared with ``bench_train_vision``) ingested whole at the defaults (``ingest``, and
+  ``ingest-nvdec`` with a GPU and PyNvVideoCodec), then served.
 
 Serving cases, batch 256 samples x 2 cameras x 2 frames (history 2) = 1024 frames a batch:
 
