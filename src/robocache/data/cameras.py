@@ -409,13 +409,35 @@ def _stored(frame, spec: StreamSpec, size: tuple[int, int] | None) -> np.ndarray
     return frame if size is None else resize(frame, size)
 
 
-def _table(episode: int, source: np.ndarray, times: np.ndarray, data: list[bytes]):
+def _table(episode: int, source: np.ndarray, times: np.ndarray, data):
+    """The frames table; ``data``: the frames' bytes, a list or :func:`_pack`'s pair."""
     pa = require("pyarrow", "data", "Arrow tables")
 
-    n = len(data)
+    encoded = _binary(data)
+    n = len(encoded)
     return pa.table({"episode_index": np.full(n, episode, np.int64),
                      "frame": np.arange(n, dtype=np.int64), "source_frame": source,
-                     "timestamp": times, "encoded": pa.array(data, pa.binary())})
+                     "timestamp": times, "encoded": encoded})
+
+
+def _pack(frames: list[bytes]) -> tuple[bytes, np.ndarray]:
+    """Encoded frames as one byte string and int64 offsets ``[F + 1]``: what a worker process
+    sends back (one object to pickle, not one per frame)."""
+    return b"".join(frames), np.cumsum([0, *map(len, frames)], dtype=np.int64)
+
+
+def _binary(data):
+    """An Arrow binary array of a list of byte strings or of :func:`_pack`'s pair (its buffers
+    used as they are when the offsets fit Arrow's binary type)."""
+    pa = require("pyarrow", "data", "Arrow tables")
+
+    if isinstance(data, tuple):
+        packed, offsets = data
+        if offsets[-1] < 2**31:
+            return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [
+                None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(packed)])
+        data = [packed[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    return pa.array(data, pa.binary())
 
 
 def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameFormat,
@@ -483,13 +505,14 @@ def _pyav_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: Fr
                  size: tuple[int, int] | None, shape: tuple[int, ...], where: str,
                  threads: int = 0):
     """One stream's span decoded by PyAV and encoded frame by frame (a worker process's
-    task): (encoded frames, file seconds, frame numbers). ``where`` names the stream in
-    errors."""
+    task): (encoded frames, :func:`_pack`ed; file seconds; frame numbers). ``where`` names the
+    stream in errors."""
     def each(frame: np.ndarray) -> bytes:
         frame = _shape_checked(frame, shape, where)
         return fmt.encode(frame if size is None else resize(frame, size))
 
-    return _decode_pyav(path, start_s, end_s, tolerance_s, each, threads)
+    data, t, index = _decode_pyav(path, start_s, end_s, tolerance_s, each, threads)
+    return _pack(data), t, index
 
 
 def _nvdec_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: FrameFormat,
