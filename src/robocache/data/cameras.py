@@ -10,7 +10,7 @@ start) and ``encoded`` (the image).
 - A video stream is decoded over the episode's span of its file (LeRobot v3.0 files hold many
   episodes: ``from_timestamp`` marks where this one starts) and encoded as it decodes, one
   frame at a time: with PyAV in a worker process (:func:`worker_pool`; one decoder per stream,
-  so the cores decode many streams at once without sharing one interpreter's GIL), or, with
+  each process with its own interpreter and GIL), or, with
   ``decoder="nvdec"``/``"auto"``, with NVDEC through PyNvVideoCodec on the calling thread
   (H.264 and HEVC), the frames then JPEG-encoded on the same GPU by nvJPEG in batches
   (:func:`robocache.data.jpeg.encode_cuda`) and only the bytes copied to the host.
@@ -535,9 +535,9 @@ def _nvdec_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: F
 class CameraWorkers:
     """Worker processes that decode (PyAV) and encode camera streams, one stream per task.
 
-    Processes, not threads: per frame, decoding and converting with PyAV runs Python between
-    the codec calls, and with many streams decoding at once in one process those stretches
-    queue on one GIL. The processes are forked, all at once, when the pool starts
+    Processes, not threads: each worker has its own interpreter, so no part of a frame's path
+    (PyAV's Python between its codec calls, the encoder) waits on another stream's GIL. The
+    processes are forked, all at once, when the pool starts
     (:func:`worker_pool` starts it on the calling thread), so they share this process's
     imported modules and need no ``if __name__ == "__main__"`` guard in the caller's script
     (a spawned or fork-server process imports the caller's main module again); they run only
