@@ -785,3 +785,38 @@ def test_killed_ingest_leaves_no_worker_holding_the_cache(tmp_path):
         time.sleep(0.05)
     m = build(src, dest, rate_hz=10.0, progress=False, device="cpu", decode_workers=2)
     assert m["counts"]["cached"] == 6 and m["counts"]["quarantined"] == 0
+
+
+def _crash_once(marker: str, where: str, threads: int) -> str:
+    """A worker task that kills its process the first time (``marker`` records it)."""
+    import os
+
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    return f"{where}: ok"
+
+
+def _crash_always(path: str, where: str, threads: int) -> str:
+    import os
+
+    os._exit(3)
+
+
+def test_a_dead_camera_worker_is_replaced_and_its_task_retried_once(tmp_path):
+    """A worker process that dies breaks the pool: the task runs once more in a new pool; a
+    task that kills it again raises DataError naming its stream; the pool works after."""
+    from robocache.data.cameras import CameraWorkers
+
+    workers = CameraWorkers(2, threads=1).start()
+    try:
+        marker = str(tmp_path / "crashed")
+        assert workers.result(workers.submit(_crash_once, marker, "episode 0")) == \
+            "episode 0: ok"
+        with pytest.raises(DataError, match="episode 1: a camera worker process died "
+                                            "decoding x.mp4"):
+            workers.result(workers.submit(_crash_always, "x.mp4", "episode 1"))
+        assert workers.result(workers.submit(_crash_once, marker, "episode 2")) == \
+            "episode 2: ok"
+    finally:
+        workers.close()
