@@ -480,14 +480,21 @@ def fidelity_cases() -> list[dict]:
                       psnr_min_dB=float(psnr(decoded, want).min()) if diff else None,
                       note="ingest's decode against LeRobot's: " +
                            ("identical" if diff == 0 else f"up to {diff} levels apart"))]
-    for chroma in ("444", "422", "420"):
+    from robocache.data import jpeg
+
+    encoders = {f"jpeg-{c}": (c, lambda q, c=c: [encode(f, "jpeg", q, c) for f in decoded])
+                for c in ("444", "422", "420")}
+    if jpeg.gpu_available():  # nvJPEG, 4:4:4 only
+        encoders["nvjpeg-444"] = ("444", lambda q: jpeg.encode_cuda(
+            torch.from_numpy(decoded).cuda(), q))
+    for name, (chroma, encode_all) in encoders.items():
         for quality in (85, 90, 95, 100):
-            data = [encode(f, "jpeg", quality, chroma) for f in decoded]
+            data = encode_all(quality)
             back = np.stack([np.asarray(Image.open(io.BytesIO(d)).convert("RGB"))
                              for d in data])
             p = psnr(back, want)
             records.append(H.case(
-                FAMILY, "sharp-64x96-av1-fidelity", f"jpeg-{chroma}-q{quality}",
+                FAMILY, "sharp-64x96-av1-fidelity", f"{name}-q{quality}",
                 H.summarize([0.0]), chroma=chroma, quality=quality,
                 bytes_per_frame=float(np.mean([len(d) for d in data])),
                 psnr_mean_dB=float(p.mean()), psnr_min_dB=float(p.min()),
