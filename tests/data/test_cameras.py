@@ -744,16 +744,13 @@ def test_serving_decoder_follows_torchvisions_deprecation(monkeypatch, vision, c
         cameras._nvjpeg.cache_clear()
 
 
+# an ingest that reads an episode every 0.5 s, its videos decoded in 2 worker processes
 KILLED_BUILD = """
 import sys, time
 from robocache.data.cache import build
 from robocache.data.formats import open_source
 src = open_source(sys.argv[1])
-read = src.read
-def slow(i):
-    time.sleep(0.5)
-    return read(i)
-src.read = slow
+src.read = lambda i, read=src.read: time.sleep(0.5) or read(i)
 build(src, sys.argv[2], rate_hz=10.0, progress=False, device="cpu", decode_workers=2)
 """
 
