@@ -838,3 +838,18 @@ def test_nvjpeg_encode_is_444_and_40db_on_sharp_edges(sharp):
     assert len(data) == len(decoded) and {_sampling(d) for d in data} == {0}
     back = [np.asarray(Image.open(io.BytesIO(d)).convert("RGB")) for d in data]
     assert min(psnr(b, w) for b, w in zip(back, sharp["lerobot"], strict=True)) >= 40.0
+
+
+def _build_in(src: str, dest: str) -> int:
+    return build(src, dest, rate_hz=10.0, progress=False, device="cpu",
+                 decode_workers=2)["counts"]["cached"]
+
+
+def test_ingest_in_a_daemonic_process_decodes_on_threads(tmp_path):
+    """A build inside a multiprocessing.Pool worker (daemonic: no children allowed) decodes
+    its videos on the reading threads instead of worker processes."""
+    import multiprocessing
+
+    src = _two_cameras(tmp_path / "src", episodes=3)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_build_in, (str(src), str(tmp_path / "c"))) == 3

@@ -633,9 +633,15 @@ def _die_with(parent: int) -> None:
 _workers: dict[str, CameraWorkers] = {}
 
 
-def worker_pool(processes: int) -> CameraWorkers:
+def worker_pool(processes: int) -> CameraWorkers | None:
     """This process's :class:`CameraWorkers` of ``processes`` processes, started (on this
-    thread) and shared by its cache builds; a build asking for another count replaces it."""
+    thread) and shared by its cache builds; a build asking for another count replaces it.
+    ``None`` in a daemonic process (e.g. a ``multiprocessing.Pool`` worker), which may not
+    have children: its videos decode on the reading threads."""
+    import multiprocessing
+
+    if multiprocessing.current_process().daemon:
+        return None
     current = _workers.get("pool")
     if current is None or current.processes != processes:
         if current is not None:
