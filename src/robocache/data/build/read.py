@@ -60,14 +60,18 @@ def load_episode(src: Source, index: int, specs: dict[str, StreamSpec],
     """Read episode ``index`` (its videos decoded by ``video_decoder``, see
     :func:`robocache.data.cameras.decode_video`) and check it against ``specs`` (a bad episode
     raises). ``lock``: held while the source reads (readers are not all thread-safe)."""
-    if lock is None:
-        episode = src.read(index)
-    else:
-        with lock:
-            episode = src.read(index)
+    episode = _read(src, index, lock)
     decode_videos(episode, specs, decoder=video_decoder, gpu=gpu)
     check_episode(episode, specs)
     return episode
+
+
+def _read(src: Source, index: int, lock: threading.Lock | None) -> Episode:
+    """``src.read(index)``, under ``lock`` when given (readers are not all thread-safe)."""
+    if lock is None:
+        return src.read(index)
+    with lock:
+        return src.read(index)
 
 
 @dataclass
@@ -108,11 +112,7 @@ def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
     t0 = time.perf_counter()
     out = Prepared(index)
     try:
-        if lock is None:
-            episode = src.read(index)
-        else:
-            with lock:
-                episode = src.read(index)
+        episode = _read(src, index, lock)
         check_episode(episode, specs)  # videos still in their files: their frames next
         t1 = time.perf_counter()
         out.frames = camera_tables(episode, specs, frame_format(config),
@@ -147,8 +147,8 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
     - Otherwise on threads, which read and check the episodes; their videos are decoded and
       encoded in ``decode_workers`` forked camera worker processes
       (:func:`robocache.data.cameras.worker_pool`: each has its own GIL), or on the reading
-      thread with one worker, without video or in a daemonic process; NVDEC's on the threads
-      (its decoders share this process's CUDA context)."""
+      thread with one worker or in a daemonic process; NVDEC's on the threads (its decoders
+      share this process's CUDA context)."""
     if path is not None:
         indices = list(indices)
         if use_processes(config, len(indices)):
@@ -158,6 +158,7 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
     lock = threading.Lock()
     videos = any(spec.kind == "video" for spec in specs.values())
     cameras = worker_pool(workers) if workers > 1 and videos else None
+    threads = 0 if workers == 1 else _ffmpeg_threads(workers)  # for videos decoded inline
     pool = ThreadPoolExecutor(workers, thread_name_prefix="robocache-ingest")
     try:
         it = iter(indices)
@@ -166,7 +167,8 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
         def submit() -> None:
             for index in it:
                 pending.append(pool.submit(prepare_episode, src, index, specs, config,
-                                           gpu=gpu, workers=cameras, lock=lock))
+                                           gpu=gpu, workers=cameras, threads=threads,
+                                           lock=lock))
                 return
 
         for _ in range(workers):
@@ -215,6 +217,13 @@ def _picklable(e: Exception) -> Exception:
         return DataError(f"{type(e).__name__}: {e}")
 
 
+def _ffmpeg_threads(workers: int) -> int:
+    """FFmpeg threads for a video decoded inline while ``workers`` episodes are prepared at
+    once: the cores split between them, as :class:`~robocache.data.cameras.CameraWorkers`
+    splits them (one each when there are as many workers as cores, the default)."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def _prepare_chunk(indices: list[int], fps: float | None, align: bool) -> list[Prepared]:
     """In a worker process: :func:`prepare_episode` of each of ``indices`` (its videos
     decoded here: no camera worker processes are started in a worker process) and, with
@@ -224,9 +233,7 @@ def _prepare_chunk(indices: list[int], fps: float | None, align: bool) -> list[P
     from robocache.observability import metrics
 
     src, specs, config = _WORKER["src"], _WORKER["specs"], _WORKER["config"]
-    # one process per episode in flight: FFmpeg's threads split the cores between them, as a
-    # camera worker's do (one each with the default decode_workers, the cores)
-    threads = max(1, (os.cpu_count() or 1) // decode_workers(config))
+    threads = _ffmpeg_threads(decode_workers(config))
     out = [prepare_episode(src, index, specs, config, threads=threads) for index in indices]
     if align:
         todo = [p for p in out if p.error is None]
