@@ -1,15 +1,24 @@
-"""Benchmark camera serving: JPEG frames from the cache, decoded and transformed on the GPU.
+"""Benchmark cameras: into the cache (encoders, fidelity, the camera path on the cores and on
+the GPUs, RLDS pass-through), and out of it (JPEG frames decoded and transformed on the GPU).
 
     $ robocache bench cameras --json benchmarks/results/cameras.json
+    $ python benchmarks/bench_cameras.py --sections cpu,gpu --json cameras-ingest.json
     $ python benchmarks/bench_cameras.py --quick        # CPU smoke run
 
-The dataset is a LeRobot v3.0 directory written here with two 480x640 cameras (H.264 mp4s written
-the way LeRobot records video: PyAV, yuv420p, keyframe every 2 frames, CRF 30), state and action
-streams (:func:`make_dataset`, shared with ``bench_train_vision``). It is ingested (video decoded,
-frames stored as JPEG quality 95) three ways, each timed once: ``ingest`` (PyAV, ``decode_workers``
-= the cores: episodes decoded and encoded in parallel), ``ingest-w1`` (PyAV, one episode at a time)
-and ``ingest-nvdec`` (NVDEC through PyNvVideoCodec, skipped without it or without a GPU); each
-records frames/s over all cores and per core, and cache vs mp4 bytes per frame.
+Sections (``--sections``, all by default; docs/cameras.md has the targets):
+
+- ``encode`` (:func:`encoder_cases`): JPEG encoders at q95 on a 480x640 frame, one thread and
+  one thread per core; nvJPEG on the GPU.
+- ``fidelity`` (:func:`fidelity_cases`): bytes per frame against PSNR of LeRobot's own decode,
+  per chroma and quality, on the committed LeRobot fixture of sharp-edged content.
+- ``cpu`` (:func:`cpu_cases`): the camera path (read, PyAV decode, JPEG 4:4:4 q95 encode) of
+  480x640 H.264, HEVC and AV1 videos with 1, 2, 4, ... and all cores' worker processes.
+- ``gpu`` (:func:`gpu_cases`): the same with NVDEC and nvJPEG, one process per GPU.
+- ``rlds`` (:func:`rlds_cases`): RLDS JPEG cameras passed through, against the raw read.
+- ``serve`` (:func:`serve_cases`): the dataset of :func:`make_dataset` (LeRobot v3.0, two 480x640
+  H.264 cameras written the way LeRobot records video: PyAV, yuv420p, keyframe every 2 frames,
+  CRF 30; shared with ``bench_train_vision``) ingested whole at the defaults (``ingest``, and
+  ``ingest-nvdec`` with a GPU and PyNvVideoCodec), then served.
 
 Serving cases, batch 256 samples x 2 cameras x 2 frames (history 2) = 1024 frames a batch:
 
@@ -48,9 +57,16 @@ FAMILY = "cameras"
 CAMS = ("observation.images.left", "observation.images.right")
 FPS, HISTORY, OUT = 30.0, 2, (224, 224)
 FULL = {"hw": (480, 640), "episodes": 16, "length": 48, "batch": 256, "batches": 20,
-        "repeats": 5, "workers": (8, 15), "small_batch": 64}
+        "repeats": 5, "workers": (8, 15), "small_batch": 64,
+        "codecs": ("h264", "hevc", "av1"), "counts": None, "per_worker": 4,
+        "clip_length": 120, "gpu_episodes": 120, "gpu_streams": 8, "gpu_start_s": 25.0,
+        "encode_frames": 50, "rlds_episodes": 64, "rlds_camera": 256}
 QUICK = {"hw": (48, 64), "episodes": 3, "length": 12, "batch": 8, "batches": 2,
-         "repeats": 2, "workers": (0,), "small_batch": 4}
+         "repeats": 2, "workers": (0,), "small_batch": 4,
+         "codecs": ("h264",), "counts": (1, 2), "per_worker": 2, "clip_length": 12,
+         "gpu_episodes": 2, "gpu_streams": 2, "gpu_start_s": 20.0, "encode_frames": 5,
+         "rlds_episodes": 4, "rlds_camera": 16}
+SECTIONS = ("encode", "fidelity", "cpu", "gpu", "rlds", "serve")
 
 
 def _frames(rng: np.random.Generator, n: int, hw: tuple[int, int], cam: int) -> np.ndarray:
@@ -153,30 +169,30 @@ def _wall(fn, batches: int, repeats: int, device) -> H.Timing:
 
 def ingest_cases(root: Path, tmp: Path, name: str, frames: int) -> list[dict]:
     """Ingest ``root`` (``frames`` video frames) into ``tmp/cache`` (the cache the serving
-    cases read) and time it: ``ingest`` (PyAV, ``decode_workers`` = the cores), ``ingest-w1``
-    (PyAV, one episode at a time) and ``ingest-nvdec`` (NVDEC; only with a CUDA GPU and
-    PyNvVideoCodec), each once, wall clock, with frames/s over all cores and per core."""
+    cases read) with the defaults (PyAV, ``decode_workers`` = the cores), and into
+    ``tmp/cache-nvdec`` with NVDEC (only with a CUDA GPU and PyNvVideoCodec), each once, wall
+    clock: the whole build (read, decode, encode, align, write, commit)."""
     from robocache.data.cache import build
     from robocache.data.cameras import nvdec_available
 
     cores = os.cpu_count() or 1
     mp4 = sum(p.stat().st_size for p in (root / "videos").rglob("*.mp4"))
-    runs = [("ingest", "cache", "pyav", cores), ("ingest-w1", "cache-w1", "pyav", 1)]
+    runs = [("ingest", "cache", "pyav")]
     if nvdec_available():
-        runs.append(("ingest-nvdec", "cache-nvdec", "nvdec", cores))
+        runs.append(("ingest-nvdec", "cache-nvdec", "nvdec"))
     build(root, tmp / "warmup", rate_hz=FPS, progress=False, episodes=[0])  # imports, first calls
     records = []
-    for impl, dest, decoder, workers in runs:
+    for impl, dest, decoder in runs:
         t0 = time.perf_counter()
-        manifest = build(root, tmp / dest, rate_hz=FPS, progress=False, decode_workers=workers,
-                         video_decoder=decoder)
+        manifest = build(root, tmp / dest, rate_hz=FPS, progress=False, video_decoder=decoder)
         seconds = time.perf_counter() - t0
         cache_bytes = sum(p.stat().st_size for p in (tmp / dest / "frames").rglob("*")
                           if p.is_file())
         records.append(H.case(FAMILY, name, impl, H.summarize([seconds * 1e3]), frames=frames,
                               frames_per_s=frames / seconds,
                               frames_per_s_per_core=frames / seconds / cores, cores=cores,
-                              decode_workers=workers, video_decoder=decoder,
+                              decode_workers=manifest["decode"]["workers"],
+                              video_decoder=decoder,
                               decoded_by=manifest["decode"]["video_frames"],
                               cache_bytes_per_frame=cache_bytes / frames,
                               mp4_bytes_per_frame=mp4 / frames,
@@ -186,11 +202,418 @@ def ingest_cases(root: Path, tmp: Path, name: str, frames: int) -> list[dict]:
     return records
 
 
-def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+# --- the camera path alone: read, decode, encode (what ingest does before aligning) ---------
+
+# encoder options per codec: no B-frames, so NVDEC decodes the H.264 and HEVC streams
+# (NVDEC ingest leaves streams with B-frames to PyAV)
+CODECS = {"h264": ("libx264", {"bf": "0"}), "hevc": ("libx265", {"x265-params": "bframes=0"}),
+          "av1": ("libsvtav1", None)}
+
+
+def libraries() -> dict[str, str | None]:
+    """Versions of the camera path's libraries (``None``: not installed)."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("av", "simplejpeg", "PyTurboJPEG", "pillow", "torchvision", "PyNvVideoCodec",
+                 "pylance"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def make_clips(root: Path, episodes: int, length: int, hw: tuple[int, int], codec: str) -> Path:
+    """A LeRobot v2.1 dataset of ``episodes`` episodes of ``length`` steps (state, action) and
+    the two cameras of :data:`CAMS` in ``codec`` (:data:`CODECS`), one mp4 per episode and
+    camera as v2.1 stores them; every episode's file is a hard link to one clip per camera
+    (writing hundreds of 480x640 videos would take longer than decoding them). Each episode
+    still opens, demuxes and decodes its own file."""
+    import json
+
+    from robocache.data.cameras import write_video
+    from robocache.data.episode import Episode, Stream, StreamSpec
+    from robocache.data.formats.lerobot import write_lerobot
+
+    rng = np.random.default_rng(0)
+    specs = {k: StreamSpec(k, "numeric", "float32", (6,), FPS)
+             for k in ("observation.state", "action")}
+    t = np.arange(length) / FPS
+    eps = [Episode(i, {k: Stream(s, t, rng.normal(size=(length, 6)).astype(np.float32))
+                       for k, s in specs.items()}, {"tasks": ["bench"]})
+           for i in range(episodes)]
+    write_lerobot(root, eps, specs, fps=FPS, version="v2.1")
+    info = json.loads((root / "meta" / "info.json").read_text())
+    encoder, options = CODECS[codec]
+    for c, key in enumerate(CAMS):
+        info["features"][key] = {"dtype": "video", "shape": [*hw, 3],
+                                 "names": ["height", "width", "channels"],
+                                 "info": {"video.fps": FPS, "video.codec": codec}}
+        clip = root / f"clip-{c}.mp4"
+        write_video(clip, _frames(np.random.default_rng([1, c]), length, hw, c), FPS, encoder,
+                    options)
+        for i in range(episodes):
+            path = root / info["video_path"].format(episode_chunk=i // info["chunks_size"],
+                                                    video_key=key, episode_index=i)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.link(clip, path)
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    return root
+
+
+def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
+            gpu: int = 0) -> tuple[int, float, dict[str, int]]:
+    """Read ``indices`` and decode and encode their cameras at the defaults (JPEG q95 4:4:4),
+    ``workers`` episodes at once, as ingest prepares episodes (threads that read; videos
+    decoded and encoded in ``workers`` processes with one FFmpeg thread each, as ingest does
+    with a process per core; or by NVDEC on the threads): (frames, seconds, frames by
+    decoder)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from robocache.data.cameras import CameraWorkers, FrameFormat, camera_tables
+    from robocache.data.formats import open_source
+
+    src = open_source(root)
+    lock = threading.Lock()
+    pool = CameraWorkers(workers, threads=1).start() if decoder == "pyav" else None
+
+    def one(index: int) -> dict[str, int]:
+        with lock:
+            episode = src.read(index)
+        tables = camera_tables(episode, src.specs, FrameFormat(), decoder=decoder, gpu=gpu,
+                               workers=pool)
+        used = episode.meta["video_decoder"]
+        return {used[k]: len(t) for k, t in tables.items()}
+
+    try:
+        one(indices[0])  # warm: the workers' first frames, NVDEC's decoder
+        by: dict[str, int] = {}
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(workers) as threads:
+            for counts in threads.map(one, indices):
+                for k, v in counts.items():
+                    by[k] = by.get(k, 0) + v
+        return sum(by.values()), time.perf_counter() - t0, by
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def worker_counts(cores: int) -> list[int]:
+    """1, 2, 4, ... up to the cores, the cores last."""
+    counts = [1]
+    while counts[-1] * 2 < cores:
+        counts.append(counts[-1] * 2)
+    return counts + [cores] if cores > 1 else counts
+
+
+def cpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
+    """The camera path on the CPU (PyAV, libjpeg-turbo) with 1, 2, 4, ... worker processes,
+    ``per_worker`` episodes each (the work grows with the workers, so each run lasts about as
+    long): frames/s, per worker (per core), and the scaling efficiency against one worker."""
+    cores = os.cpu_count() or 1
+    records = []
+    for codec, root in roots.items():
+        base = None
+        for n in cfg["counts"] or worker_counts(cores):
+            frames, seconds, by = prepare(root, list(range(cfg["per_worker"] * n)), n)
+            rate = frames / seconds
+            base = base or rate
+            records.append(H.case(
+                FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare", f"cpu-w{n}",
+                H.summarize([seconds * 1e3]), frames=frames, frames_per_s=rate,
+                frames_per_s_per_core=rate / n, workers=n, cores=cores,
+                scaling_efficiency=rate / (n * base), decoded_by=by, libraries=libraries(),
+                note=f"{rate:,.0f} frames/s, {rate / n:,.0f} per core, "
+                     f"{100 * rate / (n * base):.0f}% of linear"))
+    return records
+
+
+def gpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
+    """The camera path with NVDEC and nvJPEG: one process per GPU (``cfg["gpu_episodes"]``
+    episodes each, ``cfg["gpu_streams"]`` at once), all started together; frames/s of the
+    node over the slowest process's wall clock."""
+    import json
+    import subprocess
+    import sys
+
+    gpus = torch.cuda.device_count()
+    cores = os.cpu_count() or 1
+    records = []
+    for codec, root in roots.items():
+        if CODECS[codec][0] == "libsvtav1":  # NVDEC ingest leaves AV1 to PyAV
+            continue
+        per = cfg["gpu_episodes"]
+        start = time.time() + cfg["gpu_start_s"]
+        procs = [subprocess.Popen(
+            [sys.executable, __file__, "gpu-worker", json.dumps({
+                "root": str(root), "indices": list(range(g * per, (g + 1) * per)), "gpu": g,
+                "streams": cfg["gpu_streams"], "start": start})],
+            stdout=subprocess.PIPE, text=True) for g in range(gpus)]
+        outs = [p.communicate()[0].strip().splitlines() for p in procs]
+        failed = [g for g, (p, o) in enumerate(zip(procs, outs, strict=True))
+                  if p.returncode != 0 or not o]
+        if failed:  # its traceback went to stderr
+            records.append(H.case(FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare",
+                                  f"gpu-x{gpus}", H.summarize([0.0]),
+                                  error=f"the processes of GPUs {failed} failed"))
+            continue
+        outs = [json.loads(o[-1]) for o in outs]
+        frames = sum(o["frames"] for o in outs)
+        seconds = max(o["end"] for o in outs) - start
+        by: dict[str, int] = {}
+        for o in outs:
+            for k, v in o["decoded_by"].items():
+                by[k] = by.get(k, 0) + v
+        rate = frames / seconds
+        records.append(H.case(
+            FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare", f"gpu-x{gpus}",
+            H.summarize([seconds * 1e3]), frames=frames, frames_per_s=rate, gpus=gpus,
+            cores=cores, frames_per_s_per_gpu=rate / gpus, streams_per_gpu=cfg["gpu_streams"],
+            decoded_by=by, libraries=libraries(),
+            note=f"{rate:,.0f} frames/s on {gpus} GPUs ({rate / gpus:,.0f} each)"))
+    return records
+
+
+def gpu_worker(args: dict) -> dict:
+    """One GPU's process of :func:`gpu_cases`: warm up, wait for the common start, prepare
+    its episodes with NVDEC on its GPU."""
+    torch.cuda.set_device(args["gpu"])
+    prepare(Path(args["root"]), args["indices"][:1], 1, "nvdec", args["gpu"])
+    time.sleep(max(0.0, args["start"] - time.time()))
+    frames, _, by = prepare(Path(args["root"]), args["indices"], args["streams"], "nvdec",
+                            args["gpu"])
+    return {"frames": frames, "end": time.time(), "decoded_by": by}
+
+
+def encoder_cases(hw: tuple[int, int], frames: int) -> list[dict]:
+    """JPEG encoders on one textured ``hw`` frame at quality 95: ms per frame on one thread,
+    and frames/s with one thread per core in one process (an encoder that holds the GIL does
+    not scale with threads); nvJPEG (batches of 64 frames on the GPU) where there is one."""
+    import io
+    from concurrent.futures import ThreadPoolExecutor
+
+    from PIL import Image
+
+    from robocache.data import jpeg
+
+    cores = os.cpu_count() or 1
+    image = _frames(np.random.default_rng(0), 1, hw, 0)[0]
+
+    def pillow(f):
+        buf = io.BytesIO()
+        Image.fromarray(f).save(buf, "JPEG", quality=95)  # Pillow's default 4:2:0
+        return buf.getvalue()
+
+    encoders = {"pillow-420": pillow, "simplejpeg-444": lambda f: jpeg.encode(f, 95, "444")}
+    try:
+        from turbojpeg import TJSAMP_444, TurboJPEG
+
+        tj = TurboJPEG()
+        encoders["turbojpeg-444"] = lambda f: tj.encode(f, 95, 0, TJSAMP_444)  # 0: RGB
+    except (ImportError, RuntimeError, OSError):  # not installed, or no libturbojpeg
+        pass
+    records = []
+    for impl, fn in encoders.items():
+        fn(image)
+        t0 = time.perf_counter()
+        size = sum(len(fn(image)) for _ in range(frames))
+        one = (time.perf_counter() - t0) / frames
+        def run_frames(n: int, fn=fn) -> None:
+            for _ in range(n):
+                fn(image)
+
+        with ThreadPoolExecutor(cores) as pool:  # each thread encodes `frames` frames
+            list(pool.map(run_frames, [1] * cores))
+            t0 = time.perf_counter()
+            list(pool.map(run_frames, [frames] * cores))
+            threaded = frames * cores / (time.perf_counter() - t0)
+        records.append(H.case(
+            FAMILY, f"{hw[0]}x{hw[1]}-jpeg-q95", impl, H.summarize([one * 1e3]),
+            bytes_per_frame=size / frames, frames_per_s=1 / one, threads=cores,
+            threaded_frames_per_s=threaded, thread_scaling=threaded / (cores / one),
+            note=f"{one * 1e3:.2f} ms/frame, {threaded:,.0f} frames/s on {cores} threads "
+                 f"({100 * threaded * one / cores:.0f}% of linear)"))
+    if jpeg.gpu_available():
+        batch = torch.from_numpy(np.stack([image] * 64)).cuda()
+        jpeg.encode_cuda(batch)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        size = sum(len(b) for _ in range(max(frames // 64, 1)) for b in jpeg.encode_cuda(batch))
+        n = 64 * max(frames // 64, 1)
+        one = (time.perf_counter() - t0) / n
+        records.append(H.case(FAMILY, f"{hw[0]}x{hw[1]}-jpeg-q95", "nvjpeg-444",
+                              H.summarize([one * 1e3]), bytes_per_frame=size / n,
+                              frames_per_s=1 / one,
+                              note=f"{1 / one:,.0f} frames/s, batches of 64"))
+    return records
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "cameras"
+
+
+def fidelity_cases() -> list[dict]:
+    """Bytes per frame against PSNR of the source's own decode, per chroma and quality, on
+    the committed LeRobot fixture of sharp-edged content (``lerobot_sharp_av1``: AV1 written
+    by LeRobot 0.6.1; LeRobot's decode in ``sharp_frames.npz``): the frames ingest decodes
+    (PyAV), encoded, decoded again (Pillow), against LeRobot's decode of the same frames."""
+    import io
+
+    from PIL import Image
+
+    from robocache.data.cameras import decode_video, encode
+
+    if not (FIXTURES / "sharp_frames.npz").exists():  # an install without the tests
+        return []
+    want = np.load(FIXTURES / "sharp_frames.npz")["lerobot"].astype(np.float64)
+    video = next((FIXTURES / "lerobot_sharp_av1" / "videos").rglob("*.mp4"))
+    decoded = decode_video(video, 0.0, (len(want) - 1) / 10)[0]
+
+    def psnr(a, b):
+        return 10 * np.log10(255.0 ** 2 / np.mean((a.astype(np.float64) - b) ** 2, axis=(1, 2, 3)))
+
+    diff = int(np.abs(decoded - want).max())
+    records = [H.case(FAMILY, "sharp-64x96-av1-fidelity", "pyav-decode", H.summarize([0.0]),
+                      max_abs_diff=diff,
+                      psnr_min_dB=float(psnr(decoded, want).min()) if diff else None,
+                      note="ingest's decode against LeRobot's: " +
+                           ("identical" if diff == 0 else f"up to {diff} levels apart"))]
+    from robocache.data import jpeg
+
+    encoders = {f"jpeg-{c}": (c, lambda q, c=c: [encode(f, "jpeg", q, c) for f in decoded])
+                for c in ("444", "422", "420")}
+    if jpeg.gpu_available():  # nvJPEG, 4:4:4 only
+        encoders["nvjpeg-444"] = ("444", lambda q: jpeg.encode_cuda(
+            torch.from_numpy(decoded).cuda(), q))
+    for name, (chroma, encode_all) in encoders.items():
+        for quality in (85, 90, 95, 100):
+            data = encode_all(quality)
+            back = np.stack([np.asarray(Image.open(io.BytesIO(d)).convert("RGB"))
+                             for d in data])
+            p = psnr(back, want)
+            records.append(H.case(
+                FAMILY, "sharp-64x96-av1-fidelity", f"{name}-q{quality}",
+                H.summarize([0.0]), chroma=chroma, quality=quality,
+                bytes_per_frame=float(np.mean([len(d) for d in data])),
+                psnr_mean_dB=float(p.mean()), psnr_min_dB=float(p.min()),
+                note=f"{np.mean([len(d) for d in data]):,.0f} B/frame, {p.mean():.1f} dB mean, "
+                     f"{p.min():.1f} worst"))
+    return records
+
+
+def rlds_cases(tmp: Path, cfg: dict) -> list[dict]:
+    """RLDS with JPEG cameras (``bench_rlds``'s dataset at ``cfg["rlds_camera"]`` pixels a
+    side): the shards' raw read rate (bytes, page cache warm, one thread) against the camera
+    path (read, parse, episodes, the cameras' own JPEG bytes kept) on one core and on all."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bench_rlds as R
+
+    root = R.write_dataset(tmp / "rlds", cfg["rlds_episodes"], 100, cfg["rlds_camera"], 8)
+    shards = sorted(root.glob("*-train.tfrecord-*"))
+    nbytes = sum(p.stat().st_size for p in shards)
+
+    def raw():
+        for p in shards:
+            with open(p, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+    raw()
+    t0 = time.perf_counter()
+    raw()
+    raw_s = time.perf_counter() - t0
+    name = f"rlds-{cfg['rlds_episodes']}ep-{cfg['rlds_camera']}px-{nbytes / 1e6:.0f}MB"
+    records = [H.case(FAMILY, name, "raw-read", H.summarize([raw_s * 1e3]), nbytes=nbytes,
+                      MB_per_s=nbytes / raw_s / 1e6,
+                      note=f"{nbytes / raw_s / 1e6:,.0f} MB/s")]
+    cores = os.cpu_count() or 1
+    indices = list(range(cfg["rlds_episodes"]))
+    _rlds_pass_through(str(root), indices[:1])  # imports (the forked workers inherit them)
+    for n in (1, cores):
+        t0 = time.perf_counter()
+        frames = sum(_forked(_rlds_pass_through, [(str(root), indices[i::n]) for i in range(n)]))
+        seconds = time.perf_counter() - t0
+        rate = nbytes / seconds / 1e6
+        records.append(H.case(
+            FAMILY, name, f"pass-through-w{n}", H.summarize([seconds * 1e3]), nbytes=nbytes,
+            frames=frames, frames_per_s=frames / seconds, MB_per_s=rate, workers=n,
+            pct_of_raw_read=100 * rate / records[0]["MB_per_s"],
+            note=f"{rate:,.0f} MB/s, {100 * rate / records[0]['MB_per_s']:.0f}% of raw read"))
+    return records
+
+
+def _forked(fn, calls: list[tuple]) -> list:
+    """``fn(*args)`` for each ``args`` of ``calls``, each in its own forked process, all at
+    once (forked: this module, loaded from its file, cannot be imported by name)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=lambda i=i, a=a: queue.put((i, fn(*a))))
+             for i, a in enumerate(calls)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get() for _ in procs)
+    for p in procs:
+        p.join()
+    return [results[i] for i in range(len(calls))]
+
+
+def _rlds_pass_through(root: str, indices: list[int]) -> int:
+    from robocache.data.cameras import FrameFormat, camera_tables
+    from robocache.data.formats.rlds import RldsSource
+
+    src = RldsSource(Path(root), split="train", fps=FPS)
+    return sum(len(t) for i in indices
+               for t in camera_tables(src.read(i), src.specs, FrameFormat()).values())
+
+
+def run(quick: bool = False, copy_gbps: float | None = None,
+        sections: str = ",".join(SECTIONS)) -> list[dict]:
+    wanted = [x.strip() for x in sections.split(",") if x.strip()]
+    unknown = sorted(set(wanted) - set(SECTIONS))
+    if unknown:
+        raise SystemExit(f"--sections: unknown {unknown}; choose from {', '.join(SECTIONS)}")
+    cfg = QUICK if quick else FULL
+    records = []
+    if "encode" in wanted:
+        records += encoder_cases(cfg["hw"], cfg["encode_frames"])
+    if "fidelity" in wanted:
+        records += fidelity_cases()
+    with tempfile.TemporaryDirectory() as tmp:
+        if {"cpu", "gpu"} & set(wanted):
+            cores = os.cpu_count() or 1
+            episodes = max(cfg["per_worker"] * max(cfg["counts"] or (cores,)),
+                           cfg["gpu_episodes"] * max(torch.cuda.device_count(), 1))
+            roots = {c: make_clips(Path(tmp) / c, episodes, cfg["clip_length"], cfg["hw"], c)
+                     for c in cfg["codecs"]}
+            if "cpu" in wanted:
+                records += cpu_cases(roots, cfg)
+            if "gpu" in wanted and torch.cuda.is_available():
+                from robocache.data.cameras import nvdec_available
+
+                if nvdec_available():
+                    records += gpu_cases(roots, cfg)
+                else:
+                    records.append(H.case(FAMILY, "gpu", "gpu-skipped", H.summarize([0.0]),
+                                          error="NVDEC needs PyNvVideoCodec: `pip install "
+                                                "PyNvVideoCodec`"))
+        if "rlds" in wanted:
+            records += rlds_cases(Path(tmp), cfg)
+    if "serve" in wanted:
+        records += serve_cases(cfg)
+    return records
+
+
+def serve_cases(cfg: dict) -> list[dict]:
+    """Ingest the two-camera dataset (:func:`ingest_cases`) and serve batches from it."""
     from robocache import ImageTransformsConfig, image_transform, sample_image_transforms
     from robocache.data import RobotDataset
 
-    cfg = QUICK if quick else FULL
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     hw, batch = cfg["hw"], cfg["batch"]
     name = f"{hw[0]}x{hw[1]}-b{batch}-cams2-t{HISTORY}-to{OUT[0]}"
@@ -293,4 +716,11 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main(run, __doc__)
+    import json
+    import sys
+
+    if sys.argv[1:2] == ["gpu-worker"]:  # one GPU's process of gpu_cases
+        print(json.dumps(gpu_worker(json.loads(sys.argv[2]))))
+    else:
+        main(run, __doc__, {"sections": (str, f"comma-separated, of {', '.join(SECTIONS)} "
+                                                "(default: all)")})

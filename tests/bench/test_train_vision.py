@@ -44,11 +44,22 @@ def test_train_vision_script_options(tmp_path):
     assert all(c["episodes"] == 2 and c["steps"] >= 3 for c in doc["cases"])
 
 
-def test_cameras_quick_ingest_rows():
+def test_cameras_quick_rows():
+    """The camera benchmark's quick run: encoders, the fidelity table, the CPU camera path
+    with 1 and 2 worker processes and RLDS pass-through, each row with its numbers."""
     cameras = bench_cli.load("cameras")
-    rows = {c["impl"]: c for c in cameras.run(quick=True) if c["impl"].startswith("ingest")}
-    assert set(rows) >= {"ingest", "ingest-w1"}
-    assert rows["ingest-w1"]["decode_workers"] == 1
-    for r in rows.values():
-        assert r["frames_per_s"] > 0 and r["cache_bytes_per_frame"] > 0
-        assert r["decoded_by"] == {r["video_decoder"]: r["frames"]}
+    rows = {(c["name"], c["impl"]): c
+            for c in cameras.run(quick=True, sections="encode,fidelity,cpu,rlds")}
+    impls = {impl for _, impl in rows}
+    assert {"pillow-420", "simplejpeg-444", "cpu-w1", "cpu-w2", "raw-read",
+            "pass-through-w1", "jpeg-444-q95", "jpeg-420-q95", "pyav-decode"} <= impls
+    for (_, impl), r in rows.items():
+        if impl.startswith("cpu-w"):
+            assert r["decoded_by"] == {"pyav": r["frames"]} and r["frames_per_s"] > 0
+            assert r["workers"] == int(impl.removeprefix("cpu-w"))
+        if impl.startswith("pass-through"):
+            assert r["frames"] > 0 and r["pct_of_raw_read"] > 0
+    fidelity = {impl: r for (name, impl), r in rows.items() if name.endswith("fidelity")}
+    assert fidelity["jpeg-444-q95"]["psnr_min_dB"] >= 40.0
+    assert fidelity["jpeg-420-q95"]["psnr_min_dB"] < 35.0
+    assert fidelity["pyav-decode"]["max_abs_diff"] == 0  # ingest decodes what LeRobot decodes

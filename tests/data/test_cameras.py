@@ -574,3 +574,282 @@ def test_nvdec_leaves_av1_to_pyav(tmp_path, monkeypatch):
     auto = build(src, tmp_path / "h", rate_hz=10.0, progress=False, video_decoder="auto")
     assert auto["decode"]["video_decoder"] == "auto"  # NVDEC for H.264
     assert auto["decode"]["video_frames"] == {"nvdec": 2 * 2 * 5}
+
+
+@pytest.fixture(scope="module")
+def sharp():
+    return dict(np.load(FIXTURES / "sharp_frames.npz"))
+
+
+def test_default_fidelity_is_40db_of_lerobots_decode_on_sharp_edges(tmp_path, sharp):
+    """A LeRobot-written AV1 camera of sharp-edged content (fiducial, code block, colour
+    bars): every stored frame, decoded, is within 40 dB PSNR of LeRobot's own decode of it;
+    4:2:0 (Pillow's default) is not, and the manifest records the chroma."""
+    m = build(FIXTURES / "lerobot_sharp_av1", tmp_path / "c", progress=False, device="cpu")
+    entry = m["streams"][CAM]
+    assert (entry["codec"], entry["quality"], entry["chroma"]) == ("jpeg", 95, "444")
+    got, want = served(tmp_path / "c"), sharp["lerobot"]
+    assert got.shape == want.shape == (11, 64, 96, 3)
+    worst = min(psnr(g, w) for g, w in zip(got, want, strict=True))
+    assert worst >= 40.0, worst
+    build(FIXTURES / "lerobot_sharp_av1", tmp_path / "s", progress=False, device="cpu",
+          camera_chroma="420")
+    assert max(psnr(g, w) for g, w in zip(served(tmp_path / "s"), want, strict=True)) < 35.0
+
+
+@pytest.mark.parametrize("option,value,match", [
+    ("camera_chroma", "411", r"`camera_chroma` \(--camera-chroma\) must be one of"),
+    ("camera_chroma", 444, r"`camera_chroma` \(--camera-chroma\) must be one of"),
+    ("camera_quality", 0, r"`camera_quality` \(--camera-quality\) must be an integer in "
+                          r"\[1, 100\]"),
+    ("camera_quality", 101, r"`camera_quality` \(--camera-quality\) must be an integer"),
+    ("camera_quality", 9.5, r"`camera_quality` \(--camera-quality\) must be an integer"),
+    ("camera_codec", "webp", r"`camera_codec` \(--camera-codec\) must be one of"),
+])
+def test_camera_encoding_options_are_checked(tmp_path, option, value, match):
+    with pytest.raises(DataError, match=match):
+        build(FIXTURES / "lerobot_h264", tmp_path / "c", progress=False, device="cpu",
+              **{option: value})
+    assert not (tmp_path / "c").exists()
+
+
+def test_ingest_cli_camera_chroma(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from robocache.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["ingest", str(FIXTURES / "lerobot_h264"), str(tmp_path / "c"),
+                              "--rate", "10", "--device", "cpu", "--camera-chroma", "422",
+                              "--camera-quality", "90", "--json"])
+    assert res.exit_code == 0, res.output
+    entry = json.loads(res.stdout)["streams"][CAM]
+    assert (entry["quality"], entry["chroma"]) == (90, "422")
+    shown = runner.invoke(app, ["inspect", str(tmp_path / "c")])
+    assert shown.exit_code == 0 and "jpeg q90 422" in shown.output
+    bad = runner.invoke(app, ["ingest", str(FIXTURES / "lerobot_h264"), str(tmp_path / "d"),
+                              "--camera-chroma", "410"])
+    assert bad.exit_code == 2 and "--camera-chroma" in bad.output
+    assert "Traceback" not in bad.output and not (tmp_path / "d").exists()
+
+
+def test_source_jpeg_bytes_pass_through_untouched(tmp_path):
+    """A source's own JPEG bytes (RLDS, LeRobot image features) are stored byte for byte,
+    whatever the JPEG options; a resize re-encodes them."""
+    import lance
+
+    from robocache.data.formats import open_source
+
+    rlds = FIXTURES.parent / "rlds" / "toy_rlds" / "jpeg" / "1.0.0"
+    src = open_source(rlds, fps=10.0)
+    jpegs = [name for name, s in src.specs.items() if s.encoding == "jpeg"]
+    assert jpegs
+    m = build(rlds, tmp_path / "c", progress=False, device="cpu", camera_chroma="420",
+              camera_quality=20, source_options={"fps": 10.0})
+    for name in jpegs:
+        assert m["streams"][name]["quality"] is None and "chroma" not in m["streams"][name]
+        table = lance.dataset(str(tmp_path / "c" / "frames" / f"{name}.lance")).to_table()
+        for row in table.to_pylist():
+            episode = src.read(row["episode_index"])
+            assert row["encoded"] == bytes(episode.streams[name].data[row["frame"]])
+
+
+def _sampling(data: bytes) -> int:
+    """Pillow's name for a JPEG's chroma subsampling: 0 = 4:4:4, 1 = 4:2:2, 2 = 4:2:0."""
+    import io
+
+    from PIL import Image, JpegImagePlugin
+
+    with Image.open(io.BytesIO(data)) as im:
+        return JpegImagePlugin.get_sampling(im)
+
+
+@pytest.mark.parametrize("chroma,sampling", [("444", 0), ("422", 1), ("420", 2)])
+def test_stored_frames_have_the_chroma_asked_for(tmp_path, chroma, sampling):
+    import lance
+
+    build(FIXTURES / "lerobot_h264", tmp_path / "c", rate_hz=10.0, progress=False,
+          device="cpu", camera_chroma=chroma, decode_workers=2)
+    table = lance.dataset(str(tmp_path / "c" / "frames" / f"{CAM}.lance")).to_table()
+    assert {_sampling(b) for b in table.column("encoded").to_pylist()} == {sampling}
+
+
+def test_jpeg_encode_grey_and_rgb():
+    import io
+
+    from PIL import Image
+
+    from robocache.data import jpeg
+
+    rgb = np.random.default_rng(0).integers(0, 256, (9, 13, 3), dtype=np.uint8)
+    for frame, mode in ((rgb, "RGB"), (rgb[..., 0], "L"), (rgb[..., :1], "L")):
+        with Image.open(io.BytesIO(jpeg.encode(frame, 100))) as im:
+            assert im.mode == mode and im.size == (13, 9)
+            assert psnr(np.asarray(im), frame.reshape(np.asarray(im).shape)) > 30
+
+
+@pytest.mark.gpu
+def test_nvdec_frames_are_nvjpeg_encoded_on_the_gpu(tmp_path, monkeypatch):
+    """NVDEC ingest at the defaults (JPEG 4:4:4, the source's size): the frames never come
+    to the host as pixels; nvJPEG encodes them 4:4:4, within the JPEG tolerance of the PyAV
+    path's cache."""
+    import lance
+
+    from robocache.data import jpeg
+
+    _nvdec()
+    calls = []
+    encode_cuda = jpeg.encode_cuda
+    monkeypatch.setattr(jpeg, "encode_cuda", lambda b, q=95: calls.append(len(b)) or
+                        encode_cuda(b, q))
+    src = _two_cameras(tmp_path / "src", episodes=2, length=9, hw=(144, 176),
+                       options=NO_B_FRAMES["libx264"])
+    m = build(src, tmp_path / "gpu", rate_hz=10.0, progress=False, video_decoder="nvdec")
+    assert m["decode"]["video_frames"] == {"nvdec": 2 * 2 * 9} and sum(calls) == 2 * 2 * 9
+    build(src, tmp_path / "cpu", rate_hz=10.0, progress=False, video_decoder="pyav")
+    table = lance.dataset(str(tmp_path / "gpu" / "frames" / f"{CAM}.lance")).to_table()
+    assert {_sampling(b) for b in table.column("encoded").to_pylist()} == {0}
+    assert psnr(served(tmp_path / "gpu"), served(tmp_path / "cpu")) >= 35.0
+
+
+@pytest.mark.parametrize("vision,codec,chosen", [
+    ((0, 26), None, "torchvision"), ((0, 28), (0, 16), "torchvision"),
+    ((0, 29), (0, 16), "torchcodec"), ((0, 29), None, "torchvision"),
+    (None, (0, 17), "torchcodec"), ((0, 29), (0, 15), "torchvision"), (None, None, None)])
+def test_serving_decoder_follows_torchvisions_deprecation(monkeypatch, vision, codec, chosen):
+    """torchvision's nvJPEG batch decode before 0.29; TorchCodec's (0.16+) from then on, or
+    when torchvision is absent; neither: None (Pillow decodes, with a warning)."""
+    import sys
+    import types
+    import warnings
+
+    from robocache.data import cameras
+
+    fakes = {"torchvision": vision, "torchcodec": codec}
+    monkeypatch.setattr(cameras, "_version", fakes.get)
+    for module, name in (("torchvision.io", "torchvision"),
+                         ("torchcodec.decoders", "torchcodec")):
+        fake = types.ModuleType(module)
+        fake.decode_jpeg = name
+        monkeypatch.setitem(sys.modules, module, fake)
+    cameras._nvjpeg.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert cameras._nvjpeg() == chosen
+        assert (chosen is None) == any("nvJPEG" in str(w.message) for w in caught)
+    finally:
+        cameras._nvjpeg.cache_clear()
+
+
+# an ingest that reads an episode every 0.5 s, its videos decoded in 2 worker processes
+KILLED_BUILD = """
+import sys, time
+from robocache.data.cache import build
+from robocache.data.formats import open_source
+src = open_source(sys.argv[1])
+src.read = lambda i, read=src.read: time.sleep(0.5) or read(i)
+build(src, sys.argv[2], rate_hz=10.0, progress=False, device="cpu", decode_workers=2)
+"""
+
+
+def test_killed_ingest_leaves_no_worker_holding_the_cache(tmp_path):
+    """kill -9 of an ingest whose videos decode in worker processes: the workers exit with it
+    (none keeps the cache's lock), and the next run resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from robocache.data.lock import holder
+
+    src = _two_cameras(tmp_path / "src", episodes=6)
+    dest = tmp_path / "c"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(src), str(dest)], env=env)
+    deadline = time.monotonic() + 60
+    while not list((dest / "data.lance" / "_versions").glob("*.manifest")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no episode was cached"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while holder(dest) is not None:
+        assert time.monotonic() < deadline, f"the lock outlived the ingest: {holder(dest)}"
+        time.sleep(0.05)
+    m = build(src, dest, rate_hz=10.0, progress=False, device="cpu", decode_workers=2)
+    assert m["counts"]["cached"] == 6 and m["counts"]["quarantined"] == 0
+
+
+def _crash_once(marker: str, where: str, threads: int) -> str:
+    """A worker task that kills its process the first time (``marker`` records it)."""
+    import os
+
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    return f"{where}: ok"
+
+
+def _crash_always(path: str, where: str, threads: int) -> str:
+    import os
+
+    os._exit(3)
+
+
+def test_a_dead_camera_worker_is_replaced_and_its_task_retried_once(tmp_path):
+    """A worker process that dies breaks the pool: the task runs once more in a new pool; a
+    task that kills it again raises DataError naming its stream; the pool works after."""
+    from robocache.data.cameras import CameraWorkers
+
+    workers = CameraWorkers(2, threads=1).start()
+    try:
+        marker = str(tmp_path / "crashed")
+        assert workers.result(workers.submit(_crash_once, marker, "episode 0")) == \
+            "episode 0: ok"
+        with pytest.raises(DataError, match="episode 1: a camera worker process died "
+                                            "decoding x.mp4"):
+            workers.result(workers.submit(_crash_always, "x.mp4", "episode 1"))
+        assert workers.result(workers.submit(_crash_once, marker, "episode 2")) == \
+            "episode 2: ok"
+    finally:
+        workers.close()
+
+
+@pytest.mark.gpu
+def test_nvjpeg_encode_is_444_and_40db_on_sharp_edges(sharp):
+    """The GPU encoder (torchvision's nvJPEG) writes 4:4:4; on the sharp-edged fixture its q95
+    frames are within 40 dB PSNR of LeRobot's decode, as the CPU encoder's are."""
+    import io
+
+    from PIL import Image
+
+    from robocache.data import jpeg
+    from robocache.data.cameras import decode_video
+
+    if not jpeg.gpu_available():
+        pytest.skip("needs torchvision (nvJPEG)")
+    video = next((FIXTURES / "lerobot_sharp_av1" / "videos").rglob("*.mp4"))
+    decoded = decode_video(video, 0.0, 1.0)[0]
+    data = jpeg.encode_cuda(torch.from_numpy(decoded).cuda(), 95)
+    assert len(data) == len(decoded) and {_sampling(d) for d in data} == {0}
+    back = [np.asarray(Image.open(io.BytesIO(d)).convert("RGB")) for d in data]
+    assert min(psnr(b, w) for b, w in zip(back, sharp["lerobot"], strict=True)) >= 40.0
+
+
+def _build_in(src: str, dest: str) -> int:
+    return build(src, dest, rate_hz=10.0, progress=False, device="cpu",
+                 decode_workers=2)["counts"]["cached"]
+
+
+def test_ingest_in_a_daemonic_process_decodes_on_threads(tmp_path):
+    """A build inside a multiprocessing.Pool worker (daemonic: no children allowed) decodes
+    its videos on the reading threads instead of worker processes."""
+    import multiprocessing
+
+    src = _two_cameras(tmp_path / "src", episodes=3)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_build_in, (str(src), str(tmp_path / "c"))) == 3

@@ -71,6 +71,11 @@ RebuildOpt = Annotated[bool, typer.Option(
 WaitOpt = Annotated[bool, typer.Option(
     "--wait", help="If another process is writing DEST, wait for it to finish.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help=VERBOSE_OPTION_HELP)]
+CameraQualityOpt = Annotated[int, typer.Option(
+    help="JPEG quality of camera frames (1-100).")]
+CameraChromaOpt = Annotated[str, typer.Option(
+    help="JPEG chroma subsampling of camera frames: 444 (none; >= 40 dB PSNR of the source's "
+         "decode on sharp edges at quality 95), 422 or 420 (smaller, blurs colour edges).")]
 
 
 def print_summary(manifest: dict) -> None:
@@ -180,17 +185,17 @@ def ingest(
     camera_codec: Annotated[str, typer.Option(
         help="Camera frames as jpeg (GPU-decodable) or png (lossless); depth is always png.")]
     = "jpeg",
-    camera_quality: Annotated[int, typer.Option(help="JPEG quality of camera frames (1-95).")]
-    = 95,
+    camera_quality: CameraQualityOpt = 95,
+    camera_chroma: CameraChromaOpt = "444",
     camera_size: Annotated[str, typer.Option(
         help="Store RGB camera frames resized to HEIGHTxWIDTH (e.g. 224x224; default: the "
              "source's size). Each batch then decodes that many fewer pixels; the frames are "
              "no longer the source's.")] = None,
     decode_workers: Annotated[int, typer.Option(
         help="Episodes read, video-decoded and JPEG-encoded at once (default: the machine's "
-             "cores; worker processes for a build of 256 episodes or more, threads "
-             "otherwise). Each holds one decoded episode in memory; the cache is the same "
-             "whatever the number.")] = None,
+             "cores): read on threads, videos decoded and encoded in as many worker "
+             "processes; from 256 episodes (PyAV), whole episodes in as many processes. The "
+             "cache is the same whatever the number.")] = None,
     video_decoder: Annotated[str, typer.Option(
         help="Who decodes camera videos: pyav (CPU, as LeRobot's reader), auto (NVDEC for "
              "H.264/HEVC when a CUDA GPU and PyNvVideoCodec are present, else PyAV) or nvdec "
@@ -208,7 +213,7 @@ def ingest(
 
     run(build, "robocache_ingest", source=source, dest=dest, rate=rate, device=device,
         camera_codec=camera_codec, camera_quality=camera_quality,
-        camera_size=camera_size, decode_workers=decode_workers,
+        camera_chroma=camera_chroma, camera_size=camera_size, decode_workers=decode_workers,
         video_decoder=video_decoder, **options)
 
 

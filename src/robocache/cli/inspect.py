@@ -59,7 +59,7 @@ def _cameras(path: Path, manifest: dict) -> dict:
         frames = ds.count_rows()
         nbytes = sum(f.bytes_on_disk for f in ds.stats.data_stats().fields)
         out[name] = {"frames": frames, "codec": s.get("codec"), "quality": s.get("quality"),
-                     "bytes_per_frame": nbytes / max(frames, 1),
+                     "chroma": s.get("chroma"), "bytes_per_frame": nbytes / max(frames, 1),
                      "decoded_bytes_per_frame": int(np.prod(s["shape"]))
                      * np.dtype(s["dtype"]).itemsize}
     return out
@@ -124,7 +124,9 @@ def _print_cache(console, facts: dict) -> None:
     if facts.get("timing"):
         console.print(f"timing: {facts['timing']}")
     for name, c in facts.get("cameras", {}).items():
-        console.print(f"camera {name}: {c['frames']} frames, {c['codec']}, "
+        stored = f"{c['codec']} q{c['quality']} {c['chroma']}" if c.get("chroma") \
+            else c["codec"]
+        console.print(f"camera {name}: {c['frames']} frames, {stored}, "
                       f"{c['bytes_per_frame']:,.0f} cache bytes per frame "
                       f"({c['decoded_bytes_per_frame']:,} decoded)")
     for q in facts["quarantined"]:

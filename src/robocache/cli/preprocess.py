@@ -13,7 +13,15 @@ from typing import Annotated
 
 import typer
 
-from robocache.cli.ingest import DestArg, RateOpt, SourceArg, cache_command, run
+from robocache.cli.ingest import (
+    CameraChromaOpt,
+    CameraQualityOpt,
+    DestArg,
+    RateOpt,
+    SourceArg,
+    cache_command,
+    run,
+)
 
 
 @cache_command
@@ -27,6 +35,8 @@ def preprocess(
                                                "of the cluster; 0: CPU actors).")] = None,
     workers: Annotated[int, typer.Option(help="CPU actors when --num-gpus is 0 (default: half "
                                               "the cluster's CPUs).")] = None,
+    camera_quality: CameraQualityOpt = 95,
+    camera_chroma: CameraChromaOpt = "444",
     **options,
 ):
     """Build the ingest cache with a Ray Data pipeline (local, on a cluster, in a RayJob).
@@ -39,4 +49,5 @@ def preprocess(
     from robocache.distributed.preprocess import preprocess as job
 
     run(job, "robocache_preprocess", source=source, dest=dest, rate=rate, address=address,
-        num_gpus=num_gpus, workers=workers, **options)
+        num_gpus=num_gpus, workers=workers, camera_quality=camera_quality,
+        camera_chroma=camera_chroma, **options)

@@ -1,19 +1,25 @@
 """Camera streams: decoded once at ingest into per-frame JPEG/PNG, decoded per batch on serving.
 
-Ingest (:func:`decode_videos`, :func:`frames_table`): a video stream's frames are decoded once with
-PyAV (FFmpeg's own threads; AV1, H.264, HEVC, whatever the FFmpeg build reads), or with NVDEC
-through PyNvVideoCodec (H.264 and HEVC, on a CUDA GPU; ``decoder="nvdec"``/``"auto"``, see
-:func:`decode_video`), for the episode's span of the file (LeRobot v3.0 files hold many episodes:
-``from_timestamp`` marks where this one starts), and every frame becomes one row of
-``frames/<stream>.lance``: ``episode_index``, ``frame`` (row within the episode), ``source_frame``
-(index in the source file or array), ``timestamp`` (seconds from the episode start) and ``encoded``
-(the image; a source's own JPEG/PNG bytes, as RLDS stores them, are kept as they came).
-RGB frames are stored as JPEG (``quality`` 95 by default: decoded, they are within 1 dB PSNR of
-the source decode against the original frames; see docs) or PNG (``codec="png"``, lossless);
-uint16 frames (depth) always as 16-bit PNG. Encoding runs on a thread pool (Pillow releases the
-GIL). Camera streams are then aligned like any stream (``frame_index``).
-:func:`robocache.data.cache.build` decodes and encodes several episodes at once on threads
-(``decode_workers``): PyAV decodes and converts colours without the GIL.
+Ingest (:func:`camera_tables`, :func:`frames_table`): every camera stream of an episode becomes
+the rows of ``frames/<stream>.lance``: ``episode_index``, ``frame`` (row within the episode),
+``source_frame`` (index in the source file or array), ``timestamp`` (seconds from the episode
+start) and ``encoded`` (the image).
+
+- A source's own JPEG/PNG bytes (RLDS, LeRobot image features, encoded zarr/robomimic frames)
+  are kept as they came, unless a resize is asked for.
+- A video stream is decoded over the episode's span of its file (LeRobot v3.0 files hold many
+  episodes: ``from_timestamp`` marks where this one starts) and encoded as it decodes, one
+  frame at a time: with PyAV in a worker process (:func:`worker_pool`; one decoder per stream,
+  each process with its own interpreter and GIL), or, with
+  ``decoder="nvdec"``/``"auto"``, with NVDEC through PyNvVideoCodec on the calling thread
+  (H.264 and HEVC), the frames then JPEG-encoded on the same GPU by nvJPEG in batches
+  (:func:`robocache.data.jpeg.encode_cuda`) and only the bytes copied to the host.
+- RGB frames are stored as JPEG (:class:`FrameFormat`: quality 95 and 4:4:4 chroma by default,
+  within 40 dB PSNR of the source's own decode on sharp-edged content, see docs/cameras.md;
+  libjpeg-turbo on the CPU, :mod:`robocache.data.jpeg`) or PNG (``codec="png"``, lossless);
+  uint16 frames (depth) always as 16-bit PNG.
+
+Camera streams are then aligned like any stream (``frame_index``).
 
 Serving (:class:`EncodedFrames`, :func:`decode`): per batch, the distinct frames a batch needs
 are decoded in one call per camera: ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG)
@@ -24,23 +30,27 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 import os
 import threading
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from robocache._optional import require
+from robocache.data import jpeg
 from robocache.data.episode import Episode, Stream, StreamSpec
 from robocache.errors import DataError
 from robocache.observability import metrics
 
 CODECS = ("jpeg", "png")
-DEFAULT_QUALITY = 95
+DEFAULT_QUALITY = jpeg.DEFAULT_QUALITY
+DEFAULT_CHROMA = jpeg.DEFAULT_CHROMA
 VIDEO_DECODERS = ("auto", "pyav", "nvdec")
 # what NVDEC decodes here: an AV1 decoder is refused on the H100, so AV1 stays with PyAV
 NVDEC_CODECS = ("h264", "hevc")
@@ -92,31 +102,52 @@ def decode_video_with(path, start_s: float, end_s: float, tolerance_s: float = 1
                       decoder: str = "pyav", gpu: int = 0):
     """:func:`decode_video`, and the decoder that decoded the frames (``"pyav"`` or
     ``"nvdec"``) as a fourth element."""
+    _check_decoder(decoder)
+    got = _nvdec_attempt(path, start_s, end_s, tolerance_s, decoder, gpu)
+    if got is not None:
+        return np.stack(got[0]), got[1], got[2], "nvdec"
+    frames, t, index = _decode_pyav(path, start_s, end_s, tolerance_s)
+    return np.stack(frames), t, index, "pyav"
+
+
+def _check_decoder(decoder: str) -> None:
     if decoder not in VIDEO_DECODERS:
         raise DataError(f"`video_decoder` (--video-decoder) must be one of {VIDEO_DECODERS}; "
                         f"got {decoder!r}.")
-    if decoder != "pyav" and nvdec_available():
-        try:
-            return (*_decode_nvdec(path, start_s, end_s, tolerance_s, decoder, gpu), "nvdec")
-        except DataError:  # missing, truncated, unreadable: PyAV says so in its own words
-            pass
-        except _NotForNvdec as e:
-            if decoder == "nvdec":
-                _warn_once(str(e).split(" ")[0], f"NVDEC does not decode {e}; PyAV decodes "
-                           "it (and the other videos NVDEC does not decode).")
-        except Exception as e:  # any NVDEC failure: PyAV decodes these frames instead
-            _warn_once(type(e).__name__, f"NVDEC failed on {path} ({type(e).__name__}: {e}); "
-                       "PyAV decodes the videos NVDEC fails on.")
-    return (*_decode_pyav(path, start_s, end_s, tolerance_s), "pyav")
+
+
+def _nvdec_attempt(path, start_s: float, end_s: float, tolerance_s: float, decoder: str,
+                   gpu: int, each=None):
+    """:func:`_decode_nvdec` where ``decoder`` asks for NVDEC and it is available, else (or
+    where NVDEC is not used for the stream, or fails on it: warned once per kind, as
+    :func:`decode_video` says) ``None``: PyAV decodes the span."""
+    if decoder == "pyav" or not nvdec_available():
+        return None
+    try:
+        return _decode_nvdec(path, start_s, end_s, tolerance_s, gpu, each)
+    except DataError:  # missing, truncated, unreadable, a bad frame: PyAV says so in its words
+        return None
+    except _NotForNvdec as e:
+        if decoder == "nvdec":
+            _warn_once(str(e).split(" ")[0], f"NVDEC does not decode {e}; PyAV decodes "
+                       "it (and the other videos NVDEC does not decode).")
+    except Exception as e:  # any NVDEC failure: PyAV decodes these frames instead
+        _warn_once(type(e).__name__, f"NVDEC failed on {path} ({type(e).__name__}: {e}); "
+                   "PyAV decodes the videos NVDEC fails on.")
+    return None
 
 
 def _av():
     return require("av", "video", "Decoding video streams")
 
 
+def _covered(times: list[float], end_s: float, tolerance_s: float, rate: float | None) -> bool:
+    return bool(times) and times[-1] >= end_s - max(tolerance_s, 1.5 / (rate or 1e9))
+
+
 def _check_span(path, times: list[float], end_s: float, tolerance_s: float,
                 rate: float | None) -> None:
-    if not times or times[-1] < end_s - max(tolerance_s, 1.5 / (rate or 1e9)):
+    if not _covered(times, end_s, tolerance_s, rate):
         got = f"up to {times[-1]:.4f} s" if times else "no frame"
         raise DataError(f"video {path}: truncated; frames are needed up to {end_s:.4f} s, the "
                         f"file decodes {got}.")
@@ -127,47 +158,71 @@ def _frame_numbers(t: np.ndarray, rate: float | None) -> np.ndarray:
 
 
 def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
-                 rates: list | None = None) -> Iterator[tuple[np.ndarray, float]]:
+                 rates: list | None = None, threads: int = 0
+                 ) -> Iterator[tuple[np.ndarray, float]]:
     """Decode the frames of ``path`` shown in ``[start_s, end_s]`` (file seconds) with PyAV,
     one at a time: yields (uint8 ``[H, W, 3]`` frame, file timestamp), so a caller holds only
     the frames it keeps. ``rates``: when given, the stream's average rate (or ``None``) is
-    appended to it once the file is open.
+    appended to it once the file is open. ``threads``: FFmpeg's decoder threads (0: its own
+    choice, frame and slice threads over the cores).
 
     Raises:
         DataError: the file is missing, unreadable or in a codec this FFmpeg build cannot
             decode.
     """
     av = _av()
+    from av.video.reformatter import VideoReformatter
+
+    # one colour converter for the span: frame.to_ndarray(format=...) sets up swscale anew for
+    # every frame (480x640 H.264: 0.36 against 0.18 ms a frame, same pixels)
+    rgb = VideoReformatter()
+    times: list[float] = []
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
+            if threads != 1:
+                stream.thread_type = "AUTO"
+            stream.codec_context.thread_count = threads
             tb = float(stream.time_base)
+            rate = float(stream.average_rate or 0) or None
             if rates is not None:
-                rates.append(float(stream.average_rate or 0) or None)
+                rates.append(rate)
             if start_s > 0:
                 container.seek(int(start_s / tb), stream=stream, backward=True)
-            for frame in container.decode(stream):
-                if frame.pts is None:
-                    continue
-                t = frame.pts * tb
-                if t < start_s - tolerance_s:
-                    continue
-                if t > end_s + tolerance_s:
-                    break
-                yield frame.to_ndarray(format="rgb24"), t
+            try:
+                for frame in container.decode(stream):
+                    if frame.pts is None:
+                        continue
+                    t = frame.pts * tb
+                    if t < start_s - tolerance_s:
+                        continue
+                    if t > end_s + tolerance_s:
+                        break
+                    times.append(t)
+                    yield rgb.reformat(frame, format="rgb24").to_ndarray(), t
+            except (av.error.FFmpegError, OSError) as e:
+                # a corrupt packet after the span's last frame (a truncated file's next
+                # episode, met while looking for the end) does not concern this span
+                if not _covered(times, end_s, tolerance_s, rate):
+                    raise
+                logging.getLogger(__name__).debug("video %s: %s after %.4f s", path, e, end_s)
     except (av.error.FFmpegError, OSError, IndexError) as e:
         raise DataError(f"video {path}: cannot decode ({type(e).__name__}: {e}).") from e
 
 
-def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float):
+def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float, each=None,
+                 threads: int = 0):
+    """The span's frames decoded by PyAV (:func:`video_frames`): (``each(frame)`` of every
+    rgb24 frame as it is decoded, the frame itself by default; file seconds; frame numbers)."""
     rates: list = []
-    decoded = list(video_frames(path, start_s, end_s, tolerance_s, rates))
-    frames, times = [f for f, _ in decoded], [t for _, t in decoded]
+    kept, times = [], []
+    for image, t in video_frames(path, start_s, end_s, tolerance_s, rates, threads):
+        kept.append(image if each is None else each(image))
+        times.append(t)
     rate = rates[0] if rates else None
     _check_span(path, times, end_s, tolerance_s, rate)
     t = np.asarray(times, np.float64)
-    return np.stack(frames), t, _frame_numbers(t, rate)
+    return kept, t, _frame_numbers(t, rate)
 
 
 class _NotForNvdec(Exception):
@@ -233,10 +288,12 @@ def video_times(path, start_s: float, end_s: float, tolerance_s: float = 1e-4) -
                           np.float64)
 
 
-def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, decoder: str,
-                  gpu: int):
-    """The frames of :func:`decode_video` decoded by NVDEC (PyNvVideoCodec's SimpleDecoder,
-    RGB output, copied to the host in batches of :data:`NVDEC_BATCH`)."""
+def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, gpu: int,
+                  each=None):
+    """The span's frames decoded by NVDEC (PyNvVideoCodec's SimpleDecoder, RGB output, in
+    batches of :data:`NVDEC_BATCH` frames on GPU ``gpu``): (what ``each(batch)`` returns for
+    every uint8 ``[n, H, W, 3]`` CUDA batch, concatenated, by default the frames copied to
+    the host; file seconds; frame numbers)."""
     import PyNvVideoCodec as nvc
 
     t, codec, reordered, (h, w), rate, position = _scan(path, start_s, end_s, tolerance_s)
@@ -251,26 +308,26 @@ def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, decode
                                                  output_color_type=nvc.OutputColorType.RGB)
         _nvdec_local.key = key
     dec = _nvdec_local.decoder
+    kept = []
     try:
         if len(position) and int(position[-1]) >= len(dec):
             raise RuntimeError(f"frame {int(position[-1])} is past the {len(dec)} frames "
                                "NVDEC counts in the file")
-        out = np.empty((len(t), h, w, 3), np.uint8)
         for a in range(0, len(t), NVDEC_BATCH):
             want = position[a:a + NVDEC_BATCH].tolist()
             got = dec.get_batch_frames_by_index(want)
             if len(got) != len(want):
                 raise RuntimeError(f"asked for {len(want)} frames, got {len(got)}")
-            # copied out before the next call: the decoder may reuse the frames' memory
+            # used before the next call: the decoder may reuse the frames' memory
             batch = torch.stack([_hwc(torch.from_dlpack(f)) for f in got])
             if tuple(batch.shape[1:]) != (h, w, 3):
                 raise RuntimeError(f"frames of shape {tuple(batch.shape[1:])}, expected "
                                    f"{(h, w, 3)}")
-            out[a:a + len(want)] = batch.cpu().numpy()
+            kept.extend(list(batch.cpu().numpy()) if each is None else each(batch))
     except BaseException:
         _nvdec_local.key, _nvdec_local.decoder = None, None  # never reuse a failed decoder
         raise
-    return out, t, _frame_numbers(t, rate)
+    return kept, t, _frame_numbers(t, rate)
 
 
 # each decode worker thread's NVDEC decoder and the (file, GPU) it is open on
@@ -326,19 +383,34 @@ def decode_videos(episode: Episode, specs: dict[str, StreamSpec],
         episode.meta.setdefault("video_decoder", {})[name] = used
 
 
-def encode(frame: np.ndarray, codec: str, quality: int) -> bytes:
+def encode(frame: np.ndarray, codec: str, quality: int = DEFAULT_QUALITY,
+           chroma: str = DEFAULT_CHROMA) -> bytes:
     """One frame (uint8 ``[H, W, 3]`` or ``[H, W]``, uint16 ``[H, W]``/``[H, W, 1]``) as
-    JPEG or PNG bytes (uint16 always PNG, lossless)."""
+    JPEG (libjpeg-turbo, ``quality``, ``chroma`` subsampling) or PNG bytes (uint16 always PNG,
+    lossless)."""
+    if frame.dtype != np.uint16 and codec == "jpeg":
+        return jpeg.encode(frame, quality, chroma)
     Image = _pil()
     buf = io.BytesIO()
     if frame.dtype == np.uint16:
         Image.fromarray(np.ascontiguousarray(frame.reshape(frame.shape[:2]))).save(buf, "PNG")
-    elif codec == "png":
-        Image.fromarray(np.ascontiguousarray(frame.squeeze())).save(buf, "PNG", compress_level=1)
     else:
-        Image.fromarray(np.ascontiguousarray(frame.squeeze())).save(buf, "JPEG",
-                                                                    quality=quality)
+        Image.fromarray(np.ascontiguousarray(frame.squeeze())).save(buf, "PNG", compress_level=1)
     return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class FrameFormat:
+    """How a cache stores camera frames: ``codec`` ``"jpeg"`` or ``"png"``, and for JPEG the
+    ``quality`` (1-100) and ``chroma`` subsampling (``"444"``: none, ``"422"``, ``"420"``)."""
+
+    codec: str = "jpeg"
+    quality: int = DEFAULT_QUALITY
+    chroma: str = DEFAULT_CHROMA
+
+    def encode(self, frame: np.ndarray) -> bytes:
+        """One frame as :func:`encode` stores it."""
+        return encode(frame, self.codec, self.quality, self.chroma)
 
 
 def resize(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -351,35 +423,268 @@ def resize(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return np.asarray(image.resize((size[1], size[0]), _pil().Resampling.BILINEAR))
 
 
-def frames_table(episode: Episode, name: str, spec: StreamSpec, codec: str = "jpeg",
-                 quality: int = DEFAULT_QUALITY, threads: int | None = None,
-                 size: tuple[int, int] | None = None):
-    """The Lance rows of one camera stream of one episode (see the module docstring), encoded
-    on ``threads`` threads (default: the cores, at most 16); RGB frames resized to ``size``
-    ``(height, width)`` first when given (antialiased bilinear, as Pillow resizes)."""
-    pa = require("pyarrow", "data", "Arrow tables")
-
+def frames_table(episode: Episode, name: str, spec: StreamSpec,
+                 fmt: FrameFormat = FrameFormat(), size: tuple[int, int] | None = None):
+    """The Lance rows of one camera stream of one episode whose frames it holds (see the
+    module docstring): a source's own JPEG/PNG bytes kept as they came, other frames encoded
+    as ``fmt`` says, in order on this thread (libjpeg-turbo releases the GIL while it
+    encodes); RGB frames resized to ``size`` ``(height, width)`` first when given
+    (antialiased bilinear, as Pillow resizes; a source's bytes are then decoded first)."""
     s = episode.streams[name]
-    n = len(s)
     if spec.encoding is not None and size is None:  # the source's own JPEG/PNG bytes: kept
         data = list(s.data)
     else:
-        def one(frame) -> bytes:
-            if spec.encoding is not None:  # the source's bytes, decoded to be resized
-                frame = np.asarray(_pil().open(io.BytesIO(bytes(frame))).convert("RGB"))
-            if size is not None:
-                frame = resize(frame, size)
-            return encode(frame, codec, quality)
+        data = [fmt.encode(_stored(frame, spec, size)) for frame in s.data]
+    source = episode.meta.get("source_frame", {}).get(name, np.arange(len(s), dtype=np.int64))
+    return _table(episode.index, source, s.times, data)
 
-        if (threads or _threads()) == 1:
-            data = [one(f) for f in s.data]
-        else:
-            with ThreadPoolExecutor(threads or _threads()) as pool:
-                data = list(pool.map(one, s.data))
-    source = episode.meta.get("source_frame", {}).get(name, np.arange(n, dtype=np.int64))
-    return pa.table({"episode_index": np.full(n, episode.index, np.int64),
+
+def _stored(frame, spec: StreamSpec, size: tuple[int, int] | None) -> np.ndarray:
+    """A frame as it is encoded: a source's bytes decoded, resized to ``size`` if given."""
+    if spec.encoding is not None:
+        frame = np.asarray(_pil().open(io.BytesIO(bytes(frame))).convert("RGB"))
+    return frame if size is None else resize(frame, size)
+
+
+def _table(episode: int, source: np.ndarray, times: np.ndarray, data):
+    """The frames table; ``data``: the frames' bytes, a list or :func:`_pack`'s pair."""
+    pa = require("pyarrow", "data", "Arrow tables")
+
+    encoded = _binary(data)
+    n = len(encoded)
+    return pa.table({"episode_index": np.full(n, episode, np.int64),
                      "frame": np.arange(n, dtype=np.int64), "source_frame": source,
-                     "timestamp": s.times, "encoded": pa.array(data, pa.binary())})
+                     "timestamp": times, "encoded": encoded})
+
+
+def _pack(frames: list[bytes]) -> tuple[bytes, np.ndarray]:
+    """Encoded frames as one byte string and int64 offsets ``[F + 1]``: what a worker process
+    sends back (one object to pickle, not one per frame)."""
+    return b"".join(frames), np.cumsum([0, *map(len, frames)], dtype=np.int64)
+
+
+def _binary(data):
+    """An Arrow binary array of a list of byte strings or of :func:`_pack`'s pair (its buffers
+    used as they are when the offsets fit Arrow's binary type)."""
+    pa = require("pyarrow", "data", "Arrow tables")
+
+    if isinstance(data, tuple):
+        packed, offsets = data
+        if offsets[-1] < 2**31:
+            return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [
+                None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(packed)])
+        data = [packed[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    return pa.array(data, pa.binary())
+
+
+def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameFormat,
+                  sizes: dict[str, tuple[int, int] | None] | None = None, *,
+                  decoder: str = "pyav", gpu: int = 0, workers: CameraWorkers | None = None,
+                  threads: int = 0) -> dict[str, object]:
+    """The Lance rows (:func:`frames_table`) of every camera stream of ``episode`` (stream ->
+    table), frames stored as ``fmt`` says, resized to ``sizes[name]`` where given.
+
+    Video streams whose frames are still in their files are decoded and encoded here, frame
+    by frame (never the whole episode's pixels at once): with NVDEC (``decoder`` ``"nvdec"``
+    or ``"auto"``, as :func:`decode_video` says) on GPU ``gpu``, the frames JPEG-encoded by
+    nvJPEG on that GPU when ``fmt`` is JPEG 4:4:4 at the source's size, else on the CPU; with
+    PyAV in ``workers``' processes (one task per stream, the streams of an episode at once),
+    or on this thread without ``workers`` (with ``threads`` FFmpeg threads, 0: FFmpeg's
+    choice; 1 where every core already runs an episode). Each such stream is then left in
+    ``episode`` as its frames' timestamps (from the episode start) without pixels, its frame
+    numbers in the file in ``episode.meta["source_frame"]`` and its decoder in
+    ``episode.meta["video_decoder"]``, as :func:`decode_videos` leaves them.
+
+    Raises:
+        DataError: a video that is missing, unreadable, truncated or in a codec FFmpeg cannot
+            decode, a stream without samples, or frames of another shape than ``specs`` says
+            (the message is the episode's quarantine reason).
+    """
+    sizes = sizes or {}
+    tables, pending = {}, {}
+    for name, spec in specs.items():
+        s = episode.streams.get(name)
+        if spec.kind not in ("image", "video") or s is None:
+            continue
+        if not (spec.kind == "video" and s.video is not None and s.data is None):
+            tables[name] = frames_table(episode, name, spec, fmt, sizes.get(name))
+            continue
+        if len(s) == 0:
+            raise DataError(f"episode {episode.index}: stream {name!r} has no samples.")
+        start = s.video.from_timestamp
+        task = (s.video.path, start + float(s.times[0]), start + float(s.times[-1]), 1e-4, fmt,
+                sizes.get(name), spec.shape, f"episode {episode.index}: stream {name!r}")
+        got = _nvdec_stream(*task, decoder, gpu)
+        if got is not None:
+            pending[name] = (got, "nvdec")
+        elif workers is None:
+            pending[name] = (_pyav_stream(*task, threads=threads), "pyav")
+        else:
+            pending[name] = (workers.submit(_pyav_stream, *task), "pyav")
+    for name, (got, used) in pending.items():  # in the specs' order: the first error wins
+        data, t, index = got if used == "nvdec" or workers is None else workers.result(got)
+        s = episode.streams[name]
+        episode.streams[name] = Stream(s.spec, t - s.video.from_timestamp, None, s.video)
+        episode.meta.setdefault("source_frame", {})[name] = index
+        episode.meta.setdefault("video_decoder", {})[name] = used
+        tables[name] = _table(episode.index, index, episode.streams[name].times, data)
+    return {name: tables[name] for name in specs if name in tables}
+
+
+def _shape_checked(frame: np.ndarray, shape: tuple[int, ...], where: str) -> np.ndarray:
+    if tuple(frame.shape) != tuple(shape):
+        raise DataError(f"{where} samples have shape {tuple(frame.shape)}, expected "
+                        f"{tuple(shape)}.")
+    return frame
+
+
+def _pyav_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: FrameFormat,
+                 size: tuple[int, int] | None, shape: tuple[int, ...], where: str,
+                 threads: int = 0):
+    """One stream's span decoded by PyAV and encoded frame by frame (a worker process's
+    task): (encoded frames, :func:`_pack`ed; file seconds; frame numbers). ``where`` names the
+    stream in errors."""
+    def each(frame: np.ndarray) -> bytes:
+        frame = _shape_checked(frame, shape, where)
+        return fmt.encode(frame if size is None else resize(frame, size))
+
+    data, t, index = _decode_pyav(path, start_s, end_s, tolerance_s, each, threads)
+    return _pack(data), t, index
+
+
+def _nvdec_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: FrameFormat,
+                  size: tuple[int, int] | None, shape: tuple[int, ...], where: str,
+                  decoder: str, gpu: int):
+    """:func:`_pyav_stream`'s result decoded by NVDEC (and nvJPEG-encoded on the GPU where
+    ``fmt`` allows), or ``None`` where PyAV decodes the stream (see :func:`_nvdec_attempt`)."""
+    on_gpu = fmt.codec == "jpeg" and fmt.chroma == "444" and size is None and \
+        jpeg.gpu_available()
+
+    def each(batch: torch.Tensor) -> list[bytes]:
+        _shape_checked(batch[0], shape, where)
+        if on_gpu:
+            return jpeg.encode_cuda(batch, fmt.quality)
+        return [fmt.encode(f if size is None else resize(f, size)) for f in batch.cpu().numpy()]
+
+    return _nvdec_attempt(path, start_s, end_s, tolerance_s, decoder, gpu, each)
+
+
+class CameraWorkers:
+    """Worker processes that decode (PyAV) and encode camera streams, one stream per task.
+
+    Processes, not threads: each worker has its own interpreter, so no part of a frame's path
+    (PyAV's Python between its codec calls, the encoder) waits on another stream's GIL. The
+    processes are forked, all at once, when the pool starts
+    (:func:`worker_pool` starts it on the calling thread), so they share this process's
+    imported modules and need no ``if __name__ == "__main__"`` guard in the caller's script
+    (a spawned or fork-server process imports the caller's main module again); they run only
+    PyAV, NumPy, libjpeg-turbo and Pillow, never CUDA. Each decodes with
+    ``threads`` FFmpeg threads (default ``cores // processes``: one per stream when there are
+    as many processes as cores).
+    """
+
+    def __init__(self, processes: int, threads: int | None = None):
+        self.processes = processes
+        self.threads = threads or max(1, (os.cpu_count() or 1) // processes)
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> CameraWorkers:
+        """Fork the worker processes now, on this thread (else the first task does)."""
+        self._executor()
+        return self
+
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                import multiprocessing
+
+                self._pool = ProcessPoolExecutor(
+                    self.processes, mp_context=multiprocessing.get_context("fork"),
+                    initializer=_die_with, initargs=(os.getpid(),))
+                with warnings.catch_warnings():  # the workers never call Lance
+                    warnings.filterwarnings("ignore", "lance is not fork-safe")
+                    self._pool.submit(int).result()  # the first task forks every process
+            return self._pool
+
+    def _run(self, fn, args):
+        pool = self._executor()
+        try:
+            return pool, pool.submit(fn, *args, threads=self.threads)
+        except BrokenProcessPool:
+            self._replace(pool)
+            pool = self._executor()
+            return pool, pool.submit(fn, *args, threads=self.threads)
+
+    def submit(self, fn, *args):
+        """Run ``fn(*args, threads=...)`` in a worker; returns a handle for :meth:`result`."""
+        return (fn, args, *self._run(fn, args))
+
+    def result(self, handle):
+        """The result of :meth:`submit`'s task. A task whose worker died (the pool breaks
+        for every task in flight) runs once more in a fresh pool; dying again raises
+        :class:`DataError` (that stream's episode is quarantined, the others proceed)."""
+        fn, args, pool, future = handle
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            self._replace(pool)
+        pool, future = self._run(fn, args)
+        try:
+            return future.result()
+        except BrokenProcessPool as e:
+            self._replace(pool)
+            raise DataError(f"{args[-1]}: a camera worker process died decoding {args[0]} "
+                            f"({e}).") from e
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        """Drop a broken pool (once: the tasks that saw it break all call this)."""
+        with self._lock:
+            if self._pool is broken:
+                self._pool = None
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        """Stop the worker processes (a later :meth:`submit` starts new ones)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _die_with(parent: int) -> None:
+    """Worker start-up: be killed when the process that forked this one dies (Linux
+    ``PR_SET_PDEATHSIG``), so that a killed ingest leaves no worker holding the files it had
+    open, the cache's lock among them (tested with kill -9)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: workers end when their queue closes
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+_workers: dict[str, CameraWorkers] = {}
+
+
+def worker_pool(processes: int) -> CameraWorkers | None:
+    """This process's :class:`CameraWorkers` of ``processes`` processes, started (on this
+    thread) and shared by its cache builds; a build asking for another count replaces it.
+    ``None`` in a daemonic process (e.g. a ``multiprocessing.Pool`` worker), which may not
+    have children: its videos decode on the reading threads."""
+    import multiprocessing
+
+    if multiprocessing.current_process().daemon:
+        return None
+    current = _workers.get("pool")
+    if current is None or current.processes != processes:
+        if current is not None:
+            current.close()
+        current = _workers["pool"] = CameraWorkers(processes)
+    return current.start()
 
 
 @dataclass
@@ -483,10 +788,8 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
              f.codec == "jpeg" and f.channels == 3]
     decode_jpeg = _nvjpeg() if batch else None
     if decode_jpeg is not None:
-        from torchvision.io import ImageReadMode
-
         parts = [p for i in batch for p in cameras[i][0].slices(distinct[i][0])]
-        frames = decode_jpeg(parts, mode=ImageReadMode.RGB, device=device) if parts else []
+        frames = decode_jpeg(parts, mode="RGB", device=device) if parts else []
         metrics.count_frames("nvjpeg", len(parts))
         for i in batch:  # each camera stacked, its per-frame tensors freed
             f, n = cameras[i][0], distinct[i][0].numel()
@@ -515,22 +818,51 @@ def _decode_pil(frames: EncodedFrames, rows: torch.Tensor, device: torch.device
         with Image.open(io.BytesIO(parts[i].numpy().tobytes())) as im:
             out[i] = np.asarray(im.convert("RGB") if c == 3 else im).reshape(h, w, c)
 
-    with ThreadPoolExecutor(_threads()) as pool:  # Pillow decodes without the GIL
+    # Pillow's decode holds the GIL a quarter of its time (py-spy, 480x640 q95:
+    # benchmarks/results/jpeg-gil-cpu-2026-11-27.json): threads overlap the rest
+    with ThreadPoolExecutor(_threads()) as pool:
         list(pool.map(one, range(len(parts))))
     return torch.from_numpy(out).permute(0, 3, 1, 2).to(device)
 
 
+# torchvision's image decoders are deprecated from this version on, for TorchCodec's (0.16 and
+# later), which decode a list of JPEGs on CUDA in one nvJPEG call the same way
+TORCHVISION_IMAGE_IO_DEPRECATED = (0, 29)
+TORCHCODEC_IMAGE_IO = (0, 16)
+
+
+def _version(package: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of an installed package, or None."""
+    from importlib import metadata
+
+    try:
+        major, minor = metadata.version(package).split(".")[:2]
+        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
 @functools.cache
 def _nvjpeg():
-    """``torchvision.io.decode_jpeg``, or None (with a warning, once) without torchvision."""
+    """The batched nvJPEG decoder, called as ``decode_jpeg(list, mode="RGB", device=...)``:
+    torchvision's before 0.29; from torchvision 0.29 on, TorchCodec's when TorchCodec 0.16 or
+    later is installed (torchvision's, deprecated, otherwise); or None (with a warning, once)
+    without either (see docs/cameras.md)."""
+    import importlib
+
+    vision, codec = _version("torchvision"), _version("torchcodec")
+    use_codec = codec is not None and codec >= TORCHCODEC_IMAGE_IO and (
+        vision is None or vision >= TORCHVISION_IMAGE_IO_DEPRECATED)
     try:
-        from torchvision.io import decode_jpeg
-    except ImportError:
-        warnings.warn("torchvision is not installed: camera frames are decoded on the CPU and "
-                      "copied to the GPU; `pip install torchvision` decodes them with nvJPEG.",
-                      stacklevel=3)
-        return None
-    return decode_jpeg
+        if use_codec or vision is not None:
+            module = "torchcodec.decoders" if use_codec else "torchvision.io"
+            return importlib.import_module(module).decode_jpeg
+    except ImportError:  # installed but broken (e.g. built for another torch): as if absent
+        pass
+    warnings.warn("neither torchvision nor TorchCodec is installed: camera frames are decoded "
+                  "on the CPU and copied to the GPU; `pip install torchvision` (the build "
+                  "matching your torch) decodes them with nvJPEG.", stacklevel=3)
+    return None
 
 
 def serve(frames: torch.Tensor, size: tuple[int, int] | None, params, dtype: torch.dtype

@@ -34,12 +34,26 @@ timestamp within ``grid_tolerance_s`` of a grid instant is snapped onto it befor
 Stream names become column names with ``.`` replaced by ``/`` (Lance reserves ``.``).
 
 Episodes are read, their videos decoded and their camera frames encoded ``decode_workers`` at a
-time, ahead of the episodes being aligned and written: on threads (PyAV and Pillow release the
-GIL), or for a large build from a dataset path in worker processes, which also align on the
-CPU and write (see :func:`~robocache.data.build.read.prepared`). Episodes are aligned many at a
-time (:func:`~robocache.data.build.align.align_batch`) and written and committed in batches
-(``batch_rows``, ``batch_bytes``: many episodes per Lance fragment), in the source's order, so
-the cache holds the same rows and frame bytes whatever the number of workers.
+time, ahead of the episode being aligned and written, in one of two ways (never a process pool
+inside another; :func:`robocache.data.build.read.prepared`):
+
+- threads (by default for fewer than :data:`~robocache.data.build.read.PROCESS_EPISODES`
+  episodes, one worker, a source passed as an object, or a video decoder other than PyAV):
+  threads read and check the episodes, and their videos are decoded and encoded in
+  ``decode_workers`` forked camera worker processes (:func:`robocache.data.cameras.worker_pool`;
+  on the reading thread with one worker or in a daemonic process), NVDEC's on the threads;
+- spawned processes (``decode_processes``; by default from
+  :data:`~robocache.data.build.read.PROCESS_EPISODES` episodes of a source path with PyAV):
+  ``decode_workers`` processes each read, check, decode, encode and (alignment on the CPU)
+  align whole episodes, their videos decoded in the process itself with ``cores //
+  decode_workers`` FFmpeg threads; no camera worker processes are started.
+
+Either way the episodes are aligned many at a time
+(:func:`~robocache.data.build.align.align_batch`) and written and committed in batches
+(``batch_rows``, ``batch_bytes``: many episodes per Lance fragment), in the source's order,
+so the cache holds the same rows and frame bytes whatever the number of workers and the way,
+and what waits to be written is the episodes' JPEG/PNG bytes (a video is encoded as it decodes), never their
+decoded pixels.
 
 Idempotent per episode: an episode is cached once its batch's rows are committed, so a killed
 run leaves whole episodes only; re-running drops the camera frames a killed run committed
@@ -50,7 +64,8 @@ and only fragments the build itself wrote are compacted, so a reader of the comp
 a build resumes keeps its files (:class:`~robocache.data.build.commit.Committer`).
 
 Modules, in the order an episode passes through them: :mod:`~robocache.data.build.read`
-(read, decode videos, check, prepare on workers), :mod:`~robocache.data.build.align`,
+(read, check, decode and encode camera frames, on worker threads or processes),
+:mod:`~robocache.data.build.align`,
 :mod:`~robocache.data.build.encode` (camera storage; the frames are encoded by
 :mod:`robocache.data.cameras`), :mod:`~robocache.data.build.write`,
 :mod:`~robocache.data.build.commit`; :mod:`~robocache.data.build.run` drives them, and

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from robocache.data.cameras import DEFAULT_QUALITY
+from robocache.data.cameras import DEFAULT_CHROMA, DEFAULT_QUALITY
 from robocache.data.episode import StreamSpec
 from robocache.errors import DataError
 
@@ -45,16 +45,21 @@ class CacheConfig:
             jobs split a dataset; ``robocache merge`` joins their caches.
         camera_codec: how camera frames are stored: ``"jpeg"`` (GPU-decodable) or ``"png"``
             (lossless); uint16 (depth) frames are always PNG.
-        camera_quality: JPEG quality (1-95).
+        camera_quality: JPEG quality (1-100; default 95).
+        camera_chroma: JPEG chroma subsampling: ``"444"`` (default: none; within 40 dB PSNR
+            of the source's decode on sharp-edged content at quality 95), ``"422"`` or
+            ``"420"`` (smaller, blurs colour edges); see docs/cameras.md for bytes against
+            PSNR.
         camera_size: ``(height, width)`` (or ``"HEIGHTxWIDTH"``) to store RGB camera frames
             at, resized at ingest (antialiased bilinear), or ``None`` (default) for the
             source's size. Training usually resizes to a fixed input anyway; stored at that
             size, each batch decodes that many fewer pixels. The cache's frames are then no
             longer the source's (not what LeRobot serves); depth frames keep their size.
-        decode_workers: episodes read, video-decoded and JPEG-encoded at once, on threads or
-            processes (``decode_processes``; ``None``: the machine's cores); each holds one
-            decoded episode in memory. The
-            cache is the same whatever the number.
+        decode_workers: episodes read, video-decoded and JPEG-encoded at once (``None``: the
+            machine's cores). On threads, their videos decoded and encoded in as many forked
+            camera worker processes (none for 1: on the reading thread); or, with
+            ``decode_processes``, in that many spawned processes, each decoding its videos
+            itself. The cache is the same whatever the number.
         video_decoder: who decodes video streams: ``"pyav"`` (default: the CPU decode
             LeRobot's reader does, so cached frames match LeRobot's within the JPEG
             tolerance), ``"auto"`` (NVDEC through PyNvVideoCodec for H.264/HEVC when a CUDA
@@ -90,6 +95,7 @@ class CacheConfig:
     shard: tuple[int, int] | str | None = None
     camera_codec: str = "jpeg"
     camera_quality: int = DEFAULT_QUALITY
+    camera_chroma: str = DEFAULT_CHROMA
     camera_size: tuple[int, int] | str | None = None
     decode_workers: int | None = None
     video_decoder: str = "pyav"

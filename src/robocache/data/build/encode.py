@@ -1,4 +1,4 @@
-"""Stage 3, encode: how camera frames are stored (codec, quality, size). The frames
+"""Stage 3, encode: how camera frames are stored (codec, quality, chroma, size). The frames
 themselves are encoded by :mod:`robocache.data.cameras`.
 """
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from robocache.data.build.config import CacheConfig
+from robocache.data.cameras import FrameFormat
 from robocache.data.episode import StreamSpec
 
 
@@ -19,6 +20,11 @@ def stored_size(spec: StreamSpec, config: CacheConfig) -> tuple[int, int] | None
     return tuple(config.camera_size)
 
 
+def frame_format(config: CacheConfig) -> FrameFormat:
+    """How ``config`` stores camera frames."""
+    return FrameFormat(config.camera_codec, config.camera_quality, config.camera_chroma)
+
+
 def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
     """Manifest fields of a camera stream: how its frames are stored (and at which shape,
     when resized)."""
@@ -27,7 +33,10 @@ def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
     size = stored_size(spec, config)
     kept = spec.encoding if size is None else None  # a source's own bytes, unless resized
     codec = kept or ("png" if spec.dtype == "uint16" else config.camera_codec)
-    entry = {"codec": codec, "quality": config.camera_quality if codec == "jpeg" else None}
+    encoded = codec == "jpeg" and kept is None
+    entry = {"codec": codec, "quality": config.camera_quality if encoded else None}
+    if encoded:
+        entry["chroma"] = config.camera_chroma
     if size is not None:
         entry.update(shape=[*size, 3], source_shape=list(spec.shape))
     return entry

@@ -1,6 +1,7 @@
-"""Stage 1, read: open a source, read each episode, decode its videos, check it, and
-encode its camera frames (:mod:`robocache.data.build.encode`) on worker threads, ahead of
-the episode being aligned.
+"""Stage 1, read: open a source, read each episode, check it, decode its videos and encode
+its camera frames (as :mod:`robocache.data.build.encode` says, by
+:func:`robocache.data.cameras.camera_tables`), on worker threads or processes (see
+:func:`prepared`), ahead of the episode being aligned.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from typing import Any
 from robocache._optional import require
 from robocache.data import source_identity
 from robocache.data.build.config import CacheConfig, decode_workers
-from robocache.data.build.encode import stored_size
-from robocache.data.cameras import decode_videos, frames_table
-from robocache.data.episode import Episode, Source, Stream, StreamSpec, check_episode
+from robocache.data.build.encode import frame_format, stored_size
+from robocache.data.cameras import CameraWorkers, camera_tables, decode_videos, worker_pool
+from robocache.data.episode import Episode, Source, StreamSpec, check_episode
 from robocache.errors import DataError
 
 
@@ -59,8 +60,16 @@ def load_episode(src: Source, index: int, specs: dict[str, StreamSpec],
                  lock: threading.Lock | None = None) -> Episode:
     """Read episode ``index`` (its videos decoded by ``video_decoder``, see
     :func:`robocache.data.cameras.decode_video`) and check it against ``specs`` (a bad episode
-    raises). ``lock``: held while the source reads (readers are not all thread-safe). Its
-    digest as read (:func:`robocache.data.source_identity.episode_digest`) is kept in
+    raises). ``lock``: held while the source reads (readers are not all thread-safe)."""
+    episode = _read(src, index, lock)
+    decode_videos(episode, specs, decoder=video_decoder, gpu=gpu)
+    check_episode(episode, specs)
+    return episode
+
+
+def _read(src: Source, index: int, lock: threading.Lock | None) -> Episode:
+    """``src.read(index)``, under ``lock`` when given (readers are not all thread-safe), its
+    digest as read (:func:`robocache.data.source_identity.episode_digest`) kept in
     ``episode.meta["digest"]``."""
     if lock is None:
         episode = src.read(index)
@@ -68,8 +77,6 @@ def load_episode(src: Source, index: int, specs: dict[str, StreamSpec],
         with lock:
             episode = src.read(index)
     episode.meta["digest"] = source_identity.episode_digest(episode)  # as read: see its module
-    decode_videos(episode, specs, decoder=video_decoder, gpu=gpu)
-    check_episode(episode, specs)
     return episode
 
 
@@ -107,26 +114,26 @@ def video_frames(episode: Episode) -> dict[str, int]:
 
 
 def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
-                    config: CacheConfig, *, gpu: int = 0, threads: int | None = None,
-                    lock: threading.Lock | None = None) -> Prepared:
-    """Read, decode, check and encode episode ``index`` (safe on a worker thread: the source
-    reads under ``lock``). Decoded frames are dropped once encoded, so what waits to be written
-    is the episode's JPEG/PNG bytes, not its pixels. Any failure but ``MemoryError`` is
-    returned as ``error`` (the episode is quarantined with it)."""
+                    config: CacheConfig, *, gpu: int = 0, workers: CameraWorkers | None = None,
+                    threads: int = 0, lock: threading.Lock | None = None) -> Prepared:
+    """Read, check, decode and encode episode ``index`` (safe on a worker thread: the source
+    reads under ``lock``; ``workers``: the :class:`~robocache.data.cameras.CameraWorkers`
+    that decode and encode its videos, else this thread with ``threads`` FFmpeg threads, 0:
+    FFmpeg's choice; see :func:`~robocache.data.cameras.camera_tables`). What waits to be
+    written is the episode's JPEG/PNG bytes, never its decoded pixels. Any failure but
+    ``MemoryError`` is returned as ``error`` (the episode is quarantined with it)."""
     t0 = time.perf_counter()
     out = Prepared(index)
     try:
-        episode = load_episode(src, index, specs, config.video_decoder, gpu, lock)
+        episode = _read(src, index, lock)
         out.digest = episode.meta["digest"]
+        check_episode(episode, specs)  # videos still in their files: their frames next
         t1 = time.perf_counter()
-        out.frames = {name: frames_table(episode, name, spec, config.camera_codec,
-                                         config.camera_quality, threads,
-                                         size=stored_size(spec, config))
-                      for name, spec in specs.items() if spec.kind in ("image", "video")}
-        for name in out.frames:  # alignment needs a video's timestamps, not its decoded pixels
-            s = episode.streams[name]
-            if s.spec.kind == "video":
-                episode.streams[name] = Stream(s.spec, s.times, None, s.video)
+        out.frames = camera_tables(episode, specs, frame_format(config),
+                                   {name: stored_size(spec, config)
+                                    for name, spec in specs.items()},
+                                   decoder=config.video_decoder, gpu=gpu, workers=workers,
+                                   threads=threads)
         out.episode = episode
         out.seconds = {"read": t1 - t0, "encode": time.perf_counter() - t1}
     except MemoryError:
@@ -142,17 +149,22 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
              dest: Path | None = None) -> Iterator[Prepared]:
     """:func:`prepare_episode` of each of ``indices``, in their order, ``decode_workers`` at a
     time: at most that many episodes (or chunks of :data:`CHUNK`, in processes) are being
-    prepared while the caller handles the one yielded.
+    prepared while the caller handles the one yielded. One of two ways, never both (no
+    process pool is started inside the other):
 
-    In processes (:func:`use_processes`; ``path``: the source to open in each) when the build
-    is large enough: reading, checking and aligning numeric episodes is mostly Python on small
-    arrays, and processes run it on every core. There, with ``align`` (alignment on the CPU,
-    at rate ``fps`` when native), each episode is also aligned and made into its Arrow tables
-    (:attr:`Prepared.tables`), so every core does the whole per-episode work and the caller
-    only batches and writes. Otherwise on threads: PyAV decodes and converts colours and
-    Pillow encodes without the GIL (measured on 2 cores, 16 480x640 H.264 clips decoded and
-    JPEG-encoded: threads and processes alike ~300 frames/s against ~140 in one thread), and
-    NVDEC decoders share the process's CUDA context."""
+    - In spawned processes (:func:`use_processes`; ``path``: the source to open in each) when
+      the build is large enough: reading, checking and aligning numeric episodes is mostly
+      Python on small arrays, which threads serialize on the GIL. Each process prepares its
+      episodes whole, their videos decoded and encoded on its own thread
+      (:func:`_prepare_chunk`), and, with ``align`` (alignment on the CPU, at rate ``fps``
+      when native), also aligns each episode and makes its Arrow tables
+      (:attr:`Prepared.tables`), written under ``dest`` as uncommitted Lance files when given,
+      so every core does the whole per-episode work and the caller only commits.
+    - Otherwise on threads, which read and check the episodes; their videos are decoded and
+      encoded in ``decode_workers`` forked camera worker processes
+      (:func:`robocache.data.cameras.worker_pool`: each has its own GIL), or on the reading
+      thread with one worker or in a daemonic process; NVDEC's on the threads (its decoders
+      share this process's CUDA context)."""
     if path is not None:
         indices = list(indices)
         if use_processes(config, len(indices)):
@@ -160,8 +172,9 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
             return
     workers = decode_workers(config)
     lock = threading.Lock()
-    # JPEG encoding splits the cores between the episodes in flight
-    threads = max(1, min(16, os.cpu_count() or 1) // workers)
+    videos = any(spec.kind == "video" for spec in specs.values())
+    cameras = worker_pool(workers) if workers > 1 and videos else None
+    threads = 0 if workers == 1 else _ffmpeg_threads(workers)  # for videos decoded inline
     pool = ThreadPoolExecutor(workers, thread_name_prefix="robocache-ingest")
     try:
         it = iter(indices)
@@ -170,7 +183,8 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
         def submit() -> None:
             for index in it:
                 pending.append(pool.submit(prepare_episode, src, index, specs, config,
-                                           gpu=gpu, threads=threads, lock=lock))
+                                           gpu=gpu, workers=cameras, threads=threads,
+                                           lock=lock))
                 return
 
         for _ in range(workers):
@@ -222,9 +236,17 @@ def _picklable(e: Exception) -> Exception:
         return DataError(f"{type(e).__name__}: {e}")
 
 
+def _ffmpeg_threads(workers: int) -> int:
+    """FFmpeg threads for a video decoded inline while ``workers`` episodes are prepared at
+    once: the cores split between them, as :class:`~robocache.data.cameras.CameraWorkers`
+    splits them (one each when there are as many workers as cores, the default)."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def _prepare_chunk(indices: list[int], fps: float | None, align: bool,
                    dest: Path | None) -> list[Prepared]:
-    """In a worker process: :func:`prepare_episode` of each of ``indices`` and, with
+    """In a worker process: :func:`prepare_episode` of each of ``indices`` (its videos
+    decoded here: no camera worker processes are started in a worker process) and, with
     ``align``, its alignment and tables (the episode itself is then not sent back), written
     under ``dest`` as one set of uncommitted Lance files when given."""
     from robocache.data.build.align import align_batch
@@ -232,7 +254,8 @@ def _prepare_chunk(indices: list[int], fps: float | None, align: bool,
     from robocache.observability import metrics
 
     src, specs, config = _WORKER["src"], _WORKER["specs"], _WORKER["config"]
-    out = [prepare_episode(src, index, specs, config, threads=1) for index in indices]
+    threads = _ffmpeg_threads(decode_workers(config))
+    out = [prepare_episode(src, index, specs, config, threads=threads) for index in indices]
     if align:
         todo = [p for p in out if p.error is None]
         t0 = time.perf_counter()

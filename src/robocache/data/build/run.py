@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from robocache._optional import require
-from robocache.data import source_identity
+from robocache.data import jpeg, source_identity
 from robocache.data.build.align import align_batch, check_rate
 from robocache.data.build.commit import (
     Committer,
@@ -97,9 +97,10 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
         raise DeviceError("`video_decoder` (--video-decoder) is 'nvdec' but NVDEC is not "
                           "available: it needs a CUDA GPU and PyNvVideoCodec (`pip install "
                           "PyNvVideoCodec`); pass auto or pyav to decode on the CPU.")
-    if config.camera_codec not in CODECS or not 1 <= config.camera_quality <= 95:
-        raise DataError(f"`camera_codec` must be one of {CODECS} and `camera_quality` in "
-                        f"[1, 95]; got {config.camera_codec!r}, {config.camera_quality}.")
+    if config.camera_codec not in CODECS:
+        raise DataError(f"`camera_codec` (--camera-codec) must be one of {CODECS}; got "
+                        f"{config.camera_codec!r}.")
+    jpeg.check(config.camera_quality, config.camera_chroma)
     if config.camera_size is not None:
         config.camera_size = parse_size(config.camera_size)
     if config.shard is not None:

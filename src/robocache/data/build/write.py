@@ -12,7 +12,7 @@ import numpy as np
 from robocache._optional import require
 from robocache.data.build.commit import _committed
 from robocache.data.build.config import CacheConfig, column_name
-from robocache.data.build.encode import stored_size
+from robocache.data.build.encode import frame_format, stored_size
 from robocache.data.cameras import frames_table
 from robocache.data.episode import Episode, StreamSpec
 
@@ -59,8 +59,8 @@ def episode_tables(episode: Episode, cols: dict[str, Any], specs: dict[str, Stre
     config = config or CacheConfig()
     frames = frames or {}
     tables = [(f"frames/{name}.lance", frames[name] if name in frames else
-               frames_table(episode, name, spec, config.camera_codec, config.camera_quality,
-                            size=stored_size(spec, config)))
+               frames_table(episode, name, spec, frame_format(config),
+                            stored_size(spec, config)))
               for name, spec in specs.items() if spec.kind in ("image", "video")]
     tables.append(("data.lance", _table(cols, _schema(specs))))
     return tables
