@@ -52,8 +52,8 @@ Either way the episodes are aligned many at a time
 (:func:`~robocache.data.build.align.align_batch`) and written and committed in batches
 (``batch_rows``, ``batch_bytes``: many episodes per Lance fragment), in the source's order,
 so the cache holds the same rows and frame bytes whatever the number of workers and the way,
-and what waits to be written is the episodes' JPEG/PNG bytes (a video is encoded as it decodes), never their
-decoded pixels.
+and what waits to be written is the episodes' JPEG/PNG bytes (a video is encoded as it
+decodes), never their decoded pixels.
 
 Idempotent per episode: an episode is cached once its batch's rows are committed, so a killed
 run leaves whole episodes only; re-running drops the camera frames a killed run committed
