@@ -851,5 +851,6 @@ def test_ingest_in_a_daemonic_process_decodes_on_threads(tmp_path):
     import multiprocessing
 
     src = _two_cameras(tmp_path / "src", episodes=3)
-    with multiprocessing.get_context("fork").Pool(1) as pool:
+    # spawn: a forked child of a process that has used Lance (earlier tests) can hang in it
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
         assert pool.apply(_build_in, (str(src), str(tmp_path / "c"))) == 3
