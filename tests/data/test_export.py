@@ -33,10 +33,11 @@ ITEMS = dict(np.load(FIXTURES / "items.npz"))
 META = json.loads((FIXTURES / "meta.json").read_text())
 LEROBOT_PYTHON = Path(os.environ.get("LEROBOT_PYTHON", "/work/venvs/lerobot/bin/python"))
 CAMERAS = ("camera.color", "wrist.image_raw")
-# The codec budget: AV1 at CRF 30 (LeRobot's recording setting) on the fixtures' smooth, tiny
-# 24x32 / 16x20 frames (yuv420p halves their chroma) gave 30.0-32.4 / 27.2-29.7 dB PSNR
-# against the cache's frames; each frame must also be closest to its own step's frame
-MIN_PSNR = 26.0
+# The codec budget: AV1 at CRF 30, yuv420p (LeRobot's recording setting) of the cache's frames
+# (JPEG 4:4:4: full chroma) on the fixtures' tiny frames gave 30.0-32.4 dB PSNR for the 24x32
+# camera and 22.0-29.3 dB for the 16x20 one (its chroma, kept whole in the cache, is halved on
+# 8x10 planes); each frame must also be closest to its own step's frame
+MIN_PSNR = {"camera.color": 28.0, "wrist.image_raw": 20.0}
 
 _spec = importlib.util.spec_from_file_location("export_fixtures", FIXTURES / "make_fixtures.py")
 _script = importlib.util.module_from_spec(_spec)
@@ -94,7 +95,7 @@ def assert_items_equal_cache(items: dict[str, np.ndarray], want: dict[str, np.nd
             got = np.rint(items[name].transpose(0, 2, 3, 1) * 255).astype(np.uint8)
             assert got.shape == values.shape, name
             for i in range(n):
-                assert psnr(got[i], values[i]) > MIN_PSNR, (name, i)
+                assert psnr(got[i], values[i]) > MIN_PSNR[name], (name, i)
                 # the frame of its own step, not a neighbour's
                 other = [psnr(got[i], values[j]) for j in range(n) if
                          not np.array_equal(values[j], values[i])]
@@ -157,7 +158,7 @@ def test_our_lerobot_reader_agrees_with_lerobot(cache, tmp_path):
             frames = np.stack([v.numpy() for v in got[k]])
             worst = min(psnr(np.rint(a * 255), np.rint(b * 255)) for a, b in
                         zip(frames, want, strict=True))
-            assert worst > MIN_PSNR, (k, worst)
+            assert worst > MIN_PSNR[k], (k, worst)
         else:
             assert np.array_equal(np.stack([v.numpy() for v in got[k]]), want), k
 

@@ -157,6 +157,7 @@ class RobotDataset(torch.utils.data.Dataset):
                  image_dtype: torch.dtype = torch.float32, seed: int = 0):
         from robocache.ops.normalize import Stats
 
+        require("lance", "data", "The Lance cache", "pylance")
         pa = require("pyarrow", "data", "Arrow tables")
         pc = require("pyarrow.compute", "data", "Arrow tables")
 
