@@ -222,7 +222,7 @@ def test_ingest_bad_options_one_line(tmp_path):
     run = cli("ingest", str(ROOT / "data" / "sample" / "panda_multirate"), str(tmp_path / "d"),
               "--topic", "/x", "--no-progress")
     assert run.returncode == 2 and run.stderr.count("\n") == 1
-    assert "`topics` (--topics) is an option of rosbag sources" in run.stderr
+    assert "`topics` (--topic) is an option of rosbag sources" in run.stderr
     assert not (tmp_path / "d").exists()
 
 

@@ -92,9 +92,14 @@ def open_source(path: str | Path, format: str | None = None, **options: Any) -> 
         if name not in inspect.signature(reader).parameters:
             takers = [n for n in FORMATS
                       if name in inspect.signature(getattr(_module(n), FORMATS[n][1])).parameters]
-            raise DataError(f"`{name}` (--{name}) is an option of {' and '.join(takers)} "
-                            f"sources; {path} is a {format} dataset: drop --{name}.")
+            flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+            raise DataError(f"`{name}` ({flag}) is an option of {' and '.join(takers)} "
+                            f"sources; {path} is a {format} dataset: drop {flag}.")
     return reader(path, **options)
+
+
+# the command-line flag of a reader option whose name is not the option's own (repeated flags)
+_FLAGS = {"topics": "--topic", "exclude_topics": "--exclude-topic"}
 
 
 def _detect(path: Path) -> str | None:
