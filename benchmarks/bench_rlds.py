@@ -138,12 +138,7 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
         timing = H.summarize([(time.perf_counter() - t0) * 1e3])
         records.append(H.case(FAMILY, name, "ingest", timing, nbytes=nbytes,
                               episodes=manifest["counts"]["cached"], device=device))
-    for r in records:
-        seconds = r["median_ms"] * 1e-3
-        r["steps"] = steps
-        r["steps_per_s"] = steps / seconds
-        r["MB_per_s"] = nbytes / seconds / 1e6
-        r["note"] = f"{r['steps_per_s']:,.0f} steps/s, {r['MB_per_s']:.1f} MB/s"
+    H.add_rates(records, steps, "steps", nbytes)
     return records
 
 

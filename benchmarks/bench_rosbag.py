@@ -197,12 +197,7 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                                H.summarize([(time.perf_counter() - t0) * 1e3]), nbytes=nbytes,
                                source=kind, bags=manifest["counts"]["cached"], device=device,
                                stages=stages(root, Path(tmp) / f"{kind}.stages", device)))
-            for r in kept:
-                seconds = r["median_ms"] * 1e-3
-                r["messages"] = messages
-                r["messages_per_s"] = messages / seconds
-                r["MB_per_s"] = nbytes / seconds / 1e6
-                r["note"] = f"{r['messages_per_s']:,.0f} msg/s, {r['MB_per_s']:.1f} MB/s"
+            H.add_rates(kept, messages, "messages", nbytes)
             records += kept
     return records
 

@@ -52,6 +52,17 @@ class Timing:
         return asdict(self)
 
 
+def add_rates(records: list[dict], count: int, unit: str, nbytes: int) -> None:
+    """Give each record (timed over ``count`` items of ``unit`` and ``nbytes`` source bytes)
+    ``<unit>``, ``<unit>_per_s``, ``MB_per_s`` and a note saying both rates."""
+    for r in records:
+        seconds = r["median_ms"] * 1e-3
+        r[unit] = count
+        r[f"{unit}_per_s"] = count / seconds
+        r["MB_per_s"] = nbytes / seconds / 1e6
+        r["note"] = f"{r[f'{unit}_per_s']:,.0f} {unit}/s, {r['MB_per_s']:.1f} MB/s"
+
+
 def summarize(samples_ms: Sequence[float]) -> Timing:
     """Median and quartiles of all samples; the stored samples are at most MAX_STORED_SAMPLES
     evenly spaced order statistics of them (same distribution, bounded size)."""
