@@ -10,7 +10,8 @@ Numeric case: 4 streams into a 50 Hz policy with 2 history steps (``history=2``,
 process so that a crash of the AOTInductor path costs that row only): joints 7-D at 500 Hz,
 end-effector pose 7-D at 100 Hz (both linear), tactile 16-D at 333 Hz (linear, off the grid),
 gripper 1-D events at irregular times (``previous``, with its age). Per tick: push every
-message that came since the last tick, one ``push`` per message, then ``observation(now)``
+message that came since the last tick, one ``push`` per message (the ``push_many`` rows: one
+call per stream with that tick's messages of it), then ``observation(now)``
 (now = the step + 5 ms, so every interpolated stream has a message past the step); on a GPU
 the tick ends with a synchronize (the observation is ready to read). Per-tick microseconds
 over ``ticks`` ticks after 200 warm-up ticks, p50 / p99 / max: wall clock (``p99_us``...) and
@@ -141,15 +142,30 @@ class Handwritten:
         return out
 
 
-def per_tick_us(impl, log, sync) -> tuple[list[float], list[float]]:
+def batched(log) -> list[list[tuple[str, np.ndarray, np.ndarray]]]:
+    """The log with each tick's messages of a stream as one batch (times ``[N]``, values
+    ``[N, D]``: as a driver's buffer of one topic holds them), for ``push_many``."""
+    out = []
+    for msgs in log:
+        by: dict[str, list] = {}
+        for name, t, v in msgs:
+            by.setdefault(name, []).append((t, v))
+        out.append([(name, np.array([t for t, _ in m]), np.stack([v for _, v in m]))
+                    for name, m in by.items()])
+    return out
+
+
+def per_tick_us(impl, log, sync, many: bool = False) -> tuple[list[float], list[float]]:
     """Microseconds of each tick (its pushes, then the observation): wall clock, and this
     thread's CPU time (what the tick costs a core of its own: on a shared machine the wall
-    clock also counts the time other processes held the core)."""
+    clock also counts the time other processes held the core). ``many``: ``log`` is
+    :func:`batched`, one ``push_many`` per stream and tick."""
     wall, cpu = [], []
+    push = impl.push_many if many else impl.push
     for k, msgs in enumerate(log):
         t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for name, t, v in msgs:
-            impl.push(name, t, v)
+            push(name, t, v)
         impl.observation(k / RATE + LAG_S)
         sync()
         cpu.append((time.thread_time_ns() - c0) / 1e3)
@@ -185,23 +201,25 @@ import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("bench_online_child", sys.argv[1])
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
-bench.compiled_cpu_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+bench.compiled_cpu_child(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "many")
 """
 
 
-def compiled_cpu_child(cache: str, ticks: int, out: str) -> None:
-    """The compiled CPU row's ticks (in the child process :func:`_isolated_cpu_compiled`
-    starts), written to ``out`` as JSON ``[wall, cpu]``."""
+def compiled_cpu_child(cache: str, ticks: int, out: str, many: bool) -> None:
+    """A compiled CPU row's ticks (in the child process :func:`_isolated_cpu_compiled`
+    starts), written to ``out`` as JSON ``[wall, cpu]``; ``many``: with ``push_many``."""
     import json
 
     if hasattr(os, "sched_getaffinity"):
         torch.set_num_threads(len(os.sched_getaffinity(0)))
     log = message_log(ticks, np.random.default_rng(1))
-    samples = per_tick_us(_observer(Path(cache), "cpu", True), log, lambda: None)
+    samples = per_tick_us(_observer(Path(cache), "cpu", True), batched(log) if many else log,
+                          lambda: None, many)
     Path(out).write_text(json.dumps(samples))
 
 
-def _isolated_cpu_compiled(cache: Path, ticks: int) -> tuple[list[float], list[float]]:
+def _isolated_cpu_compiled(cache: Path, ticks: int, many: bool = False
+                           ) -> tuple[list[float], list[float]]:
     """The compiled CPU row (AOTInductor: gcc, then the package loaded) measured in a child
     process, so that a crash there (one segfault was seen on a GPU machine) costs that row
     only: it raises RuntimeError with the child's exit status and last output."""
@@ -216,7 +234,8 @@ def _isolated_cpu_compiled(cache: Path, ticks: int) -> tuple[list[float], list[f
     src = str(Path(robocache.__file__).parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     child = subprocess.run([sys.executable, "-c", _CHILD, __file__, str(cache), str(ticks),
-                            str(out)], env=env, capture_output=True, text=True)
+                            str(out), "many" if many else "one"], env=env,
+                           capture_output=True, text=True)
     if child.returncode != 0 or not out.exists():
         raise RuntimeError(f"the child process exited with status {child.returncode}: "
                            f"{(child.stderr or child.stdout).strip()[-500:]}")
@@ -243,20 +262,22 @@ def run(quick: bool = False, copy_gbps: float | None = None,
         name = "4 streams (500/100/333 Hz + events) -> 50 Hz, history 2"
         for dev in devices:
             sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-            for compiled in (False, True):  # compiled: the first (warm-up) tick compiles
+            # compiled: the first (warm-up) tick compiles; many: push_many per stream
+            for compiled, many in ((False, False), (True, False), (True, True)):
                 try:
                     if compiled and dev == "cpu":  # AOTInductor: in a process of its own
-                        samples = _isolated_cpu_compiled(cache, ticks)
+                        samples = _isolated_cpu_compiled(cache, ticks, many)
                     else:
-                        samples = per_tick_us(_observer(cache, dev, compiled), log, sync)
+                        samples = per_tick_us(_observer(cache, dev, compiled),
+                                              batched(log) if many else log, sync, many)
                 except Exception as e:  # no compiler on this machine: the eager rows stand
                     if not compiled:
                         raise
                     warnings.warn(f"online: compile=True on {dev} failed ({e}); skipped.",
                                   stacklevel=1)
                     continue
-                rows.append(record(name, "robocache-compiled" if compiled else "robocache",
-                                   samples, dev, messages_per_tick=msgs))
+                impl = "robocache" + "-compiled" * compiled + "-push_many" * many
+                rows.append(record(name, impl, samples, dev, messages_per_tick=msgs))
         import json
 
         stats = json.loads((cache / "stats.json").read_text())

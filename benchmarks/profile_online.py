@@ -1,14 +1,16 @@
-"""Where a tick of `robocache.Observer` spends its host time (the numeric case of
-bench_online.py, eager core, CPU, one intra-op thread).
+"""Where a tick of `robocache.Observer` spends its time (the numeric case of bench_online.py,
+one intra-op thread).
 
-    $ python benchmarks/profile_online.py
+    $ python benchmarks/profile_online.py                          # CPU, eager core
+    $ python benchmarks/profile_online.py --device cuda [--compile] # GPU: also the graph alone
 
 Prints, over 1,200 ticks after 200 warm-up ticks, p50 / p99 microseconds of the pushes of a
 tick, of the observation and of the core inside it (on a GPU the core is one CUDA graph replay
 after one copy; the rest of the observation is the host work a GPU tick keeps; ``serve``, the
 views of the core's outputs, a GPU tick makes once), and the torch
 operators of one core call (views, and the others: one kernel each in a CUDA graph) and of a
-tick's pushes.
+tick's pushes. On a GPU it also prints the captured graph's own time (CUDA events around
+replays of it alone) and the kernels one replay launches (torch.profiler).
 """
 
 from __future__ import annotations
@@ -40,11 +42,19 @@ class _Ops(TorchDispatchMode):
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--compile", action="store_true")
+    a = ap.parse_args()
     torch.set_num_threads(1)
+    cuda = a.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     with tempfile.TemporaryDirectory() as tmp:
-        obs = B._observer(B.make_cache(Path(tmp) / "numeric"), "cpu", False)
+        obs = B._observer(B.make_cache(Path(tmp) / "numeric"), a.device, a.compile)
         log = B.message_log(1400, np.random.default_rng(1))
-        B.per_tick_us(obs, log[:200], lambda: None)
+        B.per_tick_us(obs, log[:200], sync)
         times: dict[str, list[float]] = {"push": [], "observation": [], "core": [],
                                          "serve": []}
 
@@ -63,13 +73,18 @@ def main() -> None:
                 obs.push(name, t, v)
             b = time.perf_counter_ns()
             obs.observation(k / B.RATE + B.LAG_S)
+            sync()
             times["push"].append((b - a) / 1e3)
             times["observation"].append((time.perf_counter_ns() - b) / 1e3)
         times["observation minus core"] = list(np.subtract(times["observation"],
                                                            times["core"]))
         for key, x in times.items():
+            if not x:  # (a GPU tick serves the graph's outputs viewed once: no serve calls)
+                continue
             p50, p99 = np.percentile(x, 50), np.percentile(x, 99)
             print(f"{key:24s} p50 {p50:7.1f} us  p99 {p99:7.1f} us")
+        if cuda:
+            graph_only(obs)
         with _Ops() as core:
             obs.core(*obs.example_inputs())
         with _Ops() as pushes:
@@ -77,6 +92,25 @@ def main() -> None:
                 obs.push(name, t + 1.0, v)
         print(f"core operators: {core.count['views']} views, {core.count['other']} others; "
               f"torch operators in {len(log[-1])} pushes: {sum(pushes.count.values())}")
+
+
+def graph_only(obs) -> None:
+    """The captured graph alone: GPU microseconds a replay takes, and its kernels."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(50):
+        obs._graph.replay()
+    start.record()
+    for _ in range(1000):
+        obs._graph.replay()
+    end.record()
+    end.synchronize()
+    print(f"graph replay alone: {start.elapsed_time(end):.1f} us per replay (GPU, back to back)")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        obs._graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    print(f"kernels in one replay: {len(kernels)}, GPU busy "
+          f"{sum(e.device_time for e in kernels):.1f} us")
 
 
 if __name__ == "__main__":

@@ -219,7 +219,8 @@ def test_push_many_equals_pushes(sample_caches):
                  for _ in range(2))
     for t, v in zip(times, values, strict=True):
         one.push("observation.state", t, v)
-    many.push_many("observation.state", times, values)
+    for lo, hi in ((0, 5), (5, 45), (45, 46), (46, 50)):  # in one slice store, or not
+        many.push_many("observation.state", times[lo:hi], values[lo:hi])
     for t in (0.1, 0.2, 0.3):
         a, b = one.observation(t), many.observation(t)
         assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
@@ -237,6 +238,12 @@ def test_push_many_equals_pushes(sample_caches):
                 o.push("observation.state", 0.5, np.zeros(8))), "time went backwards"),
     (lambda o: o.push_many("observation.state", [1.0, 0.5], np.zeros((2, 8))),
      "time went backwards"),
+    (lambda o: o.push_many("observation.state", [0.1, np.nan, 0.3], np.zeros((3, 8))),
+     "NaN or infinite"),
+    (lambda o: o.push_many("observation.state", [0.1, np.inf, 0.3], np.zeros((3, 8))),
+     "NaN or infinite"),
+    (lambda o: o.push_many("observation.state", [0.1, 0.2], np.r_[np.zeros(15), np.inf]
+                           .astype(np.float32).reshape(2, 8)), "NaN or infinite"),
     (lambda o: o.push("observation.images.top", 1.0, 3), "camera frame must be"),
     (lambda o: o.observation(float("nan")), "`t` must be a finite time"),
     (lambda o: (o.observation(1.0), o.observation(0.5)), "before the first tick"),

@@ -306,10 +306,6 @@ class Observer:
         self._compile, self._package = compile, package
         self._core = None  # made at the first tick (see _make_core)
         self._graph = None
-        # GPU: two pinned staging copies of the arena, used in turn, each with the event of
-        # its last host-to-device copy (the host arena itself is never read asynchronously)
-        self._stages: list[tuple[np.ndarray, torch.Tensor, torch.cuda.Event]] = []
-        self._turn = 0
         self.t0: float | None = None
 
     # ------------------------------------------------------------------ construction
@@ -485,12 +481,12 @@ class Observer:
                 wrong size, or a time earlier than the stream's latest by more than ``late_s``.
         """
         s = self.streams.get(stream) or self._spec(stream)
-        t = float(t)
-        if not self._last[stream] - s.late_s <= t < math.inf:  # also NaN
+        t, last = float(t), self._last[stream]
+        if not last - s.late_s <= t < math.inf:  # also NaN
             if not math.isfinite(t):
                 raise DataError(f"stream {stream!r}: message time {t!r} is not finite.")
             raise DataError(f"stream {stream!r}: time went backwards: {t!r} s after a message "
-                            f"at {self._last[stream]!r} s (late_s = {s.late_s:g}).")
+                            f"at {last!r} s (late_s = {s.late_s:g}).")
         if s.kind == "numeric":
             v = value if type(value) is np.ndarray else np.asarray(
                 value.detach().cpu() if isinstance(value, torch.Tensor) else value)
@@ -512,7 +508,7 @@ class Observer:
         if v.ndim != 1:
             v = v.reshape(-1)
         head = int(s.heads[s.row])
-        if t < self._last[stream] or head == 2 * s.cap:  # late, or the ring wraps
+        if t < last or head == 2 * s.cap:  # late, or the ring wraps
             self._insert(s, t, v)
             return
         # in order with room: a few NumPy stores into the ring (what _insert does then)
@@ -539,11 +535,26 @@ class Observer:
         if v.shape[1] != s.dim:
             raise DataError(f"stream {stream!r}: values hold {v.shape[1]} elements per "
                             f"message, expected {s.dim} (shape {list(s.shape)}).")
-        if not np.isfinite(times).all() or (v.dtype.kind == "f" and not np.isfinite(v).all()):
+        # few NumPy calls (each costs about a microsecond): times in order with finite ends
+        # are all finite; float32 values summed in float64 are finite iff every one is
+        ordered = bool((times[1:] >= times[:-1]).all())
+        finite = math.isfinite(times[0]) and math.isfinite(times[-1]) and (
+            v.dtype.kind != "f" or (math.isfinite(v.sum(dtype=np.float64))
+                                    if v.dtype.itemsize <= 4 else bool(np.isfinite(v).all())))
+        if not finite or not (ordered or np.isfinite(times).all()):
             raise DataError(f"stream {stream!r}: NaN or infinite times or values.")
-        if np.any(np.diff(times) < 0) or times[0] < self._last[stream] - s.late_s:
+        if not ordered or times[0] < self._last[stream] - s.late_s:
             raise DataError(f"stream {stream!r}: time went backwards within the messages "
                             "(push_many takes them in time order).")
+        head, n = int(s.heads[s.row]), len(times)
+        if times[0] >= self._last[stream] and head + n <= 2 * s.cap:
+            # in order with room: one slice store per array (what n pushes store one by one)
+            s.times[head:head + n] = times
+            s.values[head:head + n, :s.dim] = v
+            s.heads[s.row] = head + n
+            self._last[stream] = float(times[-1])
+            self._fresh[stream] += n
+            return
         for t, row in zip(times.tolist(), v, strict=True):
             self._insert(s, t, row)
 
@@ -657,8 +668,9 @@ class Observer:
         :class:`~robocache.RobotDataset` item of that step holds for the observer's keys
         (``<key>`` and ``<key>_is_pad``, ``timestamp`` float64, ``index``: the step since
         ``t0``), plus ``<key>_age`` (float32 seconds) of ``previous`` streams and ``task``
-        when set. Tensors live on the observer's device (the CUDA graph's outputs: read them
-        before the next tick).
+        when set. Tensors live on the observer's device; on a GPU they are the CUDA graph's
+        outputs, and ``timestamp``/``index`` host tensors, refilled by every tick: read or
+        clone them before the next one.
 
         Raises:
             DataError: ``t`` is NaN, or before the first tick.
@@ -690,14 +702,12 @@ class Observer:
             return self._core(*(v[n] for n in self._args))
         if self._graph is None:
             self._capture()
-        # the stage used two ticks ago: its copy has long finished (the wait is a formality)
-        self._turn ^= 1
-        host, stage, copied = self._stages[self._turn]
-        copied.synchronize()
-        np.copyto(host, self._host_np)  # one memcpy of the arena
-        self._dev_buf.copy_(stage, non_blocking=True)
-        copied.record()
+        # the graph copies the pinned stage to the device first: the previous replay must
+        # have read it before it is refilled (it has, unless the caller never waited)
+        self._replayed.synchronize()
+        np.copyto(self._stage_np, self._host_np)  # one memcpy of the arena
         self._graph.replay()
+        self._replayed.record()
         return self._static_out
 
     def _make_core(self):
@@ -722,16 +732,19 @@ class Observer:
                                 "observer made with the same cache and arguments.") from None
             return core
         if self._compile:
-            return torch.compile(self.core, fullgraph=True, dynamic=False)
+            # no fused multiply-adds and eager's roundings: the values stay the eager core's
+            # (an FMA in an interpolation moved a cancelling value by 64 float32 ulps)
+            return torch.compile(self.core, fullgraph=True, dynamic=False,
+                                 options={"emulate_precision_casts": True})
         return self.core
 
     def _capture(self) -> None:
-        """Capture the core on the device's current stream's graph pool (once)."""
+        """Capture the arena's host-to-device copy and the core as one CUDA graph (once)."""
         self._dev_buf = self._host_buf.to(self.device)
         self._host_np = self._host_buf.numpy()
-        for _ in range(2):
-            stage = torch.zeros_like(self._host_buf).pin_memory()
-            self._stages.append((stage.numpy(), stage, torch.cuda.Event()))
+        stage = torch.zeros_like(self._host_buf).pin_memory()
+        self._stage_np = stage.numpy()
+        self._replayed = torch.cuda.Event()
         v = self._arena.views(self._dev_buf)
         args = tuple(v[n] for n in self._args)
         side = torch.cuda.Stream(self.device)
@@ -742,11 +755,21 @@ class Observer:
         torch.cuda.current_stream(self.device).wait_stream(side)
         self._graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._graph):
+            self._dev_buf.copy_(stage, non_blocking=True)
             self._static_out = self._core(*args)
+        # the step's time and index: host scalars the GPU tick refills, as it does the graph's
+        # outputs (a tensor made per tick cost ~5 us each on the host)
+        self._step = (torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.int64))
 
     def _assemble(self, outs, k: int, timestamp: float) -> dict[str, Any]:
-        out: dict[str, Any] = {"timestamp": torch.tensor(timestamp, dtype=torch.float64),
-                               "index": torch.tensor(k, dtype=torch.int64)}
+        if self._graph is None:
+            out: dict[str, Any] = {"timestamp": torch.tensor(timestamp, dtype=torch.float64),
+                                   "index": torch.tensor(k, dtype=torch.int64)}
+        else:
+            ts, index = self._step
+            ts.numpy()[()] = timestamp
+            index.numpy()[()] = k
+            out = {"timestamp": ts, "index": index}
         if self._served is not None:  # the graph's outputs, viewed once
             out.update(self._served)
         else:
