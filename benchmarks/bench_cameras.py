@@ -284,8 +284,10 @@ def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
             episode = src.read(index)
         tables = camera_tables(episode, src.specs, FrameFormat(), decoder=decoder, gpu=gpu,
                                workers=pool)
-        used = episode.meta["video_decoder"]
-        return {used[k]: len(t) for k, t in tables.items()}
+        used, by = episode.meta["video_decoder"], {}
+        for k, t in tables.items():  # every camera's frames, summed per decoder
+            by[used[k]] = by.get(used[k], 0) + len(t)
+        return by
 
     try:
         one(indices[0])  # warm: the workers' first frames, NVDEC's decoder
