@@ -768,6 +768,7 @@ def test_killed_ingest_leaves_no_worker_holding_the_cache(tmp_path):
 
     src = _two_cameras(tmp_path / "src", episodes=6)
     dest = tmp_path / "c"
+    before = _shipped_files()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(src), str(dest)], env=env)
     deadline = time.monotonic() + 60
@@ -779,6 +780,9 @@ def test_killed_ingest_leaves_no_worker_holding_the_cache(tmp_path):
     deadline = time.monotonic() + 10
     while holder(dest) is not None:
         assert time.monotonic() < deadline, f"the lock outlived the ingest: {holder(dest)}"
+        time.sleep(0.05)
+    while _shipped_files() - before:  # the workers' unread results: removed by the tracker
+        assert time.monotonic() < deadline + 20, _shipped_files() - before
         time.sleep(0.05)
     m = build(src, dest, rate_hz=10.0, progress=False, device="cpu", decode_workers=2)
     assert m["counts"]["cached"] == 6 and m["counts"]["quarantined"] == 0
@@ -815,6 +819,49 @@ def test_a_dead_camera_worker_is_replaced_and_its_task_retried_once(tmp_path):
             workers.result(workers.submit(_crash_always, "x.mp4", "episode 1"))
         assert workers.result(workers.submit(_crash_once, marker, "episode 2")) == \
             "episode 2: ok"
+    finally:
+        workers.close()
+
+
+def _shipped_files() -> set[str]:
+    from robocache.data import cameras
+
+    root = Path(cameras._SHM_DIR)
+    return {p.name for p in root.glob("robocache-frames-*")} if root.is_dir() else set()
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_worker_frames_come_back_through_shared_memory_or_the_pipe(tmp_path, monkeypatch, shm):
+    """A worker's encoded stream comes back byte for byte as the thread path encodes it:
+    through a shared-memory file that is removed once read, or through the result pipe where
+    there is no /dev/shm; a result nobody reads (another stream failed first) is removed when
+    it comes."""
+    import time
+
+    from robocache.data import cameras
+    from robocache.data.cameras import CameraWorkers, FrameFormat, write_video
+
+    if not shm:
+        monkeypatch.setattr(cameras, "_SHM_DIR", str(tmp_path / "no-shm"))
+    video = tmp_path / "v.mp4"
+    write_video(video, _clip(9, 3), 10.0, "libx264")
+    task = (video, 0.0, 0.8, 1e-4, FrameFormat(), None, (48, 64, 3), "episode 0: stream 'c'")
+    want, t_want, i_want = cameras._pyav_stream(*task, threads=1)
+    before = _shipped_files()
+    workers = CameraWorkers(2, threads=1).start()
+    try:
+        raw = workers.result(workers.submit(cameras._pyav_shipped, *task))
+        assert isinstance(raw[0][0], str) == shm
+        (packed, offsets), t, index = cameras._received(raw[0]), raw[1], raw[2]
+        got = [bytes(memoryview(packed)[a:b]) for a, b in zip(offsets[:-1], offsets[1:],
+                                                                  strict=True)]
+        assert got == want and np.array_equal(t, t_want) and np.array_equal(index, i_want)
+        assert _shipped_files() == before
+        workers.submit(cameras._pyav_shipped, *task)[-1].add_done_callback(cameras._discard)
+        deadline = time.monotonic() + 30
+        while _shipped_files() != before:
+            assert time.monotonic() < deadline, _shipped_files() - before
+            time.sleep(0.05)
     finally:
         workers.close()
 

@@ -28,6 +28,7 @@ when the frames go to a GPU, Pillow on the CPU (DataLoader workers, CPU-only mac
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import logging
@@ -458,9 +459,84 @@ def _table(episode: int, source: np.ndarray, times: np.ndarray, data):
 
 
 def _pack(frames: list[bytes]) -> tuple[bytes, np.ndarray]:
-    """Encoded frames as one byte string and int64 offsets ``[F + 1]``: what a worker process
-    sends back (one object to pickle, not one per frame)."""
+    """Encoded frames as one byte string and int64 offsets ``[F + 1]``."""
     return b"".join(frames), np.cumsum([0, *map(len, frames)], dtype=np.int64)
+
+
+# Where a worker process leaves a stream's encoded frames for the parent: a file in shared
+# memory (Linux tmpfs). Through the result pipe instead, the parent spent 142 us of CPU a
+# 88 KB frame receiving and unpickling (docs/cameras.md, "Where the time goes"): at 32 workers
+# that is most of one core, all of it holding the parent's GIL.
+_SHM_DIR = "/dev/shm"
+_shipped = iter(range(1 << 62))
+
+
+def _ship(frames: list[bytes]) -> tuple:
+    """A worker's encoded frames, for :func:`_received` in the parent: ``(name, offsets)`` of a
+    shared-memory file written in gathered writes (no joined copy, no pickling), registered
+    with multiprocessing's resource tracker so that it is removed even if the parent is
+    killed before reading it; :func:`_pack`'s pair where there is no ``/dev/shm`` or no room
+    in it (the space is reserved before anything is written: a full tmpfs fails here, not
+    with SIGBUS later)."""
+    from multiprocessing import resource_tracker
+
+    offsets = np.cumsum([0, *map(len, frames)], dtype=np.int64)
+    name = f"robocache-frames-{os.getpid()}-{next(_shipped)}"
+    try:
+        fd = os.open(os.path.join(_SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError:
+        return _pack(frames)
+    resource_tracker.register("/" + name, "shared_memory")
+    try:
+        if offsets[-1]:
+            os.posix_fallocate(fd, 0, int(offsets[-1]))
+        for a in range(0, len(frames), 512):  # within IOV_MAX
+            chunk = frames[a:a + 512]
+            if os.writev(fd, chunk) != sum(map(len, chunk)):
+                raise OSError("short write")
+    except OSError:
+        os.close(fd)
+        _unlink(name)
+        return _pack(frames)
+    os.close(fd)
+    return name, offsets
+
+
+def _unlink(name: str) -> None:
+    from multiprocessing import resource_tracker
+
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(_SHM_DIR, name))
+    resource_tracker.unregister("/" + name, "shared_memory")
+
+
+def _received(data: tuple) -> tuple:
+    """:func:`_ship`'s result as :func:`_pack`'s pair (the bytes as a uint8 array read in one
+    call, the GIL released while it reads), the shared-memory file removed."""
+    name, offsets = data
+    if not isinstance(name, str):
+        return data
+    packed = np.empty(int(offsets[-1]), np.uint8)
+    try:
+        with open(os.path.join(_SHM_DIR, name), "rb", buffering=0) as f:
+            view, done = memoryview(packed), 0
+            while done < len(packed):
+                got = f.readinto(view[done:])
+                if not got:
+                    raise DataError(f"a camera worker's frames ({name}) ended at {done} of "
+                                    f"{len(packed)} bytes.")
+                done += got
+    finally:
+        _unlink(name)
+    return packed, offsets
+
+
+def _discard(future) -> None:
+    """Remove the shared-memory file of a worker's result nobody will read (a done future)."""
+    if not future.cancelled() and future.exception() is None:
+        data = future.result()[0]
+        if isinstance(data[0], str):
+            _unlink(data[0])
 
 
 def _binary(data):
@@ -473,7 +549,8 @@ def _binary(data):
         if offsets[-1] < 2**31:
             return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [
                 None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(packed)])
-        data = [packed[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        view = memoryview(packed)
+        data = [bytes(view[a:b]) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
     return pa.array(data, pa.binary())
 
 
@@ -518,17 +595,35 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
         if got is not None:
             pending[name] = (got, "nvdec")
         elif workers is None:
-            pending[name] = (_pyav_stream(*task, threads=threads), "pyav")
+            data, t, index = _pyav_stream(*task, threads=threads)
+            pending[name] = ((_pack(data), t, index), "pyav")
         else:
-            pending[name] = (workers.submit(_pyav_stream, *task), "pyav")
-    for name, (got, used) in pending.items():  # in the specs' order: the first error wins
-        data, t, index = got if used == "nvdec" or workers is None else workers.result(got)
-        s = episode.streams[name]
-        episode.streams[name] = Stream(s.spec, t - s.video.from_timestamp, None, s.video)
-        episode.meta.setdefault("source_frame", {})[name] = index
-        episode.meta.setdefault("video_decoder", {})[name] = used
-        tables[name] = _table(episode.index, index, episode.streams[name].times, data)
+            pending[name] = (workers.submit(_pyav_shipped, *task), "pyav")
+    waiting = [got for got, used in pending.values() if used == "pyav" and workers is not None]
+    try:
+        for name, (got, used) in pending.items():  # in the specs' order: the first error wins
+            if used == "nvdec" or workers is None:
+                data, t, index = got
+            else:
+                waiting = [h for h in waiting if h is not got]
+                data, t, index = workers.result(got)
+                data = _received(data)
+            _add_table(episode, name, used, data, t, index, tables)
+    finally:
+        for handle in waiting:  # after an error: the other streams' results, when they come
+            handle[-1].add_done_callback(_discard)
     return {name: tables[name] for name in specs if name in tables}
+
+
+def _add_table(episode: Episode, name: str, used: str, data, t: np.ndarray, index: np.ndarray,
+               tables: dict) -> None:
+    """Leave a decoded video stream in ``episode`` as :func:`camera_tables` says and add its
+    frames' table to ``tables``."""
+    s = episode.streams[name]
+    episode.streams[name] = Stream(s.spec, t - s.video.from_timestamp, None, s.video)
+    episode.meta.setdefault("source_frame", {})[name] = index
+    episode.meta.setdefault("video_decoder", {})[name] = used
+    tables[name] = _table(episode.index, index, episode.streams[name].times, data)
 
 
 def _shape_checked(frame: np.ndarray, shape: tuple[int, ...], where: str) -> np.ndarray:
@@ -541,15 +636,19 @@ def _shape_checked(frame: np.ndarray, shape: tuple[int, ...], where: str) -> np.
 def _pyav_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: FrameFormat,
                  size: tuple[int, int] | None, shape: tuple[int, ...], where: str,
                  threads: int = 0):
-    """One stream's span decoded by PyAV and encoded frame by frame (a worker process's
-    task): (encoded frames, :func:`_pack`ed; file seconds; frame numbers). ``where`` names the
-    stream in errors."""
+    """One stream's span decoded by PyAV and encoded frame by frame: (encoded frames,
+    :func:`_pack`ed; file seconds; frame numbers). ``where`` names the stream in errors."""
     def each(frame: np.ndarray) -> bytes:
         frame = _shape_checked(frame, shape, where)
         return fmt.encode(frame if size is None else resize(frame, size))
 
-    data, t, index = _decode_pyav(path, start_s, end_s, tolerance_s, each, threads)
-    return _pack(data), t, index
+    return _decode_pyav(path, start_s, end_s, tolerance_s, each, threads)
+
+
+def _pyav_shipped(*task, threads: int = 0):
+    """:func:`_pyav_stream` as a worker process's task, its frames :func:`_ship`ped."""
+    data, t, index = _pyav_stream(*task, threads=threads)
+    return _ship(data), t, index
 
 
 def _nvdec_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: FrameFormat,
@@ -598,7 +697,11 @@ class CameraWorkers:
         with self._lock:
             if self._pool is None:
                 import multiprocessing
+                from multiprocessing import resource_tracker
 
+                # started before the fork, so the workers register their shared-memory
+                # results (:func:`_ship`) with this process's tracker, which outlives a kill
+                resource_tracker.ensure_running()
                 self._pool = ProcessPoolExecutor(
                     self.processes, mp_context=multiprocessing.get_context("fork"),
                     initializer=_die_with, initargs=(os.getpid(),))
