@@ -159,13 +159,17 @@ def _frame_numbers(t: np.ndarray, rate: float | None) -> np.ndarray:
 
 
 def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
-                 rates: list | None = None, threads: int = 0
-                 ) -> Iterator[tuple[np.ndarray, float]]:
+                 info: dict | None = None, threads: int = 0,
+                 size: tuple[int, int] | None = None) -> Iterator[tuple[np.ndarray, float]]:
     """Decode the frames of ``path`` shown in ``[start_s, end_s]`` (file seconds) with PyAV,
     one at a time: yields (uint8 ``[H, W, 3]`` frame, file timestamp), so a caller holds only
-    the frames it keeps. ``rates``: when given, the stream's average rate (or ``None``) is
-    appended to it once the file is open. ``threads``: FFmpeg's decoder threads (0: its own
-    choice, frame and slice threads over the cores).
+    the frames it keeps. ``info``: when given, ``info["rate"]`` is set to the stream's average
+    rate (or ``None``) once the file is open, and ``info["shape"]`` to each frame's decoded
+    ``(H, W, 3)`` before it is yielded. ``threads``: FFmpeg's decoder threads (0: its own
+    choice, frame and slice threads over the cores). ``size``: ``(height, width)`` the frames
+    are converted to in the same swscale pass as the colour conversion (bilinear, antialiased
+    when shrinking, as Pillow's resize: within 38-42 dB of it on the benchmark's frames; 0.5-0.9
+    ms a 480x640 frame against 2-3 ms for the conversion then Pillow's resize, docs/cameras.md).
 
     Raises:
         DataError: the file is missing, unreadable or in a codec this FFmpeg build cannot
@@ -186,10 +190,12 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
             stream.codec_context.thread_count = threads
             tb = float(stream.time_base)
             rate = float(stream.average_rate or 0) or None
-            if rates is not None:
-                rates.append(rate)
+            if info is not None:
+                info["rate"] = rate
             if start_s > 0:
                 container.seek(int(start_s / tb), stream=stream, backward=True)
+            scale = {} if size is None else {"height": size[0], "width": size[1],
+                                             "interpolation": "BILINEAR"}
             try:
                 for frame in container.decode(stream):
                     if frame.pts is None:
@@ -200,7 +206,9 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
                     if t > end_s + tolerance_s:
                         break
                     times.append(t)
-                    yield rgb.reformat(frame, format="rgb24").to_ndarray(), t
+                    if info is not None:
+                        info["shape"] = (frame.height, frame.width, 3)
+                    yield rgb.reformat(frame, format="rgb24", **scale).to_ndarray(), t
             except (av.error.FFmpegError, OSError) as e:
                 # a corrupt packet after the span's last frame (a truncated file's next
                 # episode, met while looking for the end) does not concern this span
@@ -212,15 +220,17 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
 
 
 def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float, each=None,
-                 threads: int = 0):
-    """The span's frames decoded by PyAV (:func:`video_frames`): (``each(frame)`` of every
-    rgb24 frame as it is decoded, the frame itself by default; file seconds; frame numbers)."""
-    rates: list = []
+                 threads: int = 0, size: tuple[int, int] | None = None,
+                 info: dict | None = None):
+    """The span's frames decoded by PyAV (:func:`video_frames`, its ``info``, ``threads`` and
+    ``size``): (``each(frame)`` of every rgb24 frame as it is decoded, the frame itself by
+    default; file seconds; frame numbers)."""
+    info = {} if info is None else info
     kept, times = [], []
-    for image, t in video_frames(path, start_s, end_s, tolerance_s, rates, threads):
+    for image, t in video_frames(path, start_s, end_s, tolerance_s, info, threads, size):
         kept.append(image if each is None else each(image))
         times.append(t)
-    rate = rates[0] if rates else None
+    rate = info.get("rate")
     _check_span(path, times, end_s, tolerance_s, rate)
     t = np.asarray(times, np.float64)
     return kept, t, _frame_numbers(t, rate)
@@ -626,23 +636,26 @@ def _add_table(episode: Episode, name: str, used: str, data, t: np.ndarray, inde
     tables[name] = _table(episode.index, index, episode.streams[name].times, data)
 
 
-def _shape_checked(frame: np.ndarray, shape: tuple[int, ...], where: str) -> np.ndarray:
-    if tuple(frame.shape) != tuple(shape):
-        raise DataError(f"{where} samples have shape {tuple(frame.shape)}, expected "
-                        f"{tuple(shape)}.")
-    return frame
+def _check_shape(got: tuple[int, ...], shape: tuple[int, ...], where: str) -> None:
+    if tuple(got) != tuple(shape):
+        raise DataError(f"{where} samples have shape {tuple(got)}, expected {tuple(shape)}.")
 
 
 def _pyav_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: FrameFormat,
                  size: tuple[int, int] | None, shape: tuple[int, ...], where: str,
                  threads: int = 0):
-    """One stream's span decoded by PyAV and encoded frame by frame: (encoded frames,
-    :func:`_pack`ed; file seconds; frame numbers). ``where`` names the stream in errors."""
-    def each(frame: np.ndarray) -> bytes:
-        frame = _shape_checked(frame, shape, where)
-        return fmt.encode(frame if size is None else resize(frame, size))
+    """One stream's span decoded by PyAV and encoded frame by frame, resized to ``size`` in
+    the colour conversion's swscale pass (:func:`video_frames`): (encoded frames; file
+    seconds; frame numbers). ``where`` names the stream in errors."""
+    info: dict = {}
 
-    return _decode_pyav(path, start_s, end_s, tolerance_s, each, threads)
+    def each(frame: np.ndarray) -> bytes:
+        _check_shape(info["shape"], shape, where)
+        return fmt.encode(frame)
+
+    if size is not None and tuple(size) == tuple(shape[:2]):
+        size = None
+    return _decode_pyav(path, start_s, end_s, tolerance_s, each, threads, size, info)
 
 
 def _pyav_shipped(*task, threads: int = 0):
@@ -660,7 +673,7 @@ def _nvdec_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: F
         jpeg.gpu_available()
 
     def each(batch: torch.Tensor) -> list[bytes]:
-        _shape_checked(batch[0], shape, where)
+        _check_shape(tuple(batch.shape[1:]), shape, where)
         if on_gpu:
             return jpeg.encode_cuda(batch, fmt.quality)
         return [fmt.encode(f if size is None else resize(f, size)) for f in batch.cpu().numpy()]
