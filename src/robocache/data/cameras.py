@@ -521,24 +521,22 @@ def _unlink(name: str) -> None:
 
 
 def _received(data: tuple) -> tuple:
-    """:func:`_ship`'s result as :func:`_pack`'s pair (the bytes as a uint8 array read in one
-    call, the GIL released while it reads), the shared-memory file removed."""
+    """:func:`_ship`'s result as :func:`_pack`'s pair, the bytes a read-only uint8 array
+    mapped from the shared-memory file (no copy; the file is removed at once, its memory freed
+    with the array)."""
+    import mmap
+
     name, offsets = data
     if not isinstance(name, str):
         return data
-    packed = np.empty(int(offsets[-1]), np.uint8)
     try:
-        with open(os.path.join(_SHM_DIR, name), "rb", buffering=0) as f:
-            view, done = memoryview(packed), 0
-            while done < len(packed):
-                got = f.readinto(view[done:])
-                if not got:
-                    raise DataError(f"a camera worker's frames ({name}) ended at {done} of "
-                                    f"{len(packed)} bytes.")
-                done += got
+        if not offsets[-1]:
+            return np.empty(0, np.uint8), offsets
+        with open(os.path.join(_SHM_DIR, name), "rb") as f:
+            mapped = mmap.mmap(f.fileno(), int(offsets[-1]), prot=mmap.PROT_READ)
     finally:
         _unlink(name)
-    return packed, offsets
+    return np.frombuffer(mapped, np.uint8), offsets
 
 
 def _discard(future) -> None:
