@@ -560,6 +560,63 @@ def test_nvdec_decodes_the_same_frames_as_pyav(tmp_path, codec, b_frames, monkey
 
 
 @pytest.mark.gpu
+def test_nvdec_decoder_moves_from_file_to_file(tmp_path, monkeypatch):
+    """A thread's NVDEC decoder is created once and reconfigured for each next file (LeRobot
+    v2.1: one short file per episode and camera); each file's frames are still its own, the
+    nearest to their own PyAV frames, and the cache holds what the PyAV path's holds."""
+    import json
+    import threading
+
+    import PyNvVideoCodec as nvc
+
+    from robocache.data import cameras
+    from robocache.data.cameras import write_video
+
+    _nvdec()
+    made, moved = [], []
+
+    class Counted(nvc.SimpleDecoder):
+        def __init__(self, *args, **kw):
+            made.append(args[0])
+            super().__init__(*args, **kw)
+
+        def reconfigure_decoder(self, path):
+            moved.append(path)
+            return super().reconfigure_decoder(path)
+
+    monkeypatch.setattr(nvc, "SimpleDecoder", Counted)
+    monkeypatch.setattr(cameras, "_nvdec_local", threading.local())
+    lengths = (6, 5, 7)
+    root = _lerobot_state_only(tmp_path / "src", lengths, version="v2.1")
+    info = json.loads((root / "meta" / "info.json").read_text())
+    info["features"][CAM] = {"dtype": "video", "shape": [144, 176, 3],
+                             "info": {"video.fps": 10.0}}
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    paths = []
+    for i, n in enumerate(lengths):
+        path = root / info["video_path"].format(episode_chunk=0, video_key=CAM, episode_index=i)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_video(path, _clip(n, 40 * i, (144, 176)), 10.0, "libx264", NO_B_FRAMES["libx264"])
+        paths.append(path)
+    for path, n in zip(paths, lengths, strict=True):
+        end = (n - 1) / 10
+        got, t_got, _, used = cameras.decode_video_with(path, 0.0, end, decoder="nvdec")
+        want, t_want, _, _ = cameras.decode_video_with(path, 0.0, end, decoder="pyav")
+        assert used == "nvdec" and np.array_equal(t_got, t_want) and len(got) == n
+        for k in range(n):
+            errors = [np.mean((got[k].astype(float) - w) ** 2) for w in want]
+            assert int(np.argmin(errors)) == k
+        assert psnr(got, want) >= NVDEC_MIN_PSNR
+    assert made == [str(paths[0])] and moved == [str(p) for p in paths[1:]]
+    m = build(root, tmp_path / "c", rate_hz=10.0, progress=False, video_decoder="nvdec",
+              decode_workers=1)
+    assert m["decode"]["video_frames"] == {"nvdec": sum(lengths)}
+    build(root, tmp_path / "ref", rate_hz=10.0, progress=False, video_decoder="pyav")
+    a, b = _contents(tmp_path / "c"), _contents(tmp_path / "ref")
+    assert a["data.lance"] == b["data.lance"] and a["manifest"] == b["manifest"]
+
+
+@pytest.mark.gpu
 def test_nvdec_leaves_av1_to_pyav(tmp_path, monkeypatch):
     from robocache.data import cameras
 

@@ -312,15 +312,9 @@ def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, gpu: i
         raise _NotForNvdec(f"{codec} ({path})")
     if reordered:  # H100, HEVC with B-frames: frames by index came one display position late
         raise _NotForNvdec(f"{codec}-with-B-frames ({path})")
-    key = (str(path), gpu)
-    if getattr(_nvdec_local, "key", None) != key:  # a file's episodes reuse its decoder
-        _nvdec_local.key, _nvdec_local.decoder = None, None
-        _nvdec_local.decoder = nvc.SimpleDecoder(str(path), gpu_id=gpu, use_device_memory=True,
-                                                 output_color_type=nvc.OutputColorType.RGB)
-        _nvdec_local.key = key
-    dec = _nvdec_local.decoder
     kept = []
     try:
+        dec = _nvdec_decoder(nvc, str(path), gpu)
         if len(position) and int(position[-1]) >= len(dec):
             raise RuntimeError(f"frame {int(position[-1])} is past the {len(dec)} frames "
                                "NVDEC counts in the file")
@@ -336,13 +330,34 @@ def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, gpu: i
                                    f"{(h, w, 3)}")
             kept.extend(list(batch.cpu().numpy()) if each is None else each(batch))
     except BaseException:
-        _nvdec_local.key, _nvdec_local.decoder = None, None  # never reuse a failed decoder
+        _nvdec_local.decoder = None  # never reuse a failed decoder
         raise
     return kept, t, _frame_numbers(t, rate)
 
 
-# each decode worker thread's NVDEC decoder and the (file, GPU) it is open on
+# each decode worker thread's NVDEC decoder, the GPU it runs on and the file it is open on
 _nvdec_local = threading.local()
+
+
+def _nvdec_decoder(nvc, path: str, gpu: int):
+    """This thread's NVDEC decoder (PyNvVideoCodec's SimpleDecoder, RGB frames in device
+    memory) open on ``path``: created once per thread and GPU, then moved from file to file by
+    ``reconfigure_decoder``, which reuses PyNvVideoCodec's cached decoder sessions instead of
+    creating one per file (a LeRobot v2.1 dataset has one short file per episode and camera;
+    PyNvVideoCodec's own cached-decoder benchmark reuses decoders this way for short clips).
+    A file's episodes reuse the decoder as it is."""
+    local = _nvdec_local
+    if getattr(local, "decoder", None) is None or local.gpu != gpu:
+        local.decoder = None
+        local.decoder = nvc.SimpleDecoder(path, gpu_id=gpu, use_device_memory=True,
+                                          output_color_type=nvc.OutputColorType.RGB)
+        local.gpu, local.path = gpu, path
+    elif local.path != path:
+        torch.cuda.current_stream(gpu).synchronize()  # the last frames' memory is reused
+        local.path = None
+        local.decoder.reconfigure_decoder(path)
+        local.path = path
+    return local.decoder
 
 
 def _hwc(frame: torch.Tensor) -> torch.Tensor:
