@@ -266,12 +266,13 @@ def make_clips(root: Path, episodes: int, length: int, hw: tuple[int, int], code
 
 
 def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
-            gpu: int = 0) -> tuple[int, float, dict[str, int]]:
-    """Read ``indices`` and decode and encode their cameras at the defaults (JPEG q95 4:4:4),
-    ``workers`` episodes at once, as ingest prepares episodes (threads that read; videos
-    decoded and encoded in ``workers`` processes with one FFmpeg thread each, as ingest does
-    with a process per core; or by NVDEC on the threads): (frames, seconds, frames by
-    decoder)."""
+            gpu: int = 0, size: tuple[int, int] | None = None
+            ) -> tuple[int, float, dict[str, int]]:
+    """Read ``indices`` and decode and encode their cameras at the defaults (JPEG q95 4:4:4;
+    resized to ``size`` as ``--camera-size`` does, when given), ``workers`` episodes at once,
+    as ingest prepares episodes (threads that read; videos decoded and encoded in ``workers``
+    processes with one FFmpeg thread each, as ingest does with a process per core; or by
+    NVDEC on the threads): (frames, seconds, frames by decoder)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -285,8 +286,8 @@ def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
     def one(index: int) -> dict[str, int]:
         with lock:
             episode = src.read(index)
-        tables = camera_tables(episode, src.specs, FrameFormat(), decoder=decoder, gpu=gpu,
-                               workers=pool)
+        tables = camera_tables(episode, src.specs, FrameFormat(), dict.fromkeys(CAMS, size),
+                               decoder=decoder, gpu=gpu, workers=pool)
         used, by = episode.meta["video_decoder"], {}
         for k, t in tables.items():  # every camera's frames, summed per decoder
             by[used[k]] = by.get(used[k], 0) + len(t)
@@ -317,22 +318,28 @@ def worker_counts(cores: int) -> list[int]:
 def cpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
     """The camera path on the CPU (PyAV, libjpeg-turbo) with 1, 2, 4, ... worker processes,
     ``per_worker`` episodes each (the work grows with the workers, so each run lasts about as
-    long): frames/s, per worker (per core), and the scaling efficiency against one worker."""
+    long): frames/s, per worker (per core), and the scaling efficiency against one worker;
+    then the same with one worker and with all cores' frames stored at 224x224
+    (``--camera-size``, ``cpu-w<N>-to224``)."""
     cores = os.cpu_count() or 1
     records = []
     for codec, root in roots.items():
-        base = None
-        for n in cfg["counts"] or worker_counts(cores):
-            frames, seconds, by = prepare(root, list(range(cfg["per_worker"] * n)), n)
+        base = {}
+        counts = cfg["counts"] or worker_counts(cores)
+        for n, size in [(n, None) for n in counts] + [(n, (224, 224))
+                                                      for n in sorted({1, counts[-1]})]:
+            frames, seconds, by = prepare(root, list(range(cfg["per_worker"] * n)), n,
+                                          size=size)
             rate = frames / seconds
-            base = base or rate
+            one = base.setdefault(size, rate)
             records.append(H.case(
-                FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare", f"cpu-w{n}",
+                FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare",
+                f"cpu-w{n}" + ("-to224" if size else ""),
                 H.summarize([seconds * 1e3]), frames=frames, frames_per_s=rate,
-                frames_per_s_per_core=rate / n, workers=n, cores=cores,
-                scaling_efficiency=rate / (n * base), decoded_by=by, libraries=libraries(),
+                frames_per_s_per_core=rate / n, workers=n, cores=cores, stored_size=size,
+                scaling_efficiency=rate / (n * one), decoded_by=by, libraries=libraries(),
                 note=f"{rate:,.0f} frames/s, {rate / n:,.0f} per core, "
-                     f"{100 * rate / (n * base):.0f}% of linear"))
+                     f"{100 * rate / (n * one):.0f}% of linear"))
     return records
 
 
