@@ -4,7 +4,10 @@ frames, CRF 30) decoded by PyAV on one thread, converted to RGB by swscale, JPEG
 the defaults (libjpeg-turbo through simplejpeg, 4:4:4, q95); the 224x224 store (conversion
 and resize in one swscale pass, against the conversion then Pillow's resize); and what the
 parent process spends per frame receiving a worker's encoded stream (through the result pipe,
-pickled, against the shared-memory file ingest uses).
+pickled, against the shared-memory file ingest uses); what encoding from the decoded YUV
+planes instead of RGB would cost in fidelity on the committed sharp-edged LeRobot fixture;
+the worker pool's start and close; and cProfile shares (own time) of a worker's task and of
+the RLDS pass-through.
 
     $ python benchmarks/profile_camera_path.py --out benchmarks/results/cameras-profile.json
 
@@ -36,7 +39,8 @@ def _best(fn, repeats: int) -> float:
 
 
 def stages(path: Path, repeats: int) -> dict[str, float]:
-    """ms of CPU per frame of each stage of ``path``'s frames."""
+    """ms of CPU per frame of each stage of ``path``'s frames, and the PSNR between the 224x224
+    frames of the two resizes."""
     import av
     import simplejpeg
     from av.video.reformatter import VideoReformatter
@@ -59,6 +63,8 @@ def stages(path: Path, repeats: int) -> dict[str, float]:
                        repeats),
         "jpeg-444-q95": _best(lambda: [simplejpeg.encode_jpeg(a, 95, "RGB", "444")
                                        for a in arrays], repeats),
+        "jpeg-444-q95-fastdct": _best(lambda: [simplejpeg.encode_jpeg(
+            a, 95, "RGB", "444", fastdct=True) for a in arrays], repeats),
         "rgb24+pillow-resize-224": _best(lambda: [np.asarray(Image.fromarray(
             rgb.reformat(f, format="rgb24").to_ndarray()).resize(
             (224, 224), Image.Resampling.BILINEAR)) for f in frames], repeats),
@@ -66,7 +72,121 @@ def stages(path: Path, repeats: int) -> dict[str, float]:
             f, format="rgb24", width=224, height=224, interpolation="BILINEAR").to_ndarray()
             for f in frames], repeats),
     }
-    return {k: 1e3 * v / n for k, v in out.items()}
+    out = {k: 1e3 * v / n for k, v in out.items()}
+    pillow = np.stack([np.asarray(Image.fromarray(a).resize((224, 224),
+                                                          Image.Resampling.BILINEAR))
+                       for a in arrays]).astype(np.float64)
+    swscale = np.stack([fused.reformat(f, format="rgb24", width=224, height=224,
+                                       interpolation="BILINEAR").to_ndarray() for f in frames])
+    out["swscale-vs-pillow-224-psnr_dB"] = float(
+        10 * np.log10(255.0 ** 2 / np.mean((swscale - pillow) ** 2)))
+    return out
+
+
+def yuv_fidelity() -> dict[str, dict[str, float]]:
+    """PSNR (mean, worst frame) against LeRobot's decode of the committed sharp-edged fixture
+    of JPEG q95 encoded from RGB (4:4:4, what ingest stores) and, skipping the RGB
+    conversion, from the decoded YUV planes: the source's own 4:2:0 chroma, and 4:4:4 (chroma
+    repeated); the planes moved from video range to JPEG's full range first."""
+    import io
+
+    import av
+    import simplejpeg
+    from PIL import Image
+
+    fixtures = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "cameras"
+    want = np.load(fixtures / "sharp_frames.npz")["lerobot"].astype(np.float64)
+    video = next((fixtures / "lerobot_sharp_av1" / "videos").rglob("*.mp4"))
+    luma = np.clip(np.round((np.arange(256) - 16) * 255 / 219), 0, 255).astype(np.uint8)
+    chroma = np.clip(np.round((np.arange(256) - 128) * 255 / 224 + 128), 0, 255).astype(np.uint8)
+
+    def psnr(data: bytes, ref: np.ndarray) -> float:
+        got = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), np.float64)
+        return float(10 * np.log10(255.0 ** 2 / np.mean((got - ref) ** 2)))
+
+    out: dict[str, list[float]] = {"rgb-444": [], "yuv-420-source": [], "yuv-444": []}
+    with av.open(str(video)) as container:
+        for frame, ref in zip(container.decode(container.streams.video[0]), want,
+                              strict=True):
+            h, w = frame.height, frame.width
+            planes = frame.to_ndarray()  # yuv420p: Y rows, then U and V
+            y = luma[planes[:h]]
+            u, v = (chroma[p.reshape(h // 2, w // 2)] for p in
+                    (planes[h:h + h // 4], planes[h + h // 4:]))
+            full = [np.repeat(np.repeat(c, 2, 0), 2, 1) for c in (u, v)]
+            out["rgb-444"].append(psnr(simplejpeg.encode_jpeg(
+                frame.to_ndarray(format="rgb24"), 95, "RGB", "444"), ref))
+            out["yuv-420-source"].append(psnr(simplejpeg.encode_jpeg_yuv_planes(y, u, v, 95),
+                                              ref))
+            out["yuv-444"].append(psnr(simplejpeg.encode_jpeg_yuv_planes(y, *full, 95), ref))
+    return {k: {"mean_dB": float(np.mean(v)), "min_dB": float(np.min(v))}
+            for k, v in out.items()}
+
+
+def _shares(profile, top: int = 6) -> dict[str, float]:
+    """The ``top`` functions of a cProfile run by their own time, as shares of the total."""
+    import pstats
+
+    stats = pstats.Stats(profile).stats
+    total = sum(row[2] for row in stats.values())
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return {f"{Path(file).name}:{line}({name})": round(row[2] / total, 3)
+            for (file, line, name), row in rows}
+
+
+def task_profile(path: Path) -> dict[str, float]:
+    """cProfile of a camera worker's task (decode and encode a stream at the defaults), three
+    times over ``path``."""
+    import cProfile
+
+    from robocache.data.cameras import FrameFormat, _pyav_stream
+
+    task = (path, 0.0, 119 / 30, 1e-4, FrameFormat(), None, (480, 640, 3), "profile")
+    _pyav_stream(*task, threads=1)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(3):
+        _pyav_stream(*task, threads=1)
+    profile.disable()
+    return _shares(profile)
+
+
+def rlds_profile(tmp: Path) -> dict[str, float]:
+    """cProfile of the RLDS pass-through (``bench cameras``' ``rlds`` section, one process)
+    over 64 episodes of two 256x256 JPEG cameras."""
+    import cProfile
+
+    import bench_cameras as B
+    import bench_rlds as R
+
+    from robocache.data.formats.rlds import RldsSource
+
+    root = R.write_dataset(tmp / "rlds", 64, 100, 256, 8, distinct=16)
+    src = RldsSource(root, split="train", fps=B.FPS)
+    B._rlds_pass_through(src, list(range(64)))
+    profile = cProfile.Profile()
+    profile.enable()
+    B._rlds_pass_through(src, list(range(64)))
+    profile.disable()
+    return _shares(profile)
+
+
+def pool_costs(repeats: int) -> dict[str, float]:
+    """ms to start (fork, first task) and to close a camera worker pool of 1, 2 and 8
+    processes: the fixed cost of a build's pool."""
+    from robocache.data.cameras import CameraWorkers
+
+    out = {}
+    for n in (1, 2, 8):
+        start = close = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            workers = CameraWorkers(n, threads=1).start()
+            t1 = time.perf_counter()
+            workers.close()
+            start, close = min(start, t1 - t0), min(close, time.perf_counter() - t1)
+        out[f"start-{n}"], out[f"close-{n}"] = 1e3 * start, 1e3 * close
+    return out
 
 
 def _pipe_task(threads: int = 1):
@@ -114,13 +234,17 @@ def main() -> None:
     from robocache.data.cameras import write_video
 
     result = {"meta": {**metadata(), "libraries": B.libraries(), "repeats": args.repeats},
-              "ms_per_frame": {}, "parent_us_per_frame": transport(args.repeats)}
+              "ms_per_frame": {}, "parent_us_per_frame": transport(args.repeats),
+              "yuv_fidelity": yuv_fidelity(), "pool_ms": pool_costs(args.repeats)}
     with tempfile.TemporaryDirectory() as tmp:
         scene = B._frames(np.random.default_rng([1, 0]), 120, (480, 640), 0)
         for codec, (encoder, options) in B.CODECS.items():
             path = Path(tmp) / f"{codec}.mp4"
             write_video(path, scene, B.FPS, encoder, options)
             result["ms_per_frame"][codec] = stages(path, args.repeats)
+            if codec == "h264":
+                result["worker_task_cprofile_share"] = task_profile(path)
+        result["rlds_pass_through_cprofile_share"] = rlds_profile(Path(tmp))
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
