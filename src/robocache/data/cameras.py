@@ -168,8 +168,9 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
     ``(H, W, 3)`` before it is yielded. ``threads``: FFmpeg's decoder threads (0: its own
     choice, frame and slice threads over the cores). ``size``: ``(height, width)`` the frames
     are converted to in the same swscale pass as the colour conversion (bilinear, antialiased
-    when shrinking, as Pillow's resize: within 38-42 dB of it on the benchmark's frames; 0.5-0.9
-    ms a 480x640 frame against 2-3 ms for the conversion then Pillow's resize, docs/cameras.md).
+    when shrinking, as Pillow's resize: 40.9-41.4 dB of it at 224x224 on the benchmark's
+    frames, 0.46-0.49 against 1.83-1.88 ms a 480x640 frame for the conversion then Pillow's
+    resize; benchmarks/results/cameras-profile-cpu-2026-11-27.json).
 
     Raises:
         DataError: the file is missing, unreadable or in a codec this FFmpeg build cannot
@@ -489,9 +490,9 @@ def _pack(frames: list[bytes]) -> tuple[bytes, np.ndarray]:
 
 
 # Where a worker process leaves a stream's encoded frames for the parent: a file in shared
-# memory (Linux tmpfs). Through the result pipe instead, the parent spent 142 us of CPU a
-# 88 KB frame receiving and unpickling (docs/cameras.md, "Where the time goes"): at 32 workers
-# that is most of one core, all of it holding the parent's GIL.
+# memory (Linux tmpfs). Through the result pipe instead, the parent spent 82 against 23 us of
+# CPU a 88 KB frame receiving and unpickling, holding its GIL
+# (benchmarks/results/cameras-profile-cpu-2026-11-27.json): at 32 workers, up to a core.
 _SHM_DIR = "/dev/shm"
 _shipped = iter(range(1 << 62))
 
