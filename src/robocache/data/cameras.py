@@ -490,8 +490,8 @@ def _pack(frames: list[bytes]) -> tuple[bytes, np.ndarray]:
 
 
 # Where a worker process leaves a stream's encoded frames for the parent: a file in shared
-# memory (Linux tmpfs). Through the result pipe instead, the parent spent 82 against 23 us of
-# CPU a 88 KB frame receiving and unpickling, holding its GIL
+# memory (Linux tmpfs). Through the result pipe, the parent spent 82 us of CPU a 88 KB frame
+# receiving and unpickling, holding its GIL, against 23 through the file
 # (benchmarks/results/cameras-profile-cpu-2026-11-27.json): at 32 workers, up to a core.
 _SHM_DIR = "/dev/shm"
 _shipped = iter(range(1 << 62))
