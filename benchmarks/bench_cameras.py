@@ -62,7 +62,7 @@ FPS, HISTORY, OUT = 30.0, 2, (224, 224)
 FULL = {"hw": (480, 640), "episodes": 16, "length": 48, "batch": 256, "batches": 20,
         "repeats": 5, "workers": (8, 15), "small_batch": 64,
         "codecs": ("h264", "hevc", "av1"), "counts": None, "per_worker": 4,
-        "clip_length": 120, "gpu_episodes": 120, "gpu_streams": 8, "gpu_start_s": 25.0,
+        "clip_length": 120, "gpu_episodes": 60, "gpu_streams": 8, "gpu_start_s": 20.0,
         "encode_frames": 50, "rlds_episodes": 512, "rlds_camera": 256}
 QUICK = {"hw": (48, 64), "episodes": 3, "length": 12, "batch": 8, "batches": 2,
          "repeats": 2, "workers": (0,), "small_batch": 4,
