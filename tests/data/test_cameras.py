@@ -892,14 +892,15 @@ def test_worker_frames_come_back_through_shared_memory_or_the_pipe(tmp_path, mon
     """A worker's encoded stream comes back byte for byte as the thread path encodes it:
     through a shared-memory file that is removed once read, or through the result pipe where
     there is no /dev/shm; a result nobody reads (another stream failed first) is removed when
-    it comes."""
+    it comes. (A folder of this test's own stands for /dev/shm: tests running beside it
+    create their own files there.)"""
     import time
 
     from robocache.data import cameras
     from robocache.data.cameras import CameraWorkers, FrameFormat, write_video
 
-    if not shm:
-        monkeypatch.setattr(cameras, "_SHM_DIR", str(tmp_path / "no-shm"))
+    (tmp_path / "shm").mkdir()
+    monkeypatch.setattr(cameras, "_SHM_DIR", str(tmp_path / ("shm" if shm else "no-shm")))
     video = tmp_path / "v.mp4"
     write_video(video, _clip(9, 3), 10.0, "libx264")
     task = (video, 0.0, 0.8, 1e-4, FrameFormat(), None, (48, 64, 3), "episode 0: stream 'c'")
