@@ -924,6 +924,19 @@ def test_worker_frames_come_back_through_shared_memory_or_the_pipe(tmp_path, mon
         workers.close()
 
 
+def test_a_worker_result_that_vanished_is_a_data_error(tmp_path, monkeypatch):
+    """A shared-memory file removed before the parent reads it (e.g. by a cleaner of /dev/shm)
+    quarantines its episode with a reason that names it, instead of failing the build."""
+    from robocache.data import cameras
+
+    monkeypatch.setattr(cameras, "_SHM_DIR", str(tmp_path))
+    name, offsets = cameras._ship([b"abc", b"de"])
+    assert (tmp_path / name).read_bytes() == b"abcde"
+    (tmp_path / name).unlink()
+    with pytest.raises(DataError, match=f"{name} cannot be read.*--retry-quarantined"):
+        cameras._received((name, offsets))
+
+
 @pytest.mark.gpu
 def test_nvjpeg_encode_is_444_and_40db_on_sharp_edges(sharp):
     """The GPU encoder (torchvision's nvJPEG) writes 4:4:4; on the sharp-edged fixture its q95

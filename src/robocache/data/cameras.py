@@ -545,11 +545,16 @@ def _received(data: tuple) -> tuple:
     name, offsets = data
     if not isinstance(name, str):
         return data
+    path = os.path.join(_SHM_DIR, name)
     try:
         if not offsets[-1]:
             return np.empty(0, np.uint8), offsets
-        with open(os.path.join(_SHM_DIR, name), "rb") as f:
+        with open(path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), int(offsets[-1]), prot=mmap.PROT_READ)
+    except (OSError, ValueError) as e:  # removed by someone else, or cut short
+        raise DataError(f"the frames a camera worker left in {path} cannot be read "
+                        f"({type(e).__name__}: {e}); run the ingest again with "
+                        "--retry-quarantined to read the episode again.") from e
     finally:
         _unlink(name)
     return np.frombuffer(mapped, np.uint8), offsets
