@@ -10,10 +10,13 @@ start) and ``encoded`` (the image).
 - A video stream is decoded over the episode's span of its file (LeRobot v3.0 files hold many
   episodes: ``from_timestamp`` marks where this one starts) and encoded as it decodes, one
   frame at a time: with PyAV in a worker process (:func:`worker_pool`; one decoder per stream,
-  each process with its own interpreter and GIL), or, with
-  ``decoder="nvdec"``/``"auto"``, with NVDEC through PyNvVideoCodec on the calling thread
-  (H.264 and HEVC), the frames then JPEG-encoded on the same GPU by nvJPEG in batches
+  each process with its own interpreter and GIL; the encoded frames handed back through a
+  shared-memory file), or, with ``decoder="nvdec"``/``"auto"``, with NVDEC through
+  PyNvVideoCodec on the calling thread (H.264 and HEVC; one decoder per thread, moved from
+  file to file), the frames then JPEG-encoded on the same GPU by nvJPEG in batches
   (:func:`robocache.data.jpeg.encode_cuda`) and only the bytes copied to the host.
+- Frames stored at another size (``sizes``) are resized in the colour conversion's swscale
+  pass (video) or by Pillow (arrays, a source's own image bytes).
 - RGB frames are stored as JPEG (:class:`FrameFormat`: quality 95 and 4:4:4 chroma by default,
   within 40 dB PSNR of the source's own decode on sharp-edged content, see docs/cameras.md;
   libjpeg-turbo on the CPU, :mod:`robocache.data.jpeg`) or PNG (``codec="png"``, lossless);
