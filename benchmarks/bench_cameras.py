@@ -13,8 +13,11 @@ Sections (``--sections``, all by default; docs/cameras.md has the targets):
   per chroma and quality, on the committed LeRobot fixture of sharp-edged content.
 - ``cpu`` (:func:`cpu_cases`): the camera path (read, PyAV decode, JPEG 4:4:4 q95 encode) of
   480x640 H.264, HEVC and AV1 videos with 1, 2, 4, ... and all cores' worker processes.
-- ``gpu`` (:func:`gpu_cases`): the same with NVDEC and nvJPEG, one process per GPU.
-- ``rlds`` (:func:`rlds_cases`): RLDS JPEG cameras passed through, against the raw read.
+- ``gpu`` (:func:`gpu_cases`): the same with NVDEC: nvJPEG encode with 1 and 4 processes per
+  GPU, libjpeg-turbo encode on the host beside NVDEC, and NVDEC decode alone; each row sums
+  its stages' seconds over the threads (``stage_s``).
+- ``rlds`` (:func:`rlds_cases`): RLDS JPEG cameras passed through, against the raw read, with
+  the processes started and the source open before the clock starts.
 - ``serve`` (:func:`serve_cases`): the dataset of :func:`make_dataset` (LeRobot v3.0, two 480x640
   H.264 cameras written the way LeRobot records video: PyAV, yuv420p, keyframe every 2 frames,
   CRF 30; shared with ``bench_train_vision``) ingested whole at the defaults (``ingest``, and
@@ -59,8 +62,8 @@ FPS, HISTORY, OUT = 30.0, 2, (224, 224)
 FULL = {"hw": (480, 640), "episodes": 16, "length": 48, "batch": 256, "batches": 20,
         "repeats": 5, "workers": (8, 15), "small_batch": 64,
         "codecs": ("h264", "hevc", "av1"), "counts": None, "per_worker": 4,
-        "clip_length": 120, "gpu_episodes": 120, "gpu_streams": 8, "gpu_start_s": 25.0,
-        "encode_frames": 50, "rlds_episodes": 64, "rlds_camera": 256}
+        "clip_length": 120, "gpu_episodes": 60, "gpu_streams": 8, "gpu_start_s": 20.0,
+        "encode_frames": 50, "rlds_episodes": 512, "rlds_camera": 256}
 QUICK = {"hw": (48, 64), "episodes": 3, "length": 12, "batch": 8, "batches": 2,
          "repeats": 2, "workers": (0,), "small_batch": 4,
          "codecs": ("h264",), "counts": (1, 2), "per_worker": 2, "clip_length": 12,
@@ -263,12 +266,13 @@ def make_clips(root: Path, episodes: int, length: int, hw: tuple[int, int], code
 
 
 def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
-            gpu: int = 0) -> tuple[int, float, dict[str, int]]:
-    """Read ``indices`` and decode and encode their cameras at the defaults (JPEG q95 4:4:4),
-    ``workers`` episodes at once, as ingest prepares episodes (threads that read; videos
-    decoded and encoded in ``workers`` processes with one FFmpeg thread each, as ingest does
-    with a process per core; or by NVDEC on the threads): (frames, seconds, frames by
-    decoder)."""
+            gpu: int = 0, size: tuple[int, int] | None = None
+            ) -> tuple[int, float, dict[str, int]]:
+    """Read ``indices`` and decode and encode their cameras at the defaults (JPEG q95 4:4:4;
+    resized to ``size`` as ``--camera-size`` does, when given), ``workers`` episodes at once,
+    as ingest prepares episodes (threads that read; videos decoded and encoded in ``workers``
+    processes with one FFmpeg thread each, as ingest does with a process per core; or by
+    NVDEC on the threads): (frames, seconds, frames by decoder)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -282,10 +286,12 @@ def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
     def one(index: int) -> dict[str, int]:
         with lock:
             episode = src.read(index)
-        tables = camera_tables(episode, src.specs, FrameFormat(), decoder=decoder, gpu=gpu,
-                               workers=pool)
-        used = episode.meta["video_decoder"]
-        return {used[k]: len(t) for k, t in tables.items()}
+        tables = camera_tables(episode, src.specs, FrameFormat(), dict.fromkeys(CAMS, size),
+                               decoder=decoder, gpu=gpu, workers=pool)
+        used, by = episode.meta["video_decoder"], {}
+        for k, t in tables.items():  # every camera's frames, summed per decoder
+            by[used[k]] = by.get(used[k], 0) + len(t)
+        return by
 
     try:
         one(indices[0])  # warm: the workers' first frames, NVDEC's decoder
@@ -312,80 +318,164 @@ def worker_counts(cores: int) -> list[int]:
 def cpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
     """The camera path on the CPU (PyAV, libjpeg-turbo) with 1, 2, 4, ... worker processes,
     ``per_worker`` episodes each (the work grows with the workers, so each run lasts about as
-    long): frames/s, per worker (per core), and the scaling efficiency against one worker."""
+    long): frames/s, per worker (per core), and the scaling efficiency against one worker;
+    then the same with one worker and with all cores' frames stored at 224x224
+    (``--camera-size``, ``cpu-w<N>-to224``)."""
     cores = os.cpu_count() or 1
     records = []
     for codec, root in roots.items():
-        base = None
-        for n in cfg["counts"] or worker_counts(cores):
-            frames, seconds, by = prepare(root, list(range(cfg["per_worker"] * n)), n)
+        base = {}
+        counts = cfg["counts"] or worker_counts(cores)
+        for n, size in [(n, None) for n in counts] + [(n, (224, 224))
+                                                      for n in sorted({1, counts[-1]})]:
+            frames, seconds, by = prepare(root, list(range(cfg["per_worker"] * n)), n,
+                                          size=size)
             rate = frames / seconds
-            base = base or rate
+            one = base.setdefault(size, rate)
             records.append(H.case(
-                FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare", f"cpu-w{n}",
+                FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare",
+                f"cpu-w{n}" + ("-to224" if size else ""),
                 H.summarize([seconds * 1e3]), frames=frames, frames_per_s=rate,
-                frames_per_s_per_core=rate / n, workers=n, cores=cores,
-                scaling_efficiency=rate / (n * base), decoded_by=by, libraries=libraries(),
+                frames_per_s_per_core=rate / n, workers=n, cores=cores, stored_size=size,
+                scaling_efficiency=rate / (n * one), decoded_by=by, libraries=libraries(),
                 note=f"{rate:,.0f} frames/s, {rate / n:,.0f} per core, "
-                     f"{100 * rate / (n * base):.0f}% of linear"))
+                     f"{100 * rate / (n * one):.0f}% of linear"))
     return records
 
 
-def gpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
-    """The camera path with NVDEC and nvJPEG: one process per GPU (``cfg["gpu_episodes"]``
-    episodes each, ``cfg["gpu_streams"]`` at once), all started together; frames/s of the
-    node over the slowest process's wall clock."""
-    import json
-    import subprocess
-    import sys
+# the GPU path's settings the ``gpu`` section runs: (processes per GPU, JPEG encoder);
+# "nvjpeg": torchvision's nvJPEG (one encode at a time per process: torchvision holds a lock
+# around its encoder), "cpu": NVDEC frames copied to the host, libjpeg-turbo on the threads
+GPU_SETTINGS = ((1, "nvjpeg"), (4, "nvjpeg"), (1, "cpu"))
 
+
+def gpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
+    """The camera path with NVDEC (H.264, HEVC; AV1 stays with PyAV): for each of
+    :data:`GPU_SETTINGS`, ``procs`` processes per GPU, ``cfg["gpu_episodes"]`` episodes per
+    GPU split between them, each process ``cfg["gpu_streams"]`` streams at once (with the CPU
+    encoder, at least its share of the cores), all started together; frames/s of the node over
+    the slowest process's wall clock, and each stage's time summed over the threads
+    (``stage_s``: the demux scan, NVDEC decoder set-up and decode, the JPEG encode), which
+    says what the streams waited on. Then ``nvdec-decode-only``: one process per GPU decoding
+    the same episodes without encoding, the decode's own ceiling."""
     gpus = torch.cuda.device_count()
     cores = os.cpu_count() or 1
     records = []
     for codec, root in roots.items():
         if CODECS[codec][0] == "libsvtav1":  # NVDEC ingest leaves AV1 to PyAV
             continue
-        per = cfg["gpu_episodes"]
-        start = time.time() + cfg["gpu_start_s"]
-        procs = [subprocess.Popen(
-            [sys.executable, __file__, "gpu-worker", json.dumps({
-                "root": str(root), "indices": list(range(g * per, (g + 1) * per)), "gpu": g,
-                "streams": cfg["gpu_streams"], "start": start})],
-            stdout=subprocess.PIPE, text=True) for g in range(gpus)]
-        outs = [p.communicate()[0].strip().splitlines() for p in procs]
-        failed = [g for g, (p, o) in enumerate(zip(procs, outs, strict=True))
-                  if p.returncode != 0 or not o]
-        if failed:  # its traceback went to stderr
-            records.append(H.case(FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare",
-                                  f"gpu-x{gpus}", H.summarize([0.0]),
-                                  error=f"the processes of GPUs {failed} failed"))
-            continue
-        outs = [json.loads(o[-1]) for o in outs]
-        frames = sum(o["frames"] for o in outs)
-        seconds = max(o["end"] for o in outs) - start
-        by: dict[str, int] = {}
-        for o in outs:
-            for k, v in o["decoded_by"].items():
-                by[k] = by.get(k, 0) + v
-        rate = frames / seconds
-        records.append(H.case(
-            FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare", f"gpu-x{gpus}",
-            H.summarize([seconds * 1e3]), frames=frames, frames_per_s=rate, gpus=gpus,
-            cores=cores, frames_per_s_per_gpu=rate / gpus, streams_per_gpu=cfg["gpu_streams"],
-            decoded_by=by, libraries=libraries(),
-            note=f"{rate:,.0f} frames/s on {gpus} GPUs ({rate / gpus:,.0f} each)"))
+        case = f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare"
+        for procs, encoder in (*GPU_SETTINGS, (1, "none")):
+            streams = cfg["gpu_streams"] if encoder != "cpu" else \
+                max(cfg["gpu_streams"], cores // (gpus * procs))
+            impl = "nvdec-decode-only" if encoder == "none" else \
+                f"gpu-x{gpus}-p{procs}-{encoder}"
+            got = _gpu_processes(root, cfg, gpus, procs, streams, encoder)
+            if isinstance(got, str):
+                records.append(H.case(FAMILY, case, impl, H.summarize([0.0]), error=got))
+                continue
+            frames, seconds, by, stages = got
+            rate = frames / seconds
+            records.append(H.case(
+                FAMILY, case, impl, H.summarize([seconds * 1e3]), frames=frames,
+                frames_per_s=rate, gpus=gpus, cores=cores, frames_per_s_per_gpu=rate / gpus,
+                processes_per_gpu=procs, streams_per_process=streams, encoder=encoder,
+                decoded_by=by, stage_s=stages, libraries=libraries(),
+                note=f"{rate:,.0f} frames/s on {gpus} GPUs ({rate / gpus:,.0f} each), "
+                     f"{procs} process(es) a GPU, {encoder} encode"))
     return records
 
 
+def _gpu_processes(root: Path, cfg: dict, gpus: int, procs: int, streams: int,
+                   encoder: str) -> tuple | str:
+    """:func:`gpu_worker` in ``procs`` processes per GPU, started together: (frames, seconds
+    from the common start to the last end, frames by decoder, stage seconds summed), or the
+    error."""
+    import json
+    import subprocess
+    import sys
+
+    per = cfg["gpu_episodes"]
+    start = time.time() + cfg["gpu_start_s"]
+    jobs = [(g, share) for g in range(gpus) for p in range(procs)
+            if (share := list(range(g * per, (g + 1) * per))[p::procs])]
+    running = [subprocess.Popen(
+        [sys.executable, __file__, "gpu-worker", json.dumps({
+            "root": str(root), "indices": indices, "gpu": g, "streams": streams,
+            "start": start, "encoder": encoder})],
+        stdout=subprocess.PIPE, text=True) for g, indices in jobs]
+    outs = [p.communicate()[0].strip().splitlines() for p in running]
+    failed = [i for i, (p, o) in enumerate(zip(running, outs, strict=True))
+              if p.returncode != 0 or not o]
+    if failed:  # its traceback went to stderr
+        return f"the processes {failed} (GPU, share) failed"
+    outs = [json.loads(o[-1]) for o in outs]
+    by: dict[str, int] = {}
+    stages: dict[str, float] = {}
+    for o in outs:
+        for k, v in o["decoded_by"].items():
+            by[k] = by.get(k, 0) + v
+        for k, v in o["stage_s"].items():
+            stages[k] = stages.get(k, 0.0) + v
+    return (sum(o["frames"] for o in outs), max(o["end"] for o in outs) - start, by,
+            {k: round(v, 3) for k, v in stages.items()})
+
+
+def _timed_stages(encoder: str) -> dict[str, float]:
+    """Wrap the GPU path's stages (the demux scan, NVDEC decoder creation and file switches,
+    NVDEC decode, the JPEG encode) so that each call's seconds add to the returned dict
+    (summed over threads); ``encoder`` ``"cpu"`` makes NVDEC frames JPEG-encoded on the host
+    (as a chroma other than 4:4:4 does), ``"none"`` skips encoding (the decoded frames are
+    dropped on the GPU)."""
+    import threading
+
+    import PyNvVideoCodec as nvc
+
+    from robocache.data import cameras, jpeg
+
+    stages: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def timed(name, fn):
+        def run(*args, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                with lock:
+                    stages[name] = stages.get(name, 0.0) + time.perf_counter() - t0
+        return run
+
+    class Decoder(nvc.SimpleDecoder):
+        __init__ = timed("nvdec-create", nvc.SimpleDecoder.__init__)
+        reconfigure_decoder = timed("nvdec-reconfigure", nvc.SimpleDecoder.reconfigure_decoder)
+        get_batch_frames_by_index = timed("nvdec-decode",
+                                          nvc.SimpleDecoder.get_batch_frames_by_index)
+
+    nvc.SimpleDecoder = Decoder
+    cameras._scan = timed("demux-scan", cameras._scan)
+    if encoder == "none":
+        cameras._nvdec_stream = lambda *task: cameras._nvdec_attempt(
+            *task[:4], task[-2], task[-1], lambda batch: [b""] * len(batch))
+    elif encoder == "cpu":
+        jpeg.gpu_available = lambda: False
+        cameras.FrameFormat.encode = timed("jpeg-cpu", cameras.FrameFormat.encode)
+    else:
+        jpeg.encode_cuda = timed("nvjpeg", jpeg.encode_cuda)
+    return stages
+
+
 def gpu_worker(args: dict) -> dict:
-    """One GPU's process of :func:`gpu_cases`: warm up, wait for the common start, prepare
-    its episodes with NVDEC on its GPU."""
+    """One process of :func:`gpu_cases`: warm up, wait for the common start, prepare its
+    episodes with NVDEC on its GPU."""
     torch.cuda.set_device(args["gpu"])
+    stages = _timed_stages(args["encoder"])
     prepare(Path(args["root"]), args["indices"][:1], 1, "nvdec", args["gpu"])
+    stages.clear()
     time.sleep(max(0.0, args["start"] - time.time()))
     frames, _, by = prepare(Path(args["root"]), args["indices"], args["streams"], "nvdec",
                             args["gpu"])
-    return {"frames": frames, "end": time.time(), "decoded_by": by}
+    return {"frames": frames, "end": time.time(), "decoded_by": by, "stage_s": stages}
 
 
 def encoder_cases(hw: tuple[int, int], frames: int) -> list[dict]:
@@ -505,14 +595,19 @@ def fidelity_cases() -> list[dict]:
 
 def rlds_cases(tmp: Path, cfg: dict) -> list[dict]:
     """RLDS with JPEG cameras (``bench_rlds``'s dataset at ``cfg["rlds_camera"]`` pixels a
-    side): the shards' raw read rate (bytes, page cache warm, one thread) against the camera
-    path (read, parse, episodes, the cameras' own JPEG bytes kept) on one core and on all."""
+    side, each camera's JPEGs a bank of 16 cycled so that a dataset of gigabytes is written in
+    seconds): the shards' raw read rate (bytes, page cache warm, one thread) against the
+    camera path (read, parse, episodes, the cameras' own JPEG bytes kept) on one process and
+    on one per core. The processes are started, open the source and read a first episode
+    before the clock starts (an ingest pays that once, not per episode); the rate is the
+    dataset's bytes over the time from the common start to the last process's end."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
     import bench_rlds as R
 
-    root = R.write_dataset(tmp / "rlds", cfg["rlds_episodes"], 100, cfg["rlds_camera"], 8)
+    root = R.write_dataset(tmp / "rlds", cfg["rlds_episodes"], 100, cfg["rlds_camera"], 8,
+                           distinct=16)
     shards = sorted(root.glob("*-train.tfrecord-*"))
     nbytes = sum(p.stat().st_size for p in shards)
 
@@ -533,10 +628,8 @@ def rlds_cases(tmp: Path, cfg: dict) -> list[dict]:
     cores = os.cpu_count() or 1
     indices = list(range(cfg["rlds_episodes"]))
     _rlds_pass_through(str(root), indices[:1])  # imports (the forked workers inherit them)
-    for n in (1, cores):
-        t0 = time.perf_counter()
-        frames = sum(_forked(_rlds_pass_through, [(str(root), indices[i::n]) for i in range(n)]))
-        seconds = time.perf_counter() - t0
+    for n in sorted({1, cores}):
+        frames, seconds = _forked_from_start(str(root), [indices[i::n] for i in range(n)])
         rate = nbytes / seconds / 1e6
         records.append(H.case(
             FAMILY, name, f"pass-through-w{n}", H.summarize([seconds * 1e3]), nbytes=nbytes,
@@ -546,28 +639,47 @@ def rlds_cases(tmp: Path, cfg: dict) -> list[dict]:
     return records
 
 
-def _forked(fn, calls: list[tuple]) -> list:
-    """``fn(*args)`` for each ``args`` of ``calls``, each in its own forked process, all at
-    once (forked: this module, loaded from its file, cannot be imported by name)."""
+def _forked_from_start(root: str, shares: list[list[int]]) -> tuple[int, float]:
+    """:func:`_rlds_pass_through` of each share of episodes in its own forked process (forked:
+    this module, loaded from its file, cannot be imported by name), each with its source open
+    and a first episode read before a common start: (frames, seconds from the start to the
+    last process's end)."""
     import multiprocessing
 
+    from robocache.data.formats.rlds import RldsSource
+
     ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=lambda i=i, a=a: queue.put((i, fn(*a))))
-             for i, a in enumerate(calls)]
+    queue, ready, go = ctx.Queue(), ctx.Semaphore(0), ctx.Event()
+
+    def child(share: list[int]) -> None:
+        src = RldsSource(Path(root), split="train", fps=FPS)
+        _rlds_pass_through(src, share[:1])
+        ready.release()
+        go.wait()
+        frames = _rlds_pass_through(src, share)
+        queue.put((frames, time.perf_counter()))
+
+    procs = [ctx.Process(target=child, args=(share,)) for share in shares]
     for p in procs:
         p.start()
-    results = dict(queue.get() for _ in procs)
+    for _ in procs:
+        ready.acquire()
+    start = time.perf_counter()
+    go.set()
+    results = [queue.get() for _ in procs]
     for p in procs:
         p.join()
-    return [results[i] for i in range(len(calls))]
+    return sum(f for f, _ in results), max(end for _, end in results) - start
 
 
-def _rlds_pass_through(root: str, indices: list[int]) -> int:
+def _rlds_pass_through(root, indices: list[int]) -> int:
+    """The camera frames of ``indices`` of the RLDS dataset at ``root`` (a path, or an open
+    :class:`~robocache.data.formats.rlds.RldsSource`), read and passed through."""
     from robocache.data.cameras import FrameFormat, camera_tables
     from robocache.data.formats.rlds import RldsSource
 
-    src = RldsSource(Path(root), split="train", fps=FPS)
+    src = root if isinstance(root, RldsSource) else RldsSource(Path(root), split="train",
+                                                                 fps=FPS)
     return sum(len(t) for i in indices
                for t in camera_tables(src.read(i), src.specs, FrameFormat()).values())
 

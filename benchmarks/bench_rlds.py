@@ -43,8 +43,11 @@ QUICK = {"episodes": 8, "steps": 20, "camera": 16, "shards": 2, "repeats": 1}
 FPS = 10.0
 
 
-def write_dataset(root: Path, episodes: int, steps: int, camera: int, shards: int) -> Path:
-    """An RLDS version folder like the fixture's ``jpeg`` config, cameras ``camera`` square."""
+def write_dataset(root: Path, episodes: int, steps: int, camera: int, shards: int,
+                  distinct: int = 0) -> Path:
+    """An RLDS version folder like the fixture's ``jpeg`` config, cameras ``camera`` square.
+    ``distinct``: when not 0, each camera's JPEGs are that many frames encoded once and
+    cycled through the steps (a dataset of gigabytes is written in seconds)."""
     from PIL import Image
 
     from robocache.data.formats import tfrecord
@@ -62,16 +65,22 @@ def write_dataset(root: Path, episodes: int, steps: int, camera: int, shards: in
     lengths = [0] * shards
     files = [open(root / f"toy_rlds-train.tfrecord-{i:05d}-of-{shards:05d}", "wb")  # noqa: SIM115
              for i in range(shards)]
+
+    def jpeg(t: int) -> bytes:
+        pixels = np.stack([(x * 4 + 17 * t) % 256, (y * 4 + 5 * t) % 256,
+                           (x + y + 31 * t) % 256], -1) + rng.integers(-6, 7, (1, 1, 3))
+        buf = io.BytesIO()
+        Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(buf, "JPEG")
+        return buf.getvalue()
+
+    bank = {(cam, t): jpeg(t) for t in range(distinct) for cam in ("image", "wrist_image")}
     for e in range(episodes):
         ex = Example()
         f = ex.features.feature
         for t in range(steps):
             for cam in ("image", "wrist_image"):
-                pixels = np.stack([(x * 4 + 17 * t) % 256, (y * 4 + 5 * t) % 256,
-                                   (x + y + 31 * t) % 256], -1) + rng.integers(-6, 7, (1, 1, 3))
-                buf = io.BytesIO()
-                Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(buf, "JPEG")
-                f[f"steps/observation/{cam}"].bytes_list.value.append(buf.getvalue())
+                f[f"steps/observation/{cam}"].bytes_list.value.append(
+                    bank[cam, t % distinct] if distinct else jpeg(t))
             f["steps/language_instruction"].bytes_list.value.append(b"pick up the red block")
         for key, size in (("steps/observation/state", 9), ("steps/action", 4),
                           ("steps/language_embedding", 8)):

@@ -51,12 +51,13 @@ def test_cameras_quick_rows():
     rows = {(c["name"], c["impl"]): c
             for c in cameras.run(quick=True, sections="encode,fidelity,cpu,rlds")}
     impls = {impl for _, impl in rows}
-    assert {"pillow-420", "simplejpeg-444", "cpu-w1", "cpu-w2", "raw-read",
+    assert {"pillow-420", "simplejpeg-444", "cpu-w1", "cpu-w2", "cpu-w1-to224", "raw-read",
             "pass-through-w1", "jpeg-444-q95", "jpeg-420-q95", "pyav-decode"} <= impls
     for (_, impl), r in rows.items():
         if impl.startswith("cpu-w"):
             assert r["decoded_by"] == {"pyav": r["frames"]} and r["frames_per_s"] > 0
-            assert r["workers"] == int(impl.removeprefix("cpu-w"))
+            assert r["workers"] == int(impl.removeprefix("cpu-w").removesuffix("-to224"))
+            assert r["stored_size"] == ((224, 224) if impl.endswith("-to224") else None)
         if impl.startswith("pass-through"):
             assert r["frames"] > 0 and r["pct_of_raw_read"] > 0
     fidelity = {impl: r for (name, impl), r in rows.items() if name.endswith("fidelity")}

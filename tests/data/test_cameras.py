@@ -560,6 +560,63 @@ def test_nvdec_decodes_the_same_frames_as_pyav(tmp_path, codec, b_frames, monkey
 
 
 @pytest.mark.gpu
+def test_nvdec_decoder_moves_from_file_to_file(tmp_path, monkeypatch):
+    """A thread's NVDEC decoder is created once and reconfigured for each next file (LeRobot
+    v2.1: one short file per episode and camera); each file's frames are still its own, the
+    nearest to their own PyAV frames, and the cache holds what the PyAV path's holds."""
+    import json
+    import threading
+
+    import PyNvVideoCodec as nvc
+
+    from robocache.data import cameras
+    from robocache.data.cameras import write_video
+
+    _nvdec()
+    made, moved = [], []
+
+    class Counted(nvc.SimpleDecoder):
+        def __init__(self, *args, **kw):
+            made.append(args[0])
+            super().__init__(*args, **kw)
+
+        def reconfigure_decoder(self, path):
+            moved.append(path)
+            return super().reconfigure_decoder(path)
+
+    monkeypatch.setattr(nvc, "SimpleDecoder", Counted)
+    monkeypatch.setattr(cameras, "_nvdec_local", threading.local())
+    lengths = (6, 5, 7)
+    root = _lerobot_state_only(tmp_path / "src", lengths, version="v2.1")
+    info = json.loads((root / "meta" / "info.json").read_text())
+    info["features"][CAM] = {"dtype": "video", "shape": [144, 176, 3],
+                             "info": {"video.fps": 10.0}}
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    paths = []
+    for i, n in enumerate(lengths):
+        path = root / info["video_path"].format(episode_chunk=0, video_key=CAM, episode_index=i)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_video(path, _clip(n, 40 * i, (144, 176)), 10.0, "libx264", NO_B_FRAMES["libx264"])
+        paths.append(path)
+    for path, n in zip(paths, lengths, strict=True):
+        end = (n - 1) / 10
+        got, t_got, _, used = cameras.decode_video_with(path, 0.0, end, decoder="nvdec")
+        want, t_want, _, _ = cameras.decode_video_with(path, 0.0, end, decoder="pyav")
+        assert used == "nvdec" and np.array_equal(t_got, t_want) and len(got) == n
+        for k in range(n):
+            errors = [np.mean((got[k].astype(float) - w) ** 2) for w in want]
+            assert int(np.argmin(errors)) == k
+        assert psnr(got, want) >= NVDEC_MIN_PSNR
+    assert made == [str(paths[0])] and moved == [str(p) for p in paths[1:]]
+    m = build(root, tmp_path / "c", rate_hz=10.0, progress=False, video_decoder="nvdec",
+              decode_workers=1)
+    assert m["decode"]["video_frames"] == {"nvdec": sum(lengths)}
+    build(root, tmp_path / "ref", rate_hz=10.0, progress=False, video_decoder="pyav")
+    a, b = _contents(tmp_path / "c"), _contents(tmp_path / "ref")
+    assert a["data.lance"] == b["data.lance"] and a["manifest"] == b["manifest"]
+
+
+@pytest.mark.gpu
 def test_nvdec_leaves_av1_to_pyav(tmp_path, monkeypatch):
     from robocache.data import cameras
 
@@ -768,6 +825,7 @@ def test_killed_ingest_leaves_no_worker_holding_the_cache(tmp_path):
 
     src = _two_cameras(tmp_path / "src", episodes=6)
     dest = tmp_path / "c"
+    before = _shipped_files()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(src), str(dest)], env=env)
     deadline = time.monotonic() + 60
@@ -779,6 +837,9 @@ def test_killed_ingest_leaves_no_worker_holding_the_cache(tmp_path):
     deadline = time.monotonic() + 10
     while holder(dest) is not None:
         assert time.monotonic() < deadline, f"the lock outlived the ingest: {holder(dest)}"
+        time.sleep(0.05)
+    while _shipped_files() - before:  # the workers' unread results: removed by the tracker
+        assert time.monotonic() < deadline + 20, _shipped_files() - before
         time.sleep(0.05)
     m = build(src, dest, rate_hz=10.0, progress=False, device="cpu", decode_workers=2)
     assert m["counts"]["cached"] == 6 and m["counts"]["quarantined"] == 0
@@ -817,6 +878,63 @@ def test_a_dead_camera_worker_is_replaced_and_its_task_retried_once(tmp_path):
             "episode 2: ok"
     finally:
         workers.close()
+
+
+def _shipped_files() -> set[str]:
+    from robocache.data import cameras
+
+    root = Path(cameras._SHM_DIR)
+    return {p.name for p in root.glob("robocache-frames-*")} if root.is_dir() else set()
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_worker_frames_come_back_through_shared_memory_or_the_pipe(tmp_path, monkeypatch, shm):
+    """A worker's encoded stream comes back byte for byte as the thread path encodes it:
+    through a shared-memory file that is removed once read, or through the result pipe where
+    there is no /dev/shm; a result nobody reads (another stream failed first) is removed when
+    it comes. (A folder of this test's own stands for /dev/shm: tests running beside it
+    create their own files there.)"""
+    import time
+
+    from robocache.data import cameras
+    from robocache.data.cameras import CameraWorkers, FrameFormat, write_video
+
+    (tmp_path / "shm").mkdir()
+    monkeypatch.setattr(cameras, "_SHM_DIR", str(tmp_path / ("shm" if shm else "no-shm")))
+    video = tmp_path / "v.mp4"
+    write_video(video, _clip(9, 3), 10.0, "libx264")
+    task = (video, 0.0, 0.8, 1e-4, FrameFormat(), None, (48, 64, 3), "episode 0: stream 'c'")
+    want, t_want, i_want = cameras._pyav_stream(*task, threads=1)
+    before = _shipped_files()
+    workers = CameraWorkers(2, threads=1).start()
+    try:
+        raw = workers.result(workers.submit(cameras._pyav_shipped, *task))
+        assert isinstance(raw[0][0], str) == shm
+        (packed, offsets), t, index = cameras._received(raw[0]), raw[1], raw[2]
+        got = [bytes(memoryview(packed)[a:b]) for a, b in zip(offsets[:-1], offsets[1:],
+                                                                  strict=True)]
+        assert got == want and np.array_equal(t, t_want) and np.array_equal(index, i_want)
+        assert _shipped_files() == before
+        workers.submit(cameras._pyav_shipped, *task)[-1].add_done_callback(cameras._discard)
+        deadline = time.monotonic() + 30
+        while _shipped_files() != before:
+            assert time.monotonic() < deadline, _shipped_files() - before
+            time.sleep(0.05)
+    finally:
+        workers.close()
+
+
+def test_a_worker_result_that_vanished_is_a_data_error(tmp_path, monkeypatch):
+    """A shared-memory file removed before the parent reads it (e.g. by a cleaner of /dev/shm)
+    quarantines its episode with a reason that names it, instead of failing the build."""
+    from robocache.data import cameras
+
+    monkeypatch.setattr(cameras, "_SHM_DIR", str(tmp_path))
+    name, offsets = cameras._ship([b"abc", b"de"])
+    assert (tmp_path / name).read_bytes() == b"abcde"
+    (tmp_path / name).unlink()
+    with pytest.raises(DataError, match=f"{name} cannot be read.*--retry-quarantined"):
+        cameras._received((name, offsets))
 
 
 @pytest.mark.gpu

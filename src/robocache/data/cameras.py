@@ -10,10 +10,13 @@ start) and ``encoded`` (the image).
 - A video stream is decoded over the episode's span of its file (LeRobot v3.0 files hold many
   episodes: ``from_timestamp`` marks where this one starts) and encoded as it decodes, one
   frame at a time: with PyAV in a worker process (:func:`worker_pool`; one decoder per stream,
-  each process with its own interpreter and GIL), or, with
-  ``decoder="nvdec"``/``"auto"``, with NVDEC through PyNvVideoCodec on the calling thread
-  (H.264 and HEVC), the frames then JPEG-encoded on the same GPU by nvJPEG in batches
+  each process with its own interpreter and GIL; the encoded frames handed back through a
+  shared-memory file), or, with ``decoder="nvdec"``/``"auto"``, with NVDEC through
+  PyNvVideoCodec on the calling thread (H.264 and HEVC; one decoder per thread, moved from
+  file to file), the frames then JPEG-encoded on the same GPU by nvJPEG in batches
   (:func:`robocache.data.jpeg.encode_cuda`) and only the bytes copied to the host.
+- Frames stored at another size (``sizes``) are resized in the colour conversion's swscale
+  pass (video) or by Pillow (arrays, a source's own image bytes).
 - RGB frames are stored as JPEG (:class:`FrameFormat`: quality 95 and 4:4:4 chroma by default,
   within 40 dB PSNR of the source's own decode on sharp-edged content, see docs/cameras.md;
   libjpeg-turbo on the CPU, :mod:`robocache.data.jpeg`) or PNG (``codec="png"``, lossless);
@@ -28,6 +31,7 @@ when the frames go to a GPU, Pillow on the CPU (DataLoader workers, CPU-only mac
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import logging
@@ -158,13 +162,18 @@ def _frame_numbers(t: np.ndarray, rate: float | None) -> np.ndarray:
 
 
 def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
-                 rates: list | None = None, threads: int = 0
-                 ) -> Iterator[tuple[np.ndarray, float]]:
+                 info: dict | None = None, threads: int = 0,
+                 size: tuple[int, int] | None = None) -> Iterator[tuple[np.ndarray, float]]:
     """Decode the frames of ``path`` shown in ``[start_s, end_s]`` (file seconds) with PyAV,
     one at a time: yields (uint8 ``[H, W, 3]`` frame, file timestamp), so a caller holds only
-    the frames it keeps. ``rates``: when given, the stream's average rate (or ``None``) is
-    appended to it once the file is open. ``threads``: FFmpeg's decoder threads (0: its own
-    choice, frame and slice threads over the cores).
+    the frames it keeps. ``info``: when given, ``info["rate"]`` is set to the stream's average
+    rate (or ``None``) once the file is open, and ``info["shape"]`` to each frame's decoded
+    ``(H, W, 3)`` before it is yielded. ``threads``: FFmpeg's decoder threads (0: its own
+    choice, frame and slice threads over the cores). ``size``: ``(height, width)`` the frames
+    are converted to in the same swscale pass as the colour conversion (bilinear, antialiased
+    when shrinking, as Pillow's resize: 40.9-41.4 dB of it at 224x224 on the benchmark's
+    frames, 0.46-0.49 against 1.83-1.88 ms a 480x640 frame for the conversion then Pillow's
+    resize; benchmarks/results/cameras-profile-cpu-2026-11-27.json).
 
     Raises:
         DataError: the file is missing, unreadable or in a codec this FFmpeg build cannot
@@ -185,10 +194,12 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
             stream.codec_context.thread_count = threads
             tb = float(stream.time_base)
             rate = float(stream.average_rate or 0) or None
-            if rates is not None:
-                rates.append(rate)
+            if info is not None:
+                info["rate"] = rate
             if start_s > 0:
                 container.seek(int(start_s / tb), stream=stream, backward=True)
+            scale = {} if size is None else {"height": size[0], "width": size[1],
+                                             "interpolation": "BILINEAR"}
             try:
                 for frame in container.decode(stream):
                     if frame.pts is None:
@@ -199,7 +210,9 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
                     if t > end_s + tolerance_s:
                         break
                     times.append(t)
-                    yield rgb.reformat(frame, format="rgb24").to_ndarray(), t
+                    if info is not None:
+                        info["shape"] = (frame.height, frame.width, 3)
+                    yield rgb.reformat(frame, format="rgb24", **scale).to_ndarray(), t
             except (av.error.FFmpegError, OSError) as e:
                 # a corrupt packet after the span's last frame (a truncated file's next
                 # episode, met while looking for the end) does not concern this span
@@ -211,15 +224,17 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
 
 
 def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float, each=None,
-                 threads: int = 0):
-    """The span's frames decoded by PyAV (:func:`video_frames`): (``each(frame)`` of every
-    rgb24 frame as it is decoded, the frame itself by default; file seconds; frame numbers)."""
-    rates: list = []
+                 threads: int = 0, size: tuple[int, int] | None = None,
+                 info: dict | None = None):
+    """The span's frames decoded by PyAV (:func:`video_frames`, its ``info``, ``threads`` and
+    ``size``): (``each(frame)`` of every rgb24 frame as it is decoded, the frame itself by
+    default; file seconds; frame numbers)."""
+    info = {} if info is None else info
     kept, times = [], []
-    for image, t in video_frames(path, start_s, end_s, tolerance_s, rates, threads):
+    for image, t in video_frames(path, start_s, end_s, tolerance_s, info, threads, size):
         kept.append(image if each is None else each(image))
         times.append(t)
-    rate = rates[0] if rates else None
+    rate = info.get("rate")
     _check_span(path, times, end_s, tolerance_s, rate)
     t = np.asarray(times, np.float64)
     return kept, t, _frame_numbers(t, rate)
@@ -301,15 +316,9 @@ def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, gpu: i
         raise _NotForNvdec(f"{codec} ({path})")
     if reordered:  # H100, HEVC with B-frames: frames by index came one display position late
         raise _NotForNvdec(f"{codec}-with-B-frames ({path})")
-    key = (str(path), gpu)
-    if getattr(_nvdec_local, "key", None) != key:  # a file's episodes reuse its decoder
-        _nvdec_local.key, _nvdec_local.decoder = None, None
-        _nvdec_local.decoder = nvc.SimpleDecoder(str(path), gpu_id=gpu, use_device_memory=True,
-                                                 output_color_type=nvc.OutputColorType.RGB)
-        _nvdec_local.key = key
-    dec = _nvdec_local.decoder
     kept = []
     try:
+        dec = _nvdec_decoder(nvc, str(path), gpu)
         if len(position) and int(position[-1]) >= len(dec):
             raise RuntimeError(f"frame {int(position[-1])} is past the {len(dec)} frames "
                                "NVDEC counts in the file")
@@ -325,13 +334,34 @@ def _decode_nvdec(path, start_s: float, end_s: float, tolerance_s: float, gpu: i
                                    f"{(h, w, 3)}")
             kept.extend(list(batch.cpu().numpy()) if each is None else each(batch))
     except BaseException:
-        _nvdec_local.key, _nvdec_local.decoder = None, None  # never reuse a failed decoder
+        _nvdec_local.decoder = None  # never reuse a failed decoder
         raise
     return kept, t, _frame_numbers(t, rate)
 
 
-# each decode worker thread's NVDEC decoder and the (file, GPU) it is open on
+# each decode worker thread's NVDEC decoder, the GPU it runs on and the file it is open on
 _nvdec_local = threading.local()
+
+
+def _nvdec_decoder(nvc, path: str, gpu: int):
+    """This thread's NVDEC decoder (PyNvVideoCodec's SimpleDecoder, RGB frames in device
+    memory) open on ``path``: created once per thread and GPU, then moved from file to file by
+    ``reconfigure_decoder``, which reuses PyNvVideoCodec's cached decoder sessions instead of
+    creating one per file (a LeRobot v2.1 dataset has one short file per episode and camera;
+    PyNvVideoCodec's own cached-decoder benchmark reuses decoders this way for short clips).
+    A file's episodes reuse the decoder as it is."""
+    local = _nvdec_local
+    if getattr(local, "decoder", None) is None or local.gpu != gpu:
+        local.decoder = None
+        local.decoder = nvc.SimpleDecoder(path, gpu_id=gpu, use_device_memory=True,
+                                          output_color_type=nvc.OutputColorType.RGB)
+        local.gpu, local.path = gpu, path
+    elif local.path != path:
+        torch.cuda.current_stream(gpu).synchronize()  # the last frames' memory is reused
+        local.path = None
+        local.decoder.reconfigure_decoder(path)
+        local.path = path
+    return local.decoder
 
 
 def _hwc(frame: torch.Tensor) -> torch.Tensor:
@@ -458,9 +488,87 @@ def _table(episode: int, source: np.ndarray, times: np.ndarray, data):
 
 
 def _pack(frames: list[bytes]) -> tuple[bytes, np.ndarray]:
-    """Encoded frames as one byte string and int64 offsets ``[F + 1]``: what a worker process
-    sends back (one object to pickle, not one per frame)."""
+    """Encoded frames as one byte string and int64 offsets ``[F + 1]``."""
     return b"".join(frames), np.cumsum([0, *map(len, frames)], dtype=np.int64)
+
+
+# Where a worker process leaves a stream's encoded frames for the parent: a file in shared
+# memory (Linux tmpfs). Through the result pipe, the parent spent 82 us of CPU a 88 KB frame
+# receiving and unpickling, holding its GIL, against 23 through the file
+# (benchmarks/results/cameras-profile-cpu-2026-11-27.json): at 32 workers, up to a core.
+_SHM_DIR = "/dev/shm"
+_shipped = iter(range(1 << 62))
+
+
+def _ship(frames: list[bytes]) -> tuple:
+    """A worker's encoded frames, for :func:`_received` in the parent: ``(name, offsets)`` of a
+    shared-memory file written in gathered writes (no joined copy, no pickling), registered
+    with multiprocessing's resource tracker so that it is removed even if the parent is
+    killed before reading it; :func:`_pack`'s pair where there is no ``/dev/shm`` or no room
+    in it (the space is reserved before anything is written: a full tmpfs fails here, not
+    with SIGBUS later)."""
+    from multiprocessing import resource_tracker
+
+    offsets = np.cumsum([0, *map(len, frames)], dtype=np.int64)
+    name = f"robocache-frames-{os.getpid()}-{next(_shipped)}"
+    try:
+        fd = os.open(os.path.join(_SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError:
+        return _pack(frames)
+    resource_tracker.register("/" + name, "shared_memory")
+    try:
+        if offsets[-1]:
+            os.posix_fallocate(fd, 0, int(offsets[-1]))
+        for a in range(0, len(frames), 512):  # within IOV_MAX
+            chunk = frames[a:a + 512]
+            if os.writev(fd, chunk) != sum(map(len, chunk)):
+                raise OSError("short write")
+    except OSError:
+        os.close(fd)
+        _unlink(name)
+        return _pack(frames)
+    os.close(fd)
+    return name, offsets
+
+
+def _unlink(name: str) -> None:
+    from multiprocessing import resource_tracker
+
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(_SHM_DIR, name))
+    resource_tracker.unregister("/" + name, "shared_memory")
+
+
+def _received(data: tuple) -> tuple:
+    """:func:`_ship`'s result as :func:`_pack`'s pair, the bytes a read-only uint8 array
+    mapped from the shared-memory file (no copy; the file is removed at once, its memory freed
+    with the array)."""
+    import mmap
+
+    name, offsets = data
+    if not isinstance(name, str):
+        return data
+    path = os.path.join(_SHM_DIR, name)
+    try:
+        if not offsets[-1]:
+            return np.empty(0, np.uint8), offsets
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), int(offsets[-1]), prot=mmap.PROT_READ)
+    except (OSError, ValueError) as e:  # removed by someone else, or cut short
+        raise DataError(f"the frames a camera worker left in {path} cannot be read "
+                        f"({type(e).__name__}: {e}); run the ingest again with "
+                        "--retry-quarantined to read the episode again.") from e
+    finally:
+        _unlink(name)
+    return np.frombuffer(mapped, np.uint8), offsets
+
+
+def _discard(future) -> None:
+    """Remove the shared-memory file of a worker's result nobody will read (a done future)."""
+    if not future.cancelled() and future.exception() is None:
+        data = future.result()[0]
+        if isinstance(data[0], str):
+            _unlink(data[0])
 
 
 def _binary(data):
@@ -473,7 +581,8 @@ def _binary(data):
         if offsets[-1] < 2**31:
             return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [
                 None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(packed)])
-        data = [packed[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        view = memoryview(packed)
+        data = [bytes(view[a:b]) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
     return pa.array(data, pa.binary())
 
 
@@ -518,38 +627,63 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
         if got is not None:
             pending[name] = (got, "nvdec")
         elif workers is None:
-            pending[name] = (_pyav_stream(*task, threads=threads), "pyav")
+            data, t, index = _pyav_stream(*task, threads=threads)
+            pending[name] = ((_pack(data), t, index), "pyav")
         else:
-            pending[name] = (workers.submit(_pyav_stream, *task), "pyav")
-    for name, (got, used) in pending.items():  # in the specs' order: the first error wins
-        data, t, index = got if used == "nvdec" or workers is None else workers.result(got)
-        s = episode.streams[name]
-        episode.streams[name] = Stream(s.spec, t - s.video.from_timestamp, None, s.video)
-        episode.meta.setdefault("source_frame", {})[name] = index
-        episode.meta.setdefault("video_decoder", {})[name] = used
-        tables[name] = _table(episode.index, index, episode.streams[name].times, data)
+            pending[name] = (workers.submit(_pyav_shipped, *task), "pyav")
+    waiting = [got for got, used in pending.values() if used == "pyav" and workers is not None]
+    try:
+        for name, (got, used) in pending.items():  # in the specs' order: the first error wins
+            if used == "nvdec" or workers is None:
+                data, t, index = got
+            else:
+                waiting = [h for h in waiting if h is not got]
+                data, t, index = workers.result(got)
+                data = _received(data)
+            _add_table(episode, name, used, data, t, index, tables)
+    finally:
+        for handle in waiting:  # after an error: the other streams' results, when they come
+            handle[-1].add_done_callback(_discard)
     return {name: tables[name] for name in specs if name in tables}
 
 
-def _shape_checked(frame: np.ndarray, shape: tuple[int, ...], where: str) -> np.ndarray:
-    if tuple(frame.shape) != tuple(shape):
-        raise DataError(f"{where} samples have shape {tuple(frame.shape)}, expected "
-                        f"{tuple(shape)}.")
-    return frame
+def _add_table(episode: Episode, name: str, used: str, data, t: np.ndarray, index: np.ndarray,
+               tables: dict) -> None:
+    """Leave a decoded video stream in ``episode`` as :func:`camera_tables` says and add its
+    frames' table to ``tables``."""
+    s = episode.streams[name]
+    episode.streams[name] = Stream(s.spec, t - s.video.from_timestamp, None, s.video)
+    episode.meta.setdefault("source_frame", {})[name] = index
+    episode.meta.setdefault("video_decoder", {})[name] = used
+    tables[name] = _table(episode.index, index, episode.streams[name].times, data)
+
+
+def _check_shape(got: tuple[int, ...], shape: tuple[int, ...], where: str) -> None:
+    if tuple(got) != tuple(shape):
+        raise DataError(f"{where} samples have shape {tuple(got)}, expected {tuple(shape)}.")
 
 
 def _pyav_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: FrameFormat,
                  size: tuple[int, int] | None, shape: tuple[int, ...], where: str,
                  threads: int = 0):
-    """One stream's span decoded by PyAV and encoded frame by frame (a worker process's
-    task): (encoded frames, :func:`_pack`ed; file seconds; frame numbers). ``where`` names the
-    stream in errors."""
-    def each(frame: np.ndarray) -> bytes:
-        frame = _shape_checked(frame, shape, where)
-        return fmt.encode(frame if size is None else resize(frame, size))
+    """One stream's span decoded by PyAV and encoded frame by frame, resized to ``size`` in
+    the colour conversion's swscale pass (:func:`video_frames`): (encoded frames; file
+    seconds; frame numbers). ``where`` names the stream in errors."""
+    info: dict = {}
 
-    data, t, index = _decode_pyav(path, start_s, end_s, tolerance_s, each, threads)
-    return _pack(data), t, index
+    def each(frame: np.ndarray) -> bytes:
+        _check_shape(info["shape"], shape, where)
+        return fmt.encode(frame)
+
+    if size is not None and tuple(size) == tuple(shape[:2]):
+        size = None
+    return _decode_pyav(path, start_s, end_s, tolerance_s, each, threads, size, info)
+
+
+def _pyav_shipped(*task, threads: int = 0):
+    """:func:`_pyav_stream` as a worker process's task, its frames :func:`_ship`ped."""
+    data, t, index = _pyav_stream(*task, threads=threads)
+    return _ship(data), t, index
 
 
 def _nvdec_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: FrameFormat,
@@ -561,7 +695,7 @@ def _nvdec_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: F
         jpeg.gpu_available()
 
     def each(batch: torch.Tensor) -> list[bytes]:
-        _shape_checked(batch[0], shape, where)
+        _check_shape(tuple(batch.shape[1:]), shape, where)
         if on_gpu:
             return jpeg.encode_cuda(batch, fmt.quality)
         return [fmt.encode(f if size is None else resize(f, size)) for f in batch.cpu().numpy()]
@@ -598,7 +732,11 @@ class CameraWorkers:
         with self._lock:
             if self._pool is None:
                 import multiprocessing
+                from multiprocessing import resource_tracker
 
+                # started before the fork, so the workers register their shared-memory
+                # results (:func:`_ship`) with this process's tracker, which outlives a kill
+                resource_tracker.ensure_running()
                 self._pool = ProcessPoolExecutor(
                     self.processes, mp_context=multiprocessing.get_context("fork"),
                     initializer=_die_with, initargs=(os.getpid(),))

@@ -90,7 +90,10 @@ def encode_cuda(frames, quality: int = DEFAULT_QUALITY) -> list[bytes]:
 
     if len(frames) == 0:
         return []
-    chw = [f.permute(2, 0, 1).contiguous() for f in frames]
+    if isinstance(frames, torch.Tensor):  # one kernel makes every frame planar
+        chw = list(frames.permute(0, 3, 1, 2).contiguous().unbind(0))
+    else:
+        chw = [f.permute(2, 0, 1).contiguous() for f in frames]
     encoded = encode_jpeg(chw, quality=quality)
     sizes = [int(e.numel()) for e in encoded]
     flat = torch.cat(encoded).cpu().numpy()

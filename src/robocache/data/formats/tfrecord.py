@@ -95,11 +95,10 @@ def read_record(f, offset: int, length: int, name: str) -> bytes:
         DataError: the data CRC does not match, or the file ends early.
     """
     f.seek(offset)
-    buf = f.read(length + 4)
-    if len(buf) < length + 4:
+    data, crc = f.read(length), f.read(4)  # two reads: slicing one buffer would copy the data
+    if len(data) < length or len(crc) < 4:
         raise DataError(f"{name} is truncated inside the record at byte {offset - 12}.")
-    data = buf[:length]
-    if masked_crc32c(data) != struct.unpack("<I", buf[length:])[0]:
+    if masked_crc32c(data) != struct.unpack("<I", crc)[0]:
         raise DataError(f"{name}: the record at byte {offset - 12} is corrupt (data CRC "
                         "mismatch).")
     return data
