@@ -180,7 +180,7 @@ def test_constructor_arguments(cache, tmp_path, monkeypatch):
         tiny(cache, depth_output_unit="cm")
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        tiny(cache, video_backend="torchcodec", token="hf_x")
+        tiny(cache, video_backend="video_reader", token="hf_x")
         tiny(cache, video_backend="video_reader", download_videos=False)
     texts = [str(w.message) for w in said]
     assert sum("video_backend" in t for t in texts) == 1  # said once per process
@@ -188,6 +188,7 @@ def test_constructor_arguments(cache, tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tiny(cache, video_backend="pyav")  # what the cache decodes with: nothing to say
+        tiny(cache, video_backend="torchcodec")  # lerobot-train's default: the same frames
 
 
 def test_root_from_hub_snapshot(tmp_path, monkeypatch):
@@ -207,15 +208,21 @@ def test_root_from_hub_snapshot(tmp_path, monkeypatch):
         find_root("robocache/other")
 
 
-def test_only_asked_episodes_are_cached(tmp_path):
+def test_only_asked_episodes_are_cached(tmp_path, capsys):
     ds = robocache.LeRobotDataset("robocache/tiny", root=FIXTURES / "tiny", episodes=[2],
                                   cache=tmp_path / "c")
+    said = capsys.readouterr().err.splitlines()  # a first use that builds says so, once
+    assert len(said) == 1 and said[0].startswith("robocache: cached 1 episodes of "), said
     cached = json.loads((tmp_path / "c" / "manifest.json").read_text())["episodes"]
     assert [e["index"] for e in cached] == [2] and len(ds) == META["lengths"][2]
     more = robocache.LeRobotDataset("robocache/tiny", root=FIXTURES / "tiny",
                                     episodes=[0, 2], cache=tmp_path / "c")
     cached = json.loads((tmp_path / "c" / "manifest.json").read_text())["episodes"]
     assert [e["index"] for e in cached] == [0, 2] and len(more) == 7 + 5
+    assert "robocache: cached 1 episodes of " in capsys.readouterr().err
+    robocache.LeRobotDataset("robocache/tiny", root=FIXTURES / "tiny", episodes=[0],
+                             cache=tmp_path / "c")
+    assert capsys.readouterr().err == ""  # nothing built, nothing said
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("datasets"),

@@ -36,6 +36,8 @@ import bisect
 import hashlib
 import json
 import os
+import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -136,8 +138,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
             unit stored (said once when a dataset has depth features).
         download_videos, video_backend, token: LeRobot's download and decode arguments:
             nothing is downloaded, and videos are decoded by PyAV once when the cache is built
-            (``video_backend="pyav"``; any other value, ``token`` and ``download_videos=False``
-            are said once per process).
+            (LeRobot's ``"pyav"`` and ``"torchcodec"`` give the same frames; any other value,
+            ``token`` and ``download_videos=False`` are said once per process).
         cache: the cache directory (default :func:`default_cache_dir`).
         device: where the cache is gathered: ``"cpu"`` (default) or ``"cuda"``.
         camera_codec: how video frames are stored in the cache: ``"jpeg"`` (default, q95,
@@ -226,7 +228,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
     # ── the cache ─────────────────────────────────────────────────────
 
     def _say_ignored(self, download_videos: bool, video_backend: str | None, token) -> None:
-        if video_backend not in (None, "pyav"):
+        if video_backend not in (None, "pyav", "torchcodec"):  # LeRobot's decoders: the same
             _say_once("video_backend", f"robocache.LeRobotDataset: video_backend="
                       f"{video_backend!r} is not used: videos are decoded once by PyAV when the "
                       "RoboCache cache is built.")
@@ -249,12 +251,22 @@ class LeRobotDataset(torch.utils.data.Dataset):
             list(self.meta.episodes["episode_index"])
         if force or not self._reusable(manifest_path, wanted):
             grid = self.tolerance_s if self.tolerance_s > 0 else 1e-4
-            build_once(self.cache, lambda: build(
-                self.root, self.cache, rate_hz="native", grid_tolerance_s=grid,
-                episodes=wanted, progress=False, overwrite=force, rebuild_changed=True,
-                camera_codec=self.camera_codec),
-                lambda: self._reusable(manifest_path, wanted),
-                timeout_s=timeout_s, fix="pass a larger build_timeout_s")
+
+            def build_now() -> None:
+                t0 = time.perf_counter()
+                m = build(self.root, self.cache, rate_hz="native", grid_tolerance_s=grid,
+                          episodes=wanted, progress=False, overwrite=force,
+                          rebuild_changed=True, camera_codec=self.camera_codec)
+                c = m["counts"]
+                if c["cached"] > c["skipped"]:  # one line: where the first use's time went
+                    print(f"robocache: cached {c['cached'] - c['skipped']} episodes of "
+                          f"{self.root} into {self.cache} in {time.perf_counter() - t0:.1f} s "
+                          f"({c['rows']} frames in all; videos decoded once, on "
+                          f"{os.cpu_count()} cores; later uses open the cache)",
+                          file=sys.stderr, flush=True)
+
+            build_once(self.cache, build_now, lambda: self._reusable(manifest_path, wanted),
+                       timeout_s=timeout_s, fix="pass a larger build_timeout_s")
         m = json.loads(manifest_path.read_text())
         asked = set(wanted)
         bad = [q for q in m["quarantined"] if q["index"] in asked]
@@ -466,6 +478,10 @@ class LeRobotDataset(torch.utils.data.Dataset):
             f = self.meta.features[k]
             v = batch[k]
             if k in self._cameras:
+                # contiguous [..., C, H, W] as LeRobot's (decoded frames are channels-last
+                # views; a channels-last batch runs a policy's convolutions another, on the
+                # CPU slower, way)
+                v = v.contiguous()
                 if v.dtype == torch.uint8 and not (self.return_uint8 and k in video):
                     # x / 255 as LeRobot computes it (a tensor divisor: CUDA would multiply by
                     # the reciprocal of a Python number, one ulp off)
