@@ -259,10 +259,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
                           rebuild_changed=True, camera_codec=self.camera_codec)
                 c = m["counts"]
                 if c["cached"] > c["skipped"]:  # one line: where the first use's time went
+                    videos = f"videos decoded once, on {os.cpu_count()} cores; " \
+                        if self.meta.video_keys else ""
                     print(f"robocache: cached {c['cached'] - c['skipped']} episodes of "
                           f"{self.root} into {self.cache} in {time.perf_counter() - t0:.1f} s "
-                          f"({c['rows']} frames in all; videos decoded once, on "
-                          f"{os.cpu_count()} cores; later uses open the cache)",
+                          f"({c['rows']} frames in all; {videos}later uses open the cache)",
                           file=sys.stderr, flush=True)
 
             build_once(self.cache, build_now, lambda: self._reusable(manifest_path, wanted),
@@ -410,12 +411,15 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return self.__getitems__([idx % len(self)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Batch]:
-        """Items ``indices`` (what a DataLoader asks for one batch) gathered at once, each
-        with its own tensors (``torch.save`` works on each)."""
+        """Items ``indices`` (what a DataLoader asks for one batch) gathered at once. Each
+        item's tensors are views of its batch's, one storage per key (``torch.save`` works on
+        an item; one from a batch saves that key's batch storage with it), so splitting a
+        batch into items costs no copy."""
         batch = self._lerobot(self._served.fetch(torch.as_tensor(
             [int(i) for i in indices], dtype=torch.int64).to(self._served.device)))
-        items = [{k: v[b] if isinstance(v, list) else v[b].clone() for k, v in batch.items()}
-                 for b in range(len(indices))]
+        split = {k: v if isinstance(v, list) else v.unbind(0) for k, v in batch.items()}
+        items = [dict(zip(split, values, strict=True)) for values in zip(*split.values(),
+                                                                        strict=True)]
         if self.image_transforms is not None:
             for item in items:
                 for k in self._transformed:
