@@ -178,6 +178,11 @@ def test_constructor_arguments(cache, tmp_path, monkeypatch):
     assert u8[0]["observation.image"].dtype == torch.float32
     with pytest.raises(robocache.errors.DataError, match="depth_output_unit"):
         tiny(cache, depth_output_unit="cm")
+    with pytest.raises(robocache.errors.DataError, match="camera_chroma"):
+        tiny(cache, camera_chroma="411")
+    small = lerobot_dataset.default_cache_dir(FIXTURES / "tiny", "jpeg", 90, "420")
+    assert small.name.endswith("-q90-420") and small.parent == lerobot_dataset.default_cache_dir(
+        FIXTURES / "tiny").parent
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         tiny(cache, video_backend="video_reader", token="hf_x")
@@ -246,3 +251,13 @@ def test_multi_dataset(cache, tmp_path, monkeypatch):
     assert len(multi) == 2 * n and multi.repo_id_to_index == {"a": 0, "b": 1}
     assert int(multi[n + 1]["dataset_index"]) == 1
     assert torch.equal(multi[n + 1]["observation.state"], tiny(cache)[1]["observation.state"])
+
+
+def test_camera_quality_and_chroma_reach_the_cache(tmp_path):
+    """The smallest cache's options are the build's: video frames stored as asked."""
+    ds = robocache.LeRobotDataset("robocache/train", root=FIXTURES / "train", episodes=[0],
+                                  cache=tmp_path / "c", camera_quality=80, camera_chroma="420")
+    top = json.loads((tmp_path / "c" / "manifest.json").read_text())["streams"][
+        "observation.images.top"]
+    assert (top["codec"], top["quality"], top["chroma"]) == ("jpeg", 80, "420")
+    assert ds[0]["observation.images.top"].shape == (3, 48, 64)

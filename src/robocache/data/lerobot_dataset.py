@@ -48,6 +48,8 @@ import torch
 
 from robocache._optional import require
 from robocache.data.dataset import RobotDataset
+from robocache.data.jpeg import DEFAULT_CHROMA, DEFAULT_QUALITY
+from robocache.data.jpeg import check as check_jpeg
 from robocache.data.lerobot_meta import LeRobotDatasetMetadata
 from robocache.errors import DataError
 
@@ -66,13 +68,19 @@ def _say_once(what: str, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=4)
 
 
-def default_cache_dir(root: Path, camera_codec: str = "jpeg") -> Path:
+def default_cache_dir(root: Path, camera_codec: str = "jpeg",
+                      camera_quality: int = DEFAULT_QUALITY,
+                      camera_chroma: str = DEFAULT_CHROMA) -> Path:
     """Where the cache of the dataset at ``root`` goes: ``$ROBOCACHE_HOME`` (default
     ``~/.cache/robocache``) / ``<name>-<hash of the resolved path>`` (``-png`` appended for
-    camera frames stored as PNG)."""
+    camera frames stored as PNG, ``-q<quality>-<chroma>`` for JPEG other than the
+    default)."""
     home = Path(os.environ.get("ROBOCACHE_HOME", Path.home() / ".cache" / "robocache"))
     digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]
-    return home / (f"{root.name}-{digest}" + ("" if camera_codec == "jpeg" else f"-{camera_codec}"))
+    suffix = f"-{camera_codec}" if camera_codec != "jpeg" else \
+        "" if (camera_quality, camera_chroma) == (DEFAULT_QUALITY, DEFAULT_CHROMA) else \
+        f"-q{camera_quality}-{camera_chroma}"
+    return home / f"{root.name}-{digest}{suffix}"
 
 
 def delta_indices(delta_timestamps: dict[str, Sequence[float]], fps: float,
@@ -144,6 +152,10 @@ class LeRobotDataset(torch.utils.data.Dataset):
         device: where the cache is gathered: ``"cpu"`` (default) or ``"cuda"``.
         camera_codec: how video frames are stored in the cache: ``"jpeg"`` (default, q95,
             GPU-decodable) or ``"png"`` (lossless: the decoded frames exactly).
+        camera_quality, camera_chroma: for ``"jpeg"``, the quality (1-100, default 95) and
+            chroma subsampling (``"444"``, default; ``"422"``, ``"420"``) of the stored video
+            frames: ``camera_chroma="420"`` with a lower quality makes the smallest cache
+            (bytes against PSNR: docs/lerobot.md).
         build_timeout_s: when another process is building the cache (the other ranks of a
             ``torchrun`` job constructing the same dataset), seconds to wait for it (its
             progress is logged at INFO) before failing; then the finished cache is opened.
@@ -171,7 +183,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
                  video_backend: str | None = None, return_uint8: bool = False,
                  depth_output_unit: str = "mm", *, token: str | bool | None = None,
                  cache: str | Path | None = None, device: str | torch.device = "cpu",
-                 camera_codec: str = "jpeg", build_timeout_s: float = 3600.0):
+                 camera_codec: str = "jpeg", camera_quality: int = DEFAULT_QUALITY,
+                 camera_chroma: str = DEFAULT_CHROMA, build_timeout_s: float = 3600.0):
         if image_transforms is not None and not callable(image_transforms):
             raise TypeError("`image_transforms` must be callable or None.")
         if depth_output_unit not in ("mm", "m"):
@@ -179,6 +192,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
                             f"{depth_output_unit!r}.")
         if camera_codec not in ("jpeg", "png"):
             raise DataError(f"`camera_codec` must be 'jpeg' or 'png'; got {camera_codec!r}.")
+        check_jpeg(camera_quality, camera_chroma)
         self.meta = LeRobotDatasetMetadata(repo_id, root, revision)
         self.repo_id, self.root, self.revision = repo_id, self.meta.root, self.meta.revision
         total = self.meta.total_episodes
@@ -198,12 +212,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.delta_timestamps, self.return_uint8 = delta_timestamps, return_uint8
         self.depth_output_unit, self.video_backend = depth_output_unit, video_backend
         self.camera_codec, self.device = camera_codec, torch.device(device)
+        self.camera_quality, self.camera_chroma = camera_quality, camera_chroma
         self._say_ignored(download_videos, video_backend, token)
         self.delta_indices = None if delta_timestamps is None else delta_indices(  # before caching
             delta_timestamps, float(self.meta.fps), tolerance_s,
             list(dict.fromkeys([*self.meta.features, *FRAME_KEYS])))
-        self.cache = Path(cache) if cache is not None else default_cache_dir(self.root,
-                                                                              camera_codec)
+        self.cache = Path(cache) if cache is not None else default_cache_dir(
+            self.root, camera_codec, camera_quality, camera_chroma)
         manifest = self._ensure_cache(force_cache_sync, build_timeout_s)
         streams = manifest["streams"]
         if not self.meta.stats:  # no meta/stats.json: the cache's, in LeRobot's layout
@@ -256,7 +271,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
                 t0 = time.perf_counter()
                 m = build(self.root, self.cache, rate_hz="native", grid_tolerance_s=grid,
                           episodes=wanted, progress=False, overwrite=force,
-                          rebuild_changed=True, camera_codec=self.camera_codec)
+                          rebuild_changed=True, camera_codec=self.camera_codec,
+                          camera_quality=self.camera_quality, camera_chroma=self.camera_chroma)
                 c = m["counts"]
                 if c["cached"] > c["skipped"]:  # one line: where the first use's time went
                     videos = f"videos decoded once, on {os.cpu_count()} cores; " \
