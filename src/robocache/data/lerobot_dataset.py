@@ -498,14 +498,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
             f = self.meta.features[k]
             v = batch[k]
             if k in self._cameras:
-                # contiguous [..., C, H, W] as LeRobot's (decoded frames are channels-last
-                # views; a channels-last batch runs a policy's convolutions another, on the
-                # CPU slower, way)
-                v = v.contiguous()
                 if v.dtype == torch.uint8 and not (self.return_uint8 and k in video):
                     # x / 255 as LeRobot computes it (a tensor divisor: CUDA would multiply by
-                    # the reciprocal of a Python number, one ulp off)
-                    v = v.float() / v.new_tensor(255.0, dtype=torch.float32)
+                    # the reciprocal of a Python number, one ulp off), into contiguous
+                    # [..., C, H, W] as LeRobot's (decoded frames are channels-last views;
+                    # converting and reordering in one copy costs no more than converting)
+                    v = v.to(torch.float32, memory_format=torch.contiguous_format).div_(
+                        v.new_tensor(255.0, dtype=torch.float32))
             else:
                 lead = v.shape[:-1]
                 shape = () if tuple(f["shape"]) == (1,) else tuple(f["shape"])
