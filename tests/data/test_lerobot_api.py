@@ -253,6 +253,8 @@ def test_multi_dataset(cache, tmp_path, monkeypatch):
     assert torch.equal(multi[n + 1]["observation.state"], tiny(cache)[1]["observation.state"])
 
 
+@pytest.mark.skipif(not importlib.util.find_spec("simplejpeg"),
+                    reason="JPEG frames need simplejpeg (pip install 'robocache[data]')")
 def test_camera_quality_and_chroma_reach_the_cache(tmp_path):
     """The smallest cache's options are the build's: video frames stored as asked."""
     ds = robocache.LeRobotDataset("robocache/train", root=FIXTURES / "train", episodes=[0],
