@@ -11,12 +11,14 @@ repository root:
     # record the expected losses (and LeRobot's batches) the CI test checks against
     HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --steps 300 \\
         --record tests/fixtures/lerobot/train_parity.json
-    # GPU speed: ACT's default model on a larger LeRobot-written dataset (40 episodes of 300
-    # frames, 240x320 cameras), timed end to end, each backend in its own process: LeRobot,
-    # RoboCache's first use (its cache built in the run) and RoboCache again (cache built)
+    # GPU speed: ACT's default model on a larger LeRobot-written dataset (20 episodes of 300
+    # frames, a 240x320 video camera and a 60x80 image camera), timed end to end, each backend
+    # in its own process: LeRobot, RoboCache's first use (its cache built in the run) and
+    # RoboCache again (cache built)
     HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --timing --device cuda \\
-        --policy act-default --steps 1000 --batch-size 64 --num-workers 8 --camera-codec jpeg \\
-        --write-dataset 40,300,240,320 --json benchmarks/results/lerobot_train-cuda.json
+        --policy act-default --steps 600 --batch-size 64 --num-workers 8 --camera-codec jpeg \\
+        --write-dataset 20,300,240,320,60,80 --root /tmp/lerobot-train-240x320 \\
+        --json benchmarks/results/lerobot_train-cuda.json
 
 Each backend runs ``lerobot.scripts.lerobot_train.main`` (what ``lerobot-train`` runs) in a
 fresh process with the same arguments and seed: ``lerobot`` as is, ``robocache`` through
@@ -172,7 +174,9 @@ def compare(runs: dict[str, dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--root", type=Path, default=ROOT, help="a LeRobot dataset with cameras")
+    p.add_argument("--root", type=Path, help="a LeRobot dataset with cameras (default: the "
+                   "training fixture); with --write-dataset, where to write it (kept; an "
+                   "existing one is used as it is)")
     p.add_argument("--policy", choices=sorted(POLICIES), default="act")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=8)
@@ -181,10 +185,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--camera-codec", choices=("png", "jpeg"), default="png",
                    help="how RoboCache stores video frames (png: LeRobot's decode exactly)")
-    p.add_argument("--write-dataset", metavar="EPISODES,LENGTH,HEIGHT,WIDTH",
-                   help="instead of --root: write a dataset of that many episodes and frames "
-                   "per episode with a HEIGHTxWIDTH video camera and image camera with "
-                   "LeRobot's writer, in a temporary directory")
+    p.add_argument("--write-dataset", metavar="EPISODES,LENGTH,HEIGHT,WIDTH[,IH,IW]",
+                   help="write a dataset of that many episodes and frames per episode with a "
+                   "HEIGHTxWIDTH video camera and an image camera (IHxIW, default the video's "
+                   "size) with LeRobot's writer, in a temporary directory or --root")
     p.add_argument("--record", type=Path, help="write the expected losses, the batches' "
                    "indices and LeRobot's batch digests (per key, one per step) here (the CI "
                    "test's reference)")
@@ -195,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.backend:  # a child process: one backend
+    if a.backend:  # a child process: one backend (--root given)
         args = lerobot_args(a.root.resolve(), a.out.with_suffix(".train"), a.steps,
                             a.batch_size, a.num_workers, a.device, a.seed, a.policy)
         run_backend(a.backend, args, a.out, a.cache, a.camera_codec, a.timing)
@@ -206,9 +210,11 @@ def main(argv: list[str] | None = None) -> dict:
             sys.path.insert(0, str(ROOT.parent))
             from make_fixtures import write_train_dataset
 
-            n, length, h, w = (int(x) for x in a.write_dataset.split(","))
-            a.root = Path(tmp) / "train"
-            write_train_dataset(a.root, (length,) * n, (h, w), (h, w))
+            n, length, h, w, *image = (int(x) for x in a.write_dataset.split(","))
+            a.root = (a.root or Path(tmp) / "train").resolve()
+            if not (a.root / "meta" / "info.json").exists():
+                write_train_dataset(a.root, (length,) * n, (h, w), tuple(image) or (h, w))
+        a.root = a.root or ROOT
         for backend in TIMED if a.timing else TIMED[:2]:
             out = Path(tmp) / f"{backend}.json"
             cmd = [sys.executable, __file__, "--backend", backend, "--out", str(out),
