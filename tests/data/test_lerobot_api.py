@@ -113,6 +113,12 @@ def test_items_save_and_slice(cache):
     buf.seek(0)
     back = torch.load(buf)
     assert all(torch.equal(back[k], v) for k, v in ds[4].items() if k != "task")
+    item = ds.__getitems__([1, 4, 6])[1]  # a DataLoader's item: views of its batch's tensors
+    buf = io.BytesIO()
+    torch.save(item, buf)
+    buf.seek(0)
+    back = torch.load(buf)
+    assert all(torch.equal(back[k], v) for k, v in ds[4].items() if k != "task")
     sliced = ds[2:5]
     assert [int(it["index"]) for it in sliced] == [2, 3, 4]
     assert [int(it["index"]) for it in ds[-2:]] == [len(ds) - 2, len(ds) - 1]
