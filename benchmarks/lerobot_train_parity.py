@@ -11,18 +11,26 @@ repository root:
     # record the expected losses (and LeRobot's batches) the CI test checks against
     HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --steps 300 \\
         --record tests/fixtures/lerobot/train_parity.json
-    # GPU speed: the same training on a larger LeRobot-written dataset (40 episodes of 300
-    # frames, 240x320 cameras), timed end to end, each backend in its own process
-    HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --device cuda --steps 2000 \\
-        --batch-size 64 --num-workers 4 --camera-codec jpeg --write-dataset 40,300,240,320 \\
-        --json benchmarks/results/lerobot_train.json
+    # GPU speed: ACT's default model on a larger LeRobot-written dataset (20 episodes of 300
+    # frames, a 240x320 video camera and a 60x80 image camera), timed end to end, each backend
+    # in its own process: LeRobot, RoboCache's first use (its cache built in the run) and
+    # RoboCache again (cache built)
+    HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --timing --device cuda \\
+        --policy act-default --steps 600 --batch-size 64 --num-workers 8 --camera-codec jpeg \\
+        --write-dataset 20,300,240,320,60,80 --root /tmp/lerobot-train-240x320 \\
+        --json benchmarks/results/lerobot_train-cuda.json
 
 Each backend runs ``lerobot.scripts.lerobot_train.main`` (what ``lerobot-train`` runs) in a
 fresh process with the same arguments and seed: ``lerobot`` as is, ``robocache`` through
 ``robocache.lerobot_train.use_robocache`` (what ``python -m robocache.lerobot_train`` does),
 video frames stored as PNG so the frames are LeRobot's decode exactly. The run records the
 loss of every step and, for each batch the DataLoader gave the training loop, its ``index``
-and a SHA-256 of every key's bytes. The dataset is ``tests/fixtures/lerobot/train`` (written
+and a SHA-256 of every key's bytes. With ``--timing`` it records no batch digests (they cost
+as much as a small step) and reports per backend the wall time of the whole process (imports,
+dataset opening, a first use's cache build, training), the training loop's steps/s after its
+first tenth of steps, and the fraction of the loop spent waiting for the next batch (the
+``next()`` of LeRobot's loop on its DataLoader); the speed-ups are LeRobot's over RoboCache's
+times. The dataset is ``tests/fixtures/lerobot/train`` (written
 by LeRobot's own writer, ``tests/fixtures/lerobot/make_fixtures.py``) unless ``--root``.
 """
 
@@ -55,7 +63,12 @@ POLICIES = {
                   "--policy.diffusion_step_embed_dim=32",
                   "--policy.spatial_softmax_num_keypoints=8", "--policy.crop_shape=[28,40]",
                   "--policy.num_train_timesteps=20"],
+    # ACT as LeRobot configures it (ResNet-18, 512-wide transformer, 100-action chunks), but
+    # its backbone not downloaded (a machine without a network)
+    "act-default": ["--policy.type=act", "--policy.pretrained_backbone_weights=null"],
 }
+#: timing runs: RoboCache twice, its first use (the cache built in the run) and again
+TIMED = ("lerobot", "robocache", "robocache_cached")
 
 
 def lerobot_args(root: Path, out: Path, steps: int, batch_size: int, num_workers: int,
@@ -81,36 +94,69 @@ def digest(batch: dict) -> dict[str, str]:
 
 
 def run_backend(backend: str, args: list[str], out: Path, cache: Path | None,
-                camera_codec: str = "png") -> None:
+                camera_codec: str = "png", timing: bool = False) -> None:
     """In this process: LeRobot's training with ``backend`` serving the data; writes
-    ``{"loss": [...], "index": [[...]...], "digest": [{key: sha}...], "seconds": s}`` to
-    ``out``."""
+    ``{"loss": [...], "index": [[...]...], "digest": [{key: sha}...], "seconds": s,
+    "wait": [s...], "step_end": [s...]}`` to ``out`` (``wait``: each step's wait for its batch;
+    ``step_end``: when each step ended, since the run started; no digests when ``timing``)."""
     import lerobot.scripts.lerobot_train as lt
+    from lerobot.utils.import_utils import get_safe_default_video_backend
 
-    if backend == "robocache":
+    record: dict = {"loss": [], "index": [], "digest": [], "wait": [], "step_end": [],
+                    "video_backend": get_safe_default_video_backend()}  # LeRobot's decoder
+    if backend.startswith("robocache"):
         from robocache.lerobot_train import use_robocache
 
         use_robocache(camera_codec=camera_codec, **({"cache": str(cache)} if cache else {}))
-    record: dict = {"loss": [], "index": [], "digest": []}
     cycle, update = lt.cycle, lt.update_policy
+    t0 = time.perf_counter()
 
     def recorded_cycle(loader):
-        for batch in cycle(loader):
+        batches = cycle(loader)
+        while True:
+            t = time.perf_counter()
+            batch = next(batches)
+            record["wait"].append(time.perf_counter() - t)
             record["index"].append(batch["index"].tolist())
-            record["digest"].append(digest(batch))
+            if not timing:
+                record["digest"].append(digest(batch))
             yield batch
 
     def recorded_update(metrics, *a, **k):
-        result = update(metrics, *a, **k)
+        result = update(metrics, *a, **k)  # LeRobot reads the loss back: the step has ended
         record["loss"].append(float(result[0].metrics["loss"].val))
+        record["step_end"].append(time.perf_counter() - t0)
         return result
 
     lt.cycle, lt.update_policy = recorded_cycle, recorded_update
     sys.argv = ["lerobot-train", *args]
-    t0 = time.perf_counter()
     lt.main()
     record["seconds"] = time.perf_counter() - t0
     out.write_text(json.dumps(record))
+
+
+def timed(run: dict) -> dict:
+    """A run's speed: its process's wall time, the time to its first step's end, and over the
+    steps after the first tenth the loop's steps/s and the fraction of it spent waiting for
+    batches."""
+    ends, waits = run["step_end"], run["wait"]
+    first = max(len(ends) // 10, 1)
+    loop = ends[-1] - ends[first - 1]
+    return {"wall_s": run["wall_s"], "first_step_s": ends[0],
+            "steps_per_s": (len(ends) - first) / loop,
+            "data_wait_fraction": sum(waits[first:len(ends)]) / loop,
+            "first_loss": run["loss"][0], "last_loss": run["loss"][-1]}
+
+
+def compare_timing(runs: dict[str, dict]) -> dict:
+    """Each backend's :func:`timed` figures and RoboCache's speed-ups over LeRobot (end to end
+    on its first use and with its cache built; steps/s of the loop)."""
+    out = {k: timed(r) for k, r in runs.items()}
+    lr = out["lerobot"]
+    return {"runs": out, "video_backend": runs["lerobot"].get("video_backend"),
+            "speedup": {"wall_first_use": lr["wall_s"] / out["robocache"]["wall_s"],
+                        "wall_cached": lr["wall_s"] / out["robocache_cached"]["wall_s"],
+                        "steps_per_s": out["robocache_cached"]["steps_per_s"] / lr["steps_per_s"]}}
 
 
 def compare(runs: dict[str, dict]) -> dict:
@@ -128,7 +174,9 @@ def compare(runs: dict[str, dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--root", type=Path, default=ROOT, help="a LeRobot dataset with cameras")
+    p.add_argument("--root", type=Path, help="a LeRobot dataset with cameras (default: the "
+                   "training fixture); with --write-dataset, where to write it (kept; an "
+                   "existing one is used as it is)")
     p.add_argument("--policy", choices=sorted(POLICIES), default="act")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=8)
@@ -137,22 +185,24 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--camera-codec", choices=("png", "jpeg"), default="png",
                    help="how RoboCache stores video frames (png: LeRobot's decode exactly)")
-    p.add_argument("--write-dataset", metavar="EPISODES,LENGTH,HEIGHT,WIDTH",
-                   help="instead of --root: write a dataset of that many episodes and frames "
-                   "per episode with a HEIGHTxWIDTH video camera and image camera with "
-                   "LeRobot's writer, in a temporary directory")
+    p.add_argument("--write-dataset", metavar="EPISODES,LENGTH,HEIGHT,WIDTH[,IH,IW]",
+                   help="write a dataset of that many episodes and frames per episode with a "
+                   "HEIGHTxWIDTH video camera and an image camera (IHxIW, default the video's "
+                   "size) with LeRobot's writer, in a temporary directory or --root")
     p.add_argument("--record", type=Path, help="write the expected losses, the batches' "
                    "indices and LeRobot's batch digests (per key, one per step) here (the CI "
                    "test's reference)")
     p.add_argument("--json", type=Path, help="write the comparison here")
-    p.add_argument("--backend", choices=("lerobot", "robocache"), help=argparse.SUPPRESS)
+    p.add_argument("--timing", action="store_true", help="time the runs instead of comparing "
+                   "batches: LeRobot, RoboCache's first use and RoboCache with its cache built")
+    p.add_argument("--backend", choices=TIMED, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.backend:  # a child process: one backend
+    if a.backend:  # a child process: one backend (--root given)
         args = lerobot_args(a.root.resolve(), a.out.with_suffix(".train"), a.steps,
                             a.batch_size, a.num_workers, a.device, a.seed, a.policy)
-        run_backend(a.backend, args, a.out, a.cache, a.camera_codec)
+        run_backend(a.backend, args, a.out, a.cache, a.camera_codec, a.timing)
         return {}
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,25 +210,35 @@ def main(argv: list[str] | None = None) -> dict:
             sys.path.insert(0, str(ROOT.parent))
             from make_fixtures import write_train_dataset
 
-            n, length, h, w = (int(x) for x in a.write_dataset.split(","))
-            a.root = Path(tmp) / "train"
-            write_train_dataset(a.root, (length,) * n, (h, w), (h, w))
-        for backend in ("lerobot", "robocache"):
+            n, length, h, w, *image = (int(x) for x in a.write_dataset.split(","))
+            a.root = (a.root or Path(tmp) / "train").resolve()
+            if not (a.root / "meta" / "info.json").exists():
+                write_train_dataset(a.root, (length,) * n, (h, w), tuple(image) or (h, w))
+        a.root = a.root or ROOT
+        for backend in TIMED if a.timing else TIMED[:2]:
             out = Path(tmp) / f"{backend}.json"
             cmd = [sys.executable, __file__, "--backend", backend, "--out", str(out),
                    "--cache", str(Path(tmp) / "cache"), "--root", str(a.root),
                    "--steps", str(a.steps), "--batch-size", str(a.batch_size),
                    "--num-workers", str(a.num_workers), "--device", a.device,
                    "--seed", str(a.seed), "--camera-codec", a.camera_codec,
-                   "--policy", a.policy]
+                   "--policy", a.policy, *(["--timing"] if a.timing else [])]
+            t0 = time.perf_counter()
             subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-            runs[backend] = json.loads(out.read_text())
-    result = compare(runs)
+            runs[backend] = {**json.loads(out.read_text()), "wall_s": time.perf_counter() - t0}
+    result = compare_timing(runs) if a.timing else compare(runs)
     result["settings"] = {"steps": a.steps, "batch_size": a.batch_size,
                           "num_workers": a.num_workers, "device": a.device, "seed": a.seed,
                           "camera_codec": a.camera_codec,
                           "dataset": str(a.root.relative_to(REPO) if a.root.is_relative_to(
-                              REPO) else a.root), "policy": POLICIES[a.policy]}
+                              REPO) else a.root), "policy": POLICIES[a.policy],
+                          "write_dataset": a.write_dataset}
+    if a.timing:
+        import torch
+
+        result["machine"] = {"device": torch.cuda.get_device_name() if a.device == "cuda"
+                             else "cpu", "cpus": os.cpu_count(), "torch": torch.__version__,
+                             "date": time.strftime("%Y-%m-%d")}
     print(json.dumps(result, indent=1))
     if a.record:
         import lerobot

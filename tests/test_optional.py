@@ -21,20 +21,31 @@ def test_require_defaults_to_the_top_level_module_name():
         require("robocache_missing.sub", "data", "Something")
 
 
+def test_the_error_survives_pickling():
+    """Raised in a worker process, it reaches the parent whole (not a broken pool)."""
+    import pickle
+
+    e = pickle.loads(pickle.dumps(MissingDependencyError("simplejpeg", "data", "Encoding")))
+    assert isinstance(e, MissingDependencyError) and "'simplejpeg'" in str(e)
+
+
 @pytest.mark.parametrize("blocked,code", [
     ("pyarrow", "from robocache.data.formats import lerobot"),
     ("lance", "from robocache.data import RobotDataset; RobotDataset('data/sample')"),
-], ids=["pyarrow-lerobot-reader", "lance-dataset"])
-def test_a_missing_data_package_names_the_pip_command(blocked, code):
+    ("simplejpeg", "import sys; from robocache.data.cache import build; "
+     "build('tests/fixtures/lerobot/train', sys.argv[1], progress=False)"),
+], ids=["pyarrow-lerobot-reader", "lance-dataset", "simplejpeg-build"])
+def test_a_missing_data_package_names_the_pip_command(blocked, code, tmp_path):
     """Without the package (blocked from importing), the data path raises one
     MissingDependencyError naming it and `pip install 'robocache[data]'`."""
     import subprocess
     import sys
 
+    dest = tmp_path / "cache"  # a JPEG build is refused before it writes anything
     run = subprocess.run(
-        [sys.executable, "-c", f"import sys; sys.modules[{blocked!r}] = None\n{code}"],
-        capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0
+        [sys.executable, "-c", f"import sys; sys.modules[{blocked!r}] = None\n{code}",
+         str(dest)], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and not dest.exists()
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("robocache.errors.MissingDependencyError"), last
     assert "pip install 'robocache[data]'" in last

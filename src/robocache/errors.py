@@ -55,6 +55,10 @@ class MissingDependencyError(RoboCacheError, ImportError):
             f"{feature} needs the optional package '{package}', which is not installed. "
             f"Install it with: pip install 'robocache[{extra}]'"
         )
+        self.package, self.extra, self.feature = package, extra, feature
+
+    def __reduce__(self):  # raised in a worker process, it reaches the parent whole
+        return type(self), (self.package, self.extra, self.feature)
 
 
 class ClusterError(RoboCacheError, ConnectionError):

@@ -6,8 +6,10 @@
 The one change from LeRobot: ``python -m robocache.lerobot_train`` instead of
 ``lerobot-train``, in LeRobot's own environment with robocache installed. Every argument is
 ``lerobot-train``'s, plus ``--robocache.camera_codec=jpeg|png`` (how video frames are stored in
-the cache; ``png``: exactly the frames LeRobot decodes) and ``--robocache.cache=DIR`` (the
-cache directory; default :func:`robocache.data.lerobot_dataset.default_cache_dir`). Batches
+the cache; ``png``: exactly the frames LeRobot decodes), ``--robocache.camera_quality=1..100``
+and ``--robocache.camera_chroma=444|422|420`` (JPEG's; ``420`` and a lower quality: the
+smallest cache) and ``--robocache.cache=DIR`` (the cache directory; default
+:func:`robocache.data.lerobot_dataset.default_cache_dir`). Batches
 are gathered in LeRobot's DataLoader workers (``__getitems__``: one gather per batch) and
 moved to the GPU by LeRobot's loop. LeRobot's dataset factory then builds
 :class:`robocache.LeRobotDataset` where it built its own, and LeRobot's training loop
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-_OPTIONS = ("camera_codec", "cache")
+_OPTIONS = ("camera_codec", "camera_quality", "camera_chroma", "cache")
 
 
 def _lerobot(module: str) -> ModuleType:
@@ -42,7 +44,8 @@ def _lerobot(module: str) -> ModuleType:
 def use_robocache(**options: Any) -> None:
     """Make LeRobot's dataset factory (``lerobot.datasets.factory``, what ``lerobot-train``
     builds its datasets with) build :class:`robocache.LeRobotDataset` with ``options``
-    (``camera_codec``, ``cache``: its keyword arguments).
+    (``camera_codec``, ``camera_quality``, ``camera_chroma``, ``cache``: its keyword
+    arguments).
 
     Raises:
         TypeError: an option other than those.
@@ -57,12 +60,13 @@ def use_robocache(**options: Any) -> None:
     factory.LeRobotDataset = functools.partial(LeRobotDataset, **options)
 
 
-def split_argv(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
-    """``--robocache.NAME=VALUE`` options (as a dict) and the other arguments, in order.
+def split_argv(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """``--robocache.NAME=VALUE`` options (as a dict; ``camera_quality`` an int) and the other
+    arguments, in order.
 
     Raises:
-        SystemExit: an unknown ``--robocache.`` option or one without ``=VALUE`` (exit code 2,
-            one line naming it).
+        SystemExit: an unknown ``--robocache.`` option, one without ``=VALUE`` or a
+            ``camera_quality`` that is not an integer (exit code 2, one line naming it).
     """
     options, rest = {}, []
     for arg in argv:
@@ -73,6 +77,11 @@ def split_argv(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
         if name not in _OPTIONS or not eq:
             raise SystemExit(f"error: {arg!r}: use --robocache.NAME=VALUE with NAME one of "
                              f"{', '.join(_OPTIONS)}.")
+        if name == "camera_quality":
+            if not value.isdigit():
+                raise SystemExit(f"error: {arg!r}: camera_quality must be an integer in "
+                                 "[1, 100], e.g. --robocache.camera_quality=90.")
+            value = int(value)
         options[name] = value
     return options, rest
 

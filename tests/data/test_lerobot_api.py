@@ -113,6 +113,12 @@ def test_items_save_and_slice(cache):
     buf.seek(0)
     back = torch.load(buf)
     assert all(torch.equal(back[k], v) for k, v in ds[4].items() if k != "task")
+    item = ds.__getitems__([1, 4, 6])[1]  # a DataLoader's item: views of its batch's tensors
+    buf = io.BytesIO()
+    torch.save(item, buf)
+    buf.seek(0)
+    back = torch.load(buf)
+    assert all(torch.equal(back[k], v) for k, v in ds[4].items() if k != "task")
     sliced = ds[2:5]
     assert [int(it["index"]) for it in sliced] == [2, 3, 4]
     assert [int(it["index"]) for it in ds[-2:]] == [len(ds) - 2, len(ds) - 1]
@@ -178,9 +184,14 @@ def test_constructor_arguments(cache, tmp_path, monkeypatch):
     assert u8[0]["observation.image"].dtype == torch.float32
     with pytest.raises(robocache.errors.DataError, match="depth_output_unit"):
         tiny(cache, depth_output_unit="cm")
+    with pytest.raises(robocache.errors.DataError, match="camera_chroma"):
+        tiny(cache, camera_chroma="411")
+    small = lerobot_dataset.default_cache_dir(FIXTURES / "tiny", "jpeg", 90, "420")
+    assert small.name.endswith("-q90-420") and small.parent == lerobot_dataset.default_cache_dir(
+        FIXTURES / "tiny").parent
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        tiny(cache, video_backend="torchcodec", token="hf_x")
+        tiny(cache, video_backend="video_reader", token="hf_x")
         tiny(cache, video_backend="video_reader", download_videos=False)
     texts = [str(w.message) for w in said]
     assert sum("video_backend" in t for t in texts) == 1  # said once per process
@@ -188,6 +199,7 @@ def test_constructor_arguments(cache, tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tiny(cache, video_backend="pyav")  # what the cache decodes with: nothing to say
+        tiny(cache, video_backend="torchcodec")  # lerobot-train's default: the same frames
 
 
 def test_root_from_hub_snapshot(tmp_path, monkeypatch):
@@ -207,15 +219,21 @@ def test_root_from_hub_snapshot(tmp_path, monkeypatch):
         find_root("robocache/other")
 
 
-def test_only_asked_episodes_are_cached(tmp_path):
+def test_only_asked_episodes_are_cached(tmp_path, capsys):
     ds = robocache.LeRobotDataset("robocache/tiny", root=FIXTURES / "tiny", episodes=[2],
                                   cache=tmp_path / "c")
+    said = capsys.readouterr().err.splitlines()  # a first use that builds says so, once
+    assert len(said) == 1 and said[0].startswith("robocache: cached 1 episodes of "), said
     cached = json.loads((tmp_path / "c" / "manifest.json").read_text())["episodes"]
     assert [e["index"] for e in cached] == [2] and len(ds) == META["lengths"][2]
     more = robocache.LeRobotDataset("robocache/tiny", root=FIXTURES / "tiny",
                                     episodes=[0, 2], cache=tmp_path / "c")
     cached = json.loads((tmp_path / "c" / "manifest.json").read_text())["episodes"]
     assert [e["index"] for e in cached] == [0, 2] and len(more) == 7 + 5
+    assert "robocache: cached 1 episodes of " in capsys.readouterr().err
+    robocache.LeRobotDataset("robocache/tiny", root=FIXTURES / "tiny", episodes=[0],
+                             cache=tmp_path / "c")
+    assert capsys.readouterr().err == ""  # nothing built, nothing said
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("datasets"),
@@ -239,3 +257,15 @@ def test_multi_dataset(cache, tmp_path, monkeypatch):
     assert len(multi) == 2 * n and multi.repo_id_to_index == {"a": 0, "b": 1}
     assert int(multi[n + 1]["dataset_index"]) == 1
     assert torch.equal(multi[n + 1]["observation.state"], tiny(cache)[1]["observation.state"])
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("simplejpeg"),
+                    reason="JPEG frames need simplejpeg (pip install 'robocache[data]')")
+def test_camera_quality_and_chroma_reach_the_cache(tmp_path):
+    """The smallest cache's options are the build's: video frames stored as asked."""
+    ds = robocache.LeRobotDataset("robocache/train", root=FIXTURES / "train", episodes=[0],
+                                  cache=tmp_path / "c", camera_quality=80, camera_chroma="420")
+    top = json.loads((tmp_path / "c" / "manifest.json").read_text())["streams"][
+        "observation.images.top"]
+    assert (top["codec"], top["quality"], top["chroma"]) == ("jpeg", 80, "420")
+    assert ds[0]["observation.images.top"].shape == (3, 48, 64)

@@ -68,9 +68,13 @@ def test_wrapper_arguments():
 
     opts, rest = split_argv(["--policy.type=act", "--robocache.camera_codec=png", "--steps=3"])
     assert opts == {"camera_codec": "png"} and rest == ["--policy.type=act", "--steps=3"]
+    opts, _ = split_argv(["--robocache.camera_chroma=420", "--robocache.camera_quality=90"])
+    assert opts == {"camera_chroma": "420", "camera_quality": 90}
     for bad in ("--robocache.codec=png", "--robocache.cache"):
         with pytest.raises(SystemExit, match="--robocache.NAME=VALUE"):
             split_argv([bad])
+    with pytest.raises(SystemExit, match="camera_quality must be an integer"):
+        split_argv(["--robocache.camera_quality=high"])
     with pytest.raises(TypeError, match="unknown RoboCache options"):
         use_robocache(codec="png")
     if not importlib.util.find_spec("lerobot"):

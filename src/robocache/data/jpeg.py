@@ -53,6 +53,16 @@ def _simplejpeg():
     return require("simplejpeg", "data", "Encoding camera frames as JPEG")
 
 
+def require_encoder() -> None:
+    """Check that the CPU encoder imports.
+
+    Raises:
+        MissingDependencyError: simplejpeg is not installed (the message gives the pip
+            command).
+    """
+    _simplejpeg()
+
+
 def encode(frame: np.ndarray, quality: int = DEFAULT_QUALITY,
            chroma: str = DEFAULT_CHROMA) -> bytes:
     """One uint8 frame, RGB ``[H, W, 3]`` or grey ``[H, W]`` / ``[H, W, 1]``, as JPEG bytes

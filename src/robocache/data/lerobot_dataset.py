@@ -36,6 +36,8 @@ import bisect
 import hashlib
 import json
 import os
+import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -46,6 +48,8 @@ import torch
 
 from robocache._optional import require
 from robocache.data.dataset import RobotDataset
+from robocache.data.jpeg import DEFAULT_CHROMA, DEFAULT_QUALITY
+from robocache.data.jpeg import check as check_jpeg
 from robocache.data.lerobot_meta import LeRobotDatasetMetadata
 from robocache.errors import DataError
 
@@ -64,13 +68,19 @@ def _say_once(what: str, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=4)
 
 
-def default_cache_dir(root: Path, camera_codec: str = "jpeg") -> Path:
+def default_cache_dir(root: Path, camera_codec: str = "jpeg",
+                      camera_quality: int = DEFAULT_QUALITY,
+                      camera_chroma: str = DEFAULT_CHROMA) -> Path:
     """Where the cache of the dataset at ``root`` goes: ``$ROBOCACHE_HOME`` (default
     ``~/.cache/robocache``) / ``<name>-<hash of the resolved path>`` (``-png`` appended for
-    camera frames stored as PNG)."""
+    camera frames stored as PNG, ``-q<quality>-<chroma>`` for JPEG other than the
+    default)."""
     home = Path(os.environ.get("ROBOCACHE_HOME", Path.home() / ".cache" / "robocache"))
     digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]
-    return home / (f"{root.name}-{digest}" + ("" if camera_codec == "jpeg" else f"-{camera_codec}"))
+    suffix = f"-{camera_codec}" if camera_codec != "jpeg" else \
+        "" if (camera_quality, camera_chroma) == (DEFAULT_QUALITY, DEFAULT_CHROMA) else \
+        f"-q{camera_quality}-{camera_chroma}"
+    return home / f"{root.name}-{digest}{suffix}"
 
 
 def delta_indices(delta_timestamps: dict[str, Sequence[float]], fps: float,
@@ -136,12 +146,16 @@ class LeRobotDataset(torch.utils.data.Dataset):
             unit stored (said once when a dataset has depth features).
         download_videos, video_backend, token: LeRobot's download and decode arguments:
             nothing is downloaded, and videos are decoded by PyAV once when the cache is built
-            (``video_backend="pyav"``; any other value, ``token`` and ``download_videos=False``
-            are said once per process).
+            (LeRobot's ``"pyav"`` and ``"torchcodec"`` give the same frames; any other value,
+            ``token`` and ``download_videos=False`` are said once per process).
         cache: the cache directory (default :func:`default_cache_dir`).
         device: where the cache is gathered: ``"cpu"`` (default) or ``"cuda"``.
         camera_codec: how video frames are stored in the cache: ``"jpeg"`` (default, q95,
             GPU-decodable) or ``"png"`` (lossless: the decoded frames exactly).
+        camera_quality, camera_chroma: for ``"jpeg"``, the quality (1-100, default 95) and
+            chroma subsampling (``"444"``, default; ``"422"``, ``"420"``) of the stored video
+            frames: ``camera_chroma="420"`` with a lower quality makes the smallest cache
+            (bytes against PSNR: docs/lerobot.md).
         build_timeout_s: when another process is building the cache (the other ranks of a
             ``torchrun`` job constructing the same dataset), seconds to wait for it (its
             progress is logged at INFO) before failing; then the finished cache is opened.
@@ -169,7 +183,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
                  video_backend: str | None = None, return_uint8: bool = False,
                  depth_output_unit: str = "mm", *, token: str | bool | None = None,
                  cache: str | Path | None = None, device: str | torch.device = "cpu",
-                 camera_codec: str = "jpeg", build_timeout_s: float = 3600.0):
+                 camera_codec: str = "jpeg", camera_quality: int = DEFAULT_QUALITY,
+                 camera_chroma: str = DEFAULT_CHROMA, build_timeout_s: float = 3600.0):
         if image_transforms is not None and not callable(image_transforms):
             raise TypeError("`image_transforms` must be callable or None.")
         if depth_output_unit not in ("mm", "m"):
@@ -177,6 +192,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
                             f"{depth_output_unit!r}.")
         if camera_codec not in ("jpeg", "png"):
             raise DataError(f"`camera_codec` must be 'jpeg' or 'png'; got {camera_codec!r}.")
+        check_jpeg(camera_quality, camera_chroma)
         self.meta = LeRobotDatasetMetadata(repo_id, root, revision)
         self.repo_id, self.root, self.revision = repo_id, self.meta.root, self.meta.revision
         total = self.meta.total_episodes
@@ -196,12 +212,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.delta_timestamps, self.return_uint8 = delta_timestamps, return_uint8
         self.depth_output_unit, self.video_backend = depth_output_unit, video_backend
         self.camera_codec, self.device = camera_codec, torch.device(device)
+        self.camera_quality, self.camera_chroma = camera_quality, camera_chroma
         self._say_ignored(download_videos, video_backend, token)
         self.delta_indices = None if delta_timestamps is None else delta_indices(  # before caching
             delta_timestamps, float(self.meta.fps), tolerance_s,
             list(dict.fromkeys([*self.meta.features, *FRAME_KEYS])))
-        self.cache = Path(cache) if cache is not None else default_cache_dir(self.root,
-                                                                              camera_codec)
+        self.cache = Path(cache) if cache is not None else default_cache_dir(
+            self.root, camera_codec, camera_quality, camera_chroma)
         manifest = self._ensure_cache(force_cache_sync, build_timeout_s)
         streams = manifest["streams"]
         if not self.meta.stats:  # no meta/stats.json: the cache's, in LeRobot's layout
@@ -226,7 +243,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
     # ── the cache ─────────────────────────────────────────────────────
 
     def _say_ignored(self, download_videos: bool, video_backend: str | None, token) -> None:
-        if video_backend not in (None, "pyav"):
+        if video_backend not in (None, "pyav", "torchcodec"):  # LeRobot's decoders: the same
             _say_once("video_backend", f"robocache.LeRobotDataset: video_backend="
                       f"{video_backend!r} is not used: videos are decoded once by PyAV when the "
                       "RoboCache cache is built.")
@@ -249,12 +266,24 @@ class LeRobotDataset(torch.utils.data.Dataset):
             list(self.meta.episodes["episode_index"])
         if force or not self._reusable(manifest_path, wanted):
             grid = self.tolerance_s if self.tolerance_s > 0 else 1e-4
-            build_once(self.cache, lambda: build(
-                self.root, self.cache, rate_hz="native", grid_tolerance_s=grid,
-                episodes=wanted, progress=False, overwrite=force, rebuild_changed=True,
-                camera_codec=self.camera_codec),
-                lambda: self._reusable(manifest_path, wanted),
-                timeout_s=timeout_s, fix="pass a larger build_timeout_s")
+
+            def build_now() -> None:
+                t0 = time.perf_counter()
+                m = build(self.root, self.cache, rate_hz="native", grid_tolerance_s=grid,
+                          episodes=wanted, progress=False, overwrite=force,
+                          rebuild_changed=True, camera_codec=self.camera_codec,
+                          camera_quality=self.camera_quality, camera_chroma=self.camera_chroma)
+                c = m["counts"]
+                if c["cached"] > c["skipped"]:  # one line: where the first use's time went
+                    videos = f"videos decoded once, on {os.cpu_count()} cores; " \
+                        if self.meta.video_keys else ""
+                    print(f"robocache: cached {c['cached'] - c['skipped']} episodes of "
+                          f"{self.root} into {self.cache} in {time.perf_counter() - t0:.1f} s "
+                          f"({c['rows']} frames in all; {videos}later uses open the cache)",
+                          file=sys.stderr, flush=True)
+
+            build_once(self.cache, build_now, lambda: self._reusable(manifest_path, wanted),
+                       timeout_s=timeout_s, fix="pass a larger build_timeout_s")
         m = json.loads(manifest_path.read_text())
         asked = set(wanted)
         bad = [q for q in m["quarantined"] if q["index"] in asked]
@@ -398,12 +427,15 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return self.__getitems__([idx % len(self)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Batch]:
-        """Items ``indices`` (what a DataLoader asks for one batch) gathered at once, each
-        with its own tensors (``torch.save`` works on each)."""
+        """Items ``indices`` (what a DataLoader asks for one batch) gathered at once. Each
+        item's tensors are views of its batch's, one storage per key (``torch.save`` works on
+        an item; one from a batch saves that key's batch storage with it), so splitting a
+        batch into items costs no copy."""
         batch = self._lerobot(self._served.fetch(torch.as_tensor(
             [int(i) for i in indices], dtype=torch.int64).to(self._served.device)))
-        items = [{k: v[b] if isinstance(v, list) else v[b].clone() for k, v in batch.items()}
-                 for b in range(len(indices))]
+        split = {k: v if isinstance(v, list) else v.unbind(0) for k, v in batch.items()}
+        items = [dict(zip(split, values, strict=True)) for values in zip(*split.values(),
+                                                                        strict=True)]
         if self.image_transforms is not None:
             for item in items:
                 for k in self._transformed:
@@ -468,8 +500,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
             if k in self._cameras:
                 if v.dtype == torch.uint8 and not (self.return_uint8 and k in video):
                     # x / 255 as LeRobot computes it (a tensor divisor: CUDA would multiply by
-                    # the reciprocal of a Python number, one ulp off)
-                    v = v.float() / v.new_tensor(255.0, dtype=torch.float32)
+                    # the reciprocal of a Python number, one ulp off), into contiguous
+                    # [..., C, H, W] as LeRobot's (decoded frames are channels-last views;
+                    # converting and reordering in one copy costs no more than converting)
+                    v = v.to(torch.float32, memory_format=torch.contiguous_format).div_(
+                        v.new_tensor(255.0, dtype=torch.float32))
             else:
                 lead = v.shape[:-1]
                 shape = () if tuple(f["shape"]) == (1,) else tuple(f["shape"])

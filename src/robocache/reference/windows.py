@@ -31,7 +31,10 @@ def windows_ref(data: torch.Tensor, offsets: torch.Tensor, indices: torch.Tensor
     rows = indices.to(torch.int64)[:, None] + rel.to(torch.int64)[None, :]
     is_pad = (rows < lo[:, None]) | (rows >= hi[:, None])
     clamped = torch.minimum(torch.maximum(rows, lo[:, None]), hi[:, None] - 1)
-    values = data[clamped]
+    # index_select, not data[clamped]: PyTorch's CPU advanced indexing of a column slice
+    # took 2.6 ms for 64 windows of 16 consecutive rows (11 us with index_select; 2-core CPU,
+    # torch 2.13), the same values
+    values = data.index_select(0, clamped.reshape(-1)).reshape(*clamped.shape, *data.shape[1:])
     if zero_pad:
         values = values.masked_fill(is_pad.unsqueeze(-1), 0)
     return values, is_pad

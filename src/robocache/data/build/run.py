@@ -118,6 +118,8 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
                       **({"encoding": s.encoding} if s.encoding else {}),
                       **_camera_entry(s, config)}
                for name, s in specs.items()}
+    if any(s.get("quality") is not None for s in streams.values()):
+        jpeg.require_encoder()  # before any episode: a missing encoder quarantines none
     header = {"format": CACHE_FORMAT,
               "source": {"path": str(Path(src.path).resolve()), "format": src.format},
               "rate_hz": fps or float(config.rate_hz), "native": native, "streams": streams,
