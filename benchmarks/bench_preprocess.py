@@ -131,7 +131,10 @@ def fragments(dest: Path) -> int:
 
 
 def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
-    """CPU ms per episode of each build stage, in this process with one torch thread."""
+    """CPU ms per episode of each build stage, in this process with one torch thread and
+    one Arrow thread."""
+    import pyarrow as pa
+
     from robocache.data.build.align import align_batch
     from robocache.data.build.commit import Committer
     from robocache.data.build.config import CacheConfig
@@ -150,6 +153,8 @@ def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
     spent = dict.fromkeys(("read", "encode", "align", "tables", "write", "commit"), 0.0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    arrow = pa.cpu_count()  # one core, as in a build's worker process (read._open_worker)
+    pa.set_cpu_count(1)
 
     def timed(stage, fn, *args):
         t0 = time.process_time()
@@ -187,6 +192,7 @@ def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
         flush()
     finally:
         torch.set_num_threads(threads)
+        pa.set_cpu_count(arrow)
     return {k: v * 1e3 / len(episodes) for k, v in spent.items()}
 
 
