@@ -112,8 +112,7 @@ def interp_ref(
         values = _rows(data, idx).to(compute_dtype(data.dtype))
     if out_of_range == "nan":
         values = values.masked_fill(outside.unsqueeze(-1), torch.nan)
-    if nanx.any():
-        values = values.masked_fill(nanx.unsqueeze(-1), torch.nan)
+    values = values.masked_fill(nanx.unsqueeze(-1), torch.nan)
     return values.to(data.dtype), outside, aux
 
 
