@@ -296,3 +296,41 @@ def test_what_a_cache_owns_never_leads_outside_it(tmp_path):
     (cache / "frames" / "mine.txt").write_text("keep")
     assert sorted(p.relative_to(cache).as_posix() for p in owned(cache)) == \
         ["data.lance", "frames/cam.lance", "manifest.json"]
+
+
+def _snap_one(times, t, tol, all_or_none):
+    """The snapping rule written plainly for one stream (nearest grid instant by distance,
+    ties to the earlier one; moved when within ``tol``)."""
+    if len(t) == 0 or len(times) == 0:
+        return times
+    out = np.array(times, dtype=np.float64)
+    close = np.zeros(len(times), bool)
+    for i, x in enumerate(times):
+        d = np.abs(t - x)
+        k = int(np.argmin(d))  # first of the equally near: the earlier instant
+        if d[k] <= tol:
+            out[i], close[i] = t[k], True
+    return times if all_or_none and not close.all() else out
+
+
+@pytest.mark.parametrize("all_or_none", [False, True])
+def test_snap_many_equals_each_stream_snapped_alone(all_or_none):
+    from robocache.data.build.align import snap_many
+
+    rng = np.random.default_rng(3)
+    grids, times = [], []
+    for n in (1, 2, 7, 31, 0, 5):  # one-instant, two-instant and empty grids
+        t = np.sort(rng.uniform(0, 1, n)) if n != 31 else np.arange(n) / 30.0
+        grids.append(t)
+        m = int(rng.integers(0, 40))
+        x = np.sort(rng.uniform(-0.1, 1.1, m))
+        if n and m:  # some samples within the tolerance of an instant, some exactly on one
+            pick = rng.integers(0, n, m // 2)
+            x[: m // 2] = t[pick] + rng.uniform(-2e-4, 2e-4, m // 2)
+            x[0] = t[0]
+        times.append(np.sort(x))
+    times.append(grids[2] + 5e-5)  # a stream on its grid: moved whole even with all_or_none
+    grids.append(grids[2])
+    got = snap_many(times, grids, 1e-4, all_or_none)
+    for x, t, g in zip(times, grids, got, strict=True):
+        np.testing.assert_array_equal(g, _snap_one(x, t, 1e-4, all_or_none))

@@ -6,11 +6,12 @@
 Stages (one Ray Data dataset of episode indices, streamed in batches):
 
 1. **read** (Ray tasks, one CPU each, as many at once as the cluster has CPUs; each worker
-   process runs torch and Arrow on one thread, :func:`~robocache.data.build.read.
-   single_core`): the format reader opens the source once per worker process and reads a
-   group of consecutive episodes (:func:`read_groups`: those of one source file, so a
-   LeRobot v3.0 file is decoded once for all of its episodes), checks them and encodes their
-   camera frames (:func:`robocache.data.build.read.prepare_episode`).
+   process runs torch and Arrow on one thread,
+   :func:`~robocache.data.build.read.single_core`): the format reader opens the source
+   once per worker process and reads a group of consecutive episodes (:func:`read_groups`:
+   those of one source file, so a LeRobot v3.0 file is decoded once for all of its
+   episodes), checks them and encodes their camera frames
+   (:func:`robocache.data.build.read.prepare_episode`).
 2. **align + write** (an actor pool: one actor per GPU with ``num_gpus=1``, or CPU actors when
    there is no GPU): ``ALIGN_EPISODES`` episodes aligned in one launch on the actor's device
    (:func:`~robocache.data.build.align.align_batch`), then written as one set of Lance files,
