@@ -334,3 +334,37 @@ def test_snap_many_equals_each_stream_snapped_alone(all_or_none):
     got = snap_many(times, grids, 1e-4, all_or_none)
     for x, t, g in zip(times, grids, got, strict=True):
         np.testing.assert_array_equal(g, _snap_one(x, t, 1e-4, all_or_none))
+
+
+def test_stats_merge_chunks_in_table_order_whatever_the_threads(tmp_path, episodes,
+                                                                 monkeypatch):
+    """Statistics over chunks of STATS_BATCH_ROWS rows in the table's order (several
+    fragments, chunks across them), computed on threads: those of the chunks one by one."""
+    import torch
+
+    import robocache
+    from robocache.data.build import stats as S
+    from robocache.data.formats import open_source
+
+    write_lerobot(tmp_path / "src", episodes, SPECS, fps=25.0, version="v3.0")
+    build(tmp_path / "src", tmp_path / "cache", rate_hz=RATE, progress=False, device="cpu",
+          batch_rows=30)  # several fragments
+    uri = tmp_path / "cache" / "data.lance"
+    assert len(lance.dataset(str(uri)).get_fragments()) > 1
+    monkeypatch.setattr(S, "STATS_BATCH_ROWS", 37)
+    specs = open_source(tmp_path / "src").specs
+    got = [S._compute_stats(uri, specs, threads=t) for t in (1, 3)]
+    table = lance.dataset(str(uri)).to_table()
+    for name, spec in specs.items():
+        if spec.kind != "numeric":
+            continue
+        col = column_name(name)
+        parts = []
+        for start in range(0, table.num_rows, 37):
+            chunk = table.slice(start, 37)
+            keep = ~chunk.column(f"{col}_is_pad").to_numpy(zero_copy_only=False)
+            values = np.array(chunk.column(col).to_pylist(), np.float32).reshape(-1, spec.dim)
+            if keep.any():
+                parts.append(robocache.compute_stats(torch.from_numpy(values[keep])))
+        want = robocache.merge_stats(parts).to_dict()
+        assert got[0][name] == want and got[1][name] == want
