@@ -408,7 +408,8 @@ def _scaling(root: Path, tmp: Path, name: str, episodes: int, nbytes: int, raw: 
             gpus=g, actors=actors, cpus=cpus, batch=max(g, 1), episodes=n,
             episodes_per_s=eps, MBps=per_episode * eps / 1e6,
             pct_raw_read=100 * per_episode * eps / raw, speedup=eps / base,
-            note=f"{eps:.0f} ep/s on {cpus} cores, x{eps / base:.2f} over {counts[0]}, "
+            note=f"{eps:.0f} ep/s on {cpus} cores, x{eps / base:.2f} over "
+                 f"{f'{counts[0]} {actors}' if counts[0] else 'CPU actors'}, "
                  f"{100 * per_episode * eps / raw:.1f}% of raw read"
                  + ("" if actors == "GPU" or not g else "; CPU actors stand in (no GPU)")))
 
