@@ -1,23 +1,29 @@
 """Preprocess benchmark: what building the cache costs per episode, on one core and on the node.
 
-    $ python benchmarks/bench_preprocess.py --json $OUT/preprocess.json --gpus 1,2,4
+    $ python benchmarks/bench_preprocess.py --json $OUT/preprocess.json --gpus 1,2 --budget-s 540
     $ robocache bench preprocess --json benchmarks/results/preprocess.json
     $ python benchmarks/bench_preprocess.py --quick          # CPU, a small dataset
 
-The dataset is generated on the machine, vectorized and in parallel (one process per data
-file): a multi-rate LeRobot v3.0 dataset, episodes of 12 s with a 100 Hz 24-D state, a 50 Hz
-16-D action, a jittered 30 Hz 7-D pose and two language events (``--camera``: also a 15 Hz
-48x64 RGB camera stored inline, which the build JPEG-encodes), 500 episodes per data file.
-Cases (all rates at 50 Hz, ``rate_hz=50``):
+Each case is printed and written to the JSON as soon as it is done (``meta.partial`` until
+the last), so a run killed at its time limit keeps the cases it finished.
 
-- ``generate``: seconds to write the dataset (not a result; says the run's setup cost).
+The dataset is generated on the machine, vectorized and in parallel (one process per data
+file, each drawing its random values once; see ``preprocess_data``): a multi-rate LeRobot
+v3.0 dataset, episodes of 12 s with a 100 Hz 24-D state, a 50 Hz 16-D action, a jittered
+30 Hz 7-D pose and two language events (``--camera``: also a 15 Hz 48x64 RGB camera stored
+inline, which the build JPEG-encodes), 500 episodes per data file. Cases (all rates at
+50 Hz, ``rate_hz=50``), in the order they run:
+
+- ``cpu <stage>``: CPU time (``time.process_time``) per episode of each build stage in one
+  process set up as a build's worker process (``robocache.data.build.read.single_core``:
+  one torch and one Arrow thread, the garbage collector's view frozen), over the episodes of
+  one whole data file (so the file's read is shared as in a real build), three runs (median
+  and quartiles): read (+check), encode (camera frames, ``--camera``), align, tables, write
+  (Arrow + Lance) and commit (per batch, divided by its episodes); ``cpu total`` is their sum
+  (target: <= 2 ms for the numeric kind).
+- ``generate``: seconds to write the node-scale dataset (not a result; the run's setup cost).
 - ``raw-read``: every source file read once with no decoding, one thread per core: the I/O
   ceiling of this node, in the same run as the builds it is compared with.
-- ``cpu <stage>``: CPU time (``time.process_time``) per episode of each build stage in one
-  process with one torch thread, over the episodes of one whole data file (so the file's
-  read is shared as in a real build): read (+check), encode (camera frames, ``--camera``),
-  align, tables (Arrow), write and commit (per batch, divided by its episodes); ``cpu total``
-  is their sum (target: <= 2 ms for the numeric kind).
 - ``ingest node``: ``robocache ingest`` (``build``, alignment on the CPU in one worker process
   per core): wall time, episodes/s, source MB/s and % of ``raw-read`` (target >= 50 %), peak
   disk during the build over the final cache (target <= 1.5), Lance fragments.
@@ -25,13 +31,16 @@ Cases (all rates at 50 Hz, ``rate_hz=50``):
   holds ~1k episodes and ~100k (small 20-row episodes written straight to the cache, batches
   of 2^14 rows): ``ratio`` = at 100k / at 1k (target <= 1.5), fragments, peak disk / final.
 - ``preprocess <g> GPU``: ``robocache preprocess`` on a local Ray with ``g`` GPU actors and
-  ``g / G`` of the cores (``--gpus 1,2,4``; default every power of two up to the visible GPUs;
-  CPU actors without a GPU): episodes/s, MB/s, % of raw read and the speedup over one GPU
-  (targets >= 1.9x on 2 and >= 3.6x on 4). Each count builds enough episodes for ~30 s at
-  the rate the first count measured on a probe.
+  ``g / G`` of the cores (``--gpus 1,2,4``; default every power of two up to the visible GPUs),
+  the Ray processes pinned to those cores (CPU affinity); without GPUs, ``g`` CPU actors
+  stand in (the plumbing, not a GPU result): episodes/s, MB/s, % of the raw read and the
+  speedup over the first count (targets >= 1.9x on 2 and >= 3.6x on 4). Each count builds
+  enough episodes for ~30 s at the rate a probe on the first count measured; a count whose
+  run would end past ``--budget-s`` is recorded as skipped.
 
 Sizes: ``--episodes`` (default: what the node ingests in ~30 s at the measured one-core cost,
-capped by a quarter of the free disk), ``ROBOCACHE_BENCH_DIR`` for the scratch directory.
+as far as the free disk holds the source and its cache twice over; the ``ingest node`` case
+says when the disk cut it short), ``ROBOCACHE_BENCH_DIR`` for the scratch directory.
 """
 
 from __future__ import annotations
@@ -58,7 +67,8 @@ from preprocess_data import PER_FILE, SECONDS, make_dataset  # noqa: E402
 FAMILY = "preprocess"
 RATE = 50.0
 TARGET_S = 30.0  # each node-scale run lasts about this long
-MAX_EPISODES = 300_000
+MAX_EPISODES = 2_000_000
+REPEATS = 3  # runs of the one-core stages
 OPTIONS = {"episodes": (int, "episodes in the dataset (default: ~30 s of the node's ingest)"),
            "gpus": (str, "GPU counts for the preprocess scaling runs, e.g. 1,2,4"),
            "camera": (int, "1: add the inline 48x64 camera (JPEG-encoded by the build)"),
@@ -130,8 +140,29 @@ def fragments(dest: Path) -> int:
     return len(lance.dataset(str(dest / "data.lance")).get_fragments())
 
 
+@contextlib.contextmanager
+def as_worker():
+    """This process set up as a build's worker process for the block
+    (:func:`robocache.data.build.read.single_core`), as it was after."""
+    import gc
+
+    import pyarrow as pa
+
+    from robocache.data.build.read import single_core
+
+    threads, arrow = torch.get_num_threads(), pa.cpu_count()
+    single_core()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        torch.set_num_threads(threads)
+        pa.set_cpu_count(arrow)
+
+
 def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
-    """CPU ms per episode of each build stage, in this process with one torch thread."""
+    """CPU ms per episode of each build stage, in this process set up as a build's worker
+    process (:func:`as_worker`), the source opened first as a worker opens it."""
     from robocache.data.build.align import align_batch
     from robocache.data.build.commit import Committer
     from robocache.data.build.config import CacheConfig
@@ -148,8 +179,6 @@ def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
     committer = Committer(dest, config.batch_rows, config.batch_bytes)
     cams = [n for n, s in specs.items() if s.kind in ("image", "video")]
     spent = dict.fromkeys(("read", "encode", "align", "tables", "write", "commit"), 0.0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
 
     def timed(stage, fn, *args):
         t0 = time.process_time()
@@ -174,7 +203,7 @@ def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
         group.clear()
 
     group: list = []
-    try:
+    with as_worker():
         for index in episodes:
             episode = timed("read", load_episode, src, index, specs)
             frames = timed("encode", lambda e=episode: {n: frames_table(
@@ -185,8 +214,6 @@ def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
                 settle(group)
         settle(group)
         flush()
-    finally:
-        torch.set_num_threads(threads)
     return {k: v * 1e3 / len(episodes) for k, v in spent.items()}
 
 
@@ -241,83 +268,93 @@ def gpu_counts(available: int, asked: str | None) -> list[int]:
 
 
 def ray_run(root: Path, dest: Path, gpus: int, cpus: int, episodes: list[int]) -> float:
-    """Seconds ``robocache preprocess`` takes for ``episodes`` on a fresh local Ray with
-    ``gpus`` GPUs and ``cpus`` CPUs."""
+    """Seconds ``robocache preprocess`` takes for ``episodes`` on a fresh local Ray given the
+    first ``cpus`` cores of this machine (its processes pinned to them: they inherit this
+    process's CPU affinity) and ``gpus`` GPU actors; ``gpus`` CPU actors stand in when fewer
+    GPUs are visible (``gpus`` 0: half the cores)."""
     import ray
 
     from robocache.distributed import preprocess
 
-    ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
+    on_gpu = gpus and torch.cuda.device_count() >= gpus
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(mask)[:cpus])
     try:
-        t0 = time.perf_counter()
-        preprocess(root, dest, rate_hz=RATE, num_gpus=gpus, episodes=episodes,
-                   workers=None if gpus else max(1, cpus // 2), progress=False)
-        return time.perf_counter() - t0
+        ray.init(num_cpus=cpus, num_gpus=gpus if on_gpu else 0, include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)
+        try:
+            t0 = time.perf_counter()
+            preprocess(root, dest, rate_hz=RATE, num_gpus=gpus if on_gpu else 0,
+                       episodes=episodes, workers=None if on_gpu else gpus or
+                       max(1, cpus // 2), progress=False)
+            return time.perf_counter() - t0
+        finally:
+            ray.shutdown()
     finally:
-        ray.shutdown()
+        os.sched_setaffinity(0, mask)
         shutil.rmtree(dest, ignore_errors=True)
 
 
 def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | None = None,
-        gpus: str | None = None, camera: int | None = None,
-        budget_s: float = 420.0) -> list[dict]:
+        gpus: str | None = None, camera: int | None = None, budget_s: float = 420.0,
+        report=None) -> list[dict]:
+    """The cases (see the module docstring); ``report``: called with each case as soon as
+    it is done."""
     start = time.perf_counter()
-    cores = os.cpu_count() or 1
-    visible = torch.cuda.device_count()
+    cores = len(os.sched_getaffinity(0))
     camera = bool(camera)
     kind = f"{SECONDS:g}s-{'numeric+cam48x64' if camera else 'numeric'}"
-    records = []
+    records: list[dict] = []
+
+    def done(rec: dict) -> None:
+        records.append(rec)
+        if report is not None:
+            report(rec)
+
     with tempfile.TemporaryDirectory(dir=os.environ.get("ROBOCACHE_BENCH_DIR")) as tmp:
         tmp = Path(tmp)
         # the one-core cost first, on one data file: it sizes the node-scale dataset
-        probe, _ = make_dataset(tmp / "probe", 24 if quick else PER_FILE, camera=camera)
-        cpu = stage_cpu(probe, tmp / "stages", list(range(24 if quick else PER_FILE)))
-        total = sum(cpu.values())
-        for stage, ms in [*cpu.items(), ("total", total)]:
-            records.append(H.case(FAMILY, kind, f"cpu {stage}", H.summarize([ms]),
-                                  per="episode", cores=1,
-                                  note="target <= 2 ms" if stage == "total" else ""))
+        n = 24 if quick else PER_FILE
+        probe, _ = make_dataset(tmp / "probe", n, camera=camera)
+        runs = [stage_cpu(probe, tmp / f"stages{r}", list(range(n))) for r in range(REPEATS)]
+        totals = [sum(r.values()) for r in runs]
+        for stage in [*runs[0], "total"]:
+            ms = totals if stage == "total" else [r[stage] for r in runs]
+            done(H.case(FAMILY, kind, f"cpu {stage}", H.summarize(ms), per="episode", cores=1,
+                        note="target <= 2 ms" if stage == "total" else ""))
+        per_episode = (source_bytes(probe) + 1.5 * disk_usage(tmp / "stages0")) / n
         shutil.rmtree(probe)
+        for r in range(REPEATS):
+            shutil.rmtree(tmp / f"stages{r}")
+        fits = int(0.8 * shutil.disk_usage(tmp).free / per_episode)
         if episodes is None:
-            episodes = 48 if quick else int(TARGET_S * cores / (total * 1e-3))
-            free = shutil.disk_usage(tmp).free
-            one = _episode_bytes(tmp, camera)
-            episodes = max(PER_FILE if not quick else 48,
-                           min(episodes, int(free / 4 / one), MAX_EPISODES))
+            wanted = 48 if quick else int(TARGET_S * cores / (np.median(totals) * 1e-3))
+            episodes = max(48 if quick else PER_FILE, min(wanted, fits, MAX_EPISODES))
         t0 = time.perf_counter()
         root, samples = make_dataset(tmp / "src", episodes, camera=camera)
         made = time.perf_counter() - t0
         name = f"{episodes}ep-{kind}"
-        records.append(H.case(FAMILY, name, "generate", H.summarize([made * 1e3]),
-                              episodes=episodes))
+        done(H.case(FAMILY, name, "generate", H.summarize([made * 1e3]), episodes=episodes,
+                    note=f"{episodes / made:,.0f} episodes/s"))
         read_s, nbytes = raw_read_s(root)
         raw = nbytes / read_s
-        records.append(H.case(FAMILY, name, "raw-read", H.summarize([read_s * 1e3]),
-                              nbytes=nbytes, threads=cores,
-                              note=f"{raw / 1e9:.2f} GB/s, {nbytes / 1e9:.2f} GB"))
-        records.append(_node(root, tmp / "ingest", name, episodes, samples, nbytes, raw))
+        done(H.case(FAMILY, name, "raw-read", H.summarize([read_s * 1e3]), nbytes=nbytes,
+                    threads=cores, note=f"{raw / 1e9:.2f} GB/s, {nbytes / 1e9:.2f} GB"))
+        done(_node(root, tmp / "ingest", name, episodes, samples, nbytes, raw,
+                   disk_bound=episodes == fits))
         g = growth(tmp / "growth", 3000 if quick else 100_000)
-        records.append(H.case(FAMILY, "20-row episodes", "growth",
-                              H.summarize([g["ms_at_end"]]), per="episode",
-                              note=f"x{g['ratio']:.2f} from ~1k to the end (target <= 1.5); "
-                                   f"{g['fragments']} fragments; peak disk "
-                                   f"{g['peak_over_final']:.2f}x final", **g))
+        done(H.case(FAMILY, "20-row episodes", "growth", H.summarize([g["ms_at_end"]]),
+                    per="episode", note=f"x{g['ratio']:.2f} from ~1k to the end (target <= "
+                    f"1.5); {g['fragments']} fragments; peak disk {g['peak_over_final']:.2f}x "
+                    "final", **g))
         shutil.rmtree(tmp / "growth")
-        records += _scaling(root, tmp, name, episodes, nbytes, raw, cores, visible, gpus,
-                            quick, start + budget_s)
+        _scaling(root, tmp, name, episodes, nbytes, raw, cores, gpus, quick,
+                 start + budget_s, done)
     return records
 
 
-def _episode_bytes(tmp: Path, camera: bool) -> float:
-    root, _ = make_dataset(tmp / "size", 50, camera=camera, workers=1)
-    size = source_bytes(root) / 50
-    shutil.rmtree(root)
-    return size
-
-
 def _node(root: Path, dest: Path, name: str, episodes: int, samples: int, nbytes: int,
-          raw: float) -> dict:
+          raw: float, disk_bound: bool) -> dict:
     from robocache.data.cache import build
 
     with PeakDisk(dest.parent) as disk:
@@ -326,49 +363,55 @@ def _node(root: Path, dest: Path, name: str, episodes: int, samples: int, nbytes
         wall = time.perf_counter() - t0
     final = disk_usage(dest)
     peak = disk.peak - disk_usage(dest.parent) + final  # the source and others do not count
+    short = f"; {wall:.0f} s: the free disk held {episodes} episodes" if disk_bound else ""
     rec = H.case(FAMILY, name, "ingest node", H.summarize([wall * 1e3]), nbytes=nbytes,
                  episodes_per_s=m["counts"]["cached"] / wall, samples_per_s=samples / wall,
                  MBps=nbytes / wall / 1e6, pct_raw_read=100 * nbytes / wall / raw,
                  peak_over_final=peak / max(final, 1), fragments=fragments(dest),
                  cached=m["counts"]["cached"], workers=m["decode"]["workers"],
+                 seconds=wall, disk_bound=disk_bound,
                  note=f"{m['counts']['cached'] / wall:.0f} ep/s, {nbytes / wall / 1e6:.0f} MB/s"
                       f" = {100 * nbytes / wall / raw:.1f}% of raw read (target >= 50 %); "
-                      f"peak disk {peak / max(final, 1):.2f}x final")
+                      f"peak disk {peak / max(final, 1):.2f}x final{short}")
     shutil.rmtree(dest)
     return rec
 
 
 def _scaling(root: Path, tmp: Path, name: str, episodes: int, nbytes: int, raw: float,
-             cores: int, visible: int, asked: str | None, quick: bool,
-             deadline: float) -> list[dict]:
-    """``robocache preprocess`` with each GPU count, its share of the cores each; a count
-    whose run would end past ``deadline`` (``time.perf_counter``) is skipped, and says so."""
+             cores: int, asked: str | None, quick: bool, deadline: float, done) -> None:
+    """``robocache preprocess`` with each GPU count, its share of the cores each (see
+    :func:`ray_run`), each case given to ``done``; a count whose run would end past
+    ``deadline`` (``time.perf_counter``) is skipped, and says so."""
+    visible = torch.cuda.device_count()
     counts = gpu_counts(visible, asked)
     top = max(max(counts), 1)
     per_episode = nbytes / episodes
-    records, base = [], None
+    base = rate = None
     for g in counts:
-        cpus = 2 if quick else max(2, cores * max(g, 1) // top)
-        if base is None:  # a probe on the first count sizes every run to ~TARGET_S
+        cpus = min(cores, 2 if quick else max(2, cores * max(g, 1) // top))
+        actors = "GPU" if g and visible >= g else "CPU"
+        label = f"preprocess {g} {actors}" if g else "preprocess CPU"
+        if rate is None:  # a probe on the first count sizes every run to ~TARGET_S
             probe = list(range(min(episodes, 16 if quick else 2000)))
             rate = len(probe) / ray_run(root, tmp / "probe-cache", g, cpus, probe)
-        n = min(episodes, max(16, int(rate * TARGET_S * max(g, 1) / max(counts[0], 1))))
-        n = n if not quick else min(episodes, 24)
-        if time.perf_counter() + n / (rate * max(g, 1) / max(counts[0], 1)) + 20 > deadline:
-            records.append(H.case(FAMILY, name, f"preprocess {g} GPU", H.summarize([0.0]),
-                                  gpus=g, skipped=True, note="skipped: past --budget-s"))
+        scale = max(g, 1) / max(counts[0], 1)
+        n = min(episodes, 24) if quick else min(episodes, max(16, int(rate * scale * TARGET_S)))
+        if time.perf_counter() + n / (rate * scale) + 20 > deadline:
+            done(H.case(FAMILY, name, label, H.summarize([0.0]), gpus=g, cpus=cpus,
+                        skipped=True, note="skipped: past --budget-s"))
             continue
         wall = ray_run(root, tmp / f"cache-{g}", g, cpus, list(range(n)))
         eps = n / wall
         base = base or eps
-        records.append(H.case(
-            FAMILY, name, f"preprocess {g} GPU" if g else "preprocess CPU",
-            H.summarize([wall * 1e3]), nbytes=int(per_episode * n), gpus=g, cpus=cpus,
-            batch=max(g, 1), episodes=n, episodes_per_s=eps, MBps=per_episode * eps / 1e6,
+        done(H.case(
+            FAMILY, name, label, H.summarize([wall * 1e3]), nbytes=int(per_episode * n),
+            gpus=g, actors=actors, cpus=cpus, batch=max(g, 1), episodes=n,
+            episodes_per_s=eps, MBps=per_episode * eps / 1e6,
             pct_raw_read=100 * per_episode * eps / raw, speedup=eps / base,
-            note=f"{eps:.0f} ep/s, x{eps / base:.2f} over {counts[0]} GPU, "
-                 f"{100 * per_episode * eps / raw:.1f}% of raw read"))
-    return records
+            note=f"{eps:.0f} ep/s on {cpus} cores, x{eps / base:.2f} over "
+                 f"{f'{counts[0]} {actors}' if counts[0] else 'CPU actors'}, "
+                 f"{100 * per_episode * eps / raw:.1f}% of raw read"
+                 + ("" if actors == "GPU" or not g else "; CPU actors stand in (no GPU)")))
 
 
 if __name__ == "__main__":

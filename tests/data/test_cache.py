@@ -296,3 +296,75 @@ def test_what_a_cache_owns_never_leads_outside_it(tmp_path):
     (cache / "frames" / "mine.txt").write_text("keep")
     assert sorted(p.relative_to(cache).as_posix() for p in owned(cache)) == \
         ["data.lance", "frames/cam.lance", "manifest.json"]
+
+
+def _snap_one(times, t, tol, all_or_none):
+    """The snapping rule written plainly for one stream (nearest grid instant by distance,
+    ties to the earlier one; moved when within ``tol``)."""
+    if len(t) == 0 or len(times) == 0:
+        return times
+    out = np.array(times, dtype=np.float64)
+    close = np.zeros(len(times), bool)
+    for i, x in enumerate(times):
+        d = np.abs(t - x)
+        k = int(np.argmin(d))  # first of the equally near: the earlier instant
+        if d[k] <= tol:
+            out[i], close[i] = t[k], True
+    return times if all_or_none and not close.all() else out
+
+
+@pytest.mark.parametrize("all_or_none", [False, True])
+def test_snap_many_equals_each_stream_snapped_alone(all_or_none):
+    from robocache.data.build.align import snap_many
+
+    rng = np.random.default_rng(3)
+    grids, times = [], []
+    for n in (1, 2, 7, 31, 0, 5):  # one-instant, two-instant and empty grids
+        t = np.sort(rng.uniform(0, 1, n)) if n != 31 else np.arange(n) / 30.0
+        grids.append(t)
+        m = int(rng.integers(0, 40))
+        x = np.sort(rng.uniform(-0.1, 1.1, m))
+        if n and m:  # some samples within the tolerance of an instant, some exactly on one
+            pick = rng.integers(0, n, m // 2)
+            x[: m // 2] = t[pick] + rng.uniform(-2e-4, 2e-4, m // 2)
+            x[0] = t[0]
+        times.append(np.sort(x))
+    times.append(grids[2] + 5e-5)  # a stream on its grid: moved whole even with all_or_none
+    grids.append(grids[2])
+    got = snap_many(times, grids, 1e-4, all_or_none)
+    for x, t, g in zip(times, grids, got, strict=True):
+        np.testing.assert_array_equal(g, _snap_one(x, t, 1e-4, all_or_none))
+
+
+def test_stats_merge_chunks_in_table_order_whatever_the_threads(tmp_path, episodes,
+                                                                 monkeypatch):
+    """Statistics over chunks of STATS_BATCH_ROWS rows in the table's order (several
+    fragments, chunks across them), computed on threads: those of the chunks one by one."""
+    import torch
+
+    import robocache
+    from robocache.data.build import stats as S
+    from robocache.data.formats import open_source
+
+    write_lerobot(tmp_path / "src", episodes, SPECS, fps=25.0, version="v3.0")
+    build(tmp_path / "src", tmp_path / "cache", rate_hz=RATE, progress=False, device="cpu",
+          batch_rows=30)  # several fragments
+    uri = tmp_path / "cache" / "data.lance"
+    assert len(lance.dataset(str(uri)).get_fragments()) > 1
+    monkeypatch.setattr(S, "STATS_BATCH_ROWS", 37)
+    specs = open_source(tmp_path / "src").specs
+    got = [S._compute_stats(uri, specs, threads=t) for t in (1, 3)]
+    table = lance.dataset(str(uri)).to_table()
+    for name, spec in specs.items():
+        if spec.kind != "numeric":
+            continue
+        col = column_name(name)
+        parts = []
+        for start in range(0, table.num_rows, 37):
+            chunk = table.slice(start, 37)
+            keep = ~chunk.column(f"{col}_is_pad").to_numpy(zero_copy_only=False)
+            values = np.array(chunk.column(col).to_pylist(), np.float32).reshape(-1, spec.dim)
+            if keep.any():
+                parts.append(robocache.compute_stats(torch.from_numpy(values[keep])))
+        want = robocache.merge_stats(parts).to_dict()
+        assert got[0][name] == want and got[1][name] == want

@@ -128,6 +128,29 @@ def test_preprocess_at_native_rate_equals_ingest(tmp_path, source, local_ray):
     assert m["native"] is True
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
 
+def test_v3_files_are_read_once_per_group_and_equal_ingest(tmp_path, local_ray, monkeypatch):
+    """A LeRobot v3.0 source of several data files (the benchmark's generator): each read
+    task reads the episodes of one file, and the cache is ingest's."""
+    from robocache.distributed import preprocess
+    from robocache.distributed.preprocess import read_groups
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import preprocess_data as D
+
+    monkeypatch.setattr(D, "PER_FILE", 3)
+    root, _ = D.make_dataset(tmp_path / "src", 7, seconds=1.0, camera=True, workers=1)
+    src, _ = open_specs(root, CacheConfig())
+    monkeypatch.setattr(sys.modules[read_groups.__module__], "READ_EPISODES", 2)
+    assert read_groups(src, list(range(7))) == [[0, 1, 2], [3, 4, 5], [6]]
+    # a group of another file is filled up to READ_EPISODES
+    assert read_groups(src, [0, 2, 3, 6]) == [[0, 2], [3, 6]]
+    assert read_groups(src, list(range(7)), tasks=4) == [[0, 1], [2, 3], [4, 5], [6]]
+    build(root, tmp_path / "ingest", rate_hz=RATE, device="cpu", progress=False)
+    m = preprocess(root, tmp_path / "ray", rate_hz=RATE, progress=False)
+    assert m["counts"]["cached"] == 7
+    assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
+
+
 @pytest.mark.gpu
 def test_gpu_actors_match_ingest_on_cuda(tmp_path, source, local_ray):
     from robocache.distributed import preprocess

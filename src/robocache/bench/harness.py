@@ -289,6 +289,13 @@ def roofline(rec: dict[str, Any], ceilings: dict[str, float]) -> dict[str, Any]:
     return rec
 
 
+def one_line(rec: dict[str, Any]) -> str:
+    """A case as one line of text (printed as it finishes, before the run's table)."""
+    unit = rec.get("unit", "ms")
+    note = f"  {rec['note']}" if rec.get("note") else ""
+    return f"{rec['family']} · {rec['name']} · {rec['impl']}: {rec['median_ms']:.4g} {unit}{note}"
+
+
 def print_table(results: dict[str, Any]) -> None:
     from rich.table import Table
 

@@ -8,11 +8,14 @@ regressions against a baseline.
     $ robocache bench resample --profile traces/        # + a torch.profiler trace per family
 
 Each benchmark module defines ``run(quick: bool, copy_gbps: float | None) -> list[dict]``
-returning case records made by ``robocache.bench.harness.case``. Benchmarks live in the source
-checkout (``benchmarks/``). Before them, on a GPU, the run measures its ceilings (copy bandwidth,
-bf16/fp32 GEMM) so every case is placed on this run's roofline. A family that raises is recorded
-in ``meta.errors`` and the others still run. With ``--profile`` timing loops are shortened 20x
-(``meta.profiled``): such a run reads as a trace, not as a baseline.
+returning case records made by ``robocache.bench.harness.case``; a ``run`` that also takes
+``report`` is called with a callback it gives each case as soon as it is done (printed, and
+written to ``--json`` at once: a run killed at its time limit keeps the cases it finished).
+Benchmarks live in the source checkout (``benchmarks/``). Before them, on a GPU, the run
+measures its ceilings (copy bandwidth, bf16/fp32 GEMM) so every case is placed on this run's
+roofline. A family that raises is recorded in ``meta.errors`` and the others still run. With
+``--profile`` timing loops are shortened 20x (``meta.profiled``): such a run reads as a trace,
+not as a baseline.
 
 Exit code: 0 ok, 1 a regression against ``--compare``, 3 a benchmark family failed.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,7 +73,9 @@ def _profiler(trace_dir: Path | None, family: str):
 def run_families(names: list[str], *, quick: bool, profile: Path | None = None,
                  checkpoint: Callable[[dict], None] = lambda _results: None) -> dict:
     """Run the named benchmark families (all when empty, in the order given) and return the
-    results document; `checkpoint` sees it after each family (``meta.families_done``)."""
+    results document; `checkpoint` sees it after each family (``meta.families_done``), and
+    after each case of a family whose ``run`` takes ``report`` (called as each case is
+    done)."""
     from robocache.bench import doctor, harness
     from robocache.bench.report import ceiling_values
     from robocache.observability import nvtx
@@ -89,10 +95,21 @@ def run_families(names: list[str], *, quick: bool, profile: Path | None = None,
     results["meta"]["families_done"] = []
     try:
         for name, module in modules.items():
+            reported: list[dict] = []
+
+            def report(rec: dict, reported=reported) -> None:  # a case as soon as it is done
+                reported.append(rec)
+                results["cases"].append(harness.roofline(rec, values))
+                typer.echo(harness.one_line(rec))
+                checkpoint(results)
+
+            kwargs = {"report": report} if "report" in inspect.signature(
+                module.run).parameters else {}
             try:
                 with _profiler(profile, name), nvtx.range(f"robocache.bench.{name}"):
-                    cases = module.run(quick=quick, copy_gbps=copy_gbps)
-                results["cases"].extend(harness.roofline(rec, values) for rec in cases)
+                    cases = module.run(quick=quick, copy_gbps=copy_gbps, **kwargs)
+                results["cases"].extend(harness.roofline(rec, values) for rec in cases
+                                        if not any(rec is r for r in reported))
             except Exception as exc:  # one broken family must not lose the others' numbers
                 results["meta"].setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
                 typer.echo(f"benchmark {name!r} failed: {type(exc).__name__}: {exc}", err=True)

@@ -7,6 +7,7 @@ malformed episode can be quarantined while the rest of a dataset proceeds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -44,7 +45,7 @@ class StreamSpec:
     @property
     def dim(self) -> int:
         """Flattened size of one sample."""
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)

@@ -114,23 +114,34 @@ def episode_digest(episode) -> str:
     for name in sorted(episode.streams):
         s = episode.streams[name]
         h.update(name.encode())
-        h.update(np.ascontiguousarray(s.times).tobytes())
+        h.update(_raw(s.times))
         if s.data is not None:
             data = np.asarray(s.data)
-            h.update(str(data.dtype).encode() + str(data.shape).encode())
+            h.update(_dtype_text(data.dtype) + str(data.shape).encode())
             if data.dtype == object:  # strings (events) or encoded frames (bytes)
                 for v in data.reshape(-1):
                     h.update(v if isinstance(v, bytes) else repr(v).encode())
             else:
-                h.update(np.ascontiguousarray(data).tobytes())
+                h.update(_raw(data))
         if getattr(s, "video", None) is not None:  # its frames are the file's: its content
             h.update(f"{s.video.path}@{s.video.from_timestamp!r}".encode())
             h.update(_file_digest(Path(s.video.path)).encode())
     h.update(repr(episode.meta.get("tasks")).encode())
     frames = episode.meta.get("frame_tasks")
     if frames is not None:
-        h.update(np.ascontiguousarray(frames[0]).tobytes() + repr(list(frames[1])).encode())
+        h.update(_raw(frames[0]))
+        h.update(repr(list(frames[1])).encode())
     return h.hexdigest()
+
+
+def _raw(a: np.ndarray) -> np.ndarray:
+    """An array's bytes as ``tobytes()`` gives them, without the copy (any dtype but object)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_text(dtype: np.dtype) -> bytes:
+    return str(dtype).encode()
 
 
 def episode_files(src, indices) -> dict[str, list[str]]:

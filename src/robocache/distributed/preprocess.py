@@ -5,10 +5,13 @@
 
 Stages (one Ray Data dataset of episode indices, streamed in batches):
 
-1. **read** (Ray tasks, one CPU each, as many at once as the cluster has CPUs): the format
-   reader opens the source once per worker process and reads ``READ_EPISODES`` consecutive
-   episodes (a LeRobot v3.0 file read once for them), checks them and encodes their camera
-   frames (:func:`robocache.data.build.read.prepare_episode`).
+1. **read** (Ray tasks, one CPU each, as many at once as the cluster has CPUs; each worker
+   process runs torch and Arrow on one thread,
+   :func:`~robocache.data.build.read.single_core`): the format reader opens the source
+   once per worker process and reads a group of consecutive episodes (:func:`read_groups`:
+   those of one source file, so a LeRobot v3.0 file is decoded once for all of its
+   episodes), checks them and encodes their camera frames
+   (:func:`robocache.data.build.read.prepare_episode`).
 2. **align + write** (an actor pool: one actor per GPU with ``num_gpus=1``, or CPU actors when
    there is no GPU): ``ALIGN_EPISODES`` episodes aligned in one launch on the actor's device
    (:func:`~robocache.data.build.align.align_batch`), then written as one set of Lance files,
@@ -42,7 +45,7 @@ import numpy as np
 from robocache._optional import require
 from robocache.data.build.align import align_batch
 from robocache.data.build.config import CacheConfig
-from robocache.data.build.read import open_specs, prepare_episode
+from robocache.data.build.read import open_specs, prepare_episode, single_core
 from robocache.data.build.run import _progress, _reason, locked_run
 from robocache.data.build.write import Batch, episode_tables
 from robocache.errors import ClusterError, DataError, DeviceError
@@ -53,9 +56,13 @@ from robocache.observability import metrics
 # uncommitted group, whole episodes that the next run redoes.
 COMMIT_EPISODES = 1024
 COMMIT_SECONDS = 10.0
-# Episodes per read task (consecutive: a source file's rows read once for them all) and per
-# actor call (aligned in one launch and written as one Lance fragment per table).
+# Episodes per read task: at least READ_EPISODES, and up to FILE_EPISODES while they come
+# from one source file (decoded once for them all: a 500-episode LeRobot v3.0 file of
+# `bench preprocess` costs 0.3-0.5 s to decode, 10 ms an episode were a task to decode it for
+# 32); per actor call ALIGN_EPISODES (aligned in one launch, written as one Lance fragment
+# per table).
 READ_EPISODES = 32
+FILE_EPISODES = 1024
 ALIGN_EPISODES = 256
 
 
@@ -95,10 +102,14 @@ def connect(address: str | None) -> None:
 
 @functools.lru_cache(maxsize=4)
 def _source(path: str, options: str, keys: tuple[str, ...] | None):
-    """The opened source and its specs, once per worker process."""
+    """The opened source and its specs, once per worker process (then set up as a build's
+    worker process, :func:`~robocache.data.build.read.single_core`: each Ray task and actor
+    holds one CPU)."""
     config = CacheConfig(source_options=json.loads(options),
                          keys=list(keys) if keys is not None else None)
-    return open_specs(path, config)
+    opened = open_specs(path, config)
+    single_core()
+    return opened
 
 
 def _quarantine_row(src, index: int, error: Exception) -> dict[str, Any]:
@@ -111,15 +122,38 @@ def _quarantine_row(src, index: int, error: Exception) -> dict[str, Any]:
     return {"index": index, "payload": payload, "reason": _reason(src, index, error)}
 
 
+def read_groups(src, indices: list[int], tasks: int = 1) -> list[list[int]]:
+    """``indices`` cut into the groups read tasks read: runs of consecutive ones, each of at
+    least :data:`READ_EPISODES` and, while they are read from the same first file
+    (``src.files``, when the reader tells), up to :data:`FILE_EPISODES`, but small enough
+    that there are about ``2 * tasks`` groups (every CPU busy)."""
+    files = getattr(src, "files", None)
+    most = max(READ_EPISODES, min(FILE_EPISODES, len(indices) // max(2 * tasks, 1)))
+    groups: list[list[int]] = []
+    key = None
+    for index in indices:
+        try:
+            now = files(index)[0] if files is not None else None
+        except Exception:  # unlisted metadata: no file to share
+            now = None
+        if groups and len(groups[-1]) < (most if now is not None and now == key
+                                         else READ_EPISODES):
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+        key = now
+    return groups
+
+
 def _read(batch: dict[str, np.ndarray], *, path: str, options: str, keys,
           config: CacheConfig) -> dict[str, np.ndarray]:
-    """Ray task: read, check and encode the frames of a batch of consecutive episodes (one
-    source file read once for them); per episode its pickled
+    """Ray task: read, check and encode the frames of groups of consecutive episodes
+    (:func:`read_groups`: a source file read once for each); per episode its pickled
     :class:`~robocache.data.build.read.Prepared` (``reason``: why it is quarantined)."""
     src, specs = _source(path, options, keys)
     config = dataclasses.replace(config, video_decoder="pyav")  # CPU tasks decode on the CPU
     rows = {"index": [], "payload": [], "reason": []}
-    for index in batch["index"].tolist():
+    for index in [int(i) for group in batch["indices"] for i in group]:
         p = prepare_episode(src, int(index), specs, config, threads=1)
         if p.error is not None:
             row = _quarantine_row(src, int(index), p.error)
@@ -144,8 +178,6 @@ class _AlignWrite:
         self.dest, self.config, self.fps = Path(dest), config, fps
         self.src, self.specs = _source(path, options, keys)
         self.device = torch.device(device)
-        if self.device.type == "cpu":
-            torch.set_num_threads(1)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         quarantined, ready = [], []
@@ -247,9 +279,10 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                     run.passed(index, why)
                     advance(f"episode {index} ({why})")
             if todo:
-                ds = ray.data.from_items([{"index": i} for i in todo], override_num_blocks=max(
-                    1, min(len(todo) // READ_EPISODES, 4000)))
-                ds = ds.map_batches(_read, batch_size=READ_EPISODES, num_cpus=1,
+                groups = read_groups(run.src, todo, int(resources.get("CPU", 1)))
+                ds = ray.data.from_items([{"indices": g} for g in groups],
+                                         override_num_blocks=min(len(groups), 4000))
+                ds = ds.map_batches(_read, batch_size=1, num_cpus=1,
                                     fn_kwargs={**where, "config": run.config})
                 ds = ds.map_batches(
                     _AlignWrite, batch_size=ALIGN_EPISODES,

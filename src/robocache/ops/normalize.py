@@ -156,7 +156,7 @@ def compute_stats(x: torch.Tensor, *, bins: int = DEFAULT_BINS) -> Stats:
         fail("compute_stats", f"`bins` must be >= 2; got {bins}.", ValueError)
     x2 = x.reshape(-1, x.shape[-1])
     n, d = x2.shape
-    # the histogram counts (and their scatter), the sorted copy with its indices, a float64 copy
+    # the histogram counts (and their scatter), a transposed copy to partially sort, a float64 copy
     check_fits("compute_stats", f"`bins` = {bins:,} histogram bins x {d} dims over `x` [{n}, {d}]",
                d * int(bins) * 16 + n * d * (x.element_size() + 24), x.device,
                "lower `bins` (the default is enough for merged quantiles), or pass `x` in parts "
@@ -177,9 +177,10 @@ def _stats_impl(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor,
         row = int((~torch.isfinite(x)).any(1).nonzero()[0])
         fail("compute_stats", f"`x` holds NaN or infinity (first at flattened row {row}); "
              "drop or repair those samples before computing statistics.", DataError)
-    srt = torch.sort(x, dim=0).values
-    lo, hi = srt[0].double().clone(), srt[-1].double().clone()
-    q01, q99 = ref.quantiles_exact(srt, (0.01, 0.99))
+    n = x.shape[0]
+    rows = ref.order_statistics(x, ref.quantile_ranks(n, (0.01, 0.99)))
+    lo, hi = rows[0].double().clone(), rows[n - 1].double().clone()
+    q01, q99 = ref.quantiles_exact(rows, n, (0.01, 0.99))
     xd = x.double()
     mean = xd.mean(0)
     std = xd.std(0, correction=0)
@@ -196,7 +197,7 @@ def _stats_fake(x, bins):
     return (*f64, *i64, x.new_empty((d, bins), dtype=torch.int64))
 
 
-# Sort, moments and histogram are PyTorch on every device (no Triton kernel of its own).
+# Partial sort, moments and histogram are PyTorch on every device (no Triton kernel of its own).
 _STATS = Op("compute_stats", cpu=_stats_impl, cuda=_stats_impl, fake=_stats_fake)
 
 

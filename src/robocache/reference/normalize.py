@@ -17,16 +17,40 @@ _INT64_HEADROOM = 61
 _MIN_EXPONENT = -1000  # 2**-1000 is a normal float64; used when a dimension is constant at 0
 
 
-def quantiles_exact(sorted_x: torch.Tensor, qs: tuple[float, ...]) -> list[torch.Tensor]:
-    """Quantiles of columns of `sorted_x [N, D]` (sorted along N) in float64, numpy 'linear'."""
-    n = sorted_x.shape[0]
+def quantile_ranks(n: int, qs: tuple[float, ...]) -> list[int]:
+    """The ranks (0-based, along N of N sorted rows) that the quantiles ``qs`` interpolate
+    between (numpy 'linear'), and the extremes 0 and n - 1."""
+    ranks = {0, n - 1}
+    for q in qs:
+        lo = int((n - 1) * q)
+        ranks |= {lo, min(lo + 1, n - 1)}
+    return sorted(ranks)
+
+
+def order_statistics(x: torch.Tensor, ranks: list[int]) -> dict[int, torch.Tensor]:
+    """Rows ``ranks`` of `x [N, D]` sorted along N (rank -> ``[D]`` in x's dtype), from a
+    partial sort: each column's k smallest and k largest (``torch.topk``; k the farthest rank
+    from its end, plus one). For the 1 %/99 % quantiles this took 0.53 s against 4.6 s for a
+    full ``torch.sort`` of [1M, 24] float32 on one CPU thread (docs/build-profile.md)."""
+    n = x.shape[0]
+    k = min(n, max(min(r, n - 1 - r) for r in ranks) + 1)
+    xt = x.t().contiguous()  # rows of one column: topk along contiguous memory
+    small = torch.topk(xt, k, dim=1, largest=False, sorted=True).values
+    large = torch.topk(xt, k, dim=1, largest=True, sorted=True).values
+    return {r: small[:, r] if r < k else large[:, n - 1 - r] for r in ranks}
+
+
+def quantiles_exact(rows: dict[int, torch.Tensor], n: int,
+                    qs: tuple[float, ...]) -> list[torch.Tensor]:
+    """Quantiles of N rows in float64, numpy 'linear', from their order statistics ``rows``
+    (rank -> ``[D]``, at least :func:`quantile_ranks`)."""
     out = []
     for q in qs:
         h = (n - 1) * q
         lo = int(h)
         hi = min(lo + 1, n - 1)
-        a = sorted_x[lo].double()
-        b = sorted_x[hi].double()
+        a = rows[lo].double()
+        b = rows[hi].double()
         out.append(a + (h - lo) * (b - a))
     return out
 

@@ -127,16 +127,39 @@ def snap_times(times: np.ndarray, t: np.ndarray, tolerance_s: float,
     """``times`` with every sample within ``tolerance_s`` of a grid instant of ``t`` (float64,
     sorted) moved exactly onto it, so ``previous``/``nearest`` there return that sample.
     ``all_or_none``: move them only when every sample is that close (a stream on the grid)."""
-    if len(t) == 0 or len(times) == 0:
-        return times
-    j = np.clip(np.searchsorted(t, times), 1, max(len(t) - 1, 1))
-    lo = t[j - 1] if len(t) > 1 else t[:1].repeat(len(times))
-    hi = t[j] if len(t) > 1 else lo
-    near = np.where(np.abs(times - lo) <= np.abs(hi - times), lo, hi)
-    close = np.abs(times - near) <= tolerance_s
-    if all_or_none and not close.all():
-        return times
-    return np.where(close, near, times)
+    return snap_many([times], [t], tolerance_s, all_or_none)[0]
+
+
+def snap_many(times: list[np.ndarray], grids: list[np.ndarray], tolerance_s: float,
+              all_or_none: bool = False) -> list[np.ndarray]:
+    """:func:`snap_times` of many streams at once (``times[b]`` onto ``grids[b]``): one
+    batched search and one pass of array operations for them all, each row's result the one
+    :func:`snap_times` gives it alone (the same float64 operations per sample)."""
+    import torch
+
+    out = list(times)
+    rows = [b for b, (x, t) in enumerate(zip(times, grids, strict=True)) if len(x) and len(t)]
+    if not rows:
+        return out
+    nx = np.array([len(times[b]) for b in rows])
+    nt = np.array([len(grids[b]) for b in rows])
+    x = np.zeros((len(rows), int(nx.max())))
+    g = np.full((len(rows), int(nt.max()) + 1), np.inf)  # sorted rows: +inf past each grid
+    for r, b in enumerate(rows):
+        x[r, :nx[r]] = times[b]
+        g[r, :nt[r]] = grids[b]
+    j = torch.searchsorted(torch.from_numpy(g), torch.from_numpy(x)).numpy()
+    j = np.clip(j, 1, np.maximum(nt - 1, 1)[:, None])
+    lo = np.take_along_axis(g, j - 1, 1)
+    hi = np.where((nt > 1)[:, None], np.take_along_axis(g, j, 1), lo)
+    near = np.where(np.abs(x - lo) <= np.abs(hi - x), lo, hi)
+    close = np.abs(x - near) <= tolerance_s
+    moved = np.where(close, near, x)
+    whole = (close | (np.arange(x.shape[1]) >= nx[:, None])).all(1)
+    for r, b in enumerate(rows):
+        if whole[r] or not all_or_none:
+            out[b] = moved[r, :nx[r]]
+    return out
 
 
 def _place(values: np.ndarray, k: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -212,11 +235,25 @@ def align_batch(episodes: list[Episode], specs: dict[str, StreamSpec], config: C
     rate = float(fps if is_native else config.rate_hz)
     native = set(native_streams(specs, rate)) if is_native else set()
     out: list[dict[str, Any] | Exception] = []
-    plans = []
+    plans: list[_Plan | Exception] = []
     with one_thread(device):
+        grids = []
         for episode in episodes:
             try:
-                plans.append(_plan(episode, specs, config, rate, native, is_native))
+                grids.append(target_times(episode, specs, rate, config.grid_tolerance_s,
+                                          native=is_native))
+            except MemoryError:
+                raise
+            except Exception as e:  # quarantined with the reason
+                grids.append(e)
+        snapped = _snapped(episodes, grids, specs, config, native)
+        for i, episode in enumerate(episodes):
+            if isinstance(grids[i], Exception):
+                plans.append(grids[i])
+                continue
+            try:
+                plans.append(_plan(episode, grids[i], {n: v[i] for n, v in snapped.items()},
+                                   specs, config, rate, native))
             except MemoryError:
                 raise
             except Exception as e:  # quarantined with the reason
@@ -254,37 +291,61 @@ class _Plan:
     inputs: dict[str, tuple[str, np.ndarray, np.ndarray | None]]
 
 
-def _plan(episode: Episode, specs: dict[str, StreamSpec], config: CacheConfig, rate: float,
-          native: set[str], is_native: bool) -> _Plan:
+def _exact(name: str, spec: StreamSpec, method: str, native: set[str]) -> bool:
+    """Whether a stream's samples are placed on the grid exactly (a native numeric stream, or
+    a native stream held by ``previous``) instead of aligned by the op."""
+    return name in native and method != "frame_index" and (spec.kind == "numeric"
+                                                           or method == "previous")
+
+
+def _snapped(episodes: list[Episode], grids: list, specs: dict[str, StreamSpec],
+             config: CacheConfig, native: set[str]) -> dict[str, dict[int, np.ndarray]]:
+    """Per stream aligned by the op, its times in each episode with a grid (``grids[i]``, an
+    exception for the others) snapped onto it (:func:`snap_many`, one call per stream):
+    stream -> episode position -> times."""
+    rows = [i for i, g in enumerate(grids) if not isinstance(g, Exception)]
+    out = {}
+    for name, spec in specs.items():
+        method = config.methods.get(name, default_method(spec))
+        if _exact(name, spec, method, native):
+            continue
+        # numeric previous/nearest streams snap every sample near an instant; the others only
+        # when the whole stream is on the grid (moving one jittered sample would bend an
+        # interpolated curve by tol x slope, or shift an event's or frame's age/offset)
+        out[name] = dict(zip(rows, snap_many(
+            [episodes[i].streams[name].times for i in rows], [grids[i] for i in rows],
+            config.grid_tolerance_s, all_or_none=not (
+                spec.kind == "numeric" and method in ("previous", "nearest"))), strict=True))
+    return out
+
+
+def _plan(episode: Episode, t: np.ndarray, snapped: dict[str, np.ndarray],
+          specs: dict[str, StreamSpec], config: CacheConfig, rate: float,
+          native: set[str]) -> _Plan:
+    """One episode's plan on its grid ``t``, its streams' times ``snapped`` (:func:`_snapped`)."""
     tol = config.grid_tolerance_s
-    t = target_times(episode, specs, rate, tol, native=is_native)
     n = len(t)
     exact, inputs = {}, {}
     for name, spec in specs.items():
         s = episode.streams[name]
         method = config.methods.get(name, default_method(spec))
-        if name in native and method != "frame_index" and (spec.kind == "numeric"
-                                                           or method == "previous"):
+        if _exact(name, spec, method, native):
             k = _grid_steps(episode, name, float(t[0]), rate, tol)
             exact[name] = _place(s.data.reshape(len(s), -1) if spec.kind == "numeric"
                                  else np.arange(len(s)), k, n)
             continue
-        # numeric previous/nearest streams snap every sample near an instant; the others only
-        # when the whole stream is on the grid (moving one jittered sample would bend an
-        # interpolated curve by tol x slope, or shift an event's or frame's age/offset)
-        snapped = snap_times(s.times, t, tol, all_or_none=not (
-            spec.kind == "numeric" and method in ("previous", "nearest")))
         if spec.kind == "event":
             if len(s):
-                inputs[name] = ("previous", snapped,
+                inputs[name] = ("previous", snapped[name],
                                 np.arange(len(s), dtype=np.float32)[:, None])
         elif spec.kind == "numeric" and method in ("previous", "nearest"):
             # align sample ids and gather: the values stay bit-exact in their own dtype
-            inputs[name] = (method, snapped, np.arange(len(s), dtype=np.float64)[:, None])
+            inputs[name] = (method, snapped[name], np.arange(len(s), dtype=np.float64)[:, None])
         elif spec.kind == "numeric":
-            inputs[name] = (method, snapped, np.array(s.data.reshape(len(s), -1), np.float32))
+            inputs[name] = (method, snapped[name],
+                            np.asarray(s.data.reshape(len(s), -1), np.float32))
         else:
-            inputs[name] = ("frame_index", snapped, None)
+            inputs[name] = ("frame_index", snapped[name], None)
     return _Plan(t, exact, inputs)
 
 
@@ -383,11 +444,11 @@ def _columns(episode: Episode, plan: _Plan, aligned: dict, specs: dict[str, Stre
             events = episode.streams[name].data
             ids = values[:, 0].round().astype(np.int64)
             cols[col] = np.where(pad, None, events[ids.clip(0, len(events) - 1)])
-            cols[f"{col}/age"] = aux.astype(np.float32)
+            cols[f"{col}/age"] = aux.astype(np.float32, copy=False)
         else:
             cols[f"{col}/frame"] = np.where(pad, -1, values[:, 0].astype(np.int64))
-            cols[f"{col}/offset"] = aux.astype(np.float32)
-        cols[f"{col}_is_pad"] = pad.astype(bool)
+            cols[f"{col}/offset"] = aux.astype(np.float32, copy=False)
+        cols[f"{col}_is_pad"] = pad.astype(bool, copy=False)
     return cols
 
 
@@ -401,4 +462,4 @@ def _numeric_column(data: np.ndarray, values: np.ndarray, method: str,
         return data.reshape(len(data), -1)[ids]
     if dtype.kind in "biu":
         values = np.rint(values)
-    return values.astype(dtype)
+    return values.astype(dtype, copy=False)

@@ -217,15 +217,27 @@ def use_processes(config: CacheConfig, episodes: int) -> bool:
         config.video_decoder == "pyav"
 
 
-def _open_worker(path: str, config: dict[str, Any]) -> None:
+def single_core() -> None:
+    """Set this process up as one of a build's worker processes, one core each: torch and
+    Arrow on one thread (the episodes run in parallel, one per process, and so do the files:
+    Arrow's own threads only contended, 2x the CPU time measured), and the objects alive now
+    (modules imported, source opened) moved out of the garbage collector's reach
+    (``gc.freeze``): every full collection walked them all, 0.19 ms an episode of
+    ``bench preprocess``'s kind (docs/build-profile.md)."""
+    import gc
+
     import torch
 
-    torch.set_num_threads(1)  # the episodes run in parallel, one per process
-    # and so do the files: Arrow's own threads only contended (2x the CPU time measured)
+    torch.set_num_threads(1)
     require("pyarrow", "data", "Arrow tables").set_cpu_count(1)
+    gc.freeze()
+
+
+def _open_worker(path: str, config: dict[str, Any]) -> None:
     options = CacheConfig(**config)
     src, specs = open_specs(path, options)
     _WORKER.update(src=src, specs=specs, config=options)
+    single_core()
 
 
 def _picklable(e: Exception) -> Exception:
