@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import faultlib as fl
 import numpy as np
@@ -203,7 +204,12 @@ src, dest, point, rate = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4
 processes = point == "in worker processes, after the first commit"
 src = src if processes else open_source(src)  # a path: workers open it
 add, commit, calls = W.Batch.add, C.commit, []
-def die():
+def die():  # the build's worker processes named in DEST.workers first
+    me = str(os.getpid())
+    kids = [d for d in os.listdir("/proc") if d.isdigit() and os.path.exists(f"/proc/{d}/stat")
+            and open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1] == me] \
+        if os.path.isdir("/proc") else []
+    open(dest + ".workers", "w").write(" ".join(kids))
     os.kill(os.getpid(), signal.SIGKILL)
 def adding(batch, i, tables):  # episodes 0-2 committed, 3 in the batch
     if point == "inside a batch" and i == 4:
@@ -228,6 +234,14 @@ KILL_POINTS = ("inside a batch", "between a batch's write and its commit",
                "in worker processes, after the first commit")
 
 
+def _alive(pid: str) -> bool:
+    """Whether a process runs (a zombie, dead and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_kill_inside_a_batch_then_resume(tmp_path, point):
     src = fl.write_camera_source(tmp_path / "src")
@@ -249,6 +263,13 @@ def test_kill_inside_a_batch_then_resume(tmp_path, point):
               f"each episode and camera frame once, exit {resumed.code}", lost=not ok,
               traceback=resumed.traceback)
     assert killed.returncode == -signal.SIGKILL
+    if "processes" in point and Path("/proc").is_dir():  # no worker outlives the killed build
+        workers = Path(f"{dest}.workers").read_text().split()
+        assert workers
+        deadline = time.monotonic() + 10
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(w) for w in workers), workers
     first = [0, 1, 2, 3] if "processes" in point else [0, 1, 2]
     assert partial == first and resumed.code == 0 and ok
 

@@ -739,7 +739,7 @@ class CameraWorkers:
                 resource_tracker.ensure_running()
                 self._pool = ProcessPoolExecutor(
                     self.processes, mp_context=multiprocessing.get_context("fork"),
-                    initializer=_die_with, initargs=(os.getpid(),))
+                    initializer=die_with_parent, initargs=(os.getpid(),))
                 with warnings.catch_warnings():  # the workers never call Lance
                     warnings.filterwarnings("ignore", "lance is not fork-safe")
                     self._pool.submit(int).result()  # the first task forks every process
@@ -790,10 +790,11 @@ class CameraWorkers:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _die_with(parent: int) -> None:
-    """Worker start-up: be killed when the process that forked this one dies (Linux
-    ``PR_SET_PDEATHSIG``), so that a killed ingest leaves no worker holding the files it had
-    open, the cache's lock among them (tested with kill -9)."""
+def die_with_parent(parent: int) -> None:
+    """Worker start-up (camera and build workers): be killed when the process that started
+    this one dies (Linux ``PR_SET_PDEATHSIG``), so that a killed ingest leaves no worker
+    holding the files it had open, the cache's lock among them, or its memory (tested with
+    kill -9)."""
     import ctypes
     import signal
 

@@ -233,7 +233,10 @@ def single_core() -> None:
     gc.freeze()
 
 
-def _open_worker(path: str, config: dict[str, Any]) -> None:
+def _open_worker(path: str, config: dict[str, Any], parent: int) -> None:
+    from robocache.data.cameras import die_with_parent
+
+    die_with_parent(parent)
     options = CacheConfig(**config)
     src, specs = open_specs(path, options)
     _WORKER.update(src=src, specs=specs, config=options)
@@ -304,7 +307,8 @@ def _in_processes(path: str, indices: list[int], config: CacheConfig, fps: float
 
     workers = decode_workers(config)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_open_worker, initargs=(path, asdict(config)))
+                               initializer=_open_worker,
+                               initargs=(path, asdict(config), os.getpid()))
     try:
         size = min(max(len(indices) // (4 * workers), CHUNK[0]), CHUNK[1])
         chunks = iter([indices[i:i + size] for i in range(0, len(indices), size)])
