@@ -315,6 +315,7 @@ def _snap_one(times, t, tol, all_or_none):
 
 @pytest.mark.parametrize("all_or_none", [False, True])
 def test_snap_many_equals_each_stream_snapped_alone(all_or_none):
+    """Many streams at once, and each alone: the snapping rule written plainly."""
     from robocache.data.build.align import snap_many
 
     rng = np.random.default_rng(3)
@@ -334,6 +335,8 @@ def test_snap_many_equals_each_stream_snapped_alone(all_or_none):
     got = snap_many(times, grids, 1e-4, all_or_none)
     for x, t, g in zip(times, grids, got, strict=True):
         np.testing.assert_array_equal(g, _snap_one(x, t, 1e-4, all_or_none))
+        # one stream alone takes NumPy's search (the online observer's per-tick call)
+        np.testing.assert_array_equal(snap_many([x], [t], 1e-4, all_or_none)[0], g)
 
 
 def test_stats_merge_chunks_in_table_order_whatever_the_threads(tmp_path, episodes,

@@ -141,6 +141,15 @@ def snap_many(times: list[np.ndarray], grids: list[np.ndarray], tolerance_s: flo
     rows = [b for b, (x, t) in enumerate(zip(times, grids, strict=True)) if len(x) and len(t)]
     if not rows:
         return out
+    if len(rows) == 1:  # one stream (an online message): NumPy's search, no padded rows
+        b = rows[0]
+        x, t = times[b], grids[b]
+        j = np.clip(np.searchsorted(t, x), 1, max(len(t) - 1, 1))
+        lo = t[j - 1]
+        moved, close = _nearest(x, lo, t[j] if len(t) > 1 else lo, tolerance_s)
+        if close.all() or not all_or_none:
+            out[b] = moved
+        return out
     nx = np.array([len(times[b]) for b in rows])
     nt = np.array([len(grids[b]) for b in rows])
     x = np.zeros((len(rows), int(nx.max())))
@@ -152,14 +161,22 @@ def snap_many(times: list[np.ndarray], grids: list[np.ndarray], tolerance_s: flo
     j = np.clip(j, 1, np.maximum(nt - 1, 1)[:, None])
     lo = np.take_along_axis(g, j - 1, 1)
     hi = np.where((nt > 1)[:, None], np.take_along_axis(g, j, 1), lo)
-    near = np.where(np.abs(x - lo) <= np.abs(hi - x), lo, hi)
-    close = np.abs(x - near) <= tolerance_s
-    moved = np.where(close, near, x)
+    moved, close = _nearest(x, lo, hi, tolerance_s)
     whole = (close | (np.arange(x.shape[1]) >= nx[:, None])).all(1)
     for r, b in enumerate(rows):
         if whole[r] or not all_or_none:
             out[b] = moved[r, :nx[r]]
     return out
+
+
+def _nearest(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, tolerance_s: float
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The snapping rule on samples ``x`` between grid instants ``lo`` and ``hi``: the nearer
+    instant (ties to ``lo``), taken where within ``tolerance_s``; returns the moved samples and
+    where they moved."""
+    near = np.where(np.abs(x - lo) <= np.abs(hi - x), lo, hi)
+    close = np.abs(x - near) <= tolerance_s
+    return np.where(close, near, x), close
 
 
 def _place(values: np.ndarray, k: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
