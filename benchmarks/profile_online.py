@@ -5,10 +5,11 @@ one intra-op thread).
     $ python benchmarks/profile_online.py --device cuda [--compile] # GPU: also the graph alone
 
 Prints, over 1,200 ticks after 200 warm-up ticks, p50 / p99 microseconds of the pushes of a
-tick, of the observation and of the core inside it (on a GPU the core is one CUDA graph replay
-after one copy; the rest of the observation is the host work a GPU tick keeps; ``serve``, the
-views of the core's outputs, a GPU tick makes once), and the torch
-operators of one core call (views, and the others: one kernel each in a CUDA graph) and of a
+tick, of the observation, and inside it of the snapping of new samples onto the grid
+(``snap``), of the core (on a GPU one CUDA graph replay holding the arena's copy) and of
+``serve`` (the views of the core's outputs, which a GPU tick makes once); the rest of the
+observation is the host work a GPU tick keeps. Then the torch operators of one core call
+(views, and the others: one kernel each in a CUDA graph) and of a
 tick's pushes. On a GPU it also prints the captured graph's own time (CUDA events around
 replays of it alone) and the kernels one replay launches (torch.profiler).
 """
@@ -55,8 +56,8 @@ def main() -> None:
         obs = B._observer(B.make_cache(Path(tmp) / "numeric"), a.device, a.compile)
         log = B.message_log(1400, np.random.default_rng(1))
         B.per_tick_us(obs, log[:200], sync)
-        times: dict[str, list[float]] = {"push": [], "observation": [], "core": [],
-                                         "serve": []}
+        times: dict[str, list[float]] = {"push": [], "observation": [], "snap": [],
+                                         "core": [], "serve": []}
 
         def timed(name, f):
             def call(*args):
@@ -67,6 +68,7 @@ def main() -> None:
             return call
 
         obs._run, obs._serve = timed("core", obs._run), timed("serve", obs._serve)
+        obs._snap = timed("snap", obs._snap)
         for k, msgs in enumerate(log[200:], 200):
             a = time.perf_counter_ns()
             for name, t, v in msgs:
