@@ -11,13 +11,13 @@ repository root:
     # record the expected losses (and LeRobot's batches) the CI test checks against
     HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --steps 300 \\
         --record tests/fixtures/lerobot/train_parity.json
-    # GPU speed: ACT's default model on a larger LeRobot-written dataset (20 episodes of 300
+    # GPU speed: ACT's default model on a larger LeRobot-written dataset (12 episodes of 300
     # frames, a 240x320 video camera and a 60x80 image camera), timed end to end, each backend
     # in its own process: LeRobot, RoboCache's first use (its cache built in the run) and
     # RoboCache again (cache built)
     HF_HUB_OFFLINE=1 python benchmarks/lerobot_train_parity.py --timing --device cuda \\
-        --policy act-default --steps 600 --batch-size 64 --num-workers 8 --camera-codec jpeg \\
-        --write-dataset 20,300,240,320,60,80 --root /tmp/lerobot-train-240x320 \\
+        --policy act-default --steps 200 --batch-size 64 --num-workers 8 --camera-codec jpeg \\
+        --write-dataset 12,300,240,320,60,80 --root /tmp/lerobot-train-240x320 \\
         --json benchmarks/results/lerobot_train-cuda.json
 
 Each backend runs ``lerobot.scripts.lerobot_train.main`` (what ``lerobot-train`` runs) in a
