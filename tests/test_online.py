@@ -6,6 +6,7 @@ float32 ulp on a GPU, whose arithmetic may round differently); errors; export.""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import sys
@@ -212,18 +213,52 @@ def test_values_as_tensors_and_camera_arrays(sample_caches):
                        torch.from_numpy(frame).permute(2, 0, 1).float() / 255)
 
 
-def test_push_many_equals_pushes(sample_caches):
+@pytest.mark.parametrize("cache, key", [("linear", "observation.state"),
+                                        ("hold", "observation.ee_pose")])
+def test_push_many_equals_pushes(sample_caches, cache, key):
+    """Batches of every size, ticks between them, the rings wrapping many times: the same
+    observations as the messages pushed one by one."""
     rng = np.random.default_rng(0)
-    times, values = np.sort(rng.uniform(0, 0.3, 50)), rng.normal(size=(50, 8))
-    one, many = (Observer.from_cache(sample_caches / "linear", history=3, keys=SAMPLE_KEYS[:1])
+    n = 600
+    times = np.cumsum(rng.uniform(0.001, 0.006, n))
+    times[::7] = np.round(times[::7] * 50) / 50  # some samples on grid instants
+    times = np.maximum.accumulate(times)
+    values = rng.normal(size=(n, 8 if key == "observation.state" else 9))
+    one, many = (Observer.from_cache(sample_caches / cache, history=3, keys=[key])
                  for _ in range(2))
-    for t, v in zip(times, values, strict=True):
-        one.push("observation.state", t, v)
-    for lo, hi in ((0, 5), (5, 45), (45, 46), (46, 50)):  # in one slice store, or not
-        many.push_many("observation.state", times[lo:hi], values[lo:hi])
-    for t in (0.1, 0.2, 0.3):
-        a, b = one.observation(t), many.observation(t)
-        assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+    at = 0
+    while at < n:
+        hi = min(at + int(rng.integers(1, 30)), n)  # (past a ring: one by one)
+        for t, v in zip(times[at:hi], values[at:hi], strict=True):
+            one.push(key, t, v)
+        many.push_many(key, times[at:hi], values[at:hi])
+        a, b = one.observation(times[hi - 1]), many.observation(times[hi - 1])
+        assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor)), at
+        at = hi
+
+
+def test_snap_instants_is_ingests_rule():
+    """The online snap of a tick's few samples equals ingest's (snap_times) on the grid
+    around them: samples on instants, half-way between, before the first, far off."""
+    from robocache.data.cache import snap_times
+    from robocache.online import snap_instants
+
+    rng = np.random.default_rng(3)
+    for rate, t0 in ((50.0, 0.0), (30.0, 1.2345), (15.0, 1e5 + 0.1)):
+        k = rng.integers(0, 400, 200).astype(np.float64)
+        x = np.concatenate([t0 + k / rate,                       # on instants
+                            t0 + (k + 0.5) / rate,               # ties
+                            t0 + k / rate + rng.normal(0, 2e-4, 200),
+                            t0 + rng.uniform(-1, 30, 200)])      # before t0, anywhere
+        for tol in (1e-4, 0.0, 0.05):
+            for chunk in np.array_split(x, 40):
+                lo = max(math.floor((chunk.min() - t0) * rate) - 1, 0)
+                hi = max(math.ceil((chunk.max() - t0) * rate) + 1, lo + 1)
+                grid = t0 + np.arange(lo, hi + 1, dtype=np.float64) / rate
+                want = snap_times(chunk, grid, tol)
+                got, close = snap_instants(chunk.tolist(), t0, rate, tol)
+                np.testing.assert_array_equal(np.array(got), want)
+                assert close == bool(np.isin(want, grid).all())
 
 
 @pytest.mark.parametrize("call, match", [

@@ -14,10 +14,11 @@ and at each tick aligns them onto the cache's grid with the cache's own semantic
   :meth:`Observer.start`), computed as :func:`robocache.data.cache.target_times` computes it;
   ``observation(t)`` serves the latest step at or before ``t`` (within the cache's grid
   tolerance), its history at the steps before, edge-padded (or zero-padded) before ``t0``.
-- Message times are snapped onto grid instants with :func:`robocache.data.cache.snap_times`,
-  as ingest snaps them: every sample of ``previous``/``nearest`` numeric streams; the samples
-  of the other streams while every sample seen so far is within the tolerance of an instant
-  (ingest decides this over the whole episode, which a live stream cannot know in advance).
+- Message times are snapped onto grid instants by ingest's rule
+  (:func:`robocache.data.cache.snap_times`; here :func:`snap_instants`): every sample of
+  ``previous``/``nearest`` numeric streams; the samples of the other streams while every
+  sample seen so far is within the tolerance of an instant (ingest decides this over the
+  whole episode, which a live stream cannot know in advance).
 - Values come from :func:`robocache.reference.interp.interp_ref`, the implementation
   :func:`robocache.align` runs on the CPU and tests its kernel against: interpolated streams on
   float32 rows rounded back to the stream's dtype, ``previous``/``nearest`` streams as the
@@ -61,6 +62,33 @@ _INDEXED = ("previous", "nearest", "frame_index")
 # samples an interpolated method needs at or after the step before the step is final
 _AHEAD = {"linear": 1, "slerp": 1, "pchip": 2, "nearest": 1, "frame_index": 1, "previous": 0}
 _ALIGN = 8  # byte alignment of the arrays in the state arena
+
+
+def snap_instants(times: list[float], t0: float, rate: float, tolerance_s: float
+                  ) -> tuple[list[float], bool]:
+    """:func:`robocache.data.cache.snap_times` of a few samples onto the grid ``t0 + k / rate``
+    (``k >= 0``), in Python floats (the same float64 operations, without NumPy's per-call
+    cost, which dominates for the few messages of one tick): each sample between the grid's
+    instant before it and the one at or after it moves to the nearer (ties to the earlier)
+    where within ``tolerance_s``. Returns the samples and whether every one moved."""
+    out, close_all = [], True
+    for x in times:
+        k = max(math.floor((x - t0) * rate), 0)
+        lo = t0 + k / rate
+        while k > 0 and lo >= x:  # lo: the last instant before x (the first, at most)
+            k -= 1
+            lo = t0 + k / rate
+        hi = t0 + (k + 1) / rate
+        while hi < x:  # hi: the first instant at or after x
+            k += 1
+            lo, hi = hi, t0 + (k + 1) / rate
+        near = lo if abs(x - lo) <= abs(hi - x) else hi
+        if abs(x - near) <= tolerance_s:
+            out.append(near)
+        else:
+            out.append(x)
+            close_all = False
+    return out, close_all
 
 
 @dataclass
@@ -247,6 +275,7 @@ class Observer:
         self.device, self.stale_s, self.task = device, stale_s, task
         offsets = sorted({d for v in deltas.values() for d in v})
         self._offset_list = offsets  # steps relative to the tick, oldest first
+        self._pre_set = False  # whether the arena's ``pre`` holds a True
         # each key's rows of the union of offsets: None (all), a slice (a view) or indices
         self._rows: dict[str, Any] = {}
         for k, v in deltas.items():
@@ -527,38 +556,45 @@ class Observer:
         """Several messages of one stream (``times [N]``, ``values [N, ...]``), as :meth:`push`
         one by one, checked at once."""
         times = np.asarray(times, np.float64).reshape(-1)
-        s = self._spec(stream)
-        if s.kind == "camera" or len(times) < 2:
+        s = self.streams.get(stream) or self._spec(stream)
+        n = len(times)
+        if s.kind == "camera" or n < 2:
             for t, v in zip(times, values, strict=True):
                 self.push(stream, t, v)
             return
-        v = np.asarray(values).reshape(len(times), -1)
+        v = np.asarray(values).reshape(n, -1)
         if v.shape[1] != s.dim:
             raise DataError(f"stream {stream!r}: values hold {v.shape[1]} elements per "
                             f"message, expected {s.dim} (shape {list(s.shape)}).")
-        # few NumPy calls (each costs about a microsecond): times in order with finite ends
-        # are all finite; float32 values summed in float64 are finite iff every one is
-        ordered = bool((times[1:] >= times[:-1]).all())
-        finite = math.isfinite(times[0]) and math.isfinite(times[-1]) and (
-            v.dtype.kind != "f" or (math.isfinite(v.sum(dtype=np.float64))
-                                    if v.dtype.itemsize <= 4 else bool(np.isfinite(v).all())))
-        if not finite or not (ordered or np.isfinite(times).all()):
+        # few NumPy calls (each costs about a microsecond): the times as Python floats, in
+        # order iff sorted; their sum is finite iff every one is (seconds cannot overflow);
+        # float32 values summed in float64 are finite iff every one is
+        tl = times.tolist()
+        if not (math.isfinite(sum(tl)) and (
+                v.dtype.kind != "f" or (math.isfinite(np.add.reduce(v, None, np.float64))
+                                        if v.dtype.itemsize <= 4
+                                        else bool(np.isfinite(v).all())))):
             raise DataError(f"stream {stream!r}: NaN or infinite times or values.")
         last = self._last[stream]
-        if not ordered or times[0] < last - s.late_s:
+        if tl != sorted(tl) or tl[0] < last - s.late_s:
             raise DataError(f"stream {stream!r}: time went backwards within the messages "
                             "(push_many takes them in time order).")
-        head, n = int(s.heads[s.row]), len(times)
-        if times[0] >= last and head + n <= 2 * s.cap:
-            # in order with room: one slice store per array (what n pushes store one by one)
-            s.times[head:head + n] = times
-            s.values[head:head + n, :s.dim] = v
-            s.heads[s.row] = head + n
-            self._last[stream] = float(times[-1])
-            self._fresh[stream] += n
+        head, ring = int(s.heads[s.row]), 2 * s.cap
+        if tl[0] < last or n > s.cap + 1:  # late, or more than a ring keeps: one by one
+            for t, row in zip(tl, v, strict=True):
+                self._insert(s, t, row)
             return
-        for t, row in zip(times.tolist(), v, strict=True):
-            self._insert(s, t, row)
+        if head + n > ring:  # the ring wraps: the latest cap - 1 to the front, as push does
+            keep = s.cap - 1
+            s.times[:keep] = s.times[head - keep:head]
+            s.values[:keep] = s.values[head - keep:head]
+            head = keep
+        # one slice store per array (what n pushes store one by one)
+        s.times[head:head + n] = times
+        s.values[head:head + n, :s.dim] = v
+        s.heads[s.row] = head + n
+        self._last[stream] = tl[-1]
+        self._fresh[stream] = min(self._fresh[stream] + n, head + n)
 
     def _insert(self, s: _StreamSpec, t: float, value: Any) -> None:
         cap, times, vals, r = s.cap, s.times, s.values, s.row
@@ -610,7 +646,7 @@ class Observer:
         self._served_frames = ([], [])
         for n in self.streams:
             self._fresh[n], self._on_grid[n], self._last[n] = 0, True, -math.inf
-        self.t0 = None
+        self.t0, self._pre_set = None, False
 
     def step(self, t: float) -> int:
         """The grid step :meth:`observation` serves at ``t``: the latest at or before it
@@ -644,26 +680,22 @@ class Observer:
 
     def _snap(self) -> None:
         """Snap the samples that came since the last tick onto the grid (ingest's rule)."""
-        from robocache.data.cache import snap_times
-
-        tol = self.grid_tolerance_s
+        t0, rate, tol = self.t0, self.rate, self.grid_tolerance_s
+        fresh = self._fresh
         for s in self.streams.values():
-            n = self._fresh[s.name]
-            if not n or (s.snap == "all" and not self._on_grid[s.name]):
-                self._fresh[s.name] = 0
+            n = fresh[s.name]
+            if not n:
                 continue
-            times = self._host[f"g{s.group}.times"][s.row]
-            head = int(self._host[f"g{s.group}.head"][s.row])
-            chunk = times[head - n:head]
-            lo = max(math.floor((chunk.min() - self.t0) * self.rate) - 1, 0)
-            hi = max(math.ceil((chunk.max() - self.t0) * self.rate) + 1, lo + 1)
-            grid = self.t0 + np.arange(lo, hi + 1, dtype=np.float64) / self.rate
-            snapped = snap_times(chunk, grid, tol)
-            if s.snap == "all" and not np.isin(snapped, grid).all():
+            fresh[s.name] = 0
+            if s.snap == "all" and not self._on_grid[s.name]:
+                continue
+            head = int(s.heads[s.row])
+            n = min(n, head)
+            snapped, close = snap_instants(s.times[head - n:head].tolist(), t0, rate, tol)
+            if s.snap == "all" and not close:
                 self._on_grid[s.name] = False
             else:
-                times[head - n:head] = snapped
-            self._fresh[s.name] = 0
+                s.times[head - n:head] = snapped
 
     def observation(self, t: float) -> dict[str, Any]:
         """The observation of the grid step at ``t`` (see :meth:`step`): what the
@@ -690,7 +722,10 @@ class Observer:
         t0, rate, h = self.t0, self.rate, self._host
         target = [t0 + (k + o if k + o > 0 else 0) / rate for o in self._offset_list]
         h["target"][:] = target
-        h["pre"][:] = [k + o < 0 for o in self._offset_list]
+        if self._pre_set or k + self._offset_list[0] < 0:  # (else still all False)
+            pre = [k + o < 0 for o in self._offset_list]
+            h["pre"][:] = pre
+            self._pre_set = pre[0]
         h["horizon"][0] = t
         outs = self._run()
         return self._assemble(outs, k, target[-1] if self._offset_list[-1] == 0
