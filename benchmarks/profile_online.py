@@ -3,6 +3,7 @@ one intra-op thread).
 
     $ python benchmarks/profile_online.py                          # CPU, eager core
     $ python benchmarks/profile_online.py --device cuda [--compile] # GPU: also the graph alone
+    $ python benchmarks/profile_online.py ... --many                # push_many per stream
 
 Prints, over 1,200 ticks after 200 warm-up ticks, p50 / p99 microseconds of the pushes of a
 tick, of the observation, and inside it of the snapping of new samples onto the grid
@@ -48,6 +49,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--many", action="store_true", help="one push_many per stream and tick "
+                    "(the bench's push_many rows) instead of a push per message")
     a = ap.parse_args()
     torch.set_num_threads(1)
     cuda = a.device.startswith("cuda")
@@ -55,7 +58,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         obs = B._observer(B.make_cache(Path(tmp) / "numeric"), a.device, a.compile)
         log = B.message_log(1400, np.random.default_rng(1))
-        B.per_tick_us(obs, log[:200], sync)
+        push = obs.push_many if a.many else obs.push
+        if a.many:
+            log = B.batched(log)
+        B.per_tick_us(obs, log[:200], sync, a.many)
         times: dict[str, list[float]] = {"push": [], "observation": [], "snap": [],
                                          "core": [], "serve": []}
 
@@ -72,7 +78,7 @@ def main() -> None:
         for k, msgs in enumerate(log[200:], 200):
             a = time.perf_counter_ns()
             for name, t, v in msgs:
-                obs.push(name, t, v)
+                push(name, t, v)
             b = time.perf_counter_ns()
             obs.observation(k / B.RATE + B.LAG_S)
             sync()
@@ -91,7 +97,7 @@ def main() -> None:
             obs.core(*obs.example_inputs())
         with _Ops() as pushes:
             for name, t, v in log[-1]:
-                obs.push(name, t + 1.0, v)
+                push(name, t + 1.0, v)
         print(f"core operators: {core.count['views']} views, {core.count['other']} others; "
               f"torch operators in {len(log[-1])} pushes: {sum(pushes.count.values())}")
 
