@@ -55,6 +55,27 @@ def test_one_pass_stats_equal_numpy(n, d):
     assert s.hist_counts.sum(1).tolist() == [n] * d
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_quantiles_exact_on_ties_constants_and_wide_ranges(dtype):
+    """The order statistics come from the histogram's bins: exact (numpy's quantiles, bit for
+    bit) where many samples share a bin or a value, a column is constant, or the range spans
+    many decades; the input is left as it was."""
+    rng = seeded()
+    n = 20_001
+    x = np.stack([rng.integers(0, 3, n).astype(dtype),             # three values, many ties
+                  np.full(n, 0.25, dtype),                          # constant
+                  np.zeros(n, dtype),                               # constant zero
+                  (rng.normal(size=n) * 10.0 ** rng.integers(-30, 30, n)).astype(dtype),
+                  rng.normal(size=n).astype(dtype)], axis=1)
+    t = torch.from_numpy(x.copy())
+    s = compute_stats(t)
+    assert torch.equal(t, torch.from_numpy(x))
+    for q, got in ((0.01, s.q01), (0.99, s.q99)):
+        assert got.tolist() == np.quantile(x.astype(np.float64), q, axis=0).tolist()
+    assert s.min.tolist() == x.min(0).astype(np.float64).tolist()
+    assert s.max.tolist() == x.max(0).astype(np.float64).tolist()
+
+
 def test_stats_of_batched_float32_and_bf16():
     rng = seeded()
     x = torch.from_numpy(_data(rng, 5 * 13, 4, np.float32)).reshape(5, 13, 4)

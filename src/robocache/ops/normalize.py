@@ -173,20 +173,23 @@ def _stats_impl(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor,
     """`compute_stats` of validated ``x [N, D]`` on x's device: mean, std, min, max, q01, q99
     (float64 ``[D]``), histogram exponent and origin (int64 ``[D]``), counts (int64
     ``[D, bins]``). Checks finiteness (the statistics come back to the host anyway)."""
-    if not bool(torch.isfinite(x).all()):
+    xt = x.t().contiguous()  # one dimension per row: every pass along contiguous memory
+    xd = xt.to(torch.float64, copy=True)  # (the histogram's bins overwrite it)
+    mean = xd.mean(1)
+    if not bool(torch.isfinite(mean).all()) and not bool(torch.isfinite(x).all()):
+        # (float32 samples summed in float64 cannot overflow: a sum is finite iff its samples)
         row = int((~torch.isfinite(x)).any(1).nonzero()[0])
         fail("compute_stats", f"`x` holds NaN or infinity (first at flattened row {row}); "
              "drop or repair those samples before computing statistics.", DataError)
     n = x.shape[0]
-    rows = ref.order_statistics(x, ref.quantile_ranks(n, (0.01, 0.99)))
-    lo, hi = rows[0].double().clone(), rows[n - 1].double().clone()
-    q01, q99 = ref.quantiles_exact(rows, n, (0.01, 0.99))
-    xd = x.double()
-    mean = xd.mean(0)
-    std = xd.std(0, correction=0)
+    std = xd.std(1, correction=0)
+    lo, hi = xt.amin(1).double(), xt.amax(1).double()
     e = ref.fit_exponent(lo, hi, bins)
     origin = ref.grid_index(lo, e)
-    counts = ref.histogram(xd, e, origin, bins)
+    idx, counts = ref.histogram_rows(xd, e, origin, bins)
+    ranks = [r for r in ref.quantile_ranks(n, (0.01, 0.99)) if r not in (0, n - 1)]
+    rows = {0: lo, n - 1: hi, **ref.order_statistics(xt, ranks, idx, counts)}
+    q01, q99 = ref.quantiles_exact(rows, n, (0.01, 0.99))
     return mean, std, lo, hi, q01, q99, e, origin, counts
 
 

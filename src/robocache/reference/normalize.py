@@ -27,17 +27,31 @@ def quantile_ranks(n: int, qs: tuple[float, ...]) -> list[int]:
     return sorted(ranks)
 
 
-def order_statistics(x: torch.Tensor, ranks: list[int]) -> dict[int, torch.Tensor]:
-    """Rows ``ranks`` of `x [N, D]` sorted along N (rank -> ``[D]`` in x's dtype), from a
-    partial sort: each column's k smallest and k largest (``torch.topk``; k the farthest rank
-    from its end, plus one). For the 1 %/99 % quantiles this took 0.53 s against 4.6 s for a
-    full ``torch.sort`` of [1M, 24] float32 on one CPU thread (docs/build-profile.md)."""
-    n = x.shape[0]
-    k = min(n, max(min(r, n - 1 - r) for r in ranks) + 1)
-    xt = x.t().contiguous()  # rows of one column: topk along contiguous memory
-    small = torch.topk(xt, k, dim=1, largest=False, sorted=True).values
-    large = torch.topk(xt, k, dim=1, largest=True, sorted=True).values
-    return {r: small[:, r] if r < k else large[:, n - 1 - r] for r in ranks}
+def order_statistics(xt: torch.Tensor, ranks: list[int], flat: torch.Tensor,
+                     counts: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Rows ``ranks`` of the samples sorted (rank -> ``[D]`` in the samples' dtype), from their
+    histogram: the samples ``xt [D, N]`` (one dimension per row), their bins ``flat [D, N]``
+    and counts ``[D, bins]`` (:func:`histogram_rows`). Binning is monotonic, so the sample of
+    rank r lies in the bin where the cumulative count passes r: only that bin's samples are
+    sorted (once for the ranks that share it). Exact, and one pass over the samples per bin
+    instead of a partial sort (``torch.topk`` of each column's 1 % ends took 0.58 s of the
+    2.9 s of [1M, 24] float32 on one CPU thread; benchmarks/results/
+    stats-profile-cpu-2026-11-27.txt)."""
+    d, bins = counts.shape
+    cum = counts.cumsum(1)
+    at = torch.tensor(ranks, dtype=cum.dtype, device=cum.device).expand(d, -1).contiguous()
+    j = torch.searchsorted(cum, at, right=True)  # [D, R]: the bin holding each rank
+    before = torch.where(j > 0, cum.gather(1, (j - 1).clamp_min(0)), 0)
+    sizes, within = counts.gather(1, j).t().tolist(), (at - before).t().tolist()
+    base = torch.arange(d, device=xt.device)[:, None] * bins
+    out, sorted_bins = {}, {}
+    for i, r in enumerate(ranks):
+        key = tuple(j[:, i].tolist())
+        if key not in sorted_bins:
+            values = xt[flat == (j[:, i:i + 1] + base)]  # the bin's samples, row after row
+            sorted_bins[key] = [v.sort().values for v in values.split(sizes[i])]
+        out[r] = torch.stack([v[k] for v, k in zip(sorted_bins[key], within[i], strict=True)])
+    return out
 
 
 def quantiles_exact(rows: dict[int, torch.Tensor], n: int,
@@ -79,12 +93,17 @@ def grid_index(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return torch.floor(torch.ldexp(x.double(), -e.double())).long()
 
 
-def histogram(x: torch.Tensor, e: torch.Tensor, origin: torch.Tensor, bins: int) -> torch.Tensor:
-    """Counts [D, bins] (int64) of the columns of `x [N, D]` on the dyadic grid (e, origin)."""
-    d = x.shape[1]
-    idx = (grid_index(x, e) - origin).clamp(0, bins - 1)
-    flat = idx + torch.arange(d, device=x.device) * bins
-    return torch.bincount(flat.reshape(-1), minlength=d * bins).reshape(d, bins)
+def histogram_rows(xt: torch.Tensor, e: torch.Tensor, origin: torch.Tensor, bins: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bins of the float64 samples ``xt [D, N]`` (one dimension per row) on the dyadic
+    grid (e, origin), numbered across rows (row d's bins are ``d * bins ...``): int64
+    ``[D, N]``; and their counts ``[D, bins]``. Overwrites ``xt`` (its last use: one copy
+    fewer). Scaling by the power of two ``2**-e`` is exact, as in :func:`grid_index`."""
+    d = xt.shape[0]
+    scale = torch.ldexp(torch.ones_like(e, dtype=torch.float64), -e.double())
+    flat = xt.mul_(scale[:, None]).floor_().sub_(origin[:, None]).clamp_(0, bins - 1).long()
+    flat += torch.arange(d, device=xt.device)[:, None] * bins
+    return flat, torch.bincount(flat.reshape(-1), minlength=d * bins).reshape(d, bins)
 
 
 def rebin(counts: torch.Tensor, e: torch.Tensor, origin: torch.Tensor, new_e: torch.Tensor,

@@ -17,9 +17,22 @@ from robocache.data.episode import StreamSpec
 STATS_BATCH_ROWS = 1 << 20
 
 
-# Chunks whose statistics are computed at once (threads: torch's operations release the GIL),
-# each holding its [STATS_BATCH_ROWS, D] values about four times over.
-STATS_THREADS = 8
+# Bytes a chunk's statistics hold per value at their peak: the values read and kept, a
+# transposed copy, a float64 copy, the int64 bins and a mask (benchmarks/results/
+# stats-profile-cpu-2026-11-27.txt).
+STATS_BYTES_PER_VALUE = 32
+
+
+def stats_threads(dim: int) -> int:
+    """Chunks whose statistics are computed at once: the cores, as far as the available
+    memory holds a ``[STATS_BATCH_ROWS, dim]`` chunk each twice over."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no sysconf: as many as the cores
+        return cores
+    return max(1, min(cores, free // (2 * STATS_BATCH_ROWS * dim * STATS_BYTES_PER_VALUE)))
 
 
 def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
@@ -27,9 +40,9 @@ def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
     """Per-dimension stats of every numeric stream over its non-padded steps (merged over
     chunks of ``STATS_BATCH_ROWS`` rows in the table's order, see
     :func:`robocache.merge_stats`: the chunks do not depend on how the rows were batched into
-    fragments). ``threads`` chunks at once (default: the cores, at most
-    :data:`STATS_THREADS`), each on one torch thread, merged in order: the same statistics as
-    one chunk after the other."""
+    fragments). ``threads`` chunks at once, of every stream (default
+    :func:`stats_threads`), each on one torch thread (torch's operations release the GIL),
+    merged in order: the same statistics as one chunk after the other."""
     import torch
 
     import robocache
@@ -49,15 +62,16 @@ def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
         keep = ~batch.column(1).to_numpy(zero_copy_only=False)
         return robocache.compute_stats(torch.from_numpy(values[keep])) if keep.any() else None
 
-    threads = threads or min(os.cpu_count() or 1, STATS_THREADS)
-    stats = {}
+    numeric = {name: spec for name, spec in specs.items() if spec.kind == "numeric"}
+    if not numeric:
+        return {}
+    threads = threads or stats_threads(max(spec.dim for spec in numeric.values()))
     with one_thread("cpu"), ThreadPoolExecutor(threads) as pool:
-        for name, spec in specs.items():
-            if spec.kind != "numeric":
-                continue
-            parts = [f.result() for f in [pool.submit(part, column_name(name), spec.dim, start)
-                                          for start in starts]]
-            parts = [p for p in parts if p is not None]
+        futures = {name: [pool.submit(part, column_name(name), spec.dim, start)
+                          for start in starts] for name, spec in numeric.items()}
+        stats = {}
+        for name, parts in futures.items():
+            parts = [p for p in (f.result() for f in parts) if p is not None]
             if parts:
                 stats[name] = robocache.merge_stats(parts).to_dict()
     return stats
