@@ -62,7 +62,7 @@ FPS, HISTORY, OUT = 30.0, 2, (224, 224)
 FULL = {"hw": (480, 640), "episodes": 16, "length": 48, "batch": 256, "batches": 20,
         "repeats": 5, "workers": (8, 15), "small_batch": 64,
         "codecs": ("h264", "hevc", "av1"), "counts": None, "per_worker": 4,
-        "clip_length": 120, "gpu_episodes": 60, "gpu_streams": 8, "gpu_start_s": 20.0,
+        "clip_length": 120, "gpu_episodes": 60, "gpu_streams": 8, "gpu_start_s": 15.0,
         "encode_frames": 50, "rlds_episodes": 512, "rlds_camera": 256}
 QUICK = {"hw": (48, 64), "episodes": 3, "length": 12, "batch": 8, "batches": 2,
          "repeats": 2, "workers": (0,), "small_batch": 4,
@@ -315,14 +315,13 @@ def worker_counts(cores: int) -> list[int]:
     return counts + [cores] if cores > 1 else counts
 
 
-def cpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
+def cpu_cases(roots: dict[str, Path], cfg: dict):
     """The camera path on the CPU (PyAV, libjpeg-turbo) with 1, 2, 4, ... worker processes,
     ``per_worker`` episodes each (the work grows with the workers, so each run lasts about as
     long): frames/s, per worker (per core), and the scaling efficiency against one worker;
     then the same with one worker and with all cores' frames stored at 224x224
-    (``--camera-size``, ``cpu-w<N>-to224``)."""
+    (``--camera-size``, ``cpu-w<N>-to224``). Yields each case as it is measured."""
     cores = os.cpu_count() or 1
-    records = []
     for codec, root in roots.items():
         base = {}
         counts = cfg["counts"] or worker_counts(cores)
@@ -332,15 +331,14 @@ def cpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
                                           size=size)
             rate = frames / seconds
             one = base.setdefault(size, rate)
-            records.append(H.case(
+            yield H.case(
                 FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare",
                 f"cpu-w{n}" + ("-to224" if size else ""),
                 H.summarize([seconds * 1e3]), frames=frames, frames_per_s=rate,
                 frames_per_s_per_core=rate / n, workers=n, cores=cores, stored_size=size,
                 scaling_efficiency=rate / (n * one), decoded_by=by, libraries=libraries(),
                 note=f"{rate:,.0f} frames/s, {rate / n:,.0f} per core, "
-                     f"{100 * rate / (n * one):.0f}% of linear"))
-    return records
+                     f"{100 * rate / (n * one):.0f}% of linear")
 
 
 # the GPU path's settings the ``gpu`` section runs: (processes per GPU, JPEG encoder);
@@ -349,7 +347,7 @@ def cpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
 GPU_SETTINGS = ((1, "nvjpeg"), (4, "nvjpeg"), (1, "cpu"))
 
 
-def gpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
+def gpu_cases(roots: dict[str, Path], cfg: dict):
     """The camera path with NVDEC (H.264, HEVC; AV1 stays with PyAV): for each of
     :data:`GPU_SETTINGS`, ``procs`` processes per GPU, ``cfg["gpu_episodes"]`` episodes per
     GPU split between them, each process ``cfg["gpu_streams"]`` streams at once (with the CPU
@@ -357,10 +355,10 @@ def gpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
     the slowest process's wall clock, and each stage's time summed over the threads
     (``stage_s``: the demux scan, NVDEC decoder set-up and decode, the JPEG encode), which
     says what the streams waited on. Then ``nvdec-decode-only``: one process per GPU decoding
-    the same episodes without encoding, the decode's own ceiling."""
+    the same episodes without encoding, the decode's own ceiling. Yields each case as it is
+    measured."""
     gpus = torch.cuda.device_count()
     cores = os.cpu_count() or 1
-    records = []
     for codec, root in roots.items():
         if CODECS[codec][0] == "libsvtav1":  # NVDEC ingest leaves AV1 to PyAV
             continue
@@ -372,18 +370,17 @@ def gpu_cases(roots: dict[str, Path], cfg: dict) -> list[dict]:
                 f"gpu-x{gpus}-p{procs}-{encoder}"
             got = _gpu_processes(root, cfg, gpus, procs, streams, encoder)
             if isinstance(got, str):
-                records.append(H.case(FAMILY, case, impl, H.summarize([0.0]), error=got))
+                yield H.case(FAMILY, case, impl, H.summarize([0.0]), error=got)
                 continue
             frames, seconds, by, stages = got
             rate = frames / seconds
-            records.append(H.case(
+            yield H.case(
                 FAMILY, case, impl, H.summarize([seconds * 1e3]), frames=frames,
                 frames_per_s=rate, gpus=gpus, cores=cores, frames_per_s_per_gpu=rate / gpus,
                 processes_per_gpu=procs, streams_per_process=streams, encoder=encoder,
                 decoded_by=by, stage_s=stages, libraries=libraries(),
                 note=f"{rate:,.0f} frames/s on {gpus} GPUs ({rate / gpus:,.0f} each), "
-                     f"{procs} process(es) a GPU, {encoder} encode"))
-    return records
+                     f"{procs} process(es) a GPU, {encoder} encode")
 
 
 def _gpu_processes(root: Path, cfg: dict, gpus: int, procs: int, streams: int,
@@ -685,17 +682,33 @@ def _rlds_pass_through(root, indices: list[int]) -> int:
 
 
 def run(quick: bool = False, copy_gbps: float | None = None,
-        sections: str = ",".join(SECTIONS)) -> list[dict]:
+        sections: str = ",".join(SECTIONS), codecs: str | None = None,
+        report=None) -> list[dict]:
+    """The sections' cases (see the module docstring); ``codecs``: the videos of the ``cpu``
+    and ``gpu`` sections (default h264, hevc, av1); ``report``: called with each case as soon
+    as it is done."""
     wanted = [x.strip() for x in sections.split(",") if x.strip()]
     unknown = sorted(set(wanted) - set(SECTIONS))
     if unknown:
         raise SystemExit(f"--sections: unknown {unknown}; choose from {', '.join(SECTIONS)}")
     cfg = QUICK if quick else FULL
+    if codecs is not None:
+        asked = tuple(c.strip() for c in codecs.split(",") if c.strip())
+        if not asked or set(asked) - set(CODECS):
+            raise SystemExit(f"--codecs: choose from {', '.join(CODECS)}; got {codecs!r}")
+        cfg = {**cfg, "codecs": asked}
     records = []
+
+    def done(cases) -> None:
+        for rec in cases:
+            records.append(rec)
+            if report is not None:
+                report(rec)
+
     if "encode" in wanted:
-        records += encoder_cases(cfg["hw"], cfg["encode_frames"])
+        done(encoder_cases(cfg["hw"], cfg["encode_frames"]))
     if "fidelity" in wanted:
-        records += fidelity_cases()
+        done(fidelity_cases())
     with tempfile.TemporaryDirectory() as tmp:
         if {"cpu", "gpu"} & set(wanted):
             cores = os.cpu_count() or 1
@@ -704,20 +717,20 @@ def run(quick: bool = False, copy_gbps: float | None = None,
             roots = {c: make_clips(Path(tmp) / c, episodes, cfg["clip_length"], cfg["hw"], c)
                      for c in cfg["codecs"]}
             if "cpu" in wanted:
-                records += cpu_cases(roots, cfg)
+                done(cpu_cases(roots, cfg))
             if "gpu" in wanted and torch.cuda.is_available():
                 from robocache.data.cameras import nvdec_available
 
                 if nvdec_available():
-                    records += gpu_cases(roots, cfg)
+                    done(gpu_cases(roots, cfg))
                 else:
-                    records.append(H.case(FAMILY, "gpu", "gpu-skipped", H.summarize([0.0]),
-                                          error="NVDEC needs PyNvVideoCodec: `pip install "
-                                                "PyNvVideoCodec`"))
+                    done([H.case(FAMILY, "gpu", "gpu-skipped", H.summarize([0.0]),
+                                 error="NVDEC needs PyNvVideoCodec: `pip install "
+                                       "PyNvVideoCodec`")])
         if "rlds" in wanted:
-            records += rlds_cases(Path(tmp), cfg)
+            done(rlds_cases(Path(tmp), cfg))
     if "serve" in wanted:
-        records += serve_cases(cfg)
+        done(serve_cases(cfg))
     return records
 
 
@@ -835,4 +848,7 @@ if __name__ == "__main__":
         print(json.dumps(gpu_worker(json.loads(sys.argv[2]))))
     else:
         main(run, __doc__, {"sections": (str, f"comma-separated, of {', '.join(SECTIONS)} "
-                                                "(default: all)")})
+                                                "(default: all)"),
+                            "codecs": (str, "videos of the cpu and gpu sections, comma-"
+                                            f"separated, of {', '.join(CODECS)} (default: "
+                                            "all)")})
