@@ -381,8 +381,8 @@ class Observer:
                 AOTInductor package loaded in this process (a minute or more: gcc), on a GPU
                 with ``torch.compile`` (then captured in the CUDA graph). On one CPU core a
                 4-stream tick took 74 us (p50; p99 197 us) compiled against 550 us eager
-                (benchmarks/results/online-cpu-idle-2026-11-27.json); on an H100 121 us
-                against 225 us (benchmarks/results/online-h100-2026-11-27.json).
+                (benchmarks/results/online-cpu-idle-2026-11-27.json); on an H100 108 us
+                against 236 us (benchmarks/results/online-h100-2026-11-27-17d991a.json).
             package: a package :meth:`save_package` wrote for an observer of the same cache
                 and arguments (CPU): loaded instead of compiling.
 
