@@ -13,10 +13,9 @@ Sections (``--sections``, all by default; docs/cameras.md has the targets):
   per chroma and quality, on the committed LeRobot fixture of sharp-edged content.
 - ``cpu`` (:func:`cpu_cases`): the camera path (read, PyAV decode, JPEG 4:4:4 q95 encode) of
   480x640 H.264, HEVC and AV1 videos with 1, 2, 4, ... and all cores' worker processes.
-- ``gpu`` (:func:`gpu_cases`): the same with NVDEC: every stream nvJPEG-encoded, every stream
-  libjpeg-turbo-encoded on the host beside NVDEC, half each way (the default
-  ``nvjpeg_share``), and NVDEC decode alone; each row sums its stages' seconds over the
-  threads (``stage_s``).
+- ``gpu`` (:func:`gpu_cases`): the same with NVDEC: nvJPEG encode with 1 and 4 processes per
+  GPU, libjpeg-turbo encode on the host beside NVDEC, and NVDEC decode alone; each row sums
+  its stages' seconds over the threads (``stage_s``).
 - ``rlds`` (:func:`rlds_cases`): RLDS JPEG cameras passed through, against the raw read, with
   the processes started and the source open before the clock starts.
 - ``serve`` (:func:`serve_cases`): the dataset of :func:`make_dataset` (LeRobot v3.0, two 480x640
@@ -267,14 +266,13 @@ def make_clips(root: Path, episodes: int, length: int, hw: tuple[int, int], code
 
 
 def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
-            gpu: int = 0, size: tuple[int, int] | None = None, nvjpeg_share: float = 0.5
+            gpu: int = 0, size: tuple[int, int] | None = None
             ) -> tuple[int, float, dict[str, int]]:
     """Read ``indices`` and decode and encode their cameras at the defaults (JPEG q95 4:4:4;
     resized to ``size`` as ``--camera-size`` does, when given), ``workers`` episodes at once,
     as ingest prepares episodes (threads that read; videos decoded and encoded in ``workers``
     processes with one FFmpeg thread each, as ingest does with a process per core; or by
-    NVDEC on the threads, ``nvjpeg_share`` of the streams encoded by nvJPEG): (frames,
-    seconds, frames by decoder)."""
+    NVDEC on the threads): (frames, seconds, frames by decoder)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -288,8 +286,7 @@ def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
     def one(index: int) -> dict[str, int]:
         with lock:
             episode = src.read(index)
-        tables = camera_tables(episode, src.specs, FrameFormat(nvjpeg_share=nvjpeg_share),
-                               dict.fromkeys(CAMS, size),
+        tables = camera_tables(episode, src.specs, FrameFormat(), dict.fromkeys(CAMS, size),
                                decoder=decoder, gpu=gpu, workers=pool)
         used, by = episode.meta["video_decoder"], {}
         for k, t in tables.items():  # every camera's frames, summed per decoder
@@ -345,13 +342,9 @@ def cpu_cases(roots: dict[str, Path], cfg: dict):
 
 
 # the GPU path's settings the ``gpu`` section runs: (processes per GPU, JPEG encoder);
-# "nvjpeg": torchvision's nvJPEG for every stream (one encode at a time per process:
-# torchvision holds a lock around its encoder), "cpu": NVDEC frames copied to the host,
-# libjpeg-turbo on the threads, "hybrid": half the streams each way (the default
-# ``nvjpeg_share``); four processes a GPU measured slower than one (781 against 1,371 frames/s
-# on one H100, benchmarks/results/cameras-gpu-h100-2026-11-27.json)
-GPU_SETTINGS = ((1, "nvjpeg"), (1, "hybrid"), (1, "cpu"))
-NVJPEG_SHARE = {"nvjpeg": 1.0, "hybrid": 0.5, "cpu": 0.0, "none": 0.0}
+# "nvjpeg": torchvision's nvJPEG (one encode at a time per process: torchvision holds a lock
+# around its encoder), "cpu": NVDEC frames copied to the host, libjpeg-turbo on the threads
+GPU_SETTINGS = ((1, "nvjpeg"), (4, "nvjpeg"), (1, "cpu"))
 
 
 def gpu_cases(roots: dict[str, Path], cfg: dict):
@@ -371,7 +364,7 @@ def gpu_cases(roots: dict[str, Path], cfg: dict):
             continue
         case = f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare"
         for procs, encoder in (*GPU_SETTINGS, (1, "none")):
-            streams = cfg["gpu_streams"] if encoder in ("nvjpeg", "none") else \
+            streams = cfg["gpu_streams"] if encoder != "cpu" else \
                 max(cfg["gpu_streams"], cores // (gpus * procs))
             impl = "nvdec-decode-only" if encoder == "none" else \
                 f"gpu-x{gpus}-p{procs}-{encoder}"
@@ -427,9 +420,10 @@ def _gpu_processes(root: Path, cfg: dict, gpus: int, procs: int, streams: int,
 
 def _timed_stages(encoder: str) -> dict[str, float]:
     """Wrap the GPU path's stages (the demux scan, NVDEC decoder creation and file switches,
-    NVDEC decode, the JPEG encodes on the GPU and on the host) so that each call's seconds add
-    to the returned dict (summed over threads); ``encoder`` ``"none"`` skips encoding (the
-    decoded frames are dropped on the GPU)."""
+    NVDEC decode, the JPEG encode) so that each call's seconds add to the returned dict
+    (summed over threads); ``encoder`` ``"cpu"`` makes NVDEC frames JPEG-encoded on the host
+    (as a chroma other than 4:4:4 does), ``"none"`` skips encoding (the decoded frames are
+    dropped on the GPU)."""
     import threading
 
     import PyNvVideoCodec as nvc
@@ -458,10 +452,12 @@ def _timed_stages(encoder: str) -> dict[str, float]:
     nvc.SimpleDecoder = Decoder
     cameras._scan = timed("demux-scan", cameras._scan)
     if encoder == "none":
-        cameras._nvdec_stream = lambda *task, nvjpeg=True: cameras._nvdec_attempt(
+        cameras._nvdec_stream = lambda *task: cameras._nvdec_attempt(
             *task[:4], task[-2], task[-1], lambda batch: [b""] * len(batch))
-    else:
+    elif encoder == "cpu":
+        jpeg.gpu_available = lambda: False
         cameras.FrameFormat.encode = timed("jpeg-cpu", cameras.FrameFormat.encode)
+    else:
         jpeg.encode_cuda = timed("nvjpeg", jpeg.encode_cuda)
     return stages
 
@@ -471,12 +467,11 @@ def gpu_worker(args: dict) -> dict:
     episodes with NVDEC on its GPU."""
     torch.cuda.set_device(args["gpu"])
     stages = _timed_stages(args["encoder"])
-    share = NVJPEG_SHARE[args["encoder"]]
-    prepare(Path(args["root"]), args["indices"][:2], 1, "nvdec", args["gpu"], nvjpeg_share=share)
+    prepare(Path(args["root"]), args["indices"][:1], 1, "nvdec", args["gpu"])
     stages.clear()
     time.sleep(max(0.0, args["start"] - time.time()))
     frames, _, by = prepare(Path(args["root"]), args["indices"], args["streams"], "nvdec",
-                            args["gpu"], nvjpeg_share=share)
+                            args["gpu"])
     return {"frames": frames, "end": time.time(), "decoded_by": by, "stage_s": stages}
 
 

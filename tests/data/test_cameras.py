@@ -496,9 +496,6 @@ def test_ingest_cli_decode_flags(tmp_path):
     assert res.exit_code == 0, res.output
     decode = json.loads(res.stdout)["decode"]
     assert decode["workers"] == 2 and decode["video_decoder"] == "pyav"
-    bad = CliRunner().invoke(app, ["ingest", str(FIXTURES / "lerobot_h264"),
-                                   str(tmp_path / "d"), "--nvjpeg-share", "2"])
-    assert bad.exit_code == 2 and "`nvjpeg_share` (--nvjpeg-share)" in bad.output
 
 
 def _nvdec():
@@ -636,53 +633,6 @@ def test_nvdec_leaves_av1_to_pyav(tmp_path, monkeypatch):
     assert auto["decode"]["video_frames"] == {"nvdec": 2 * 2 * 5}
 
 
-@pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 0.7, 1.0])
-def test_nvjpeg_turn_spreads_its_share_evenly(share):
-    from robocache.data.cameras import nvjpeg_turn
-
-    turns = [nvjpeg_turn(i, share) for i in range(1000)]
-    assert sum(turns) == round(1000 * share)
-    for start in range(0, 990, 7):  # any ten streams in a row: the share, within one
-        assert abs(sum(turns[start:start + 10]) - 10 * share) <= 1
-
-
-@pytest.mark.gpu
-def test_nvjpeg_share_splits_streams_between_the_gpu_and_the_cores(tmp_path, monkeypatch):
-    """With a share of 0.5 half the NVDEC streams are nvJPEG's and half the cores', the same
-    ones every build; every frame within NVDEC's tolerance of PyAV's."""
-    from robocache.data import cameras, jpeg
-
-    _nvdec()
-    calls = {"gpu": 0, "cpu": 0}
-    on_gpu, on_cpu = jpeg.encode_cuda, cameras.FrameFormat.encode
-
-    def gpu(*a, **kw):
-        calls["gpu"] += 1
-        return on_gpu(*a, **kw)
-
-    def cpu(*a, **kw):
-        calls["cpu"] += 1
-        return on_cpu(*a, **kw)
-
-    monkeypatch.setattr(jpeg, "encode_cuda", gpu)
-    monkeypatch.setattr(cameras.FrameFormat, "encode", cpu)
-    src = _two_cameras(tmp_path / "src", episodes=4, length=6, hw=(64, 96),
-                       options=NO_B_FRAMES["libx264"])
-    builds = [build(src, tmp_path / f"c{i}", rate_hz=10.0, progress=False,
-                    video_decoder="nvdec", nvjpeg_share=0.5, decode_workers=2)
-              for i in range(2)]
-    assert builds[0]["decode"]["video_frames"] == {"nvdec": 2 * 4 * 6}
-    assert calls["gpu"] >= 2 and calls["cpu"] == 2 * 4 * 6  # 4 streams each way
-    a, b = _contents(tmp_path / "c0"), _contents(tmp_path / "c1")
-    assert a == b  # the same streams on the same encoder
-    build(src, tmp_path / "ref", rate_hz=10.0, progress=False, video_decoder="pyav")
-    for key in (CAM, CAM2):
-        got = RobotDataset(tmp_path / "c0", keys=[key], image_dtype=torch.uint8)
-        want = RobotDataset(tmp_path / "ref", keys=[key], image_dtype=torch.uint8)
-        i = torch.arange(len(got))
-        assert psnr(got[i][key].numpy(), want[i][key].numpy()) >= NVDEC_MIN_PSNR
-
-
 @pytest.fixture(scope="module")
 def sharp():
     return dict(np.load(FIXTURES / "sharp_frames.npz"))
@@ -712,8 +662,6 @@ def test_default_fidelity_is_40db_of_lerobots_decode_on_sharp_edges(tmp_path, sh
     ("camera_quality", 101, r"`camera_quality` \(--camera-quality\) must be an integer"),
     ("camera_quality", 9.5, r"`camera_quality` \(--camera-quality\) must be an integer"),
     ("camera_codec", "webp", r"`camera_codec` \(--camera-codec\) must be one of"),
-    ("nvjpeg_share", 1.5, r"`nvjpeg_share` \(--nvjpeg-share\) must be a number in \[0, 1\]"),
-    ("nvjpeg_share", "half", r"`nvjpeg_share` \(--nvjpeg-share\) must be a number"),
 ])
 def test_camera_encoding_options_are_checked(tmp_path, option, value, match):
     with pytest.raises(DataError, match=match):

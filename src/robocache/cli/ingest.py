@@ -200,10 +200,6 @@ def ingest(
         help="Who decodes camera videos: pyav (CPU, as LeRobot's reader), auto (NVDEC for "
              "H.264/HEVC when a CUDA GPU and PyNvVideoCodec are present, else PyAV) or nvdec "
              "(AV1 and videos NVDEC fails on still go to PyAV).")] = "pyav",
-    nvjpeg_share: Annotated[float, typer.Option(
-        help="Of the streams NVDEC decodes, the share nvJPEG encodes on the GPU; the others "
-             "are encoded on the cores, so both work at once (0: cores only, 1: GPU only).")]
-    = 0.5,
     **options,
 ):
     """Align every episode to one rate and write a Lance training cache.
@@ -218,7 +214,7 @@ def ingest(
     run(build, "robocache_ingest", source=source, dest=dest, rate=rate, device=device,
         camera_codec=camera_codec, camera_quality=camera_quality,
         camera_chroma=camera_chroma, camera_size=camera_size, decode_workers=decode_workers,
-        video_decoder=video_decoder, nvjpeg_share=nvjpeg_share, **options)
+        video_decoder=video_decoder, **options)
 
 
 def _rate(rate: str) -> float | str:

@@ -35,7 +35,6 @@ import contextlib
 import functools
 import io
 import logging
-import math
 import os
 import threading
 import warnings
@@ -433,25 +432,15 @@ def encode(frame: np.ndarray, codec: str, quality: int = DEFAULT_QUALITY,
 @dataclass(frozen=True)
 class FrameFormat:
     """How a cache stores camera frames: ``codec`` ``"jpeg"`` or ``"png"``, and for JPEG the
-    ``quality`` (1-100) and ``chroma`` subsampling (``"444"``: none, ``"422"``, ``"420"``);
-    ``nvjpeg_share``: the share of NVDEC-decoded streams nvJPEG encodes where it can (see
-    :func:`nvjpeg_turn`)."""
+    ``quality`` (1-100) and ``chroma`` subsampling (``"444"``: none, ``"422"``, ``"420"``)."""
 
     codec: str = "jpeg"
     quality: int = DEFAULT_QUALITY
     chroma: str = DEFAULT_CHROMA
-    nvjpeg_share: float = 0.5
 
     def encode(self, frame: np.ndarray) -> bytes:
         """One frame as :func:`encode` stores it."""
         return encode(frame, self.codec, self.quality, self.chroma)
-
-
-def nvjpeg_turn(ordinal: int, share: float) -> bool:
-    """Whether the video stream numbered ``ordinal`` (an episode's streams numbered on from
-    the episode's index: ``index * streams + k``) is nvJPEG's: evenly spread, ``share`` of
-    any run of streams (0: none, 1: all), fixed by the number alone."""
-    return math.floor((ordinal + 1) * share) > math.floor(ordinal * share)
 
 
 def resize(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -622,7 +611,6 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
     """
     sizes = sizes or {}
     tables, pending = {}, {}
-    videos = [name for name, spec in specs.items() if spec.kind == "video"]
     for name, spec in specs.items():
         s = episode.streams.get(name)
         if spec.kind not in ("image", "video") or s is None:
@@ -635,8 +623,7 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
         start = s.video.from_timestamp
         task = (s.video.path, start + float(s.times[0]), start + float(s.times[-1]), 1e-4, fmt,
                 sizes.get(name), spec.shape, f"episode {episode.index}: stream {name!r}")
-        turn = nvjpeg_turn(episode.index * len(videos) + videos.index(name), fmt.nvjpeg_share)
-        got = _nvdec_stream(*task, decoder, gpu, nvjpeg=turn)
+        got = _nvdec_stream(*task, decoder, gpu)
         if got is not None:
             pending[name] = (got, "nvdec")
         elif workers is None:
@@ -701,11 +688,10 @@ def _pyav_shipped(*task, threads: int = 0):
 
 def _nvdec_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: FrameFormat,
                   size: tuple[int, int] | None, shape: tuple[int, ...], where: str,
-                  decoder: str, gpu: int, nvjpeg: bool = True):
-    """:func:`_pyav_stream`'s result decoded by NVDEC (and, with ``nvjpeg``, encoded by
-    nvJPEG on the GPU where ``fmt`` allows, else on this thread's core), or ``None`` where
-    PyAV decodes the stream (see :func:`_nvdec_attempt`)."""
-    on_gpu = nvjpeg and fmt.codec == "jpeg" and fmt.chroma == "444" and size is None and \
+                  decoder: str, gpu: int):
+    """:func:`_pyav_stream`'s result decoded by NVDEC (and nvJPEG-encoded on the GPU where
+    ``fmt`` allows), or ``None`` where PyAV decodes the stream (see :func:`_nvdec_attempt`)."""
+    on_gpu = fmt.codec == "jpeg" and fmt.chroma == "444" and size is None and \
         jpeg.gpu_available()
 
     def each(batch: torch.Tensor) -> list[bytes]:

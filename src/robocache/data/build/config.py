@@ -67,12 +67,6 @@ class CacheConfig:
             AV1, or a video NVDEC fails on, still goes to PyAV, with a warning). Same frames
             and timestamps either way; NVDEC's pixel values differ slightly (its colour
             conversion), see docs/cameras.md.
-        nvjpeg_share: of the video streams NVDEC decodes into JPEG 4:4:4 frames at the
-            source's size, the share nvJPEG encodes on the GPU (default 0.5); the others are
-            encoded by libjpeg-turbo on the decoding thread, so the GPU's encoder and the
-            cores work at once (one H100 with 16 cores: 1,371 frames/s with nvJPEG alone,
-            1,635 with the cores alone; docs/cameras.md). Which streams is fixed by the
-            episode index and the camera, not by timing: the same cache every run.
         decode_processes: prepare episodes in ``decode_workers`` processes instead of threads
             (each opens the source once; with alignment on the CPU it aligns too, so every
             core does the whole per-episode work). ``None`` (default): processes for a source
@@ -105,7 +99,6 @@ class CacheConfig:
     camera_size: tuple[int, int] | str | None = None
     decode_workers: int | None = None
     video_decoder: str = "pyav"
-    nvjpeg_share: float = 0.5
     decode_processes: bool | None = None
     batch_rows: int = 1 << 18
     batch_bytes: int = 64 << 20

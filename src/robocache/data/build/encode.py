@@ -22,8 +22,7 @@ def stored_size(spec: StreamSpec, config: CacheConfig) -> tuple[int, int] | None
 
 def frame_format(config: CacheConfig) -> FrameFormat:
     """How ``config`` stores camera frames."""
-    return FrameFormat(config.camera_codec, config.camera_quality, config.camera_chroma,
-                       float(config.nvjpeg_share))
+    return FrameFormat(config.camera_codec, config.camera_quality, config.camera_chroma)
 
 
 def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:

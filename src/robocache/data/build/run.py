@@ -97,10 +97,6 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
         raise DeviceError("`video_decoder` (--video-decoder) is 'nvdec' but NVDEC is not "
                           "available: it needs a CUDA GPU and PyNvVideoCodec (`pip install "
                           "PyNvVideoCodec`); pass auto or pyav to decode on the CPU.")
-    share = config.nvjpeg_share
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
-        raise DataError(f"`nvjpeg_share` (--nvjpeg-share) must be a number in [0, 1] (the "
-                        f"share of NVDEC-decoded streams nvJPEG encodes); got {share!r}.")
     if config.camera_codec not in CODECS:
         raise DataError(f"`camera_codec` (--camera-codec) must be one of {CODECS}; got "
                         f"{config.camera_codec!r}.")
