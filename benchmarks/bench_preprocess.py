@@ -38,9 +38,11 @@ inline, which the build JPEG-encodes), 500 episodes per data file. Cases (all ra
   enough episodes for ~30 s at the rate a probe on the first count measured; a count whose
   run would end past ``--budget-s`` is recorded as skipped.
 
-Sizes: ``--episodes`` (default: what the node ingests in ~30 s at the measured one-core cost,
-as far as the free disk holds the source and its cache twice over; the ``ingest node`` case
-says when the disk cut it short), ``ROBOCACHE_BENCH_DIR`` for the scratch directory.
+Sizes: ``--episodes`` (default: what the node ingests in ~30 s, as far as the free disk holds
+the source and its cache twice over; the ``ingest node`` case says when the disk cut it
+short). The node's rate is measured, not assumed: a probe (``ingest node probe``) ingests what
+the cores would do in ~5 s at the one-core cost if the build scaled linearly, and the dataset
+is sized from the probe's episodes/s. ``ROBOCACHE_BENCH_DIR`` for the scratch directory.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from preprocess_data import PER_FILE, SECONDS, make_dataset  # noqa: E402
 FAMILY = "preprocess"
 RATE = 50.0
 TARGET_S = 30.0  # each node-scale run lasts about this long
+PROBE_S = 5.0  # the node probe's work, at the one-core cost on every core
 MAX_EPISODES = 2_000_000
 REPEATS = 3  # runs of the one-core stages
 OPTIONS = {"episodes": (int, "episodes in the dataset (default: ~30 s of the node's ingest)"),
@@ -335,9 +338,19 @@ def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | Non
         for r in range(REPEATS):
             shutil.rmtree(tmp / f"stages{r}")
         fits = int(0.8 * shutil.disk_usage(tmp).free / per_episode)
-        if episodes is None:
-            wanted = 48 if quick else int(TARGET_S * cores / (np.median(totals) * 1e-3))
-            episodes = max(48 if quick else PER_FILE, min(wanted, fits, MAX_EPISODES))
+        if episodes is None and quick:
+            episodes = 48
+        elif episodes is None:
+            linear = cores / (np.median(totals) * 1e-3)  # episodes/s if every core did one
+            n = max(PER_FILE, min(int(linear * PROBE_S), fits, MAX_EPISODES))
+            root, samples = make_dataset(tmp / "node-probe", n, camera=camera)
+            read_s, nbytes = raw_read_s(root)
+            rec = _node(root, tmp / "node-probe-ingest", f"{n}ep-{kind}", n, samples, nbytes,
+                        nbytes / read_s, disk_bound=False, impl="ingest node probe")
+            done(rec)
+            shutil.rmtree(root)
+            wanted = int(TARGET_S * rec["episodes_per_s"])
+            episodes = max(PER_FILE, min(wanted, fits, MAX_EPISODES))
         t0 = time.perf_counter()
         root, samples = make_dataset(tmp / "src", episodes, camera=camera)
         made = time.perf_counter() - t0
@@ -362,7 +375,7 @@ def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | Non
 
 
 def _node(root: Path, dest: Path, name: str, episodes: int, samples: int, nbytes: int,
-          raw: float, disk_bound: bool) -> dict:
+          raw: float, disk_bound: bool, impl: str = "ingest node") -> dict:
     from robocache.data.cache import build
 
     with PeakDisk(dest.parent) as disk:
@@ -372,7 +385,7 @@ def _node(root: Path, dest: Path, name: str, episodes: int, samples: int, nbytes
     final = disk_usage(dest)
     peak = disk.peak
     short = f"; {wall:.0f} s: the free disk held {episodes} episodes" if disk_bound else ""
-    rec = H.case(FAMILY, name, "ingest node", H.summarize([wall * 1e3]), nbytes=nbytes,
+    rec = H.case(FAMILY, name, impl, H.summarize([wall * 1e3]), nbytes=nbytes,
                  episodes_per_s=m["counts"]["cached"] / wall, samples_per_s=samples / wall,
                  MBps=nbytes / wall / 1e6, pct_raw_read=100 * nbytes / wall / raw,
                  peak_over_final=peak / max(final, 1), fragments=fragments(dest),
