@@ -58,9 +58,11 @@ def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
         batch = ds.to_table(columns=[col, f"{col}_is_pad"], offset=start,
                             limit=STATS_BATCH_ROWS)
         values = pc.list_flatten(batch.column(0)).to_numpy()
-        values = values.astype(np.float32).reshape(-1, dim)
+        values = values.astype(np.float32).reshape(-1, dim)  # (writable: Arrow's is not)
         keep = ~batch.column(1).to_numpy(zero_copy_only=False)
-        return robocache.compute_stats(torch.from_numpy(values[keep])) if keep.any() else None
+        if not keep.any():
+            return None
+        return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]))
 
     numeric = {name: spec for name, spec in specs.items() if spec.kind == "numeric"}
     if not numeric:
