@@ -58,7 +58,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -87,38 +86,6 @@ OPTIONS = {"episodes": (int, "episodes in the dataset (default: ~30 s of the nod
 
 def source_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
-def raw_read_s(root: Path, direct: bool = False) -> tuple[float, int]:
-    """Seconds to read every file under ``root`` once (no decoding, one thread per core) and
-    the bytes read; ``direct``: with ``O_DIRECT`` into page-aligned buffers, past the page
-    cache (raises ``OSError`` where the file system refuses it)."""
-    import mmap
-
-    files = [p for p in root.rglob("*") if p.is_file()]
-
-    def read(p: Path) -> int:
-        n = 0
-        if not direct:
-            with open(p, "rb", buffering=0) as f:
-                while chunk := f.read(16 << 20):
-                    n += len(chunk)
-            return n
-        fd = os.open(p, os.O_RDONLY | os.O_DIRECT)
-        buf = mmap.mmap(-1, 16 << 20)  # page-aligned, as O_DIRECT needs
-        try:
-            while (k := os.readv(fd, [buf])) > 0:
-                n += k
-        finally:
-            os.close(fd)
-            buf.close()
-        return n
-
-    os.sync()
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(os.cpu_count()) as pool:
-        nbytes = sum(pool.map(read, files))
-    return time.perf_counter() - t0, nbytes
 
 
 def disk_usage(path: Path) -> int:
@@ -361,7 +328,7 @@ def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | Non
             linear = cores / (np.median(totals) * 1e-3)  # episodes/s if every core did one
             n = max(PER_FILE, min(int(linear * PROBE_S), fits, MAX_EPISODES))
             root, samples = make_dataset(tmp / "node-probe", n, camera=camera)
-            read_s, nbytes = raw_read_s(root)
+            read_s, nbytes = H.raw_read_s([p for p in root.rglob("*") if p.is_file()])
             rec = _node(root, tmp / "node-probe-ingest", f"{n}ep-{kind}", n, samples, nbytes,
                         nbytes / read_s, disk_bound=False, impl="ingest node probe",
                         against="the page-cache read")
@@ -375,7 +342,8 @@ def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | Non
         name = f"{episodes}ep-{kind}"
         done(H.case(FAMILY, name, "generate", H.summarize([made * 1e3]), episodes=episodes,
                     note=f"{episodes / made:,.0f} episodes/s"))
-        raw, against = _raw_reads(root, name, cores, done)
+        raw, against = H.raw_reads(FAMILY, name, [p for p in root.rglob("*") if p.is_file()],
+                                   done)
         done(_node(root, tmp / "ingest", name, episodes, samples, source_bytes(root), raw,
                    disk_bound=episodes == fits, against=against))
         g = growth(tmp / "growth", 3000 if quick else 100_000)
@@ -387,27 +355,6 @@ def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | Non
         _scaling(root, tmp, name, episodes, source_bytes(root), raw, against, cores, gpus, quick,
                  start + budget_s, done)
     return records
-
-
-def _raw_reads(root: Path, name: str, cores: int, done) -> tuple[float, str]:
-    """The ``raw-read`` cases, through the page cache and with ``O_DIRECT``: (the rate the
-    builds are compared with, in bytes/s, and what it is)."""
-    read_s, nbytes = raw_read_s(root)
-    cached = nbytes / read_s
-    done(H.case(FAMILY, name, "raw-read", H.summarize([read_s * 1e3]), nbytes=nbytes,
-                threads=cores, note=f"{cached / 1e9:.2f} GB/s through the page cache, "
-                                    f"{nbytes / 1e9:.2f} GB"))
-    try:
-        read_s, _ = raw_read_s(root, direct=True)
-    except OSError as e:
-        done(H.case(FAMILY, name, "raw-read-direct", H.summarize([0.0]), skipped=True,
-                    note=f"O_DIRECT refused here ({e.strerror}): builds are compared with "
-                         "the page-cache read"))
-        return cached, "the page-cache read"
-    done(H.case(FAMILY, name, "raw-read-direct", H.summarize([read_s * 1e3]), nbytes=nbytes,
-                threads=cores, note=f"{nbytes / read_s / 1e9:.2f} GB/s from the storage "
-                                    "(O_DIRECT)"))
-    return nbytes / read_s, "the storage's read"
 
 
 def _node(root: Path, dest: Path, name: str, episodes: int, samples: int, nbytes: int,

@@ -137,3 +137,22 @@ def test_extra_read_is_off_unless_asked(monkeypatch):
     monkeypatch.delenv(harness.EXTRA_READ_ENV, raising=False)
     fn = lambda: 1  # noqa: E731
     assert harness.with_extra_read(fn, 1 << 20) is fn
+
+
+def test_raw_reads_count_every_byte_and_say_which_read(tmp_path):
+    files = []
+    for i, size in enumerate((0, 1, 4095, 4096, (16 << 20) + 3)):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(bytes(range(256)) * (size // 256) + bytes(size % 256))
+        files.append(p)
+    total = sum(p.stat().st_size for p in files)
+    assert harness.raw_read_s(files)[1] == total
+    cases: list[dict] = []
+    rate, against = harness.raw_reads("f", "n", files, cases.append)
+    assert [c["impl"] for c in cases] == ["raw-read", "raw-read-direct"]
+    assert rate > 0
+    if cases[1].get("skipped"):  # a file system without O_DIRECT (tmpfs)
+        assert against == "the page-cache read" and "O_DIRECT refused" in cases[1]["note"]
+    else:
+        assert against == "the storage's read"
+        assert harness.raw_read_s(files, direct=True)[1] == total

@@ -169,6 +169,63 @@ def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
 
 
+def raw_read_s(files: Sequence[Path], direct: bool = False) -> tuple[float, int]:
+    """Seconds to read ``files`` once (no decoding, one thread per core) and the bytes read;
+    ``direct``: with ``O_DIRECT`` into page-aligned buffers, past the page cache (the storage's
+    own rate; raises ``OSError`` where the file system refuses it, e.g. tmpfs)."""
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    def read(p: Path) -> int:
+        n = 0
+        if not direct:
+            with open(p, "rb", buffering=0) as f:
+                while chunk := f.read(16 << 20):
+                    n += len(chunk)
+            return n
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECT)
+        buf = mmap.mmap(-1, 16 << 20)  # page-aligned, as O_DIRECT needs
+        try:
+            while (k := os.readv(fd, [buf])) > 0:
+                n += k
+        finally:
+            os.close(fd)
+            buf.close()
+        return n
+
+    os.sync()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        nbytes = sum(pool.map(read, files))
+    return time.perf_counter() - t0, nbytes
+
+
+def raw_reads(family: str, name: str, files: Sequence[Path], done: Callable[[dict], Any]
+              ) -> tuple[float, str]:
+    """The ``raw-read`` cases of ``files`` (every core), through the page cache and with
+    ``O_DIRECT`` (``raw-read-direct``), each given to ``done``. Returns the rate a build of
+    these files is compared with, in bytes/s, and what it is: the storage's read where the file
+    system allows ``O_DIRECT``, else the page cache's (a just-written dataset's page-cache read
+    is memory bandwidth more than the disk's)."""
+    cores = os.cpu_count() or 1
+    read_s, nbytes = raw_read_s(files)
+    cached = nbytes / read_s
+    done(case(family, name, "raw-read", summarize([read_s * 1e3]), nbytes=nbytes,
+              threads=cores, MB_per_s=cached / 1e6,
+              note=f"{cached / 1e9:.2f} GB/s through the page cache, {nbytes / 1e9:.2f} GB"))
+    try:
+        read_s, _ = raw_read_s(files, direct=True)
+    except OSError as e:
+        done(case(family, name, "raw-read-direct", summarize([0.0]), skipped=True,
+                  note=f"O_DIRECT refused here ({e.strerror}): compared with the page-cache "
+                       "read"))
+        return cached, "the page-cache read"
+    done(case(family, name, "raw-read-direct", summarize([read_s * 1e3]), nbytes=nbytes,
+              threads=cores, MB_per_s=nbytes / read_s / 1e6,
+              note=f"{nbytes / read_s / 1e9:.2f} GB/s from the storage (O_DIRECT)"))
+    return nbytes / read_s, "the storage's read"
+
+
 def gpu_state() -> dict[str, Any] | None:
     """GPU 0's clocks, throttle reasons and temperature now (NVML), or None without NVML."""
     from robocache.bench import nvml
