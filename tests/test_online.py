@@ -237,6 +237,18 @@ def test_push_many_equals_pushes(sample_caches, cache, key):
         at = hi
 
 
+def test_huge_finite_values_are_accepted(sample_caches):
+    """Finite values whose squares overflow (the finiteness check's fast path) still pass;
+    NaN among them still fails."""
+    obs = Observer.from_cache(sample_caches / "linear", history=2, keys=SAMPLE_KEYS[:1])
+    big = np.full(8, 3e38, np.float32)
+    obs.push("observation.state", 0.0, big)
+    obs.push_many("observation.state", [0.01, 0.02], np.stack([big, -big]))
+    with pytest.raises(DataError, match="NaN or infinite"):
+        obs.push_many("observation.state", [0.04, 0.05],
+                      np.stack([big, np.r_[big[:7], np.float32("nan")]]))
+
+
 def test_snap_instants_is_ingests_rule():
     """The online snap of a tick's few samples equals ingest's (snap_times) on the grid
     around them: samples on instants, half-way between, before the first, far off."""

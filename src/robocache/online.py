@@ -64,6 +64,17 @@ _AHEAD = {"linear": 1, "slerp": 1, "pchip": 2, "nearest": 1, "frame_index": 1, "
 _ALIGN = 8  # byte alignment of the arrays in the state arena
 
 
+def _finite(v: np.ndarray) -> bool:
+    """Whether every element of the float array ``v`` is finite. Up to 4-byte floats: their
+    sum as Python floats, which cannot overflow and is finite iff every element is (one call
+    instead of a ufunc and a reduction: 1.1 us for a tick's 70 values against 1.9 for
+    NumPy's float64 sum); wider floats element by element."""
+    r = v.reshape(-1)
+    if r.dtype.itemsize <= 4:
+        return math.isfinite(sum(r.tolist()))
+    return bool(np.isfinite(r).all())
+
+
 def snap_instants(times: list[float], t0: float, rate: float, tolerance_s: float
                   ) -> tuple[list[float], bool]:
     """:func:`robocache.data.cache.snap_times` of a few samples onto the grid ``t0 + k / rate``
@@ -523,10 +534,7 @@ class Observer:
             if v.size != s.dim:  # (a value is written as a row: any shape of that size)
                 raise DataError(f"stream {stream!r}: value has {v.size} elements, expected "
                                 f"{s.dim} (shape {list(s.shape)}).")
-            # float32 values summed in float64 cannot overflow: finite iff the sum is (one
-            # Python call instead of a ufunc and a reduction per message)
-            if v.dtype.kind == "f" and not (math.isfinite(sum(v.reshape(-1).tolist()))
-                                            if v.dtype.itemsize <= 4 else np.isfinite(v).all()):
+            if v.dtype.kind == "f" and not _finite(v):
                 raise DataError(f"stream {stream!r}: value at t = {t!r} s holds NaN or "
                                 "infinite elements.")
         elif not isinstance(value, (bytes, bytearray, np.ndarray, torch.Tensor)):
@@ -567,13 +575,9 @@ class Observer:
             raise DataError(f"stream {stream!r}: values hold {v.shape[1]} elements per "
                             f"message, expected {s.dim} (shape {list(s.shape)}).")
         # few NumPy calls (each costs about a microsecond): the times as Python floats, in
-        # order iff sorted; their sum is finite iff every one is (seconds cannot overflow);
-        # float32 values summed in float64 are finite iff every one is
+        # order iff sorted; their sum is finite iff every one is (seconds cannot overflow)
         tl = times.tolist()
-        if not (math.isfinite(sum(tl)) and (
-                v.dtype.kind != "f" or (math.isfinite(np.add.reduce(v, None, np.float64))
-                                        if v.dtype.itemsize <= 4
-                                        else bool(np.isfinite(v).all())))):
+        if not (math.isfinite(sum(tl)) and (v.dtype.kind != "f" or _finite(v))):
             raise DataError(f"stream {stream!r}: NaN or infinite times or values.")
         last = self._last[stream]
         if tl != sorted(tl) or tl[0] < last - s.late_s:
