@@ -208,6 +208,30 @@ def test_sigterm_stops_like_ctrl_c_and_the_run_resumes(pristine, tmp_path):
     assert holder(dest) is None and resumed.code == 0 and ok
 
 
+@pytest.mark.parametrize("sig, code, said", [(signal.SIGTERM, 143, "terminated; re-run"),
+                                             (signal.SIGINT, 130, "interrupted; re-run")])
+def test_a_signal_whose_exception_a_library_wrapped_still_decides_the_exit(sig, code, said,
+                                                                          capsys):
+    """A signal's exception raised inside a library call comes back wrapped (Lance:
+    ``ArrowInvalid: External error: Terminated``): still the signal's exit and line."""
+    import typer
+
+    from robocache.cli._errors import cli_errors
+
+    if sig == signal.SIGINT and signal.getsignal(sig) is not signal.default_int_handler:
+        pytest.skip("SIGINT has a handler of the test runner's here")
+    with pytest.raises(typer.Exit) as ex, cli_errors():
+        try:
+            os.kill(os.getpid(), sig)
+            time.sleep(5)  # the handler raises here
+        except KeyboardInterrupt:
+            raise ValueError("External error: Terminated: ") from None
+    assert ex.value.exit_code == code and said in capsys.readouterr().err
+    with pytest.raises(typer.Exit) as ex, cli_errors():  # a later failure is a failure again
+        raise ValueError("boom")
+    assert ex.value.exit_code == 1
+
+
 def test_lerobot_dataset_workers_fork_without_lance_warning(tmp_path):
     """The workers never call Lance, so pylance's fork warning (once a worker) is not shown."""
     import warnings

@@ -77,8 +77,20 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so that a command stops as on Ctrl-C."""
 
 
+# the signals received while a command body runs: a library may catch the exception a handler
+# raises inside its own call and raise another (Lance: ``ArrowInvalid: External error:
+# Terminated``), and the signal must still decide the exit code
+_received: list[int] = []
+
+
 def _on_sigterm(signum, frame):
+    _received.append(signum)
     raise Terminated()
+
+
+def _on_sigint(signum, frame):
+    _received.append(signum)
+    raise KeyboardInterrupt()
 
 
 def fail(message: str, code: int, *, verbose: bool = False) -> typer.Exit:
@@ -118,8 +130,12 @@ def cli_errors(verbose: bool = False) -> Iterator[None]:
 
     main = threading.current_thread() is threading.main_thread()
     if main:  # a handler installed outside Python reads as None: restore the default then
-        previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL
+        previous = {sig: signal.getsignal(sig) or signal.SIG_DFL
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
         signal.signal(signal.SIGTERM, _on_sigterm)
+        if previous[signal.SIGINT] is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
+    _received.clear()
     try:
         yield
     except (typer.Exit, typer.Abort):
@@ -136,12 +152,20 @@ def cli_errors(verbose: bool = False) -> Iterator[None]:
     except KeyboardInterrupt as e:
         raise fail("interrupted; re-run the same command to resume", EXIT_INTERRUPTED,
                    verbose=verbose) from e
-    except Exception as e:  # a bug: say so in one line, keep the traceback for --verbose
+    except Exception as e:
+        if signal.SIGTERM in _received:  # the signal's exception, wrapped by a library
+            raise fail("terminated; re-run the same command to resume", EXIT_TERMINATED,
+                       verbose=verbose) from e
+        if signal.SIGINT in _received:
+            raise fail("interrupted; re-run the same command to resume", EXIT_INTERRUPTED,
+                       verbose=verbose) from e
+        # a bug: say so in one line, keep the traceback for --verbose
         raise fail(f"internal error ({type(e).__name__}: {e}); re-run with --verbose and "
                    "report the traceback", EXIT_INTERNAL, verbose=verbose) from e
     finally:
         if main:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def exit_code(counts: dict) -> int:
