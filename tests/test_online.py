@@ -247,6 +247,12 @@ def test_huge_finite_values_are_accepted(sample_caches):
     with pytest.raises(DataError, match="NaN or infinite"):
         obs.push_many("observation.state", [0.04, 0.05],
                       np.stack([big, np.r_[big[:7], np.float32("nan")]]))
+    # float64 values past float32's range (the ring's) are refused, not stored as inf
+    with pytest.raises(DataError, match="past float32's range"):
+        obs.push("observation.state", 0.06, np.full(8, 1e300))
+    with pytest.raises(DataError, match="past float32's range"):
+        obs.push_many("observation.state", [0.06, 0.07], np.full((2, 8), -1e39))
+    obs.push_many("observation.state", [0.06, 0.07], np.full((2, 8), 1e38))  # float64, fits
 
 
 def test_snap_instants_is_ingests_rule():
