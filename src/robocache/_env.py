@@ -37,6 +37,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def host() -> dict[str, Any]:
     """Host name, platform, CPU model, logical and usable cores, memory."""
     return {
@@ -44,8 +51,7 @@ def host() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu_model": cpu_model(),
         "logical_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
+        "usable_cores": usable_cores(),
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if hasattr(os, "sysconf") else None,
     }

@@ -93,6 +93,15 @@ def _on_sigint(signum, frame):
     raise KeyboardInterrupt()
 
 
+def _stopped(sig: int, verbose: bool) -> typer.Exit:
+    """The exit of a command stopped by SIGTERM (143) or Ctrl-C (130)."""
+    import signal
+
+    what, code = ("terminated", EXIT_TERMINATED) if sig == signal.SIGTERM else \
+        ("interrupted", EXIT_INTERRUPTED)
+    return fail(f"{what}; re-run the same command to resume", code, verbose=verbose)
+
+
 def fail(message: str, code: int, *, verbose: bool = False) -> typer.Exit:
     """Print ``error: <message>`` (one line) to stderr (after the traceback when ``verbose``)
     and return the :class:`typer.Exit` to raise."""
@@ -147,18 +156,13 @@ def cli_errors(verbose: bool = False) -> Iterator[None]:
     except OSError as e:
         raise fail(_os_message(e), EXIT_USAGE, verbose=verbose) from e
     except Terminated as e:
-        raise fail("terminated; re-run the same command to resume", EXIT_TERMINATED,
-                   verbose=verbose) from e
+        raise _stopped(signal.SIGTERM, verbose) from e
     except KeyboardInterrupt as e:
-        raise fail("interrupted; re-run the same command to resume", EXIT_INTERRUPTED,
-                   verbose=verbose) from e
+        raise _stopped(signal.SIGINT, verbose) from e
     except Exception as e:
-        if signal.SIGTERM in _received:  # the signal's exception, wrapped by a library
-            raise fail("terminated; re-run the same command to resume", EXIT_TERMINATED,
-                       verbose=verbose) from e
-        if signal.SIGINT in _received:
-            raise fail("interrupted; re-run the same command to resume", EXIT_INTERRUPTED,
-                       verbose=verbose) from e
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if sig in _received:  # the signal's exception, wrapped by a library
+                raise _stopped(sig, verbose) from e
         # a bug: say so in one line, keep the traceback for --verbose
         raise fail(f"internal error ({type(e).__name__}: {e}); re-run with --verbose and "
                    "report the traceback", EXIT_INTERNAL, verbose=verbose) from e

@@ -186,9 +186,9 @@ def _stats_impl(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor,
     lo, hi = xt.amin(1).double(), xt.amax(1).double()
     e = ref.fit_exponent(lo, hi, bins)
     origin = ref.grid_index(lo, e)
-    idx, counts = ref.histogram_rows(xd, e, origin, bins)
+    flat, counts = ref.histogram_rows(xd, e, origin, bins)
     ranks = [r for r in ref.quantile_ranks(n, (0.01, 0.99)) if r not in (0, n - 1)]
-    rows = {0: lo, n - 1: hi, **ref.order_statistics(xt, ranks, idx, counts)}
+    rows = {0: lo, n - 1: hi, **ref.order_statistics(xt, ranks, flat, counts)}
     q01, q99 = ref.quantiles_exact(rows, n, (0.01, 0.99))
     return mean, std, lo, hi, q01, q99, e, origin, counts
 

@@ -26,8 +26,9 @@ STATS_BYTES_PER_VALUE = 32
 def stats_threads(dim: int) -> int:
     """Chunks whose statistics are computed at once: the cores, as far as the available
     memory holds a ``[STATS_BATCH_ROWS, dim]`` chunk each twice over."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        os.cpu_count() or 1
+    from robocache._env import usable_cores
+
+    cores = usable_cores()
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # no sysconf: as many as the cores
