@@ -65,6 +65,7 @@ import torch
 
 from robocache.bench import harness as H
 from robocache.bench.standalone import main
+from robocache.data.build.read import worker_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also for the generator processes
 from preprocess_data import PER_FILE, SECONDS, make_dataset  # noqa: E402
@@ -306,6 +307,9 @@ def run(quick: bool = False, copy_gbps: float | None = None, episodes: int | Non
         if report is not None:
             report(rec)
 
+    # the generator's processes come from this process's fork server too: started here as
+    # a build starts it (preloading the build's modules), not by the generator without them
+    worker_context()
     with tempfile.TemporaryDirectory(dir=os.environ.get("ROBOCACHE_BENCH_DIR")) as tmp:
         tmp = Path(tmp)
         # the one-core cost first, on one data file: it sizes the node-scale dataset

@@ -255,6 +255,30 @@ def test_processes_build_the_same_cache_as_threads(tmp_path, rng):
         json.loads((tmp_path / "procs" / "stats.json").read_text())
 
 
+@pytest.mark.parametrize("episodes,per_file,workers", [(62000, 500, 64), (5000, 500, 2),
+                                                        (777, 100, 8), (40000, 1000, 64),
+                                                        (500, 500, 64), (6, 1, 2)])
+def test_worker_tasks_keep_a_files_episodes_together(episodes, per_file, workers):
+    from robocache.data.build.read import CHUNK, FILE_EPISODES, chunks
+
+    indices = list(range(100, 100 + episodes))
+    keys = [f"file-{(i - 100) // per_file}" for i in indices]
+    tasks = chunks(indices, keys, workers)
+    assert [i for t in tasks for i in t] == indices  # every episode once, in order
+    # a file read by one task when it fits one (and each worker has work), else by few
+    files = {k: {n for n, t in enumerate(tasks) for i in t if keys[i - 100] == k}
+             for k in set(keys)}
+    whole = per_file <= min(FILE_EPISODES, episodes // workers)
+    assert all(len(f) == 1 for f in files.values()) or not whole
+    assert len(tasks) >= min(workers, episodes // CHUNK[0])  # the cores get work
+    assert max(map(len, tasks)) <= max(FILE_EPISODES, CHUNK[1])
+    # no file: tasks of a quarter of each worker's share, within CHUNK
+    plain = chunks(indices, None, workers)
+    size = min(max(episodes // (4 * workers), CHUNK[0]), CHUNK[1])
+    assert [i for t in plain for i in t] == indices
+    assert all(len(t) == size for t in plain[:-1])
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("rate", [RATE, "native"])
 def test_align_batch_equals_each_episode_alone(rng, rate, device):

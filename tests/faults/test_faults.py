@@ -225,7 +225,7 @@ def committing(dest, episodes, written):
     commit(dest, episodes, written)
     if processes:  # chunks of 2 episodes are being prepared and written by the workers
         die()
-W.Batch.add, C.commit, R.CHUNK = adding, committing, (2, 256)  # 3 chunks of 2 episodes
+W.Batch.add, C.commit, R.CHUNK, R.FILE_EPISODES = adding, committing, (2, 256), 2  # 3 chunks of 2
 build(src, dest, rate_hz=rate, progress=False, device="cpu", decode_workers=2,
       decode_processes=processes, batch_rows=3 * STEPS)
 """.replace("STEPS", str(fl.STEPS))

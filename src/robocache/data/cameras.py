@@ -36,7 +36,9 @@ import functools
 import io
 import logging
 import os
+import select
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -794,7 +796,8 @@ def die_with_parent(parent: int) -> None:
     """Worker start-up (camera and build workers): be killed when the process that started
     this one dies (Linux ``PR_SET_PDEATHSIG``), so that a killed ingest leaves no worker
     holding the files it had open, the cache's lock among them, or its memory (tested with
-    kill -9)."""
+    kill -9). ``parent``: that process; a fork server's child is killed when the server
+    dies, which it does when ``parent`` does."""
     import ctypes
     import signal
 
@@ -802,8 +805,32 @@ def die_with_parent(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: workers end when their queue closes
         return
-    if os.getppid() != parent:  # the parent died before prctl took effect
+    if os.getppid() == parent:
+        return
+    # a fork server's child: the server lives on while its children do (each holds the
+    # pipe whose end it waits for), so watch ``parent`` itself, on a thread
+    try:
+        fd = os.pidfd_open(parent)
+    except ProcessLookupError:
         os._exit(1)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): poll
+        fd = None
+    threading.Thread(target=_exit_with, args=(parent, fd), daemon=True,
+                     name="robocache-parent-watch").start()
+
+
+def _exit_with(parent: int, fd: int | None) -> None:
+    """End this process when process ``parent`` ends (``fd``: its pidfd, else polled)."""
+    if fd is not None:
+        select.select([fd], [], [])  # readable once the process has ended
+    else:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                break
+    os._exit(1)
 
 
 _workers: dict[str, CameraWorkers] = {}

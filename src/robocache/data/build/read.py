@@ -152,14 +152,14 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
     prepared while the caller handles the one yielded. One of two ways, never both (no
     process pool is started inside the other):
 
-    - In spawned processes (:func:`use_processes`; ``path``: the source to open in each) when
-      the build is large enough: reading, checking and aligning numeric episodes is mostly
-      Python on small arrays, which threads serialize on the GIL. Each process prepares its
-      episodes whole, their videos decoded and encoded on its own thread
-      (:func:`_prepare_chunk`), and, with ``align`` (alignment on the CPU, at rate ``fps``
-      when native), also aligns each episode and makes its Arrow tables
-      (:attr:`Prepared.tables`), written under ``dest`` as uncommitted Lance files when given,
-      so every core does the whole per-episode work and the caller only commits.
+    - In worker processes (:func:`use_processes`, :func:`worker_context`; ``path``: the
+      source to open in each) when the build is large enough: reading, checking and
+      aligning numeric episodes is mostly Python on small arrays, which threads serialize on
+      the GIL. Each process prepares its episodes whole, their videos decoded and encoded on
+      its own thread (:func:`_prepare_chunk`), and, with ``align`` (alignment on the CPU, at
+      rate ``fps`` when native), also aligns each episode and makes its Arrow tables
+      (:attr:`Prepared.tables`), written under ``dest`` as uncommitted Lance files when
+      given, so every core does the whole per-episode work and the caller only commits.
     - Otherwise on threads, which read and check the episodes; their videos are decoded and
       encoded in ``decode_workers`` forked camera worker processes
       (:func:`robocache.data.cameras.worker_pool`: each has its own GIL), or on the reading
@@ -168,7 +168,9 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
     if path is not None:
         indices = list(indices)
         if use_processes(config, len(indices)):
-            yield from _in_processes(path, indices, config, fps, align, dest)
+            files = getattr(src, "files", None)
+            keys = None if files is None else [str(files(i)[0]) for i in indices]
+            yield from _in_processes(path, indices, keys, config, fps, align, dest)
             return
     workers = decode_workers(config)
     lock = threading.Lock()
@@ -204,6 +206,11 @@ PROCESS_EPISODES = 256
 # a quarter of each worker's share of the build, within these bounds (at 64, a fragment of
 # 12 s episodes at 50 Hz holds 38k rows: not small enough for the build to compact it).
 CHUNK = (64, 256)
+# A data file's episodes stay in one task up to this many (a worker reads and decodes the
+# whole file for any of them: with files of 500 episodes split over 2-4 tasks, reading took
+# more than half of a worker's time, docs/build-profile.md), where the build has enough
+# episodes per worker for that.
+FILE_EPISODES = 512
 _WORKER: dict[str, Any] = {}  # the source a worker process opened, its specs and options
 
 
@@ -217,19 +224,30 @@ def use_processes(config: CacheConfig, episodes: int) -> bool:
         config.video_decoder == "pyav"
 
 
+def lance_threads() -> None:
+    """Size Lance's thread pools (made on its first call in this process) for one worker of
+    many: one compute thread and two for the files, unless ``LANCE_CPU_THREADS`` /
+    ``LANCE_IO_THREADS`` are set. 64 workers with pools the size of the machine spent 19 s on
+    a build that one thread each did in 14.5 (docs/build-profile.md)."""
+    os.environ.setdefault("LANCE_CPU_THREADS", "1")
+    os.environ.setdefault("LANCE_IO_THREADS", "2")
+
+
 def single_core() -> None:
     """Set this process up as one of a build's worker processes, one core each: torch and
     Arrow on one thread (the episodes run in parallel, one per process, and so do the files:
     Arrow's own threads only contended, 2x the CPU time measured), and the objects alive now
     (modules imported, source opened) moved out of the garbage collector's reach
     (``gc.freeze``): every full collection walked them all, 0.19 ms an episode of
-    ``bench preprocess``'s kind (docs/build-profile.md)."""
+    ``bench preprocess``'s kind (docs/build-profile.md); Lance's pools as
+    :func:`lance_threads` says."""
     import gc
 
     import torch
 
     torch.set_num_threads(1)
     require("pyarrow", "data", "Arrow tables").set_cpu_count(1)
+    lance_threads()
     gc.freeze()
 
 
@@ -237,6 +255,7 @@ def _open_worker(path: str, config: dict[str, Any], parent: int) -> None:
     from robocache.data.cameras import die_with_parent
 
     die_with_parent(parent)
+    lance_threads()  # before any Lance call
     options = CacheConfig(**config)
     src, specs = open_specs(path, options)
     _WORKER.update(src=src, specs=specs, config=options)
@@ -298,26 +317,70 @@ def _prepare_chunk(indices: list[int], fps: float | None, align: bool,
     return out
 
 
-def _in_processes(path: str, indices: list[int], config: CacheConfig, fps: float | None,
-                  align: bool, dest: Path | None) -> Iterator[Prepared]:
-    """:func:`prepared` in ``decode_workers`` spawned processes, chunks of :data:`CHUNK`
-    episodes, in order, two chunks per process in flight."""
+def worker_context():
+    """The start method of a build's worker processes: forked from a fork server that has
+    imported this module (torch, the readers, Arrow) once, so a worker starts in
+    milliseconds instead of importing them itself. 64 spawned workers importing torch at once
+    kept 60 cores busy for ~6 s before the first episode (py-spy, docs/build-profile.md). The
+    fork server is the process's one (Python starts it on first use): started by other code
+    without this preload, it still serves, at the spawned workers' start-up cost. Spawn where
+    the platform has no fork server."""
     import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["__main__", __name__])
+    return ctx
+
+
+def chunks(indices: list[int], keys: list[str] | None, workers: int) -> list[list[int]]:
+    """``indices`` (in order) as the tasks of ``workers`` worker processes: about a quarter
+    of each worker's share, within :data:`CHUNK`; ``keys``: each episode's data file, whose
+    consecutive episodes stay in one task (a task may grow past the quarter to hold them),
+    up to :data:`FILE_EPISODES` and each worker's share; longer runs are cut into tasks of
+    the quarter."""
+    size = min(max(len(indices) // (4 * workers), CHUNK[0]), CHUNK[1])
+    whole = max(size, min(FILE_EPISODES, len(indices) // workers))
+    runs: list[list[int]] = []
+    for i, index in enumerate(indices):
+        same = keys is None or keys[i] == keys[i - 1]
+        if runs and same and len(runs[-1]) < (size if keys is None else whole):
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    out: list[list[int]] = []
+    for run in runs:
+        pieces = [run] if len(run) <= whole else [run[a:a + size]
+                                                  for a in range(0, len(run), size)]
+        for piece in pieces:
+            if out and len(out[-1]) < size and len(out[-1]) + len(piece) <= max(size,
+                                                                              len(piece)):
+                out[-1] += piece
+            else:
+                out.append(list(piece))
+    return out
+
+
+def _in_processes(path: str, indices: list[int], keys: list[str] | None,
+                  config: CacheConfig, fps: float | None, align: bool,
+                  dest: Path | None) -> Iterator[Prepared]:
+    """:func:`prepared` in ``decode_workers`` worker processes (:func:`worker_context`),
+    tasks of :func:`chunks`, in order, two per process in flight."""
     from concurrent.futures import ProcessPoolExecutor
 
     workers = decode_workers(config)
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+    pool = ProcessPoolExecutor(workers, mp_context=worker_context(),
                                initializer=_open_worker,
                                initargs=(path, asdict(config), os.getpid()))
     try:
-        size = min(max(len(indices) // (4 * workers), CHUNK[0]), CHUNK[1])
-        chunks = iter([indices[i:i + size] for i in range(0, len(indices), size)])
+        tasks = iter(chunks(indices, keys, workers))
         pending: deque = deque()
-        for chunk in itertools.islice(chunks, 2 * workers):
+        for chunk in itertools.islice(tasks, 2 * workers):
             pending.append(pool.submit(_prepare_chunk, chunk, fps, align, dest))
         while pending:
             done = pending.popleft().result()
-            for chunk in itertools.islice(chunks, 1):
+            for chunk in itertools.islice(tasks, 1):
                 pending.append(pool.submit(_prepare_chunk, chunk, fps, align, dest))
             yield from done
     finally:
