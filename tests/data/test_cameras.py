@@ -899,10 +899,8 @@ def test_gpu_encoders_write_40db_444_and_the_chroma_asked_for(sharp):
     40 dB PSNR of the frames at their size; nvImageCodec writes 4:2:2 and 4:2:0 as asked,
     from a tensor and from a list of (non-contiguous) frames."""
     from robocache.data import jpeg
-    from robocache.data.cameras import decode_video
 
-    video = next((FIXTURES / "lerobot_sharp_av1" / "videos").rglob("*.mp4"))
-    sets = [decode_video(video, 0.0, 1.0)[0], _textured(6, (47, 61))]
+    sets = [sharp["lerobot"], _textured(6, (47, 61))]  # LeRobot's decode: what ingest encodes
     encoders = [e for e, ok in (("nvimgcodec", jpeg.nvimgcodec_unavailable() is None),
                                 ("torchvision", _installed("torchvision"))) if ok]
     if not encoders:
