@@ -307,8 +307,8 @@ class Run:
             return {}
         c = self.config
         on_gpu = c.camera_codec == "jpeg" and c.camera_size is None and \
-            c.camera_chroma in jpeg.gpu_chroma()
-        return {"nvdec_jpeg_encoder": jpeg.gpu_encoder() if on_gpu else "cpu"}
+            c.camera_chroma in jpeg.gpu_chroma(self.gpu)
+        return {"nvdec_jpeg_encoder": jpeg.gpu_encoder(self.gpu) if on_gpu else "cpu"}
 
     def finish(self, device: str | None = None) -> dict[str, Any]:
         """Commit the last batch, compact and tidy the tables, write stats and the complete
