@@ -8,17 +8,14 @@ the GPUs, RLDS pass-through), and out of it (JPEG frames decoded and transformed
 Sections (``--sections``, all by default; docs/cameras.md has the targets):
 
 - ``encode`` (:func:`encoder_cases`): JPEG encoders at q95 on a 480x640 frame, one thread and
-  one thread per core; on the GPU, torchvision's nvJPEG and nvImageCodec (4:4:4 and 4:2:0),
-  batches of 64 frames.
+  one thread per core; nvJPEG on the GPU.
 - ``fidelity`` (:func:`fidelity_cases`): bytes per frame against PSNR of LeRobot's own decode,
-  per chroma and quality, on the committed LeRobot fixture of sharp-edged content (with the
-  GPU encoders where they are installed).
+  per chroma and quality, on the committed LeRobot fixture of sharp-edged content.
 - ``cpu`` (:func:`cpu_cases`): the camera path (read, PyAV decode, JPEG 4:4:4 q95 encode) of
   480x640 H.264, HEVC and AV1 videos with 1, 2, 4, ... and all cores' worker processes.
-- ``gpu`` (:func:`gpu_cases`): the same with NVDEC: nvImageCodec encode with 1 and 4
-  processes per GPU, torchvision's nvJPEG encode with 1, libjpeg-turbo encode on the host
-  beside NVDEC, and NVDEC decode alone; each row sums its stages' seconds over the threads
-  (``stage_s``); a setting whose encoder is not installed is recorded as skipped.
+- ``gpu`` (:func:`gpu_cases`): the same with NVDEC: nvJPEG encode with 1 and 4 processes per
+  GPU, libjpeg-turbo encode on the host beside NVDEC, and NVDEC decode alone; each row sums
+  its stages' seconds over the threads (``stage_s``).
 - ``rlds`` (:func:`rlds_cases`): RLDS JPEG cameras passed through, against the raw read, with
   the processes started and the source open before the clock starts.
 - ``serve`` (:func:`serve_cases`): the dataset of :func:`make_dataset` (LeRobot v3.0, two 480x640
@@ -222,7 +219,6 @@ def libraries() -> dict[str, str | None]:
 
     out = {}
     for name in ("av", "simplejpeg", "PyTurboJPEG", "pillow", "torchvision", "PyNvVideoCodec",
-                 "nvidia-nvimgcodec-cu13", "nvidia-nvimgcodec-cu12", "nvidia-nvjpeg",
                  "pylance"):
         try:
             out[name] = metadata.version(name)
@@ -346,27 +342,9 @@ def cpu_cases(roots: dict[str, Path], cfg: dict):
 
 
 # the GPU path's settings the ``gpu`` section runs: (processes per GPU, JPEG encoder);
-# "nvimgcodec": nvImageCodec's batched encode (one call per batch of 32 frames, its own
-# threads and CUDA streams), "nvjpeg": torchvision's nvJPEG (one encode at a time per process:
-# torchvision holds a lock around its encoder), "cpu": NVDEC frames copied to the host,
-# libjpeg-turbo on the threads
-GPU_SETTINGS = ((1, "nvimgcodec"), (1, "nvjpeg"), (4, "nvimgcodec"), (1, "cpu"))
-# the GPU encoders' names in robocache.data.jpeg
-GPU_ENCODER = {"nvimgcodec": "nvimgcodec", "nvjpeg": "torchvision"}
-
-
-def encoder_missing(encoder: str) -> str | None:
-    """Why the ``gpu`` section's ``encoder`` cannot run in this environment (not installed),
-    or ``None``; whether it encodes on the GPU is checked in the worker processes."""
-    import importlib.util
-
-    from robocache.data import jpeg
-
-    if encoder == "nvimgcodec" and jpeg._nvimgcodec() is None:
-        return "nvImageCodec is not installed (pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg)"
-    if encoder == "nvjpeg" and importlib.util.find_spec("torchvision") is None:
-        return "torchvision is not installed"
-    return None
+# "nvjpeg": torchvision's nvJPEG (one encode at a time per process: torchvision holds a lock
+# around its encoder), "cpu": NVDEC frames copied to the host, libjpeg-turbo on the threads
+GPU_SETTINGS = ((1, "nvjpeg"), (4, "nvjpeg"), (1, "cpu"))
 
 
 def gpu_cases(roots: dict[str, Path], cfg: dict):
@@ -390,13 +368,9 @@ def gpu_cases(roots: dict[str, Path], cfg: dict):
                 max(cfg["gpu_streams"], cores // (gpus * procs))
             impl = "nvdec-decode-only" if encoder == "none" else \
                 f"gpu-x{gpus}-p{procs}-{encoder}"
-            missing = encoder_missing(encoder)
-            got = f"skipped: {missing}" if missing else \
-                _gpu_processes(root, cfg, gpus, procs, streams, encoder)
-            if isinstance(got, str):  # skipped (the encoder is not here), or the error
-                yield H.case(FAMILY, case, impl, H.summarize([0.0]), encoder=encoder,
-                             **({"skipped": True, "note": got} if got.startswith("skipped: ")
-                                else {"error": got}))
+            got = _gpu_processes(root, cfg, gpus, procs, streams, encoder)
+            if isinstance(got, str):
+                yield H.case(FAMILY, case, impl, H.summarize([0.0]), error=got)
                 continue
             frames, seconds, by, stages = got
             rate = frames / seconds
@@ -413,7 +387,7 @@ def _gpu_processes(root: Path, cfg: dict, gpus: int, procs: int, streams: int,
                    encoder: str) -> tuple | str:
     """:func:`gpu_worker` in ``procs`` processes per GPU, started together: (frames, seconds
     from the common start to the last end, frames by decoder, stage seconds summed), or the
-    error, or ``"skipped: <why>"`` where the workers found the encoder unable to run."""
+    error."""
     import json
     import subprocess
     import sys
@@ -433,9 +407,6 @@ def _gpu_processes(root: Path, cfg: dict, gpus: int, procs: int, streams: int,
     if failed:  # its traceback went to stderr
         return f"the processes {failed} (GPU, share) failed"
     outs = [json.loads(o[-1]) for o in outs]
-    skipped = sorted({o["skipped"] for o in outs if "skipped" in o})
-    if skipped:  # the encoder is installed but does not encode on the GPU there
-        return "skipped: " + "; ".join(skipped)
     by: dict[str, int] = {}
     stages: dict[str, float] = {}
     for o in outs:
@@ -450,10 +421,9 @@ def _gpu_processes(root: Path, cfg: dict, gpus: int, procs: int, streams: int,
 def _timed_stages(encoder: str) -> dict[str, float]:
     """Wrap the GPU path's stages (the demux scan, NVDEC decoder creation and file switches,
     NVDEC decode, the JPEG encode) so that each call's seconds add to the returned dict
-    (summed over threads); ``encoder`` ``"nvimgcodec"`` / ``"nvjpeg"`` makes NVDEC frames
-    JPEG-encoded on the GPU by nvImageCodec / torchvision (``robocache.data.jpeg.gpu_encoder``
-    answers it for this process), ``"cpu"`` on the host (as without a GPU encoder),
-    ``"none"`` skips encoding (the decoded frames are dropped on the GPU)."""
+    (summed over threads); ``encoder`` ``"cpu"`` makes NVDEC frames JPEG-encoded on the host
+    (as a chroma other than 4:4:4 does), ``"none"`` skips encoding (the decoded frames are
+    dropped on the GPU)."""
     import threading
 
     import PyNvVideoCodec as nvc
@@ -485,22 +455,17 @@ def _timed_stages(encoder: str) -> dict[str, float]:
         cameras._nvdec_stream = lambda *task: cameras._nvdec_attempt(
             *task[:4], task[-2], task[-1], lambda batch: [b""] * len(batch))
     elif encoder == "cpu":
-        jpeg.gpu_encoder = lambda device=None: None
+        jpeg.gpu_available = lambda: False
         cameras.FrameFormat.encode = timed("jpeg-cpu", cameras.FrameFormat.encode)
     else:
-        jpeg.gpu_encoder = lambda device=None, name=GPU_ENCODER[encoder]: name
-        jpeg.encode_cuda = timed(encoder, jpeg.encode_cuda)
+        jpeg.encode_cuda = timed("nvjpeg", jpeg.encode_cuda)
     return stages
 
 
 def gpu_worker(args: dict) -> dict:
     """One process of :func:`gpu_cases`: warm up, wait for the common start, prepare its
     episodes with NVDEC on its GPU."""
-    from robocache.data import jpeg
-
     torch.cuda.set_device(args["gpu"])
-    if args["encoder"] == "nvimgcodec" and jpeg.nvimgcodec_unavailable() is not None:
-        return {"skipped": jpeg.nvimgcodec_unavailable()}
     stages = _timed_stages(args["encoder"])
     prepare(Path(args["root"]), args["indices"][:1], 1, "nvdec", args["gpu"])
     stages.clear()
@@ -513,9 +478,7 @@ def gpu_worker(args: dict) -> dict:
 def encoder_cases(hw: tuple[int, int], frames: int) -> list[dict]:
     """JPEG encoders on one textured ``hw`` frame at quality 95: ms per frame on one thread,
     and frames/s with one thread per core in one process (an encoder that holds the GIL does
-    not scale with threads); on a GPU, torchvision's nvJPEG (4:4:4) and nvImageCodec (4:4:4,
-    4:2:0), batches of 64 frames (at least four batches timed, after one), each recorded as
-    skipped where it is not installed."""
+    not scale with threads); nvJPEG (batches of 64 frames on the GPU) where there is one."""
     import io
     from concurrent.futures import ThreadPoolExecutor
 
@@ -560,29 +523,17 @@ def encoder_cases(hw: tuple[int, int], frames: int) -> list[dict]:
             threaded_frames_per_s=threaded, thread_scaling=threaded / (cores / one),
             note=f"{one * 1e3:.2f} ms/frame, {threaded:,.0f} frames/s on {cores} threads "
                  f"({100 * threaded * one / cores:.0f}% of linear)"))
-    if not torch.cuda.is_available():
-        return records
-    batch = torch.from_numpy(np.stack([image] * 64)).cuda()
-    reps = max(frames // 64, 4)
-    for impl, encoder, chroma in (("nvjpeg-444", "torchvision", "444"),
-                                  ("nvimgcodec-444", "nvimgcodec", "444"),
-                                  ("nvimgcodec-420", "nvimgcodec", "420")):
-        missing = jpeg.nvimgcodec_unavailable() if encoder == "nvimgcodec" else \
-            encoder_missing("nvjpeg")
-        if missing:
-            records.append(H.case(FAMILY, f"{hw[0]}x{hw[1]}-jpeg-q95", impl, H.summarize([0.0]),
-                                  skipped=True, note=missing))
-            continue
-        jpeg.encode_cuda(batch, 95, chroma, encoder)
+    if jpeg.gpu_available():
+        batch = torch.from_numpy(np.stack([image] * 64)).cuda()
+        jpeg.encode_cuda(batch)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        size = sum(len(b) for _ in range(reps) for b in jpeg.encode_cuda(batch, 95, chroma,
-                                                                         encoder))
-        n = 64 * reps
+        size = sum(len(b) for _ in range(max(frames // 64, 1)) for b in jpeg.encode_cuda(batch))
+        n = 64 * max(frames // 64, 1)
         one = (time.perf_counter() - t0) / n
-        records.append(H.case(FAMILY, f"{hw[0]}x{hw[1]}-jpeg-q95", impl,
+        records.append(H.case(FAMILY, f"{hw[0]}x{hw[1]}-jpeg-q95", "nvjpeg-444",
                               H.summarize([one * 1e3]), bytes_per_frame=size / n,
-                              frames_per_s=1 / one, encoder=encoder, chroma=chroma,
+                              frames_per_s=1 / one,
                               note=f"{1 / one:,.0f} frames/s, batches of 64"))
     return records
 
@@ -620,13 +571,9 @@ def fidelity_cases() -> list[dict]:
 
     encoders = {f"jpeg-{c}": (c, lambda q, c=c: [encode(f, "jpeg", q, c) for f in decoded])
                 for c in ("444", "422", "420")}
-    if torch.cuda.is_available() and encoder_missing("nvjpeg") is None:  # 4:4:4 only
+    if jpeg.gpu_available():  # nvJPEG, 4:4:4 only
         encoders["nvjpeg-444"] = ("444", lambda q: jpeg.encode_cuda(
-            torch.from_numpy(decoded).cuda(), q, "444", "torchvision"))
-    if torch.cuda.is_available() and jpeg.nvimgcodec_unavailable() is None:
-        for c in ("444", "422", "420"):
-            encoders[f"nvimgcodec-{c}"] = (c, lambda q, c=c: jpeg.encode_cuda(
-                torch.from_numpy(decoded).cuda(), q, c, "nvimgcodec"))
+            torch.from_numpy(decoded).cuda(), q))
     for name, (chroma, encode_all) in encoders.items():
         for quality in (85, 90, 95, 100):
             data = encode_all(quality)

@@ -759,176 +759,16 @@ def test_nvdec_frames_are_nvjpeg_encoded_on_the_gpu(tmp_path, monkeypatch):
     _nvdec()
     calls = []
     encode_cuda = jpeg.encode_cuda
-    monkeypatch.setattr(jpeg, "encode_cuda", lambda b, q=95, c="444": calls.append(len(b)) or
-                        encode_cuda(b, q, c))
+    monkeypatch.setattr(jpeg, "encode_cuda", lambda b, q=95: calls.append(len(b)) or
+                        encode_cuda(b, q))
     src = _two_cameras(tmp_path / "src", episodes=2, length=9, hw=(144, 176),
                        options=NO_B_FRAMES["libx264"])
     m = build(src, tmp_path / "gpu", rate_hz=10.0, progress=False, video_decoder="nvdec")
     assert m["decode"]["video_frames"] == {"nvdec": 2 * 2 * 9} and sum(calls) == 2 * 2 * 9
-    assert m["decode"]["nvdec_jpeg_encoder"] == jpeg.gpu_encoder()
     build(src, tmp_path / "cpu", rate_hz=10.0, progress=False, video_decoder="pyav")
     table = lance.dataset(str(tmp_path / "gpu" / "frames" / f"{CAM}.lance")).to_table()
     assert {_sampling(b) for b in table.column("encoded").to_pylist()} == {0}
     assert psnr(served(tmp_path / "gpu"), served(tmp_path / "cpu")) >= 35.0
-
-
-@pytest.mark.gpu
-def test_nvdec_frames_of_any_chroma_are_encoded_on_the_gpu_by_nvimgcodec(tmp_path, monkeypatch):
-    """With nvImageCodec, NVDEC frames stored at 4:2:0 are encoded on the GPU too, at the
-    chroma asked for; the manifest names the encoder."""
-    import lance
-
-    from robocache.data import jpeg
-
-    _nvdec()
-    if jpeg.nvimgcodec_unavailable() is not None:
-        pytest.skip(jpeg.nvimgcodec_unavailable())
-    calls = []
-    encode_cuda = jpeg.encode_cuda
-    monkeypatch.setattr(jpeg, "encode_cuda", lambda b, q=95, c="444": calls.append(c) or
-                        encode_cuda(b, q, c))
-    src = _two_cameras(tmp_path / "src", episodes=2, length=9, hw=(144, 176),
-                       options=NO_B_FRAMES["libx264"])
-    m = build(src, tmp_path / "gpu", rate_hz=10.0, progress=False, video_decoder="nvdec",
-              camera_chroma="420")
-    assert m["decode"]["nvdec_jpeg_encoder"] == "nvimgcodec" and set(calls) == {"420"}
-    table = lance.dataset(str(tmp_path / "gpu" / "frames" / f"{CAM}.lance")).to_table()
-    assert {_sampling(b) for b in table.column("encoded").to_pylist()} == {2}
-
-
-@pytest.fixture
-def fresh_jpeg():
-    """robocache.data.jpeg with nothing learned about the GPU encoders, before and after."""
-    from robocache.data import jpeg
-
-    jpeg._forget()
-    yield jpeg
-    jpeg._forget()
-
-
-@pytest.mark.parametrize("nvimgcodec", ["missing", "broken"])
-@pytest.mark.parametrize("vision", [True, False])
-def test_gpu_encoder_falls_back_to_torchvision(monkeypatch, caplog, fresh_jpeg, nvimgcodec,
-                                               vision):
-    """nvImageCodec not importable, or importable but failing its probe encode: torchvision's
-    encoder where torchvision is installed (4:4:4 only), none otherwise; a broken install is
-    named in one warning with the reason."""
-    import importlib.machinery
-    import logging
-    import sys
-    import types
-
-    jpeg = fresh_jpeg
-    monkeypatch.setattr(logging.getLogger("robocache"), "propagate", True)  # to caplog
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    if nvimgcodec == "missing":
-        monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # its import fails
-    else:  # imports, but encodes nothing (no Encoder, or no CUDA here)
-        monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", types.ModuleType("nvimgcodec"))
-    fake = types.ModuleType("torchvision")
-    fake.__spec__ = importlib.machinery.ModuleSpec("torchvision", None)
-    monkeypatch.setitem(sys.modules, "torchvision", fake if vision else None)
-    with caplog.at_level(logging.WARNING, logger="robocache.data.jpeg"):
-        assert jpeg.gpu_encoder() == ("torchvision" if vision else None)
-        assert jpeg.gpu_encoder(0) == jpeg.gpu_encoder()  # decided once
-        assert jpeg.gpu_chroma() == (("444",) if vision else ())
-    reason = jpeg.nvimgcodec_unavailable()
-    assert reason is not None and (("not installed" in reason) == (nvimgcodec == "missing"))
-    warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == (nvimgcodec == "broken") and all(reason in w for w in warned)
-    with pytest.raises(DataError, match="4:4:4 only"):
-        jpeg.encode_cuda(torch.zeros((1, 8, 8, 3), dtype=torch.uint8), 95, "420",
-                         encoder="torchvision")
-    with pytest.raises(RuntimeError, match="not installed" if nvimgcodec == "missing" else
-                       "did not encode"):
-        jpeg.encode_cuda(torch.zeros((1, 8, 8, 3), dtype=torch.uint8), encoder="nvimgcodec")
-    with pytest.raises(DataError, match="encoder must be"):
-        jpeg.encode_cuda([], encoder="nvjpeg")
-
-
-def _textured(n: int, hw=(48, 64), seed: int = 0) -> np.ndarray:
-    """``n`` frames of smooth gradients with a few sharp colour edges, different per frame."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:hw[0], 0:hw[1]].astype(float)
-    out = []
-    for _ in range(n):
-        a, b, c = rng.uniform(0.5, 3.0, 3)
-        img = np.stack([x * a, y * b, (x + y) * c], -1) % 256
-        img[hw[0] // 3: hw[0] // 2, hw[1] // 4: hw[1] // 2] = rng.integers(0, 256, 3)
-        out.append(img.astype(np.uint8))
-    return np.stack(out)
-
-
-def _decoded(data: bytes) -> np.ndarray:
-    import io
-
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as im:
-        return np.asarray(im.convert("RGB"))
-
-
-@pytest.mark.parametrize("chroma,sampling", [("444", 0), ("422", 1), ("420", 2)])
-def test_nvimgcodec_encode_params_on_its_cpu_backend(fresh_jpeg, chroma, sampling):
-    """The nvImageCodec call encode_cuda makes (wrapped frames, quality, chroma, one encode for
-    the list, bytes out), run by an Encoder with CPU backends on host arrays: every frame
-    comes back in order, at its size, with the chroma asked for (4:4:4 q95 >= 40 dB)."""
-    import threading
-
-    nv = fresh_jpeg._nvimgcodec()
-    if nv is None:
-        pytest.skip("needs nvImageCodec (pip install nvidia-nvimgcodec-cu13)")
-    encoder = nv.Encoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
-                         backends=[nv.Backend(nv.BackendKind.CPU_ONLY)])
-    frames = _textured(5, (47, 61))
-    data = fresh_jpeg._nv_encode(encoder, threading.Lock(), list(frames), 95, chroma, 0)
-    back = [_decoded(d) for d in data]
-    assert [_sampling(d) for d in data] == [sampling] * len(frames)
-    assert all(b.shape == f.shape for b, f in zip(back, frames, strict=True))
-    for i, b in enumerate(back):  # each its own frame
-        assert int(np.argmax([psnr(b, f) for f in frames])) == i
-    if chroma == "444":
-        assert min(psnr(b, f) for b, f in zip(back, frames, strict=True)) >= 40.0
-
-
-@pytest.mark.gpu
-def test_gpu_encoders_write_40db_444_and_the_chroma_asked_for(sharp):
-    """nvImageCodec and torchvision on the same CUDA frames (the sharp-edged fixture's and
-    textured ones of an odd size), each available one: 4:4:4 q95 decodes (Pillow) within
-    40 dB PSNR of the frames at their size; nvImageCodec writes 4:2:2 and 4:2:0 as asked,
-    from a tensor and from a list of (non-contiguous) frames."""
-    from robocache.data import jpeg
-
-    sets = [sharp["lerobot"], _textured(6, (47, 61))]  # LeRobot's decode: what ingest encodes
-    encoders = [e for e, ok in (("nvimgcodec", jpeg.nvimgcodec_unavailable() is None),
-                                ("torchvision", _installed("torchvision"))) if ok]
-    if not encoders:
-        pytest.skip("needs nvImageCodec or torchvision")
-    for encoder in encoders:
-        for frames in sets:
-            data = jpeg.encode_cuda(torch.from_numpy(frames).cuda(), 95, "444", encoder)
-            assert len(data) == len(frames) and {_sampling(d) for d in data} == {0}
-            back = [_decoded(d) for d in data]
-            assert all(b.shape == f.shape for b, f in zip(back, frames, strict=True))
-            assert min(psnr(b, f) for b, f in zip(back, frames, strict=True)) >= 40.0, encoder
-    if "nvimgcodec" in encoders:
-        frames = torch.from_numpy(sets[1]).cuda()
-        strided = [f for f in frames.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)]
-        for chroma, sampling in (("422", 1), ("420", 2)):
-            for given in (frames, strided):
-                data = jpeg.encode_cuda(given, 95, chroma, "nvimgcodec")
-                assert [_sampling(d) for d in data] == [sampling] * len(frames)
-                back = [_decoded(d) for d in data]
-                assert all(b.shape == f.shape for b, f in zip(back, sets[1], strict=True))
-                assert min(psnr(b, f) for b, f in zip(back, sets[1], strict=True)) >= 25.0
-        assert jpeg.gpu_encoder() == "nvimgcodec" and jpeg.gpu_chroma() == jpeg.CHROMA
-
-
-def _installed(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
 
 
 @pytest.mark.parametrize("vision,codec,chosen", [
@@ -1099,9 +939,8 @@ def test_a_worker_result_that_vanished_is_a_data_error(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_nvjpeg_encode_is_444_and_40db_on_sharp_edges(sharp):
-    """The GPU encoder (nvImageCodec, else torchvision's nvJPEG) writes 4:4:4 by default; on
-    the sharp-edged fixture its q95 frames are within 40 dB PSNR of LeRobot's decode, as the
-    CPU encoder's are."""
+    """The GPU encoder (torchvision's nvJPEG) writes 4:4:4; on the sharp-edged fixture its q95
+    frames are within 40 dB PSNR of LeRobot's decode, as the CPU encoder's are."""
     import io
 
     from PIL import Image
@@ -1110,7 +949,7 @@ def test_nvjpeg_encode_is_444_and_40db_on_sharp_edges(sharp):
     from robocache.data.cameras import decode_video
 
     if not jpeg.gpu_available():
-        pytest.skip("needs nvImageCodec or torchvision")
+        pytest.skip("needs torchvision (nvJPEG)")
     video = next((FIXTURES / "lerobot_sharp_av1" / "videos").rglob("*.mp4"))
     decoded = decode_video(video, 0.0, 1.0)[0]
     data = jpeg.encode_cuda(torch.from_numpy(decoded).cuda(), 95)

@@ -13,9 +13,8 @@ start) and ``encoded`` (the image).
   each process with its own interpreter and GIL; the encoded frames handed back through a
   shared-memory file), or, with ``decoder="nvdec"``/``"auto"``, with NVDEC through
   PyNvVideoCodec on the calling thread (H.264 and HEVC; one decoder per thread, moved from
-  file to file), the frames then JPEG-encoded on the same GPU in batches (nvImageCodec, or
-  torchvision's nvJPEG for 4:4:4: :func:`robocache.data.jpeg.encode_cuda`) and only the
-  bytes copied to the host.
+  file to file), the frames then JPEG-encoded on the same GPU by nvJPEG in batches
+  (:func:`robocache.data.jpeg.encode_cuda`) and only the bytes copied to the host.
 - Frames stored at another size (``sizes``) are resized in the colour conversion's swscale
   pass (video) or by Pillow (arrays, a source's own image bytes).
 - RGB frames are stored as JPEG (:class:`FrameFormat`: quality 95 and 4:4:4 chroma by default,
@@ -692,15 +691,15 @@ def _pyav_shipped(*task, threads: int = 0):
 def _nvdec_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: FrameFormat,
                   size: tuple[int, int] | None, shape: tuple[int, ...], where: str,
                   decoder: str, gpu: int):
-    """:func:`_pyav_stream`'s result decoded by NVDEC (and JPEG-encoded on the GPU where
-    ``fmt`` and the GPU encoder allow: :func:`robocache.data.jpeg.gpu_chroma`), or ``None``
-    where PyAV decodes the stream (see :func:`_nvdec_attempt`)."""
-    on_gpu = fmt.codec == "jpeg" and size is None and fmt.chroma in jpeg.gpu_chroma(gpu)
+    """:func:`_pyav_stream`'s result decoded by NVDEC (and nvJPEG-encoded on the GPU where
+    ``fmt`` allows), or ``None`` where PyAV decodes the stream (see :func:`_nvdec_attempt`)."""
+    on_gpu = fmt.codec == "jpeg" and fmt.chroma == "444" and size is None and \
+        jpeg.gpu_available()
 
     def each(batch: torch.Tensor) -> list[bytes]:
         _check_shape(tuple(batch.shape[1:]), shape, where)
         if on_gpu:
-            return jpeg.encode_cuda(batch, fmt.quality, fmt.chroma)
+            return jpeg.encode_cuda(batch, fmt.quality)
         return [fmt.encode(f if size is None else resize(f, size)) for f in batch.cpu().numpy()]
 
     return _nvdec_attempt(path, start_s, end_s, tolerance_s, decoder, gpu, each)

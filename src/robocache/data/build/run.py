@@ -298,18 +298,6 @@ class Run:
                                                   "quarantined": list(self.quarantine.values()),
                                                   **kept(self.dest)})
 
-    def _nvdec_encoder(self) -> dict[str, str]:
-        """Where NVDEC-decoded frames were JPEG-encoded, when there were any:
-        ``{"nvdec_jpeg_encoder": "nvimgcodec" | "torchvision" | "cpu"}`` (the GPU encoder
-        :func:`robocache.data.jpeg.gpu_encoder` chose, or the host for PNG, a resize, or a
-        chroma the GPU encoder does not write)."""
-        if not self.video_frames.get("nvdec"):
-            return {}
-        c = self.config
-        on_gpu = c.camera_codec == "jpeg" and c.camera_size is None and \
-            c.camera_chroma in jpeg.gpu_chroma(self.gpu)
-        return {"nvdec_jpeg_encoder": jpeg.gpu_encoder(self.gpu) if on_gpu else "cpu"}
-
     def finish(self, device: str | None = None) -> dict[str, Any]:
         """Commit the last batch, compact and tidy the tables, write stats and the complete
         manifest (see :func:`finish`)."""
@@ -321,8 +309,7 @@ class Run:
                           specs=self.specs, timing=getattr(self.src, "timing", None),
                           decode={"workers": decode_workers(self.config),
                                   "video_decoder": self.config.video_decoder,
-                                  "video_frames": self.video_frames,
-                                  **self._nvdec_encoder()}, compact=False)
+                                  "video_frames": self.video_frames}, compact=False)
         self.obs.done(manifest)
         return manifest
 
