@@ -1,13 +1,15 @@
 """Render the RT-X and DROID estimates of docs/scale-out.md from benchmark results files.
 
     $ python benchmarks/scale_estimates.py benchmarks/results/preprocess-h200x4-DATE.json \\
-          --cameras benchmarks/results/cameras-h200x4-DATE.json --write docs/scale-out.md
+          --cameras benchmarks/results/cameras-cpu-h200x4-DATE.json \\
+          --cameras benchmarks/results/cameras-gpu-h200x4-DATE.json --write docs/scale-out.md
 
 Every figure is computed from the results files given (and names them); nothing is typed by
 hand. The table replaces the text between ``<!-- estimates -->`` and ``<!-- /estimates -->``.
 Inputs, from ``bench preprocess``: the ``preprocess <g> GPU`` cases (episodes/s and speedup
-per GPU count), ``ingest node`` (episodes/s of one machine without Ray), ``raw-read``, and
-the episode size; from ``bench cameras`` (optional): the best ``ingest*`` case's frames/s.
+per GPU count), ``ingest node`` (episodes/s of one machine without Ray), ``raw-read-direct``
+(the storage's read; ``raw-read`` where absent), and the episode size; from ``bench cameras``
+(optional, one file or more): the best full-size camera case's frames/s.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def preprocess_rates(doc: dict) -> dict:
                  key=lambda c: c["gpus"])
     node = next((c for c in cases if c["impl"] == "ingest node"), None)
     cpu = next((c for c in cases if c["impl"] == "cpu total"), None)
-    raw = next((c for c in cases if c["impl"] == "raw-read"), None)
+    raw = next((c for c in cases if c["impl"] == "raw-read-direct"), None) or \
+        next((c for c in cases if c["impl"] == "raw-read"), None)
     out = {"device": doc["meta"].get("device"), "gpu_count": doc["meta"].get("gpu_count"),
            "cpu_count": doc["meta"].get("cpu_count"), "date": doc["meta"].get("date"),
            "cpu_ms": cpu["median_ms"] if cpu else None,
@@ -49,9 +52,11 @@ def preprocess_rates(doc: dict) -> dict:
 
 
 def camera_rate(doc: dict) -> tuple[float, str] | None:
-    """The best camera ingest rate (frames/s on the node) and its case name."""
-    cases = [c for c in doc["cases"] if c["impl"].startswith("ingest") and
-             c.get("frames_per_s")]
+    """The best camera rate into the cache at full size (frames/s on the node: the ``cpu``
+    section's ``cpu-w<N>`` and the ``gpu`` section's ``gpu-x<G>-...`` cases, not the resized,
+    decode-only or pass-through ones) and its case name."""
+    cases = [c for c in doc["cases"] if re.fullmatch(r"cpu-w\d+|gpu-x\d+-p\d+-\w+", c["impl"])
+             and c.get("frames_per_s")]
     if not cases:
         return None
     best = max(cases, key=lambda c: c["frames_per_s"])
@@ -68,7 +73,7 @@ def _t(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def estimates(preprocess: Path, cameras: Path | None = None) -> str:
+def estimates(preprocess: Path, cameras: list[Path] | None = None) -> str:
     """The markdown table of estimated build times (one node of 8 GPUs, and N such nodes)."""
     p = preprocess_rates(json.loads(Path(preprocess).read_text()))
     rows = []
@@ -86,17 +91,18 @@ def estimates(preprocess: Path, cameras: Path | None = None) -> str:
             rows.append([f"{what}: `ingest`, one machine a shard",
                          *(_t(episodes / (n * p["ingest_eps"])) for n in NODES),
                          f"{p['ingest_eps']:.0f} ep/s on {p['cpu_count']} cores; {src}"])
-    cam = camera_rate(json.loads(Path(cameras).read_text())) if cameras else None
-    if cam:
+    best = [(r, f) for f in cameras or [] if (r := camera_rate(json.loads(Path(f).read_text())))]
+    if best:
+        (rate, case), f = max(best, key=lambda b: b[0][0])
         rows.append(["DROID, ~57M camera frames: decode + encode",
-                     *(_t(DROID_FRAMES / (n * cam[0])) for n in NODES),
-                     f"{cam[0]:,.0f} frames/s a node, {cam[1]}; `{Path(cameras).as_posix()}`"])
+                     *(_t(DROID_FRAMES / (n * rate)) for n in NODES),
+                     f"{rate:,.0f} frames/s a node, {case}; `{Path(f).as_posix()}`"])
     head = ["workload", *(f"{n} node{'s' if n > 1 else ''}" for n in NODES), "from"]
     lines = [f"Estimated from the runs on {p['device']} x{p['gpu_count']} "
              f"({p['cpu_count']} cores, {p['date']}); episodes of the benchmark's kind "
              f"({p['episode_MB']:.2f} MB each) unless stated. Raw read measured in the same "
-             f"run: {p['raw_GBps']:.2f} GB/s a node; one core: {p['cpu_ms']:.2f} ms CPU per "
-             "episode.", "", "| " + " | ".join(head) + " |",
+             f"run (the storage's): {p['raw_GBps']:.2f} GB/s a node; one core: "
+             f"{p['cpu_ms']:.2f} ms CPU per episode.", "", "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -114,7 +120,8 @@ def main() -> None:
     a = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("preprocess", type=Path, help="bench preprocess results JSON")
-    a.add_argument("--cameras", type=Path, help="bench cameras results JSON")
+    a.add_argument("--cameras", type=Path, action="append",
+                   help="bench cameras results JSON (repeat for several)")
     a.add_argument("--write", type=Path, help="the markdown file to update (else print)")
     args = a.parse_args()
     table = estimates(args.preprocess, args.cameras)

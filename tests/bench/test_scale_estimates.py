@@ -27,11 +27,16 @@ def preprocess_results(tmp_path: Path) -> Path:
 
 
 def test_estimates_follow_from_the_measured_rates(tmp_path):
-    cams = tmp_path / "cameras.json"
-    cams.write_text(json.dumps({"meta": {}, "cases": [
-        {"impl": "ingest", "name": "480x640", "frames_per_s": 10_000.0},
+    cpu, gpu = tmp_path / "cameras.json", tmp_path / "cameras-gpu.json"
+    cpu.write_text(json.dumps({"meta": {}, "cases": [  # full size only: not resized, served,
+        {"impl": "cpu-w64", "name": "480x640", "frames_per_s": 10_000.0},  # or passed through
+        {"impl": "cpu-w64-to224", "name": "480x640", "frames_per_s": 5e4},
+        {"impl": "pass-through-w64", "name": "rlds", "frames_per_s": 1e6},
         {"impl": "robocache", "name": "serve", "frames_per_s": 1e6}]}))
-    table = scale_estimates.estimates(preprocess_results(tmp_path), cams)
+    gpu.write_text(json.dumps({"meta": {}, "cases": [
+        {"impl": "gpu-x4-p1-nvjpeg", "name": "480x640", "frames_per_s": 5_000.0},
+        {"impl": "nvdec-decode-only", "name": "480x640", "frames_per_s": 4e4}]}))
+    table = scale_estimates.estimates(preprocess_results(tmp_path), [cpu, gpu])
     # 100 ep/s a GPU x 8 x 0.9 (360 / 4 / 100) = 720 ep/s a node: 1M in 1389 s = 23.1 min
     assert "| RT-X, 1M trajectories: `preprocess`, 8 GPUs a node | 23.1 min | 11.6 min |" in table
     # ingest, 500 ep/s a machine: 1M in 2000 s, 76k in 152 s
