@@ -401,6 +401,10 @@ def _scaling(root: Path, tmp: Path, name: str, episodes: int, nbytes: int, raw: 
         cpus = min(cores, 2 if quick else max(2, cores * max(g, 1) // top))
         actors = "GPU" if g and visible >= g else "CPU"
         label = f"preprocess {g} {actors}" if g else "preprocess CPU"
+        if rate is None and time.perf_counter() + PROBE_S * 4 > deadline:
+            done(H.case(FAMILY, name, label, H.summarize([0.0]), gpus=g, cpus=cpus,
+                        skipped=True, note="skipped: past --budget-s"))
+            continue
         if rate is None:  # a probe on the first count sizes every run to ~TARGET_S
             probe = list(range(min(episodes, 16 if quick else 2000)))
             rate = len(probe) / ray_run(root, tmp / "probe-cache", g, cpus, probe)

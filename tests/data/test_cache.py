@@ -255,6 +255,25 @@ def test_processes_build_the_same_cache_as_threads(tmp_path, rng):
         json.loads((tmp_path / "procs" / "stats.json").read_text())
 
 
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_episode_summary_equals_a_sort_of_every_row(tmp_path, rng, shuffled):
+    from robocache.data.build.stats import _episode_summary
+
+    rows = [(e, 0.5 * e + 0.02 * k, f"task {e % 3}") for e in range(40)
+            for k in range(int(rng.integers(1, 30)))]
+    if shuffled:  # a resumed or merged cache: episodes out of order, steps too
+        rows = [rows[i] for i in rng.permutation(len(rows))]
+    table = pa.table({"episode_index": [r[0] for r in rows], "timestamp": [r[1] for r in rows],
+                      "task": [r[2] for r in rows]})
+    lance.write_dataset(table, str(tmp_path / "data.lance"), max_rows_per_file=100)
+    want = []
+    for e in sorted({r[0] for r in rows}):
+        ts = sorted(r[1] for r in rows if r[0] == e)
+        want.append({"index": e, "rows": len(ts), "start_s": ts[0],
+                     "duration_s": ts[-1] - ts[0], "task": f"task {e % 3}"})
+    assert _episode_summary(tmp_path / "data.lance") == want
+
+
 @pytest.mark.parametrize("episodes,per_file,workers", [(62000, 500, 64), (5000, 500, 2),
                                                         (777, 100, 8), (40000, 1000, 64),
                                                         (500, 500, 64), (6, 1, 2)])

@@ -81,16 +81,28 @@ def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
 
 
 def _episode_summary(uri: Path) -> list[dict[str, Any]]:
+    """Each cached episode's rows, start, duration and task, in episode order. The rows are
+    read in the table's order, which a build keeps (episodes committed in order, steps in
+    time order): checked in one pass, and sorted only where it does not hold (a resumed or
+    merged cache); the task is read for each episode's first row only (a string per row
+    of a large cache was most of this pass)."""
     lance = require("lance", "data", "The Lance cache", "pylance")
 
-    table = lance.dataset(str(uri)).to_table(columns=["episode_index", "timestamp", "task"])
+    ds = lance.dataset(str(uri))
+    table = ds.to_table(columns=["episode_index", "timestamp"])
     ep = table.column("episode_index").to_numpy()
     ts = table.column("timestamp").to_numpy()
-    order = np.lexsort((ts, ep))
-    ep, ts = ep[order], ts[order]
-    starts = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]])
+    same = ep[1:] == ep[:-1]
+    order = None
+    if not ((ep[1:] >= ep[:-1]).all() and (ts[1:][same] >= ts[:-1][same]).all()):
+        order = np.lexsort((ts, ep))
+        ep, ts = ep[order], ts[order]
+        same = ep[1:] == ep[:-1]
+    starts = np.flatnonzero(np.r_[True, ~same])
     ends = np.r_[starts[1:], len(ep)]
-    tasks = table.column("task").take(order[starts]).to_pylist()  # one per episode
+    first = starts if order is None else order[starts]
+    tasks = ds.take(first.tolist(), columns=["task"]).column("task").to_pylist() \
+        if len(first) else []
     return [{"index": int(ep[a]), "rows": int(b - a), "start_s": float(ts[a]),
              "duration_s": float(ts[b - 1] - ts[a]), "task": task}
             for a, b, task in zip(starts, ends, tasks, strict=True)]
