@@ -148,12 +148,16 @@ def episode_files(src, indices) -> dict[str, list[str]]:
     """The files each episode is read from, for readers that say (``src.files(index)``)."""
     if not hasattr(src, "files"):
         return {}
-    root, out = Path(src.path), {}
+    root, out, rels = Path(src.path), {}, {}
     for i in indices:
         try:
-            out[str(i)] = sorted(_rel(root, Path(p)) for p in src.files(i))
+            files = [str(p) for p in src.files(i)]
         except Exception:  # unlisted metadata: any changed file is then taken to be its
             continue
+        for f in files:  # a file of many episodes made relative once
+            if f not in rels:
+                rels[f] = _rel(root, Path(f))
+        out[str(i)] = sorted(rels[f] for f in files)
     return out
 
 

@@ -231,6 +231,7 @@ class LeRobotSource:
         self._files: dict[Path, tuple[_Rows, dict[int, int], pa.Table]] = {}
         self._bad_files: dict[Path, str] = {}
         self._columns: list[str] | None = None  # all of them
+        self._paths: dict[str, Path] = {}
         self._episodes = self._read_episodes()
         self._tasks = self._read_tasks()
         self._first_rows = self._file_starts()
@@ -300,8 +301,16 @@ class LeRobotSource:
             chunks = int(self.info.get("chunks_size", 1000))
             return self.path / self.info["data_path"].format(episode_chunk=index // chunks,
                                                              episode_index=index)
-        return self.path / self.info["data_path"].format(
-            chunk_index=int(ep["data/chunk_index"]), file_index=int(ep["data/file_index"]))
+        return self._under(self.info["data_path"].format(
+            chunk_index=int(ep["data/chunk_index"]), file_index=int(ep["data/file_index"])))
+
+    def _under(self, rel: str) -> Path:
+        """``self.path / rel``, one Path object per file (v3.0 files hold many episodes, and
+        a build asks for each episode's)."""
+        got = self._paths.get(rel)
+        if got is None:
+            got = self._paths[rel] = self.path / rel
+        return got
 
     def locate(self, index: int) -> str:
         """Where episode ``index`` lies: its data file (and, in v3.0, its rows there)."""
@@ -377,7 +386,7 @@ class LeRobotSource:
         rel = self.info["video_path"].format(video_key=key,
                                              chunk_index=int(ep[f"videos/{key}/chunk_index"]),
                                              file_index=int(ep[f"videos/{key}/file_index"]))
-        return VideoRef(self.path / rel, float(ep.get(f"videos/{key}/from_timestamp", 0.0)))
+        return VideoRef(self._under(rel), float(ep.get(f"videos/{key}/from_timestamp", 0.0)))
 
     def read(self, index: int) -> Episode:
         if index not in self._episodes:
