@@ -362,6 +362,16 @@ def chunks(indices: list[int], keys: list[str] | None, workers: int) -> list[lis
     return out
 
 
+def start_worker_server() -> None:
+    """Start :func:`worker_context`'s fork server now, in the background: its imports (~3 s
+    of one core on a 64-core node, docs/build-profile.md) then overlap the build's own
+    start-up (the source's identity, the cache's state) instead of preceding the workers."""
+    if worker_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def _in_processes(path: str, indices: list[int], keys: list[str] | None,
                   config: CacheConfig, fps: float | None, align: bool,
                   dest: Path | None) -> Iterator[Prepared]:

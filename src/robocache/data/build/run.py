@@ -46,6 +46,8 @@ from robocache.data.build.read import (
     native_rate,
     open_specs,
     prepared,
+    start_worker_server,
+    use_processes,
     video_frames,
 )
 from robocache.data.build.stats import _compute_stats, _episode_summary
@@ -108,6 +110,8 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
                                    else "/".join(map(str, config.shard)))
     device = _device(config.device)
     src, specs = open_specs(source, config)
+    if not hasattr(source, "read") and use_processes(config, len(src.episode_indices())):
+        start_worker_server()
     fps = native_rate(src) if native else None
     if not native:
         check_rate(float(config.rate_hz), specs)
