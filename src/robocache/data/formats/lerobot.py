@@ -246,8 +246,9 @@ class LeRobotSource:
             files = sorted((meta / "episodes").glob("chunk-*/file-*.parquet"))
             rows = []
             for f in files:
-                try:
-                    rows += pq.read_table(f).to_pylist()
+                try:  # LeRobot's per-episode statistics (most of the columns) left unread
+                    names = [c for c in pq.read_schema(f).names if not c.startswith("stats/")]
+                    rows += pq.read_table(f, columns=names).to_pylist()
                 except (pa.ArrowException, OSError) as e:
                     raise DataError(f"{f}: the episode metadata is unreadable ({e}); check that "
                                     "the dataset is complete (copy or download it again).") from e
