@@ -269,7 +269,10 @@ def test_ik_converges_on_reachable_targets(urdf, end):
     target = _ik_targets(c, 256, seeded())
     res = ik(c, target, generator=torch.Generator().manual_seed(0))
     assert res.q.shape == (256, 7) and res.converged.shape == (256,)
-    assert res.converged.float().mean() >= 0.99
+    # random reachable targets (a fresh seed each run): over 40 target sets 0-2 of 256 panda
+    # targets missed (mean 0.6, iiwa 0.05), and 3 in one CI run; 98 % (5 misses) is Poisson
+    # tail ~4e-5 at that rate
+    assert res.converged.float().mean() >= 0.98
     lo, hi = torch.as_tensor(c.lower), torch.as_tensor(c.upper)
     assert bool(((res.q >= lo) & (res.q <= hi)).all())
     # the reported errors are the true ones
