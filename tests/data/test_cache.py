@@ -255,6 +255,17 @@ def test_processes_build_the_same_cache_as_threads(tmp_path, rng):
         json.loads((tmp_path / "procs" / "stats.json").read_text())
 
 
+def test_episode_digests_new_and_earlier_caches(rng):
+    from robocache.data.source_identity import episode_digest, same_digest
+
+    ep = make_episode(3, rng, duration=1.0)
+    new, old = episode_digest(ep), episode_digest(ep, "blake2b")
+    assert new.startswith("sha256:") and len(new) == 7 + 32 and len(old) == 32 and ":" not in old
+    assert same_digest(new, ep) and same_digest(old, ep)  # an earlier cache's BLAKE2b too
+    ep.streams["action"].times[2] += 1e-6  # one timestamp moved
+    assert not same_digest(new, ep) and not same_digest(old, ep) and not same_digest(None, ep)
+
+
 @pytest.mark.parametrize("shuffled", [False, True])
 def test_episode_summary_equals_a_sort_of_every_row(tmp_path, rng, shuffled):
     from robocache.data.build.stats import _episode_summary
