@@ -2,7 +2,8 @@
 
     $ python benchmarks/scale_estimates.py benchmarks/results/preprocess-h200x4-DATE.json \\
           --cameras benchmarks/results/cameras-cpu-h200x4-DATE.json \\
-          --cameras benchmarks/results/cameras-gpu-h200x4-DATE.json --write docs/scale-out.md
+          --cameras benchmarks/results/cameras-gpu-h200x4-DATE.json \\
+          [--ingest benchmarks/results/preprocess-h200x4-LATER.json] --write docs/scale-out.md
 
 Every figure is computed from the results files given (and names them); nothing is typed by
 hand. The table replaces the text between ``<!-- estimates -->`` and ``<!-- /estimates -->``.
@@ -73,11 +74,19 @@ def _t(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def estimates(preprocess: Path, cameras: list[Path] | None = None) -> str:
-    """The markdown table of estimated build times (one node of 8 GPUs, and N such nodes)."""
+def estimates(preprocess: Path, cameras: list[Path] | None = None,
+              ingest: Path | None = None) -> str:
+    """The markdown table of estimated build times (one node of 8 GPUs, and N such nodes);
+    ``ingest``: a later ``bench preprocess`` file whose ``ingest node`` rate (and one-core
+    cost, raw read and episode size) the ``ingest`` rows use instead."""
     p = preprocess_rates(json.loads(Path(preprocess).read_text()))
     rows = []
-    src = f"`{Path(preprocess).as_posix()}`"
+    src = isrc = f"`{Path(preprocess).as_posix()}`"
+    if ingest is not None:
+        later = preprocess_rates(json.loads(Path(ingest).read_text()))
+        p.update({k: later[k] for k in ("ingest_eps", "cpu_ms", "raw_GBps", "episode_MB",
+                                        "date") if later[k] is not None})
+        isrc = f"`{Path(ingest).as_posix()}`"
     # one 8-GPU node: one GPU's rate times 8 at the efficiency measured on the largest count
     node8 = p["ray_one"] * NODE_GPUS * p["efficiency"] if "ray_one" in p else None
     for what, episodes in (("RT-X, 1M trajectories", RTX_EPISODES),
@@ -90,7 +99,7 @@ def estimates(preprocess: Path, cameras: list[Path] | None = None) -> str:
         if p["ingest_eps"]:
             rows.append([f"{what}: `ingest`, one machine a shard",
                          *(_t(episodes / (n * p["ingest_eps"])) for n in NODES),
-                         f"{p['ingest_eps']:.0f} ep/s on {p['cpu_count']} cores; {src}"])
+                         f"{p['ingest_eps']:.0f} ep/s on {p['cpu_count']} cores; {isrc}"])
     best = [(r, f) for f in cameras or [] if (r := camera_rate(json.loads(Path(f).read_text())))]
     if best:
         (rate, case), f = max(best, key=lambda b: b[0][0])
@@ -122,9 +131,11 @@ def main() -> None:
     a.add_argument("preprocess", type=Path, help="bench preprocess results JSON")
     a.add_argument("--cameras", type=Path, action="append",
                    help="bench cameras results JSON (repeat for several)")
+    a.add_argument("--ingest", type=Path,
+                   help="a later bench preprocess results JSON for the ingest rows")
     a.add_argument("--write", type=Path, help="the markdown file to update (else print)")
     args = a.parse_args()
-    table = estimates(args.preprocess, args.cameras)
+    table = estimates(args.preprocess, args.cameras, args.ingest)
     if args.write:
         write(args.write, table)
     else:

@@ -57,3 +57,20 @@ def test_the_doc_has_the_block_the_script_writes(tmp_path):
     text = doc.read_text()
     assert "<!-- estimates -->\nEstimated from the runs on NVIDIA H200 x4" in text
     assert text.count("<!-- /estimates -->") == 1
+
+
+def test_ingest_rows_from_a_later_run(tmp_path):
+    first = preprocess_results(tmp_path)
+    later = tmp_path / "later"
+    later.mkdir()
+    doc = json.loads(first.read_text())
+    doc["cases"] = [c for c in doc["cases"] if not c["impl"].startswith("preprocess ")]
+    for c in doc["cases"]:
+        if c["impl"] == "ingest node":
+            c["episodes_per_s"] = 1000.0
+    (later / "ingest.json").write_text(json.dumps(doc))
+    table = scale_estimates.estimates(first, ingest=later / "ingest.json")
+    # Ray's rows from the first file; ingest at 1,000 ep/s: 1M in 1000 s, from the later one
+    assert "| RT-X, 1M trajectories: `preprocess`, 8 GPUs a node | 23.1 min |" in table
+    ingest = next(r for r in table.splitlines() if "`ingest`, one machine" in r)
+    assert "| 16.7 min |" in ingest and "ingest.json" in ingest and "1000 ep/s" in ingest

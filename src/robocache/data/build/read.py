@@ -225,10 +225,12 @@ def use_processes(config: CacheConfig, episodes: int) -> bool:
 
 
 def lance_threads() -> None:
-    """Size Lance's thread pools (made on its first call in this process) for one worker of
-    many: one compute thread and two for the files, unless ``LANCE_CPU_THREADS`` /
-    ``LANCE_IO_THREADS`` are set. 64 workers with pools the size of the machine spent 19 s on
-    a build that one thread each did in 14.5 (docs/build-profile.md)."""
+    """Size Lance's thread pools (made on its first call in this process) for one build
+    worker process of many: one compute thread and two for the files, unless
+    ``LANCE_CPU_THREADS`` / ``LANCE_IO_THREADS`` are set. 64 workers with pools the size of
+    the machine spent 19 s on a build that one thread each did in 14.5
+    (docs/build-profile.md). Not in Ray's actors: one writes a GPU's episodes, and with one
+    Lance thread ``preprocess`` fell from 171 to 79 episodes/s a GPU."""
     os.environ.setdefault("LANCE_CPU_THREADS", "1")
     os.environ.setdefault("LANCE_IO_THREADS", "2")
 
@@ -239,15 +241,13 @@ def single_core() -> None:
     Arrow's own threads only contended, 2x the CPU time measured), and the objects alive now
     (modules imported, source opened) moved out of the garbage collector's reach
     (``gc.freeze``): every full collection walked them all, 0.19 ms an episode of
-    ``bench preprocess``'s kind (docs/build-profile.md); Lance's pools as
-    :func:`lance_threads` says."""
+    ``bench preprocess``'s kind (docs/build-profile.md)."""
     import gc
 
     import torch
 
     torch.set_num_threads(1)
     require("pyarrow", "data", "Arrow tables").set_cpu_count(1)
-    lance_threads()
     gc.freeze()
 
 
