@@ -338,34 +338,31 @@ def chunks(indices: list[int], keys: list[str] | None, workers: int) -> list[lis
     """``indices`` (in order) as the tasks of ``workers`` worker processes: about a quarter
     of each worker's share, within :data:`CHUNK`; ``keys``: each episode's data file, whose
     consecutive episodes stay in one task (a task may grow past the quarter to hold them),
-    up to :data:`FILE_EPISODES` and each worker's share; longer runs are cut into tasks of
-    the quarter."""
+    up to :data:`FILE_EPISODES` and each worker's share (a longer run of one file is cut
+    there)."""
     size = min(max(len(indices) // (4 * workers), CHUNK[0]), CHUNK[1])
     whole = max(size, min(FILE_EPISODES, len(indices) // workers))
-    runs: list[list[int]] = []
+    runs: list[list[int]] = []  # one file's consecutive episodes, at most ``whole``
     for i, index in enumerate(indices):
-        same = keys is None or keys[i] == keys[i - 1]
-        if runs and same and len(runs[-1]) < (size if keys is None else whole):
+        if runs and keys is not None and keys[i] == keys[i - 1] and len(runs[-1]) < whole:
             runs[-1].append(index)
         else:
             runs.append([index])
     out: list[list[int]] = []
-    for run in runs:
-        pieces = [run] if len(run) <= whole else [run[a:a + size]
-                                                  for a in range(0, len(run), size)]
-        for piece in pieces:
-            if out and len(out[-1]) < size and len(out[-1]) + len(piece) <= max(size,
-                                                                              len(piece)):
-                out[-1] += piece
-            else:
-                out.append(list(piece))
+    for run in runs:  # short runs gathered into tasks of at most the quarter
+        if out and len(out[-1]) + len(run) <= size:
+            out[-1] += run
+        else:
+            out.append(run)
     return out
 
 
 def start_worker_server() -> None:
-    """Start :func:`worker_context`'s fork server now, in the background: its imports (~3 s
-    of one core on a 64-core node, docs/build-profile.md) then overlap the build's own
-    start-up (the source's identity, the cache's state) instead of preceding the workers."""
+    """Start :func:`worker_context`'s fork server now, in the background: its imports (2-4 s
+    of one core before the workers in the node profile
+    ``benchmarks/results/ingest-node-profile-h200x4-2026-11-27-61ad0c4.txt``) then overlap
+    the build's own start-up (the source's identity, the cache's state) instead of preceding
+    the workers."""
     if worker_context().get_start_method() == "forkserver":
         from multiprocessing import forkserver
 
