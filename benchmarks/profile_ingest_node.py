@@ -1,7 +1,8 @@
 """Where a node-wide ingest's time goes: the build of ``bench_preprocess``'s dataset in a
 child process, the CPU use of its main process and of its workers sampled from ``/proc``
 every 0.25 s (a timeline in cores), and, with ``--py-spy``, py-spy samples of the main
-process and of one worker (idle frames included), summarized as the top frames.
+process over the whole build (on-CPU only) and of one worker for 6 s (idle frames included),
+summarized as the top frames.
 
     python benchmarks/profile_ingest_node.py --episodes 40000 --out /tmp/prof --py-spy
 
@@ -57,35 +58,42 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def _spy(pid: int, out: Path) -> subprocess.Popen:
-    return subprocess.Popen(["py-spy", "record", "-r", "200", "-d", "6", "-f", "raw", "--idle",
-                             "-o", str(out), "-p", str(pid)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+def _spy(pid: int, out: Path, seconds: int = 6, idle: bool = True) -> subprocess.Popen:
+    return subprocess.Popen(["py-spy", "record", "-r", "200", "-d", str(seconds), "-f", "raw",
+                             *(["--idle"] if idle else []), "-o", str(out), "-p", str(pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def top_frames(raw: Path, n: int = 12) -> list[str]:
-    """The frames py-spy's ``raw`` samples end in most often, as lines."""
-    counts, total = Counter(), 0
+    """The frames py-spy's ``raw`` samples end in most often (own), then the project's
+    functions on the most samples' stacks (inclusive), as lines."""
+    own, inclusive, total = Counter(), Counter(), 0
     for line in raw.read_text().splitlines():
         stack, _, k = line.rpartition(" ")
-        counts[stack.split(";")[-1]] += int(k)
+        frames = stack.split(";")
+        own[frames[-1]] += int(k)
+        for f in set(frames):
+            if "robocache" in f:
+                inclusive[f] += int(k)
         total += int(k)
-    return [f"{100 * k / total:5.1f}%  {frame}" for frame, k in counts.most_common(n)]
+    return [f"{100 * k / total:5.1f}%  {frame}" for frame, k in own.most_common(n)] + \
+        [f"{100 * k / total:5.1f}%  (incl.) {frame}" for frame, k in inclusive.most_common(n)]
 
 
 def profile(src: Path, dest: Path, out: Path, spy: bool) -> dict:
     child = subprocess.Popen([sys.executable, "-c", BUILD, str(src), str(dest)],
                              stdout=subprocess.PIPE, text=True)
-    samples, spies, t0 = [], {}, time.perf_counter()
+    samples, t0 = [], time.perf_counter()
+    # the main process from its start, on-CPU samples only: its start-up and its tail
+    spies = {"main": _spy(child.pid, out / "spy-main.txt", 600, idle=False)} if spy else {}
     while child.poll() is None:
         tree = _tree(child.pid)
         snap = {q: c for q in tree if (c := _cpu_s(q)) is not None}
         samples.append((time.perf_counter() - t0, snap))
         # a worker: below the build's own children (a fork server's child) once one works
         busy = [q for q, c in snap.items() if tree[q] not in (0, child.pid) and c > 0.5]
-        if spy and not spies and busy:
-            spies = {"main": _spy(child.pid, out / "spy-main.txt"),
-                     "worker": _spy(busy[0], out / "spy-worker.txt")}
+        if spy and "worker" not in spies and busy:
+            spies["worker"] = _spy(busy[0], out / "spy-worker.txt")
         time.sleep(0.25)
     result = json.loads(child.stdout.read().strip().splitlines()[-1])
     for p in spies.values():
