@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,41 +37,74 @@ def stats_threads(dim: int) -> int:
     return max(1, min(cores, free // (2 * STATS_BATCH_ROWS * dim * STATS_BYTES_PER_VALUE)))
 
 
-def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
-                   threads: int | None = None) -> dict[str, dict]:
+def _chunk_stats(values, pad, dim: int):
+    """:func:`robocache.compute_stats` of one chunk's unpadded rows (``values``: the stream's
+    list column, ``pad``: its ``_is_pad`` column); ``None`` when every row is padded."""
+    import torch
+
+    import robocache
+
+    pc = require("pyarrow.compute", "data", "Arrow tables")
+    values = pc.list_flatten(values).to_numpy()
+    values = values.astype(np.float32).reshape(-1, dim)  # (writable: Arrow's is not)
+    keep = ~pad.to_numpy(zero_copy_only=False)
+    if not keep.any():
+        return None
+    return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]))
+
+
+def _rows_key(table) -> str:
+    """What identifies a chunk's rows: a digest of its ``episode_index`` and ``timestamp``
+    columns (a cached step is its episode and time)."""
+    h = hashlib.blake2b(digest_size=16)
+    for col in ("episode_index", "timestamp"):
+        h.update(np.ascontiguousarray(table.column(col).to_numpy()).tobytes())
+    return h.hexdigest()
+
+
+def _numeric(specs: dict[str, StreamSpec]) -> dict[str, StreamSpec]:
+    return {name: spec for name, spec in specs.items() if spec.kind == "numeric"}
+
+
+def _compute_stats(uri: Path, specs: dict[str, StreamSpec], threads: int | None = None,
+                   known: dict[int, tuple[str, dict[str, Any]]] | None = None
+                   ) -> dict[str, dict]:
     """Per-dimension stats of every numeric stream over its non-padded steps (merged over
     chunks of ``STATS_BATCH_ROWS`` rows in the table's order, see
     :func:`robocache.merge_stats`: the chunks do not depend on how the rows were batched into
     fragments). ``threads`` chunks at once, of every stream (default
     :func:`stats_threads`), each on one torch thread (torch's operations release the GIL),
-    merged in order: the same statistics as one chunk after the other."""
-    import torch
-
+    merged in order: the same statistics as one chunk after the other. ``known``: chunks
+    already computed (start row -> their rows' :func:`_rows_key` and stream -> a future of
+    its statistics, see :class:`ChunkStats`), used where the table holds the same rows there."""
     import robocache
     from robocache.data.build.align import one_thread
 
     lance = require("lance", "data", "The Lance cache", "pylance")
-    pc = require("pyarrow.compute", "data", "Arrow tables")
 
+    numeric = _numeric(specs)
+    if not numeric:
+        return {}
     ds = lance.dataset(str(uri))
     starts = range(0, ds.count_rows(), STATS_BATCH_ROWS)
+    known = known or {}
 
     def part(col: str, dim: int, start: int):
         batch = ds.to_table(columns=[col, f"{col}_is_pad"], offset=start,
                             limit=STATS_BATCH_ROWS)
-        values = pc.list_flatten(batch.column(0)).to_numpy()
-        values = values.astype(np.float32).reshape(-1, dim)  # (writable: Arrow's is not)
-        keep = ~batch.column(1).to_numpy(zero_copy_only=False)
-        if not keep.any():
-            return None
-        return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]))
+        return _chunk_stats(batch.column(0), batch.column(1), dim)
 
-    numeric = {name: spec for name, spec in specs.items() if spec.kind == "numeric"}
-    if not numeric:
-        return {}
+    def same(start: int) -> bool:
+        rows = ds.to_table(columns=["episode_index", "timestamp"], offset=start,
+                           limit=STATS_BATCH_ROWS)
+        return rows.num_rows == STATS_BATCH_ROWS and _rows_key(rows) == known[start][0]
+
     threads = threads or stats_threads(max(spec.dim for spec in numeric.values()))
     with one_thread("cpu"), ThreadPoolExecutor(threads) as pool:
-        futures = {name: [pool.submit(part, column_name(name), spec.dim, start)
+        checks = {start: pool.submit(same, start) for start in starts if start in known}
+        reuse = {start for start, check in checks.items() if check.result()}
+        futures = {name: [known[start][1][name] if start in reuse else
+                          pool.submit(part, column_name(name), spec.dim, start)
                           for start in starts] for name, spec in numeric.items()}
         stats = {}
         for name, parts in futures.items():
@@ -78,6 +112,73 @@ def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
             if parts:
                 stats[name] = robocache.merge_stats(parts).to_dict()
     return stats
+
+
+class ChunkStats:
+    """:func:`_compute_stats` of a cache, its chunks computed while the build that writes it
+    still commits: the main process of a build whose worker processes read, align and write
+    the episodes only waits and commits, and the statistics were a serial tail after the
+    workers (5-6 s of a 19.5 s build on 64 cores, ``benchmarks/results/
+    ingest-node-profile-h200x4-2026-11-27-588efa4.txt``).
+
+    After each commit (:meth:`committed`), every chunk the table now holds whole is read on
+    the committing thread (never beside a compaction or a removal of old versions) and its
+    statistics computed on a pool of :func:`stats_threads` threads, with at most that many
+    chunks read and not yet computed. :meth:`result` then computes what is left (the last
+    chunk, chunks whose rows moved) and merges in order: the same statistics as
+    :func:`_compute_stats` of the finished table, a chunk reused only where the table still
+    holds the same rows at its place (:func:`_rows_key`). Torch's intra-op threads are one
+    while it lives (:meth:`close`): the build's main process runs no other torch work then.
+    """
+
+    def __init__(self, uri: Path, specs: dict[str, StreamSpec]):
+        import torch
+
+        self.uri, self.specs, self.numeric = uri, specs, _numeric(specs)
+        self.threads = stats_threads(max((s.dim for s in self.numeric.values()), default=1))
+        self.pool = ThreadPoolExecutor(self.threads) if self.numeric else None
+        self.known: dict[int, tuple[str, dict[str, Any]]] = {}
+        self.next = 0  # the first row of the next chunk to read
+        self._torch_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def committed(self) -> None:
+        """Read and start every chunk the committed table holds whole and not started yet."""
+        if self.pool is None:
+            return
+        lance = require("lance", "data", "The Lance cache", "pylance")
+
+        ds = lance.dataset(str(self.uri))
+        rows = ds.count_rows()
+        cols = [c for name in self.numeric for c in (column_name(name),
+                                                     f"{column_name(name)}_is_pad")]
+        while self.next + STATS_BATCH_ROWS <= rows:
+            table = ds.to_table(columns=["episode_index", "timestamp", *cols],
+                                offset=self.next, limit=STATS_BATCH_ROWS)
+            self.known[self.next] = (_rows_key(table), {
+                name: self.pool.submit(_chunk_stats, table.column(column_name(name)),
+                                       table.column(f"{column_name(name)}_is_pad"), spec.dim)
+                for name, spec in self.numeric.items()})
+            self.next += STATS_BATCH_ROWS
+            busy = [f for _, fs in self.known.values() for f in fs.values() if not f.done()]
+            if len(busy) > self.threads * len(self.numeric):  # bound the chunks held
+                busy[0].result()
+
+    def result(self) -> dict[str, dict]:
+        """The statistics of the finished table (see the class docstring)."""
+        try:
+            return _compute_stats(self.uri, self.specs, self.threads, self.known)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the pool (chunks not started are dropped) and restore torch's threads."""
+        import torch
+
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+        torch.set_num_threads(self._torch_threads)
 
 
 def _episode_summary(uri: Path) -> list[dict[str, Any]]:
