@@ -50,7 +50,7 @@ from robocache.data.build.read import (
     use_processes,
     video_frames,
 )
-from robocache.data.build.stats import ChunkStats, _compute_stats, _episode_summary
+from robocache.data.build.stats import _compute_stats, _episode_summary
 from robocache.data.build.write import Batch, episode_tables
 from robocache.data.cameras import CODECS, VIDEO_DECODERS, nvdec_available
 from robocache.data.episode import Source, StreamSpec
@@ -203,7 +203,8 @@ class Run:
         self.sizes: dict[int, dict[str, int]] = {}  # batched episodes' sizes, for the metrics
         self.files: list[tuple[list[int], list]] = []  # written by workers, uncommitted
         self.since = time.perf_counter()
-        self.chunk_stats: ChunkStats | None = None  # statistics computed as chunks commit
+        # the statistics computed in worker processes (when the episodes were)
+        self.stats_processes = False
         # frames a killed writer committed without their rows: dropped before anything else
         drop_orphan_frames(dest)
 
@@ -276,8 +277,6 @@ class Run:
         """Commit files written for episodes ``indices`` (one Lance commit per table for all
         of them, see :class:`~robocache.data.build.commit.Committer`)."""
         self.committer(indices, written)
-        if self.chunk_stats is not None:
-            self.chunk_stats.committed()
         retried = [i for i in indices if self.quarantine.pop(int(i), None) is not None]
         if retried:  # retried and now cached
             self._write_running()
@@ -310,8 +309,9 @@ class Run:
         manifest (see :func:`finish`)."""
         self.flush()
         self.committer.close()
-        stats = None if self.chunk_stats is None or not _committed(self.dest / "data.lance") \
-            else self.chunk_stats.result()
+        uri = self.dest / "data.lance"
+        stats = _compute_stats(uri, self.specs, processes=True) \
+            if self.stats_processes and _committed(uri) else None
         manifest = finish(self.dest, self.header, wanted=self.wanted, done=self.done,
                           quarantine=self.quarantine, new=self.new,
                           device=device or self.device, seconds=time.perf_counter() - self.t0,
@@ -400,31 +400,25 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
     with locked_run(source, dest, config, log=log, **overrides) as run:
         on_cpu = getattr(run.device, "type", None) == "cpu"
         todo = run.todo
-        if on_cpu and run.path is not None and use_processes(run.config, len(todo)):
-            # worker processes do every episode's work: this process commits, and computes
-            # the statistics of each chunk of rows once committed
-            run.chunk_stats = ChunkStats(run.dest / "data.lance", run.specs)
+        run.stats_processes = on_cpu and run.path is not None and \
+            use_processes(run.config, len(todo))
         group: list[Prepared] = []  # prepared episodes, in order, aligned together
-        try:
-            with _progress(progress, len(run.wanted)) as advance, closing(prepared(
-                    run.src, todo, run.specs, run.config, gpu=run.gpu, path=run.path,
-                    fps=run.fps, align=on_cpu, dest=run.dest)) as ready:
-                for index in run.wanted:
-                    why = run.skip(index)
-                    if why is not None:
-                        run.passed(index, why)
-                        advance(f"episode {index} ({why})")
-                        continue
-                    # read, decoded, checked and encoded on a worker thread (or, in a worker
-                    # process, aligned and made into tables too), in order
-                    group.append(next(ready))
-                    if len(group) >= ALIGN_EPISODES:
-                        _settle(run, group, advance)
-                _settle(run, group, advance)
-            return run.finish()
-        finally:
-            if run.chunk_stats is not None:
-                run.chunk_stats.close()
+        with _progress(progress, len(run.wanted)) as advance, closing(prepared(
+                run.src, todo, run.specs, run.config, gpu=run.gpu, path=run.path,
+                fps=run.fps, align=on_cpu, dest=run.dest)) as ready:
+            for index in run.wanted:
+                why = run.skip(index)
+                if why is not None:
+                    run.passed(index, why)
+                    advance(f"episode {index} ({why})")
+                    continue
+                # read, decoded, checked and encoded on a worker thread (or, in a worker
+                # process, aligned and made into tables too), in order
+                group.append(next(ready))
+                if len(group) >= ALIGN_EPISODES:
+                    _settle(run, group, advance)
+            _settle(run, group, advance)
+        return run.finish()
 
 
 def _settle(run: Run, group: list[Prepared], advance) -> None:

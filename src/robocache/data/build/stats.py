@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,148 +37,92 @@ def stats_threads(dim: int) -> int:
     return max(1, min(cores, free // (2 * STATS_BATCH_ROWS * dim * STATS_BYTES_PER_VALUE)))
 
 
-def _chunk_stats(values, pad, dim: int):
-    """:func:`robocache.compute_stats` of one chunk's unpadded rows (``values``: the stream's
-    list column, ``pad``: its ``_is_pad`` column); ``None`` when every row is padded."""
+def _chunk_stats(uri: str, version: int, col: str, dim: int, start: int, rows: int):
+    """:func:`robocache.compute_stats` of the unpadded rows of one chunk of a stream (its
+    column ``col`` of width ``dim``, ``rows`` rows from ``start`` of the table at ``uri``,
+    version ``version``); ``None`` when every row is padded."""
     import torch
 
     import robocache
 
     pc = require("pyarrow.compute", "data", "Arrow tables")
-    values = pc.list_flatten(values).to_numpy()
+    batch = _dataset(uri, version).to_table(columns=[col, f"{col}_is_pad"], offset=start,
+                                            limit=rows)
+    values = pc.list_flatten(batch.column(0)).to_numpy()
     values = values.astype(np.float32).reshape(-1, dim)  # (writable: Arrow's is not)
-    keep = ~pad.to_numpy(zero_copy_only=False)
+    keep = ~batch.column(1).to_numpy(zero_copy_only=False)
     if not keep.any():
         return None
     return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]))
 
 
-def _rows_key(table) -> str:
-    """What identifies a chunk's rows: a digest of its ``episode_index`` and ``timestamp``
-    columns (a cached step is its episode and time)."""
-    h = hashlib.blake2b(digest_size=16)
-    for col in ("episode_index", "timestamp"):
-        h.update(np.ascontiguousarray(table.column(col).to_numpy()).tobytes())
-    return h.hexdigest()
+@functools.lru_cache(maxsize=4)
+def _dataset(uri: str, version: int):
+    """The Lance table at ``uri`` as of ``version``, opened once per process."""
+    return require("lance", "data", "The Lance cache", "pylance").dataset(uri, version=version)
 
 
-def _numeric(specs: dict[str, StreamSpec]) -> dict[str, StreamSpec]:
-    return {name: spec for name, spec in specs.items() if spec.kind == "numeric"}
+def _stats_worker(parent: int) -> None:
+    """Start-up of a statistics worker process (see :func:`_compute_stats`)."""
+    import torch
+
+    from robocache.data.build.read import lance_threads
+    from robocache.data.cameras import die_with_parent
+
+    die_with_parent(parent)
+    lance_threads()
+    torch.set_num_threads(1)
 
 
-def _compute_stats(uri: Path, specs: dict[str, StreamSpec], threads: int | None = None,
-                   known: dict[int, tuple[str, dict[str, Any]]] | None = None
-                   ) -> dict[str, dict]:
+def _compute_stats(uri: Path, specs: dict[str, StreamSpec], threads: int | None = None, *,
+                   processes: bool = False) -> dict[str, dict]:
     """Per-dimension stats of every numeric stream over its non-padded steps (merged over
     chunks of ``STATS_BATCH_ROWS`` rows in the table's order, see
     :func:`robocache.merge_stats`: the chunks do not depend on how the rows were batched into
-    fragments). ``threads`` chunks at once, of every stream (default
-    :func:`stats_threads`), each on one torch thread (torch's operations release the GIL),
-    merged in order: the same statistics as one chunk after the other. ``known``: chunks
-    already computed (start row -> their rows' :func:`_rows_key` and stream -> a future of
-    its statistics, see :class:`ChunkStats`), used where the table holds the same rows there."""
+    fragments). ``threads`` chunks at once, of every stream, widest first (default
+    :func:`stats_threads`), merged in order: the same statistics as one chunk after the other.
+    On threads, each on one torch thread (torch's operations release the GIL); with
+    ``processes``, in worker processes forked from the build's fork server
+    (:func:`~robocache.data.build.read.worker_context`): a build that used worker processes
+    has it running, and the threads of one process held ~17 of 64 cores busy, the GIL between
+    their array calls (``benchmarks/results/
+    ingest-node-profile-h200x4-2026-11-27-2df6b5c.txt``)."""
+    from concurrent.futures import ProcessPoolExecutor
+
     import robocache
     from robocache.data.build.align import one_thread
+    from robocache.data.build.read import worker_context
 
     lance = require("lance", "data", "The Lance cache", "pylance")
 
-    numeric = _numeric(specs)
+    numeric = {name: spec for name, spec in specs.items() if spec.kind == "numeric"}
     if not numeric:
         return {}
     ds = lance.dataset(str(uri))
     starts = range(0, ds.count_rows(), STATS_BATCH_ROWS)
-    known = known or {}
-
-    def part(col: str, dim: int, start: int):
-        batch = ds.to_table(columns=[col, f"{col}_is_pad"], offset=start,
-                            limit=STATS_BATCH_ROWS)
-        return _chunk_stats(batch.column(0), batch.column(1), dim)
-
-    def same(start: int) -> bool:
-        rows = ds.to_table(columns=["episode_index", "timestamp"], offset=start,
-                           limit=STATS_BATCH_ROWS)
-        return rows.num_rows == STATS_BATCH_ROWS and _rows_key(rows) == known[start][0]
-
-    threads = threads or stats_threads(max(spec.dim for spec in numeric.values()))
-    with one_thread("cpu"), ThreadPoolExecutor(threads) as pool:
-        checks = {start: pool.submit(same, start) for start in starts if start in known}
-        reuse = {start for start, check in checks.items() if check.result()}
-        futures = {name: [known[start][1][name] if start in reuse else
-                          pool.submit(part, column_name(name), spec.dim, start)
-                          for start in starts] for name, spec in numeric.items()}
-        stats = {}
-        for name, parts in futures.items():
-            parts = [p for p in (f.result() for f in parts) if p is not None]
-            if parts:
-                stats[name] = robocache.merge_stats(parts).to_dict()
+    jobs = sorted(((name, spec.dim, start) for name, spec in numeric.items()
+                   for start in starts), key=lambda job: -job[1])
+    threads = max(1, min(threads or stats_threads(max(spec.dim for spec in numeric.values())),
+                         len(jobs)))
+    if processes:
+        pool = ProcessPoolExecutor(threads, mp_context=worker_context(),
+                                   initializer=_stats_worker, initargs=(os.getpid(),))
+    else:
+        pool = ThreadPoolExecutor(threads)
+    try:
+        with one_thread("cpu"), pool:
+            futures = {job: pool.submit(_chunk_stats, str(uri), ds.version,
+                                        column_name(job[0]), job[1], job[2],
+                                        STATS_BATCH_ROWS) for job in jobs}
+            stats = {}
+            for name, spec in numeric.items():
+                parts = [p for p in (futures[name, spec.dim, start].result()
+                                     for start in starts) if p is not None]
+                if parts:
+                    stats[name] = robocache.merge_stats(parts).to_dict()
+    finally:
+        _dataset.cache_clear()  # (this process's; a worker process's ends with it)
     return stats
-
-
-class ChunkStats:
-    """:func:`_compute_stats` of a cache, its chunks computed while the build that writes it
-    still commits: the main process of a build whose worker processes read, align and write
-    the episodes only waits and commits, and the statistics were a serial tail after the
-    workers (5-6 s of a 19.5 s build on 64 cores, ``benchmarks/results/
-    ingest-node-profile-h200x4-2026-11-27-588efa4.txt``).
-
-    After each commit (:meth:`committed`), every chunk the table now holds whole is read on
-    the committing thread (never beside a compaction or a removal of old versions) and its
-    statistics computed on a pool of :func:`stats_threads` threads, with at most that many
-    chunks read and not yet computed. :meth:`result` then computes what is left (the last
-    chunk, chunks whose rows moved) and merges in order: the same statistics as
-    :func:`_compute_stats` of the finished table, a chunk reused only where the table still
-    holds the same rows at its place (:func:`_rows_key`). Torch's intra-op threads are one
-    while it lives (:meth:`close`): the build's main process runs no other torch work then.
-    """
-
-    def __init__(self, uri: Path, specs: dict[str, StreamSpec]):
-        import torch
-
-        self.uri, self.specs, self.numeric = uri, specs, _numeric(specs)
-        self.threads = stats_threads(max((s.dim for s in self.numeric.values()), default=1))
-        self.pool = ThreadPoolExecutor(self.threads) if self.numeric else None
-        self.known: dict[int, tuple[str, dict[str, Any]]] = {}
-        self.next = 0  # the first row of the next chunk to read
-        self._torch_threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-
-    def committed(self) -> None:
-        """Read and start every chunk the committed table holds whole and not started yet."""
-        if self.pool is None:
-            return
-        lance = require("lance", "data", "The Lance cache", "pylance")
-
-        ds = lance.dataset(str(self.uri))
-        rows = ds.count_rows()
-        cols = [c for name in self.numeric for c in (column_name(name),
-                                                     f"{column_name(name)}_is_pad")]
-        while self.next + STATS_BATCH_ROWS <= rows:
-            table = ds.to_table(columns=["episode_index", "timestamp", *cols],
-                                offset=self.next, limit=STATS_BATCH_ROWS)
-            self.known[self.next] = (_rows_key(table), {
-                name: self.pool.submit(_chunk_stats, table.column(column_name(name)),
-                                       table.column(f"{column_name(name)}_is_pad"), spec.dim)
-                for name, spec in self.numeric.items()})
-            self.next += STATS_BATCH_ROWS
-            busy = [f for _, fs in self.known.values() for f in fs.values() if not f.done()]
-            if len(busy) > self.threads * len(self.numeric):  # bound the chunks held
-                busy[0].result()
-
-    def result(self) -> dict[str, dict]:
-        """The statistics of the finished table (see the class docstring)."""
-        try:
-            return _compute_stats(self.uri, self.specs, self.threads, self.known)
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Stop the pool (chunks not started are dropped) and restore torch's threads."""
-        import torch
-
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
-        torch.set_num_threads(self._torch_threads)
 
 
 def _episode_summary(uri: Path) -> list[dict[str, Any]]:
