@@ -255,24 +255,6 @@ def test_processes_build_the_same_cache_as_threads(tmp_path, rng):
         json.loads((tmp_path / "procs" / "stats.json").read_text())
 
 
-def test_statistics_in_worker_processes_equal_those_on_threads(tmp_path, rng, monkeypatch):
-    """A build whose episodes went through worker processes computes its statistics there
-    too: chunk by chunk, the statistics the threads compute."""
-    from robocache.data.build import stats as S
-    from robocache.data.formats import open_source
-
-    eps = [make_episode(i, rng, duration=1.0) for i in range(12)]
-    write_lerobot(tmp_path / "src", eps, SPECS, fps=25.0, version="v3.0")
-    build(tmp_path / "src", tmp_path / "cache", rate_hz=RATE, progress=False, device="cpu",
-          decode_processes=True, decode_workers=2, batch_rows=40)
-    uri, specs = tmp_path / "cache" / "data.lance", open_source(tmp_path / "src").specs
-    assert json.loads((tmp_path / "cache" / "stats.json").read_text()) == \
-        json.loads(json.dumps(S._compute_stats(uri, specs, threads=1)))
-    monkeypatch.setattr(S, "STATS_BATCH_ROWS", 23)  # many chunks, spread over the processes
-    assert S._compute_stats(uri, specs, threads=3, processes=True) == \
-        S._compute_stats(uri, specs, threads=1)
-
-
 def test_episode_digests_new_and_earlier_caches(rng):
     from robocache.data.source_identity import episode_digest, same_digest
 
@@ -443,3 +425,16 @@ def test_stats_merge_chunks_in_table_order_whatever_the_threads(tmp_path, episod
                 parts.append(robocache.compute_stats(torch.from_numpy(values[keep])))
         want = robocache.merge_stats(parts).to_dict()
         assert got[0][name] == want and got[1][name] == want
+
+
+def test_manifest_json_keeps_long_fields_on_one_line():
+    from robocache.data.build.manifest import LONG_FIELD, _dumps
+
+    obj = {"format": "x", "streams": {"a": {"shape": [3, 4]}}, "empty": {}, "none": None,
+           "episodes": [{"index": i, "rows": 5} for i in range(LONG_FIELD + 1)],
+           "episode_digests": {str(i): f"sha256:{i:032x}" for i in range(LONG_FIELD + 1)}}
+    text = _dumps(obj, 2)
+    assert json.loads(text) == obj and _dumps([1, 2], 2) == json.dumps([1, 2], indent=2)
+    lines = text.splitlines()
+    assert sum(line.startswith('  "episodes": [{') for line in lines) == 1  # one line
+    assert '    "a": {' in lines  # short fields indented as json.dumps indents them

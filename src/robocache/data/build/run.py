@@ -203,8 +203,6 @@ class Run:
         self.sizes: dict[int, dict[str, int]] = {}  # batched episodes' sizes, for the metrics
         self.files: list[tuple[list[int], list]] = []  # written by workers, uncommitted
         self.since = time.perf_counter()
-        # the statistics computed in worker processes (when the episodes were)
-        self.stats_processes = False
         # frames a killed writer committed without their rows: dropped before anything else
         drop_orphan_frames(dest)
 
@@ -309,17 +307,13 @@ class Run:
         manifest (see :func:`finish`)."""
         self.flush()
         self.committer.close()
-        uri = self.dest / "data.lance"
-        stats = _compute_stats(uri, self.specs, processes=True) \
-            if self.stats_processes and _committed(uri) else None
         manifest = finish(self.dest, self.header, wanted=self.wanted, done=self.done,
                           quarantine=self.quarantine, new=self.new,
                           device=device or self.device, seconds=time.perf_counter() - self.t0,
                           specs=self.specs, timing=getattr(self.src, "timing", None),
                           decode={"workers": decode_workers(self.config),
                                   "video_decoder": self.config.video_decoder,
-                                  "video_frames": self.video_frames}, compact=False,
-                          stats=stats)
+                                  "video_frames": self.video_frames}, compact=False)
         self.obs.done(manifest)
         return manifest
 
@@ -399,12 +393,9 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
     """
     with locked_run(source, dest, config, log=log, **overrides) as run:
         on_cpu = getattr(run.device, "type", None) == "cpu"
-        todo = run.todo
-        run.stats_processes = on_cpu and run.path is not None and \
-            use_processes(run.config, len(todo))
         group: list[Prepared] = []  # prepared episodes, in order, aligned together
         with _progress(progress, len(run.wanted)) as advance, closing(prepared(
-                run.src, todo, run.specs, run.config, gpu=run.gpu, path=run.path,
+                run.src, run.todo, run.specs, run.config, gpu=run.gpu, path=run.path,
                 fps=run.fps, align=on_cpu, dest=run.dest)) as ready:
             for index in run.wanted:
                 why = run.skip(index)
