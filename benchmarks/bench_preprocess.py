@@ -63,9 +63,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from robocache._forkserver import worker_context
 from robocache.bench import harness as H
 from robocache.bench.standalone import main
-from robocache.data.build.read import worker_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also for the generator processes
 from preprocess_data import PER_FILE, SECONDS, make_dataset  # noqa: E402

@@ -438,3 +438,22 @@ def test_manifest_json_keeps_long_fields_on_one_line():
     lines = text.splitlines()
     assert sum(line.startswith('  "episodes": [{') for line in lines) == 1  # one line
     assert '    "a": {' in lines  # short fields indented as json.dumps indents them
+
+
+def test_cli_ingest_starts_the_fork_server_before_importing_torch(tmp_path):
+    """`robocache ingest` starts the build's fork server before it imports torch, so that the
+    server's imports run beside its own."""
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys\n"
+        "import robocache._forkserver as F\n"
+        "seen = []\n"
+        "F.start_worker_server = lambda: seen.append('torch' in sys.modules)\n"
+        "from robocache.cli import main\n"
+        f"sys.argv = ['robocache', 'ingest', {str(root / 'data/sample/panda_multirate')!r}, "
+        f"{str(tmp_path / 'cache')!r}, '--rate', '50', '--device', 'cpu']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code)\n"
+        "print(seen)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=root, timeout=300)
+    assert out.stdout.strip().splitlines()[-2:] == ["exit 0", "[False]"], out.stderr[-2000:]

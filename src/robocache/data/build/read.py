@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from robocache._forkserver import worker_context
 from robocache._optional import require
 from robocache.data import source_identity
 from robocache.data.build.config import CacheConfig, decode_workers
@@ -317,23 +318,6 @@ def _prepare_chunk(indices: list[int], fps: float | None, align: bool,
     return out
 
 
-def worker_context():
-    """The start method of a build's worker processes: forked from a fork server that has
-    imported this module (torch, the readers, Arrow) once, so a worker starts in
-    milliseconds instead of importing them itself. 64 spawned workers importing torch at once
-    kept 60 cores busy for ~6 s before the first episode (py-spy, docs/build-profile.md). The
-    fork server is the process's one (Python starts it on first use): started by other code
-    without this preload, it still serves, at the spawned workers' start-up cost. Spawn where
-    the platform has no fork server."""
-    import multiprocessing
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", __name__])
-    return ctx
-
-
 def chunks(indices: list[int], keys: list[str] | None, workers: int) -> list[list[int]]:
     """``indices`` (in order) as the tasks of ``workers`` worker processes: about a quarter
     of each worker's share, within :data:`CHUNK`; ``keys``: each episode's data file, whose
@@ -355,18 +339,6 @@ def chunks(indices: list[int], keys: list[str] | None, workers: int) -> list[lis
         else:
             out.append(run)
     return out
-
-
-def start_worker_server() -> None:
-    """Start :func:`worker_context`'s fork server now, in the background: its imports (2-4 s
-    of one core before the workers in the node profile
-    ``benchmarks/results/ingest-node-profile-h200x4-2026-11-27-61ad0c4.txt``) then overlap
-    the build's own start-up (the source's identity, the cache's state) instead of preceding
-    the workers."""
-    if worker_context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
 
 
 def _in_processes(path: str, indices: list[int], keys: list[str] | None,

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from robocache._forkserver import start_worker_server
 from robocache._optional import require
 from robocache.data import jpeg, source_identity
 from robocache.data.build.align import align_batch, check_rate
@@ -46,7 +47,6 @@ from robocache.data.build.read import (
     native_rate,
     open_specs,
     prepared,
-    start_worker_server,
     use_processes,
     video_frames,
 )
