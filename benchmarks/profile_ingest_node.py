@@ -13,6 +13,7 @@ only (``/proc``); py-spy must be on ``PATH``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -114,11 +115,16 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=40000)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--py-spy", action="store_true", help="also sample main and one worker")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="build the dataset (src/) and its cache (cache/) here and leave them, "
+                         "e.g. for profile_stats.py --cache")
     args = ap.parse_args()
     from preprocess_data import make_dataset
 
     args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=os.environ.get("ROBOCACHE_BENCH_DIR")) as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.keep or stack.enter_context(tempfile.TemporaryDirectory(
+            dir=os.environ.get("ROBOCACHE_BENCH_DIR")))
         src, _ = make_dataset(Path(tmp) / "src", args.episodes)
         rec = profile(src, Path(tmp) / "cache", args.out, args.py_spy)
     rec.update(episodes=args.episodes, cores=len(os.sched_getaffinity(0)),

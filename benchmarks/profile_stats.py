@@ -1,14 +1,17 @@
 """Where `robocache.compute_stats` spends its time: each step of its reference on one chunk of
 the build's statistics ([1M, 24] float32, one torch thread), then the statistics tail of a
-cache (`_compute_stats`) on 1 and on every thread.
+cache (`_compute_stats`) on 1 and on every thread, for each chunk size of ``--rows``: wall
+time, the process's user and system CPU time and its page faults (`getrusage`), the sizes
+alternated over ``--repeats`` rounds.
 
-    $ python benchmarks/profile_stats.py [--cache path/to/cache]
+    $ python benchmarks/profile_stats.py [--cache path/to/cache] [--rows 1048576,131072]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 from pathlib import Path
 
@@ -44,21 +47,49 @@ def steps(x: torch.Tensor, bins: int = 1024) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache", type=Path, help="a cache whose statistics tail to time")
+    ap.add_argument("--rows", default=None,
+                    help="chunk sizes (rows) to time the tail with, e.g. 1048576,131072 "
+                         "(default: the library's STATS_BATCH_ROWS)")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds over the chunk sizes")
+    ap.add_argument("--threads", default="1,all",
+                    help="thread counts for the tail: numbers and 'all' (the build's own count, "
+                         "stats_threads)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     print(f"# [1M, 24] float32, one thread, torch {torch.__version__}")
     steps(torch.randn(1 << 20, 24, generator=torch.Generator().manual_seed(0)))
     if a.cache:
-        from robocache.data.build.stats import _compute_stats, stats_threads
-        from robocache.data.episode import StreamSpec
+        tail(a.cache, a.rows, a.repeats, a.threads)
 
-        streams = json.loads((a.cache / "manifest.json").read_text())["streams"]
-        specs = {k: StreamSpec(k, s["kind"], s["dtype"], tuple(s["shape"]))
-                 for k, s in streams.items()}
-        dim = max(s.dim for s in specs.values() if s.kind == "numeric")
-        for threads in sorted({1, stats_threads(dim)}):
-            timed(f"statistics tail, {threads} thread(s)", _compute_stats,
-                  a.cache / "data.lance", specs, threads)
+
+def tail(cache: Path, rows: str | None, repeats: int, threads: str = "1,all") -> None:
+    """The statistics tail of ``cache`` with each chunk size and each of ``threads``."""
+    from robocache.data.build import stats as S
+    from robocache.data.episode import StreamSpec
+
+    streams = json.loads((cache / "manifest.json").read_text())["streams"]
+    specs = {k: StreamSpec(k, s["kind"], s["dtype"], tuple(s["shape"]))
+             for k, s in streams.items()}
+    dim = max(s.dim for s in specs.values() if s.kind == "numeric")
+    sizes = [int(r) for r in rows.split(",")] if rows else [S.STATS_BATCH_ROWS]
+    kept = S.STATS_BATCH_ROWS
+    print(f"# statistics tail of {cache}: chunk rows, threads, wall, user, system, faults")
+    try:
+        for _ in range(repeats):
+            for size in sizes:
+                S.STATS_BATCH_ROWS = size
+                counts = {S.stats_threads(dim) if t == "all" else int(t)
+                          for t in threads.split(",")}
+                for n in sorted(counts):
+                    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+                    S._compute_stats(cache / "data.lance", specs, n)
+                    wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+                    user, sys = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
+                    print(f"rows {size:>8d}  threads {n:>3d}  wall {wall:7.3f} s  user "
+                          f"{user:7.3f} s  sys {sys:7.3f} s  faults "
+                          f"{r1.ru_minflt - r0.ru_minflt:>9d}", flush=True)
+    finally:
+        S.STATS_BATCH_ROWS = kept
 
 
 if __name__ == "__main__":

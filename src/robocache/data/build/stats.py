@@ -14,7 +14,13 @@ from robocache._optional import require
 from robocache.data.build.config import column_name
 from robocache.data.episode import StreamSpec
 
-STATS_BATCH_ROWS = 1 << 20
+# Rows per statistics chunk. A [2^17, 24] chunk's largest array (its float64 copy) is 25 MB,
+# under glibc's 32 MB ceiling for serving an allocation from the heap, so the memory a thread
+# frees after one chunk serves its next instead of being mapped and zeroed anew, as chunks of
+# 2^20 rows were: for a 1.8M-row cache of three streams (24, 16 and 7 values) on one thread,
+# system time 0.92-1.52 -> 0.10-0.23 s, page faults 0.41-0.51M -> 0.03-0.11M, wall 2.4-3.3
+# -> 1.9-2.1 s (benchmarks/results/stats-chunks-cpu-2026-11-27.txt).
+STATS_BATCH_ROWS = 1 << 17
 
 
 # Bytes a chunk's statistics hold per value at their peak: the values read and kept, a
