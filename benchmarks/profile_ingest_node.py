@@ -51,12 +51,13 @@ def _tree(root: int) -> dict[int, int]:
     return out
 
 
-def _cpu_s(pid: int) -> float | None:
+def _cpu_s(pid: int) -> tuple[float, float] | None:
+    """The user and system CPU seconds of process ``pid`` so far."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
 
 
 def _spy(pid: int, out: Path, seconds: int = 6, idle: bool = True) -> subprocess.Popen:
@@ -92,18 +93,24 @@ def profile(src: Path, dest: Path, out: Path, spy: bool) -> dict:
         snap = {q: c for q in tree if (c := _cpu_s(q)) is not None}
         samples.append((time.perf_counter() - t0, snap))
         # a worker: below the build's own children (a fork server's child) once one works
-        busy = [q for q, c in snap.items() if tree[q] not in (0, child.pid) and c > 0.5]
+        busy = [q for q, c in snap.items() if tree[q] not in (0, child.pid) and sum(c) > 0.5]
         if spy and "worker" not in spies and busy:
             spies["worker"] = _spy(busy[0], out / "spy-worker.txt")
         time.sleep(0.25)
     result = json.loads(child.stdout.read().strip().splitlines()[-1])
     for p in spies.values():
         p.wait()
-    timeline = []  # (seconds, worker cores, main cores) over each ~2 s
+    # (seconds, worker cores, of which in the kernel, main cores, of which in the kernel),
+    # over each ~2 s
+    timeline = []
     for (ta, a), (tb, b) in zip(samples[::8], samples[8::8], strict=False):
-        workers = sum(c - a[q] for q, c in b.items() if q != child.pid and q in a)
-        main = b.get(child.pid, 0.0) - a.get(child.pid, 0.0)
-        timeline.append((round(tb, 1), round(workers / (tb - ta), 1), round(main / (tb - ta), 2)))
+        workers = [sum(c[i] - a[q][i] for q, c in b.items() if q != child.pid and q in a)
+                   for i in (0, 1)]
+        main = [b.get(child.pid, (0.0, 0.0))[i] - a.get(child.pid, (0.0, 0.0))[i]
+                for i in (0, 1)]
+        span = tb - ta
+        timeline.append((round(tb, 1), round(sum(workers) / span, 1), round(workers[1] / span, 1),
+                         round(sum(main) / span, 2), round(main[1] / span, 2)))
     rec = {**result, "episodes_per_s": result["cached"] / result["wall"], "timeline": timeline,
            "top_frames": {who: top_frames(out / f"spy-{who}.txt") for who in spies
                           if (out / f"spy-{who}.txt").exists()}}
@@ -131,7 +138,8 @@ def main() -> None:
                commit=os.environ.get("ROBOCACHE_COMMIT"))
     (args.out / "ingest-node-profile.json").write_text(json.dumps(rec, indent=1))
     lines = [f"{rec['cached']} episodes in {rec['wall']:.1f} s = {rec['episodes_per_s']:.0f} "
-             f"ep/s on {rec['cores']} cores", "timeline (s, worker cores, main cores):",
+             f"ep/s on {rec['cores']} cores",
+             "timeline (s, worker cores, of them system, main cores, of them system):",
              *(f"  {t}" for t in rec["timeline"])]
     for who, frames in rec["top_frames"].items():
         lines += [f"py-spy {who}, top frames:", *(f"  {f}" for f in frames)]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,47 +43,91 @@ def stats_threads(dim: int) -> int:
     return max(1, min(cores, free // (2 * STATS_BATCH_ROWS * dim * STATS_BYTES_PER_VALUE)))
 
 
-def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
-                   threads: int | None = None) -> dict[str, dict]:
-    """Per-dimension stats of every numeric stream over its non-padded steps (merged over
-    chunks of ``STATS_BATCH_ROWS`` rows in the table's order, see
-    :func:`robocache.merge_stats`: the chunks do not depend on how the rows were batched into
-    fragments). ``threads`` chunks at once, of every stream (default
-    :func:`stats_threads`), each on one torch thread (torch's operations release the GIL),
-    merged in order: the same statistics as one chunk after the other."""
+def _chunk_stats(uri: str, version: int, col: str, dim: int, start: int, rows: int):
+    """:func:`robocache.compute_stats` of the unpadded rows of one chunk of a stream (its
+    column ``col`` of width ``dim``, ``rows`` rows from ``start`` of the table at ``uri``,
+    version ``version``); ``None`` when every row is padded."""
     import torch
 
     import robocache
+
+    pc = require("pyarrow.compute", "data", "Arrow tables")
+    batch = _dataset(uri, version).to_table(columns=[col, f"{col}_is_pad"], offset=start,
+                                            limit=rows)
+    values = pc.list_flatten(batch.column(0)).to_numpy()
+    values = values.astype(np.float32).reshape(-1, dim)  # (writable: Arrow's is not)
+    keep = ~batch.column(1).to_numpy(zero_copy_only=False)
+    if not keep.any():
+        return None
+    return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]))
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(uri: str, version: int):
+    """The Lance table at ``uri`` as of ``version``, opened once per process."""
+    return require("lance", "data", "The Lance cache", "pylance").dataset(uri, version=version)
+
+
+def _stats_worker(parent: int) -> None:
+    """Start-up of a statistics worker process (see :func:`_compute_stats`)."""
+    import torch
+
+    from robocache.data.build.read import lance_threads
+    from robocache.data.cameras import die_with_parent
+
+    die_with_parent(parent)
+    lance_threads()
+    torch.set_num_threads(1)
+
+
+def _compute_stats(uri: Path, specs: dict[str, StreamSpec], threads: int | None = None, *,
+                   processes: bool = False) -> dict[str, dict]:
+    """Per-dimension stats of every numeric stream over its non-padded steps (merged over
+    chunks of ``STATS_BATCH_ROWS`` rows in the table's order, see
+    :func:`robocache.merge_stats`: the chunks do not depend on how the rows were batched into
+    fragments). ``threads`` chunks at once, of every stream, widest first (default
+    :func:`stats_threads`), merged in order: the same statistics as one chunk after the other.
+    On threads, each on one torch thread (torch's operations release the GIL); with
+    ``processes``, in worker processes forked from the build's fork server
+    (:func:`~robocache._forkserver.worker_context`): a build that used worker processes
+    has it running, and the threads of one process held ~17 of 64 cores busy, the GIL between
+    their array calls (``benchmarks/results/
+    ingest-node-profile-h200x4-2026-11-27-2df6b5c.txt``)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    import robocache
+    from robocache._forkserver import worker_context
     from robocache.data.build.align import one_thread
 
     lance = require("lance", "data", "The Lance cache", "pylance")
-    pc = require("pyarrow.compute", "data", "Arrow tables")
-
-    ds = lance.dataset(str(uri))
-    starts = range(0, ds.count_rows(), STATS_BATCH_ROWS)
-
-    def part(col: str, dim: int, start: int):
-        batch = ds.to_table(columns=[col, f"{col}_is_pad"], offset=start,
-                            limit=STATS_BATCH_ROWS)
-        values = pc.list_flatten(batch.column(0)).to_numpy()
-        values = values.astype(np.float32).reshape(-1, dim)  # (writable: Arrow's is not)
-        keep = ~batch.column(1).to_numpy(zero_copy_only=False)
-        if not keep.any():
-            return None
-        return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]))
 
     numeric = {name: spec for name, spec in specs.items() if spec.kind == "numeric"}
     if not numeric:
         return {}
-    threads = threads or stats_threads(max(spec.dim for spec in numeric.values()))
-    with one_thread("cpu"), ThreadPoolExecutor(threads) as pool:
-        futures = {name: [pool.submit(part, column_name(name), spec.dim, start)
-                          for start in starts] for name, spec in numeric.items()}
-        stats = {}
-        for name, parts in futures.items():
-            parts = [p for p in (f.result() for f in parts) if p is not None]
-            if parts:
-                stats[name] = robocache.merge_stats(parts).to_dict()
+    ds = lance.dataset(str(uri))
+    starts = range(0, ds.count_rows(), STATS_BATCH_ROWS)
+    jobs = sorted(((name, spec.dim, start) for name, spec in numeric.items()
+                   for start in starts), key=lambda job: -job[1])
+    threads = max(1, min(threads or stats_threads(max(spec.dim for spec in numeric.values())),
+                         len(jobs)))
+    if processes:
+        pool = ProcessPoolExecutor(threads, mp_context=worker_context(),
+                                   initializer=_stats_worker, initargs=(os.getpid(),))
+    else:
+        pool = ThreadPoolExecutor(threads)
+    try:
+        with one_thread("cpu"), pool:
+            futures = {job: pool.submit(_chunk_stats, str(uri), ds.version,
+                                        column_name(job[0]), job[1], job[2],
+                                        STATS_BATCH_ROWS) for job in jobs}
+            stats = {}
+            for name, spec in numeric.items():
+                parts = [p for p in (futures[name, spec.dim, start].result()
+                                     for start in starts) if p is not None]
+                if parts:
+                    stats[name] = robocache.merge_stats(parts).to_dict()
+    finally:
+        _dataset.cache_clear()  # (this process's; a worker process's ends with it)
     return stats
 
 
