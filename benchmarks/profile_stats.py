@@ -51,9 +51,6 @@ def main() -> None:
                     help="chunk sizes (rows) to time the tail with, e.g. 1048576,131072 "
                          "(default: the library's STATS_BATCH_ROWS)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds over the chunk sizes")
-    ap.add_argument("--pools", default="threads",
-                    help="where the chunks run: threads, processes (forked from the build's "
-                         "fork server) or both, e.g. threads,processes")
     ap.add_argument("--threads", default="1,all",
                     help="thread counts for the tail: numbers and 'all' (the build's own count, "
                          "stats_threads)")
@@ -62,20 +59,17 @@ def main() -> None:
     print(f"# [1M, 24] float32, one thread, torch {torch.__version__}")
     steps(torch.randn(1 << 20, 24, generator=torch.Generator().manual_seed(0)))
     if a.cache:
-        tail(a.cache, a.rows, a.repeats, a.threads, a.pools)
+        tail(a.cache, a.rows, a.repeats, a.threads)
 
 
 def _usage() -> tuple[float, float, float]:
-    """User and system seconds and minor page faults of this process (a process pool's
-    workers are the fork server's children, not its own: theirs are not counted)."""
+    """User and system seconds and minor page faults of this process."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     return me.ru_utime, me.ru_stime, me.ru_minflt
 
 
-def tail(cache: Path, rows: str | None, repeats: int, threads: str = "1,all",
-         pools: str = "threads") -> None:
-    """The statistics tail of ``cache`` with each chunk size, each of ``threads`` and each of
-    ``pools``."""
+def tail(cache: Path, rows: str | None, repeats: int, threads: str = "1,all") -> None:
+    """The statistics tail of ``cache`` with each chunk size and each of ``threads``."""
     from robocache.data.build import stats as S
     from robocache.data.episode import StreamSpec
 
@@ -85,21 +79,20 @@ def tail(cache: Path, rows: str | None, repeats: int, threads: str = "1,all",
     dim = max(s.dim for s in specs.values() if s.kind == "numeric")
     sizes = [int(r) for r in rows.split(",")] if rows else [S.STATS_BATCH_ROWS]
     kept = S.STATS_BATCH_ROWS
-    print(f"# statistics tail of {cache}: chunk rows, pool, workers, wall, user and system "
-          "CPU time and page faults of this process")
+    print(f"# statistics tail of {cache}: chunk rows, threads, wall, user and system CPU time "
+          "and page faults of this process")
     try:
         for _ in range(repeats):
             for size in sizes:
                 S.STATS_BATCH_ROWS = size
                 counts = {S.stats_threads(dim) if t == "all" else int(t)
                           for t in threads.split(",")}
-                for pool, n in ((p, n) for p in pools.split(",") for n in sorted(counts)):
+                for n in sorted(counts):
                     r0, t0 = _usage(), time.perf_counter()
-                    S._compute_stats(cache / "data.lance", specs, n,
-                                     processes=pool == "processes")
+                    S._compute_stats(cache / "data.lance", specs, n)
                     wall, r1 = time.perf_counter() - t0, _usage()
                     user, sys, faults = (b - a for a, b in zip(r0, r1, strict=True))
-                    print(f"rows {size:>8d}  {pool:9s} {n:>3d}  wall {wall:7.3f} s  user "
+                    print(f"rows {size:>8d}  threads {n:>3d}  wall {wall:7.3f} s  user "
                           f"{user:7.3f} s  sys {sys:7.3f} s  faults {faults:>9.0f}",
                           flush=True)
     finally:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,13 +14,13 @@ from robocache._optional import require
 from robocache.data.build.config import column_name
 from robocache.data.episode import StreamSpec
 
-# Rows per statistics chunk. A [2^17, 24] chunk's largest array (its float64 copy) is 25 MB,
-# under glibc's 32 MB ceiling for serving an allocation from the heap, so the memory a thread
-# frees after one chunk serves its next instead of being mapped and zeroed anew, as chunks of
-# 2^20 rows were: for a 1.8M-row cache of three streams (24, 16 and 7 values) on one thread,
-# system time 0.92-1.52 -> 0.10-0.23 s, page faults 0.41-0.51M -> 0.03-0.11M, wall 2.4-3.3
-# -> 1.9-2.1 s (benchmarks/results/stats-chunks-cpu-2026-11-27.txt).
-STATS_BATCH_ROWS = 1 << 17
+# Rows per statistics chunk. Chunks of 2^17 rows, whose arrays glibc serves from the heap
+# instead of fresh mappings, cut the tail's system time 3-5x on the development VM and on a
+# 64-core node, but the node's wall time grew (6.3 / 5.8 s -> 8.7 / 9.7 s for 60,000 episodes:
+# 8x the chunks, each with its Lance read and Arrow calls under the GIL), and chunks in worker
+# processes instead of threads were no faster (benchmarks/results/
+# stats-tail-h200x4-2026-11-27-7bbef39.txt).
+STATS_BATCH_ROWS = 1 << 20
 
 
 # Bytes a chunk's statistics hold per value at their peak: the values read and kept, a
@@ -43,91 +42,47 @@ def stats_threads(dim: int) -> int:
     return max(1, min(cores, free // (2 * STATS_BATCH_ROWS * dim * STATS_BYTES_PER_VALUE)))
 
 
-def _chunk_stats(uri: str, version: int, col: str, dim: int, start: int, rows: int):
-    """:func:`robocache.compute_stats` of the unpadded rows of one chunk of a stream (its
-    column ``col`` of width ``dim``, ``rows`` rows from ``start`` of the table at ``uri``,
-    version ``version``); ``None`` when every row is padded."""
-    import torch
-
-    import robocache
-
-    pc = require("pyarrow.compute", "data", "Arrow tables")
-    batch = _dataset(uri, version).to_table(columns=[col, f"{col}_is_pad"], offset=start,
-                                            limit=rows)
-    values = pc.list_flatten(batch.column(0)).to_numpy()
-    values = values.astype(np.float32).reshape(-1, dim)  # (writable: Arrow's is not)
-    keep = ~batch.column(1).to_numpy(zero_copy_only=False)
-    if not keep.any():
-        return None
-    return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]))
-
-
-@functools.lru_cache(maxsize=4)
-def _dataset(uri: str, version: int):
-    """The Lance table at ``uri`` as of ``version``, opened once per process."""
-    return require("lance", "data", "The Lance cache", "pylance").dataset(uri, version=version)
-
-
-def _stats_worker(parent: int) -> None:
-    """Start-up of a statistics worker process (see :func:`_compute_stats`)."""
-    import torch
-
-    from robocache.data.build.read import lance_threads
-    from robocache.data.cameras import die_with_parent
-
-    die_with_parent(parent)
-    lance_threads()
-    torch.set_num_threads(1)
-
-
-def _compute_stats(uri: Path, specs: dict[str, StreamSpec], threads: int | None = None, *,
-                   processes: bool = False) -> dict[str, dict]:
+def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
+                   threads: int | None = None) -> dict[str, dict]:
     """Per-dimension stats of every numeric stream over its non-padded steps (merged over
     chunks of ``STATS_BATCH_ROWS`` rows in the table's order, see
     :func:`robocache.merge_stats`: the chunks do not depend on how the rows were batched into
-    fragments). ``threads`` chunks at once, of every stream, widest first (default
-    :func:`stats_threads`), merged in order: the same statistics as one chunk after the other.
-    On threads, each on one torch thread (torch's operations release the GIL); with
-    ``processes``, in worker processes forked from the build's fork server
-    (:func:`~robocache._forkserver.worker_context`): a build that used worker processes
-    has it running, and the threads of one process held ~17 of 64 cores busy, the GIL between
-    their array calls (``benchmarks/results/
-    ingest-node-profile-h200x4-2026-11-27-2df6b5c.txt``)."""
-    from concurrent.futures import ProcessPoolExecutor
+    fragments). ``threads`` chunks at once, of every stream (default
+    :func:`stats_threads`), each on one torch thread (torch's operations release the GIL),
+    merged in order: the same statistics as one chunk after the other."""
+    import torch
 
     import robocache
-    from robocache._forkserver import worker_context
     from robocache.data.build.align import one_thread
 
     lance = require("lance", "data", "The Lance cache", "pylance")
+    pc = require("pyarrow.compute", "data", "Arrow tables")
+
+    ds = lance.dataset(str(uri))
+    starts = range(0, ds.count_rows(), STATS_BATCH_ROWS)
+
+    def part(col: str, dim: int, start: int):
+        batch = ds.to_table(columns=[col, f"{col}_is_pad"], offset=start,
+                            limit=STATS_BATCH_ROWS)
+        values = pc.list_flatten(batch.column(0)).to_numpy()
+        values = values.astype(np.float32).reshape(-1, dim)  # (writable: Arrow's is not)
+        keep = ~batch.column(1).to_numpy(zero_copy_only=False)
+        if not keep.any():
+            return None
+        return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]))
 
     numeric = {name: spec for name, spec in specs.items() if spec.kind == "numeric"}
     if not numeric:
         return {}
-    ds = lance.dataset(str(uri))
-    starts = range(0, ds.count_rows(), STATS_BATCH_ROWS)
-    jobs = sorted(((name, spec.dim, start) for name, spec in numeric.items()
-                   for start in starts), key=lambda job: -job[1])
-    threads = max(1, min(threads or stats_threads(max(spec.dim for spec in numeric.values())),
-                         len(jobs)))
-    if processes:
-        pool = ProcessPoolExecutor(threads, mp_context=worker_context(),
-                                   initializer=_stats_worker, initargs=(os.getpid(),))
-    else:
-        pool = ThreadPoolExecutor(threads)
-    try:
-        with one_thread("cpu"), pool:
-            futures = {job: pool.submit(_chunk_stats, str(uri), ds.version,
-                                        column_name(job[0]), job[1], job[2],
-                                        STATS_BATCH_ROWS) for job in jobs}
-            stats = {}
-            for name, spec in numeric.items():
-                parts = [p for p in (futures[name, spec.dim, start].result()
-                                     for start in starts) if p is not None]
-                if parts:
-                    stats[name] = robocache.merge_stats(parts).to_dict()
-    finally:
-        _dataset.cache_clear()  # (this process's; a worker process's ends with it)
+    threads = threads or stats_threads(max(spec.dim for spec in numeric.values()))
+    with one_thread("cpu"), ThreadPoolExecutor(threads) as pool:
+        futures = {name: [pool.submit(part, column_name(name), spec.dim, start)
+                          for start in starts] for name, spec in numeric.items()}
+        stats = {}
+        for name, parts in futures.items():
+            parts = [p for p in (f.result() for f in parts) if p is not None]
+            if parts:
+                stats[name] = robocache.merge_stats(parts).to_dict()
     return stats
 
 
