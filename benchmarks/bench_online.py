@@ -245,7 +245,6 @@ def _isolated_cpu_compiled(cache: Path, ticks: int, many: bool = False
 
 def run(quick: bool = False, copy_gbps: float | None = None,
         devices: str | None = None) -> list[dict]:
-    import robocache
     from robocache.ops.normalize import Stats
 
     cfg = QUICK if quick else FULL
@@ -286,23 +285,35 @@ def run(quick: bool = False, copy_gbps: float | None = None,
                            messages_per_tick=msgs))
 
         cam = make_cache(Path(tmp) / "camera", cameras=True)
-        from robocache.data.cameras import encode
-
-        # frames as a camera driver hands them: a new bytes object each (a few copies in turn;
-        # the observer reuses a window's served frames only for the very same objects)
-        jpegs = [bytes(bytearray(encode(_frame(), "jpeg", 95))) for _ in range(4)]
         for dev in devices:
             n = cfg["ticks"] + 200 if dev == "cuda" else cfg["camera_ticks_cpu"]
             sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-            obs = robocache.Observer.from_cache(cam, history=2, keys=["observation.images.cam"],
-                                                image_size=(224, 224), device=dev)
-            obs.start(0.0)
-            camlog = [[("observation.images.cam", t / 30, jpegs[t % 4]) for t in range(
-                int(np.ceil((k - 1) / RATE * 30 + LAG_S * 30)) if k else 0,
-                int(np.floor(k / RATE * 30 + LAG_S * 30)) + 1)] for k in range(n)]
+            obs = camera_observer(cam, dev)
             rows.append(record("camera 480x640 JPEG 30 Hz -> 224x224 float32, history 2",
-                               "robocache", per_tick_us(obs, camlog, sync), dev))
+                               "robocache", per_tick_us(obs, camera_log(n), sync), dev))
     return rows
+
+
+def camera_observer(cache: Path, device: str):
+    """The camera case's observer: history 2, served at 224x224, started at t = 0."""
+    import robocache
+
+    obs = robocache.Observer.from_cache(cache, history=2, keys=["observation.images.cam"],
+                                        image_size=(224, 224), device=device)
+    obs.start(0.0)
+    return obs
+
+
+def camera_log(ticks: int) -> list[list[tuple[str, float, bytes]]]:
+    """Per tick, the 30 Hz camera's JPEG messages that arrive since the last one. Frames as
+    a camera driver hands them: a new bytes object each (four in turn; the observer reuses a
+    window's served frames only for the very same objects)."""
+    from robocache.data.cameras import encode
+
+    jpegs = [bytes(bytearray(encode(_frame(), "jpeg", 95))) for _ in range(4)]
+    return [[("observation.images.cam", t / 30, jpegs[t % 4]) for t in range(
+        int(np.ceil((k - 1) / RATE * 30 + LAG_S * 30)) if k else 0,
+        int(np.floor(k / RATE * 30 + LAG_S * 30)) + 1)] for k in range(ticks)]
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ one intra-op thread).
     $ python benchmarks/profile_online.py                          # CPU, eager core
     $ python benchmarks/profile_online.py --device cuda [--compile] # GPU: also the graph alone
     $ python benchmarks/profile_online.py ... --many                # push_many per stream
+    $ python benchmarks/profile_online.py --camera --device cuda    # the camera case
 
 Prints, over 1,200 ticks after 200 warm-up ticks, p50 / p99 microseconds of the pushes of a
 tick, of the observation, and inside it of the snapping of new samples onto the grid
@@ -13,6 +14,12 @@ observation is the host work a GPU tick keeps. Then the torch operators of one c
 (views, and the others: one kernel each in a CUDA graph) and of a
 tick's pushes. On a GPU it also prints the captured graph's own time (CUDA events around
 replays of it alone) and the kernels one replay launches (torch.profiler).
+
+``--camera``: the camera case (a 480x640 JPEG camera at 30 Hz served at 224x224, history 2):
+p50 / p99 of the pushes, the observation and, on the ticks whose window changed, its decode
+and serve (``decode_serve``), inside it the decode of the window's frames (``decode_all``)
+and the resize and cast (``serve``); then the decode of two frames and of one frame alone,
+and the torch operators of one decoding tick by their own CPU time (torch.profiler).
 """
 
 from __future__ import annotations
@@ -51,10 +58,14 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--many", action="store_true", help="one push_many per stream and tick "
                     "(the bench's push_many rows) instead of a push per message")
+    ap.add_argument("--camera", action="store_true", help="the camera case instead")
     a = ap.parse_args()
     torch.set_num_threads(1)
     cuda = a.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if a.camera:
+        camera(a.device, sync)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         obs = B._observer(B.make_cache(Path(tmp) / "numeric"), a.device, a.compile)
         log = B.message_log(1400, np.random.default_rng(1))
@@ -100,6 +111,74 @@ def main() -> None:
                 push(name, t + 1.0, v)
         print(f"core operators: {core.count['views']} views, {core.count['other']} others; "
               f"torch operators in {len(log[-1])} pushes: {sum(pushes.count.values())}")
+
+
+def _report(times: dict[str, list[float]]) -> None:
+    for key, x in times.items():
+        if x:
+            p50, p99 = np.percentile(x, 50), np.percentile(x, 99)
+            print(f"{key:24s} p50 {p50:7.1f} us  p99 {p99:7.1f} us  ({len(x)} calls)")
+
+
+def camera(device: str, sync, ticks: int = 1200, warm: int = 200) -> None:
+    """The camera case's tick, its parts timed (see the module docstring)."""
+    import robocache.data.cameras as C
+
+    times: dict[str, list[float]] = {k: [] for k in (
+        "push", "observation", "decode_serve", "decode_all", "serve")}
+
+    def timed(name, f):
+        def call(*args, **kwargs):
+            a = time.perf_counter_ns()
+            out = f(*args, **kwargs)
+            if name != "decode_serve":
+                sync()  # (the GPU's share of it, where it queued work)
+            times[name].append((time.perf_counter_ns() - a) / 1e3)
+            return out
+        return call
+
+    with tempfile.TemporaryDirectory() as tmp:
+        obs = B.camera_observer(B.make_cache(Path(tmp) / "camera", cameras=True), device)
+        log = B.camera_log(warm + ticks)
+        B.per_tick_us(obs, log[:warm], sync)
+        decode_all, serve = C.decode_all, C.serve
+        C.decode_all, C.serve = timed("decode_all", decode_all), timed("serve", serve)
+        obs._decode_serve = timed("decode_serve", obs._decode_serve)
+        try:
+            for k, msgs in enumerate(log[warm:], warm):
+                a = time.perf_counter_ns()
+                for name, t, v in msgs:
+                    obs.push(name, t, v)
+                b = time.perf_counter_ns()
+                obs.observation(k / B.RATE + B.LAG_S)
+                sync()
+                times["push"].append((b - a) / 1e3)
+                times["observation"].append((time.perf_counter_ns() - b) / 1e3)
+        finally:
+            C.decode_all, C.serve = decode_all, serve
+        _report(times)
+        frames = [torch.frombuffer(bytearray(m[2]), dtype=torch.uint8)
+                  for m in sum(log[warm:warm + 4], [])][:2]
+        alone: dict[str, list[float]] = {"decode 2 frames alone": [],
+                                         "decode 1 frame alone": []}
+        for _ in range(300):
+            for key, batch in zip(alone, (frames, frames[:1]), strict=True):
+                a = time.perf_counter_ns()
+                C.decode_all([(C.EncodedFrames(torch.cat(batch), torch.tensor(
+                    [0, *np.cumsum([len(f) for f in batch])]), (480, 640, 3), "uint8", "jpeg"),
+                    torch.arange(len(batch)))], device)
+                sync()
+                alone[key].append((time.perf_counter_ns() - a) / 1e3)
+        _report(alone)
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+        k = next(k for k in range(warm + ticks, warm + ticks + 10) if log[k % len(log)])
+        with torch.profiler.profile(activities=activities) as prof:
+            for name, t, v in log[k % len(log)]:
+                obs.push(name, t + (warm + ticks) / B.RATE, v)
+            obs.observation((k + 2 * (warm + ticks)) / B.RATE + B.LAG_S)
+            sync()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 def graph_only(obs) -> None:
