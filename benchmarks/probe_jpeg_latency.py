@@ -5,7 +5,8 @@ equal torchvision's nvJPEG decode (the training dataset's on a GPU).
     $ python benchmarks/probe_jpeg_latency.py --json /tmp/jpeg-latency.json
 
 Decoders (each skipped, with the reason, where missing): torchvision's ``decode_jpeg`` on CUDA
-(nvJPEG, what the dataset and the observer use), torchvision's CPU decode (libjpeg-turbo) and
+(nvJPEG, what the dataset and the observer use), the library's ``decode_all`` around it (as
+a tick calls it), torchvision's CPU decode (libjpeg-turbo) and
 simplejpeg's, each copied to the GPU, and nvImageCodec's decoder with each of its backends.
 300 calls after 20 warm-up ones, each call synchronized; p50 / p99 microseconds.
 """
@@ -42,6 +43,16 @@ def _decoders(device: str) -> dict:
             tio.decode_jpeg(as_tensor(b), mode=tio.ImageReadMode.RGB).to(device) for b in bs]
     except ImportError as e:
         out["torchvision"] = f"not installed ({e})"
+    def decode_all(bs: list[bytes]) -> list[torch.Tensor]:  # the library's, as a tick calls it
+        from robocache.data.cameras import EncodedFrames
+        from robocache.data.cameras import decode_all as library
+
+        data = torch.cat([as_tensor(b) for b in bs])
+        offsets = torch.tensor([0, *np.cumsum([len(b) for b in bs])])
+        enc = EncodedFrames(data, offsets, (480, 640, 3), "uint8", "jpeg")
+        return list(library([(enc, torch.arange(len(bs)))], device)[0])
+
+    out["robocache-decode_all"] = decode_all
     try:
         import simplejpeg
 
