@@ -944,11 +944,17 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
         return []
     flat = [r.reshape(-1) for _, r in cameras]
     host = torch.cat(flat).cpu().split([r.numel() for r in flat])
-    distinct = [torch.unique(r, return_inverse=True) for r in host]
-    inverse = torch.cat([inv for _, inv in distinct])
-    if device.type == "cuda":  # pinned: the copy waits for nothing queued on the stream
-        inverse = inverse.pin_memory()
-    inverse = inverse.to(device, non_blocking=True).split([r.numel() for r in flat])
+    # each distinct frame and where each row's is; rows that are already 0, 1, ... (every row
+    # its own frame, in order: an online window) need neither (no gather, no index copied)
+    distinct = [(r, None) if torch.equal(r, torch.arange(r.numel(), dtype=r.dtype))
+                else torch.unique(r, return_inverse=True) for r in host]
+    gathered = [inv for _, inv in distinct if inv is not None]
+    inverse = iter(())
+    if gathered:
+        inverse = torch.cat(gathered)
+        if device.type == "cuda":  # pinned: the copy waits for nothing queued on the stream
+            inverse = inverse.pin_memory()
+        inverse = iter(inverse.to(device, non_blocking=True).split([i.numel() for i in gathered]))
     out: list[torch.Tensor | None] = [None] * len(cameras)
     batch = [i for i, (f, _) in enumerate(cameras) if device.type == "cuda" and
              f.codec == "jpeg" and f.channels == 3]
@@ -967,8 +973,8 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
         if out[i] is None:
             out[i] = _decode_pil(f, distinct[i][0], device)
             metrics.count_frames("cpu", distinct[i][0].numel())
-    return [o[inv].reshape(*rows.shape, *o.shape[1:])
-            for o, inv, (_, rows) in zip(out, inverse, cameras, strict=True)]
+    return [(o if inv is None else o[next(inverse)]).reshape(*rows.shape, *o.shape[1:])
+            for o, (_, inv), (_, rows) in zip(out, distinct, cameras, strict=True)]
 
 
 def _decode_pil(frames: EncodedFrames, rows: torch.Tensor, device: torch.device
