@@ -291,6 +291,27 @@ def test_decode_decodes_each_distinct_frame_once(h264_cache, monkeypatch):
         torch.testing.assert_close(out[i, j], cameras.decode(frames, rows[i, j, None])[0])
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_decode_all_rows_in_order_need_no_gather(h264_cache, monkeypatch, device):
+    """Rows that are 0, 1, ... (an online window's) decode without the unique and the gather,
+    in one call with a camera whose rows need both, to the frames the gathering path gives
+    (the same frames in the same decode batch: nvJPEG's output can depend on the batch)."""
+    from robocache.data import cameras
+
+    frames = RobotDataset(h264_cache, keys=[CAM]).frames[CAM]
+    in_order, mixed = torch.arange(3), torch.tensor([[2, 0], [2, 2]])
+    unique = torch.unique
+    seen = []
+    monkeypatch.setattr(torch, "unique", lambda r, **kw: seen.append(r.tolist()) or
+                        unique(r, **kw))
+    got = cameras.decode_all([(frames, in_order), (frames, mixed)], device)
+    assert seen == [[2, 0, 2, 2]]  # only the camera whose rows need it
+    want = cameras.decode_all([(frames, in_order.flip(0)), (frames, mixed)], device)
+    assert got[0].shape == (3, frames.channels, *frames.frame_shape[:2])
+    assert got[1].shape == (2, 2, frames.channels, *frames.frame_shape[:2])
+    assert torch.equal(got[0], want[0].flip(0)) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.gpu
 def test_nvjpeg_resident_path_matches_the_cpu_path(h264_cache):
     from robocache import ImageTransformsConfig

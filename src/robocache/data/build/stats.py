@@ -15,7 +15,7 @@ from robocache.data.build.config import column_name
 from robocache.data.episode import StreamSpec
 
 # Rows per statistics chunk. Chunks of 2^17 rows, whose arrays glibc serves from the heap
-# instead of fresh mappings, cut the tail's system time 3-5x on the development VM and on a
+# instead of fresh mappings, cut the tail's system time 5-10x on the development VM and on a
 # 64-core node, but the node's wall time grew (6.3 / 5.8 s -> 8.7 / 9.7 s for 60,000 episodes:
 # 8x the chunks, each with its Lance read and Arrow calls under the GIL), and chunks in worker
 # processes instead of threads were no faster (benchmarks/results/
