@@ -29,7 +29,8 @@ inline, which the build JPEG-encodes), 500 episodes per data file. Cases (all ra
   read where the file system allows ``O_DIRECT`` (not tmpfs), else of the page-cache read;
   each note says which.
 - ``ingest node``: ``robocache ingest`` (``build``, alignment on the CPU in one worker process
-  per core): wall time, episodes/s, source MB/s and % of the raw read (target >= 50 %), peak
+  per core): wall time, episodes/s, source MB/s and % of the raw read (target >= 50 % over a
+  run of 30 s or more: the note gives the run's length; ``--episodes`` sets it), peak
   disk during the build over the final cache (target <= 1.5), Lance fragments.
 - ``growth``: the cost of adding an episode (batch write + commit, CPU time) when the cache
   holds ~1k episodes and ~100k (small 20-row episodes written straight to the cache, batches
@@ -380,8 +381,9 @@ def _node(root: Path, dest: Path, name: str, episodes: int, samples: int, nbytes
                  cached=m["counts"]["cached"], workers=m["decode"]["workers"],
                  seconds=wall, disk_bound=disk_bound,
                  note=f"{m['counts']['cached'] / wall:.0f} ep/s, {nbytes / wall / 1e6:.0f} MB/s"
-                      f" = {100 * nbytes / wall / raw:.1f}% of {against} (target >= 50 %); "
-                      f"peak disk {peak / max(final, 1):.2f}x final{short}")
+                      f" = {100 * nbytes / wall / raw:.1f}% of {against} (target >= 50 %, over "
+                      f"a run of >= {TARGET_S:.0f} s: {wall:.1f} s); peak disk "
+                      f"{peak / max(final, 1):.2f}x final{short}")
     shutil.rmtree(dest)
     return rec
 
