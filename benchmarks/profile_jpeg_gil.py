@@ -1,8 +1,9 @@
 """How much of a JPEG encoder's time holds the GIL: py-spy samples one thread encoding a 480x640
-frame at quality 95 in a loop (``pillow-decode``: decoding it to an RGB array, as the serving
-path's CPU decode does), once for all samples and once (``--gil``) for the samples
-where that thread holds the GIL; the ratio of the encoder's samples is the share of its time
-other Python threads cannot run.
+frame at quality 95 in a loop (``pillow-decode``, ``simplejpeg-decode``: decoding it to an RGB
+array, as the serving path's CPU decode does), once for all samples and once (``--gil``) for
+the samples where that thread holds the GIL; the ratio of the encoder's samples is the share
+of its time other Python threads cannot run. Also each call's mean milliseconds (``ms``: the
+loop's calls over its seconds, under py-spy's sampling).
 
     $ pip install py-spy simplejpeg PyTurboJPEG pillow
     $ python benchmarks/profile_jpeg_gil.py --seconds 6 --out benchmarks/results/jpeg-gil.json
@@ -19,6 +20,7 @@ import datetime as dt
 import io
 import json
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-ENCODERS = ("pillow", "simplejpeg", "turbojpeg", "pillow-decode")
+ENCODERS = ("pillow", "simplejpeg", "turbojpeg", "pillow-decode", "simplejpeg-decode")
 
 
 def _encoder(name: str):
@@ -39,19 +41,27 @@ def _encoder(name: str):
             Image.fromarray(frame).save(buf, "JPEG", quality=95, subsampling=0)
             return buf.getvalue()
         return pillow
-    if name == "pillow-decode":
+    if name in ("pillow-decode", "simplejpeg-decode"):
         from PIL import Image
 
         encoded = {}
 
-        def pillow_decode(frame):
-            if not encoded:  # the frame's JPEG bytes, once
+        def encoded_once(frame) -> bytes:  # the frame's JPEG bytes (4:2:0), made once
+            if not encoded:
                 buf = io.BytesIO()
                 Image.fromarray(frame).save(buf, "JPEG", quality=95)
                 encoded["data"] = buf.getvalue()
-            with Image.open(io.BytesIO(encoded["data"])) as im:
+            return encoded["data"]
+
+        def pillow_decode(frame):
+            with Image.open(io.BytesIO(encoded_once(frame))) as im:
                 return np.asarray(im.convert("RGB"))
-        return pillow_decode
+
+        def simplejpeg_decode(frame):
+            import simplejpeg
+
+            return simplejpeg.decode_jpeg(encoded_once(frame), colorspace="RGB")
+        return pillow_decode if name == "pillow-decode" else simplejpeg_decode
     if name == "simplejpeg":
         import simplejpeg
 
@@ -73,9 +83,11 @@ def _loop(name: str, seconds: float) -> None:
     encode = _encoder(name)
 
     def encode_loop():
-        t0 = time.time()
+        t0, calls = time.time(), 0
         while time.time() - t0 < seconds:
             encode(frame)
+            calls += 1
+        print(f"calls {calls} seconds {time.time() - t0}", flush=True)
 
     encode_loop()
 
@@ -119,20 +131,25 @@ def main() -> None:
                "encoders": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in ENCODERS:
-            counts = {}
+            counts, ms = {}, []
             for gil in (False, True):
                 out = Path(tmp) / f"{name}-{gil}.txt"
-                subprocess.run(["py-spy", "record", "-r", str(a.rate), "-f", "raw", "-o",
-                                str(out), *(["--gil"] if gil else []), "--", sys.executable,
-                                __file__, "--loop", name, "--seconds", str(a.seconds)],
-                               check=True, capture_output=True)
+                run = subprocess.run(["py-spy", "record", "-r", str(a.rate), "-f", "raw", "-o",
+                                      str(out), *(["--gil"] if gil else []), "--",
+                                      sys.executable, __file__, "--loop", name, "--seconds",
+                                      str(a.seconds)], check=True, capture_output=True,
+                                     text=True)
                 counts[gil] = _samples(out)
+                calls = re.search(r"calls (\d+) seconds ([\d.]+)", run.stdout)
+                if calls:
+                    ms.append(1e3 * float(calls[2]) / int(calls[1]))
             share = counts[True] / max(counts[False], 1)
             results["encoders"][name] = {"samples": counts[False],
                                          "samples_holding_gil": counts[True],
-                                         "gil_held_pct": round(100 * share, 1)}
+                                         "gil_held_pct": round(100 * share, 1),
+                                         "ms": round(min(ms), 3) if ms else None}
             print(f"{name}: {counts[False]} samples encoding, {counts[True]} holding the GIL "
-                  f"({100 * share:.0f}%)")
+                  f"({100 * share:.0f}%), {min(ms) if ms else float('nan'):.2f} ms a call")
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
 

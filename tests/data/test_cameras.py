@@ -291,6 +291,39 @@ def test_decode_decodes_each_distinct_frame_once(h264_cache, monkeypatch):
         torch.testing.assert_close(out[i, j], cameras.decode(frames, rows[i, j, None])[0])
 
 
+@pytest.mark.parametrize("mode,subsampling,progressive",
+                         [("RGB", 0, False), ("RGB", 1, False), ("RGB", 2, False),
+                          ("RGB", 2, True), ("L", 0, False), ("CMYK", 0, False)])
+def test_cpu_decode_gives_pillows_pixels(mode, subsampling, progressive):
+    """The CPU decode (libjpeg-turbo through simplejpeg, Pillow for what it refuses) gives
+    the pixels Pillow's decode gives: chroma 4:4:4 / 4:2:2 / 4:2:0, progressive, odd sizes,
+    a grey JPEG and a CMYK one in an RGB camera."""
+    import io
+
+    from PIL import Image
+
+    from robocache.data import cameras
+
+    assert cameras._simplejpeg() is not None  # (the data extra installs it)
+    rng = np.random.default_rng(subsampling)
+    y, x = np.mgrid[0:37, 0:53]
+    base = np.stack([x * 4, y * 6, (x + y) * 3], -1) + rng.integers(0, 40, (37, 53, 3))
+    image = Image.fromarray(base.clip(0, 255).astype(np.uint8)).convert(mode)
+    blobs = []
+    for q in (95, 70):
+        buf = io.BytesIO()
+        image.save(buf, "JPEG", quality=q, subsampling=subsampling, progressive=progressive)
+        blobs.append(buf.getvalue())
+    data = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8)
+    offsets = torch.tensor([0, len(blobs[0]), len(blobs[0]) + len(blobs[1])])
+    enc = cameras.EncodedFrames(data, offsets, (37, 53, 3), "uint8", "jpeg")
+    got = cameras.decode_all([(enc, torch.tensor([1, 0]))], "cpu")[0]
+    for row, blob in zip(got, blobs[::-1], strict=True):
+        with Image.open(io.BytesIO(blob)) as im:
+            want = np.asarray(im.convert("RGB"))
+        np.testing.assert_array_equal(row.permute(1, 2, 0).numpy(), want)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_decode_all_rows_in_order_need_no_gather(h264_cache, monkeypatch, device):
     """Rows that are 0, 1, ... (an online window's) decode without the unique and the gather,

@@ -26,7 +26,8 @@ Camera streams are then aligned like any stream (``frame_index``).
 
 Serving (:class:`EncodedFrames`, :func:`decode`): per batch, the distinct frames a batch needs
 are decoded in one call per camera: ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG)
-when the frames go to a GPU, Pillow on the CPU (DataLoader workers, CPU-only machines).
+when the frames go to a GPU; on the CPU (DataLoader workers, CPU-only machines) libjpeg-turbo
+through simplejpeg for JPEG, Pillow for PNG.
 """
 
 from __future__ import annotations
@@ -971,30 +972,51 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
             del frames[:n]
     for i, (f, _) in enumerate(cameras):
         if out[i] is None:
-            out[i] = _decode_pil(f, distinct[i][0], device)
+            out[i] = _decode_cpu(f, distinct[i][0], device)
             metrics.count_frames("cpu", distinct[i][0].numel())
     return [(o if inv is None else o[next(inverse)]).reshape(*rows.shape, *o.shape[1:])
             for o, (_, inv), (_, rows) in zip(out, distinct, cameras, strict=True)]
 
 
-def _decode_pil(frames: EncodedFrames, rows: torch.Tensor, device: torch.device
+def _decode_cpu(frames: EncodedFrames, rows: torch.Tensor, device: torch.device
                 ) -> torch.Tensor:
-    """The frames at ``rows`` (int ``[N]``) decoded by Pillow: ``[N, C, H, W]`` on
-    ``device``."""
+    """The frames at ``rows`` (int ``[N]``) decoded on the CPU: ``[N, C, H, W]`` on ``device``.
+    RGB JPEGs by libjpeg-turbo through simplejpeg where it is installed (the same pixels as
+    Pillow's decode, tested; a 480x640 frame in 1.47 against 1.89 ms, holding the GIL 1 % of
+    that time against Pillow's 18 %: ``benchmarks/results/jpeg-gil-cpu-2026-11-27-decode.json``);
+    any other frame, a CMYK or YCCK JPEG (whose conversion to RGB differs) or one simplejpeg
+    refuses, by Pillow; on a thread pool."""
     parts = frames.slices(rows)
     h, w, c = frames.frame_shape[0], frames.frame_shape[1], frames.channels
-    Image = _pil()
     out = np.empty((len(parts), h, w, c), np.uint16 if frames.dtype == "uint16" else np.uint8)
+    sj = _simplejpeg() if frames.codec == "jpeg" and c == 3 and frames.dtype == "uint8" \
+        else None
 
     def one(i: int) -> None:
-        with Image.open(io.BytesIO(parts[i].numpy().tobytes())) as im:
+        data = parts[i].numpy()
+        if sj is not None:
+            try:  # YCbCr and grey only: CMYK/YCCK convert to RGB otherwise than Pillow's
+                if sj.decode_jpeg_header(data)[2] in ("YCbCr", "Gray"):
+                    out[i] = sj.decode_jpeg(data, colorspace="RGB").reshape(h, w, c)
+                    return
+            except ValueError:  # a JPEG libjpeg-turbo's TurboJPEG API does not read
+                pass
+        with _pil().open(io.BytesIO(data.tobytes())) as im:
             out[i] = np.asarray(im.convert("RGB") if c == 3 else im).reshape(h, w, c)
 
-    # Pillow's decode holds the GIL a quarter of its time (py-spy, 480x640 q95:
-    # benchmarks/results/jpeg-gil-cpu-2026-11-27.json): threads overlap the rest
     with ThreadPoolExecutor(_threads()) as pool:
         list(pool.map(one, range(len(parts))))
     return torch.from_numpy(out).permute(0, 3, 1, 2).to(device)
+
+
+@functools.cache
+def _simplejpeg():
+    """simplejpeg, or None where it is not installed (Pillow decodes then)."""
+    try:
+        import simplejpeg
+    except ImportError:
+        return None
+    return simplejpeg
 
 
 # torchvision's image decoders are deprecated from this version on, for TorchCodec's (0.16 and
