@@ -949,13 +949,15 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
     # its own frame, in order: an online window) need neither (no gather, no index copied)
     distinct = [(r, None) if torch.equal(r, torch.arange(r.numel(), dtype=r.dtype))
                 else torch.unique(r, return_inverse=True) for r in host]
-    gathered = [inv for _, inv in distinct if inv is not None]
-    inverse = iter(())
-    if gathered:
-        inverse = torch.cat(gathered)
+    inverse: list[torch.Tensor | None] = [inv for _, inv in distinct]  # on ``device``
+    gathered = [i for i, inv in enumerate(inverse) if inv is not None]
+    if gathered:  # one copy for every camera that gathers
+        index = torch.cat([inverse[i] for i in gathered])
         if device.type == "cuda":  # pinned: the copy waits for nothing queued on the stream
-            inverse = inverse.pin_memory()
-        inverse = iter(inverse.to(device, non_blocking=True).split([i.numel() for i in gathered]))
+            index = index.pin_memory()
+        parts = index.to(device, non_blocking=True).split([inverse[i].numel() for i in gathered])
+        for i, part in zip(gathered, parts, strict=True):
+            inverse[i] = part
     out: list[torch.Tensor | None] = [None] * len(cameras)
     batch = [i for i, (f, _) in enumerate(cameras) if device.type == "cuda" and
              f.codec == "jpeg" and f.channels == 3]
@@ -974,8 +976,8 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
         if out[i] is None:
             out[i] = _decode_cpu(f, distinct[i][0], device)
             metrics.count_frames("cpu", distinct[i][0].numel())
-    return [(o if inv is None else o[next(inverse)]).reshape(*rows.shape, *o.shape[1:])
-            for o, (_, inv), (_, rows) in zip(out, distinct, cameras, strict=True)]
+    return [(o if inv is None else o[inv]).reshape(*rows.shape, *o.shape[1:])
+            for o, inv, (_, rows) in zip(out, inverse, cameras, strict=True)]
 
 
 def _decode_cpu(frames: EncodedFrames, rows: torch.Tensor, device: torch.device
