@@ -16,6 +16,9 @@ Sections (``--sections``, all by default; docs/cameras.md has the targets):
 - ``gpu`` (:func:`gpu_cases`): the same with NVDEC: nvJPEG encode with 1 and 4 processes per
   GPU, libjpeg-turbo encode on the host beside NVDEC, and NVDEC decode alone; each row sums
   its stages' seconds over the threads (``stage_s``).
+- ``node`` (:func:`node_cases`): the node's camera path as a large ingest runs it with
+  ``--video-decoder auto`` (a lane per GPU and CPU processes on the cores left), ``nvdec``
+  (the lanes alone) and ``pyav`` (a process per core), on the same episodes in one run.
 - ``rlds`` (:func:`rlds_cases`): RLDS JPEG cameras passed through, against the raw read, with
   the processes started and the source open before the clock starts.
 - ``serve`` (:func:`serve_cases`): the dataset of :func:`make_dataset` (LeRobot v3.0, two 480x640
@@ -63,13 +66,14 @@ FULL = {"hw": (480, 640), "episodes": 16, "length": 48, "batch": 256, "batches":
         "repeats": 5, "workers": (8, 15), "small_batch": 64,
         "codecs": ("h264", "hevc", "av1"), "counts": None, "per_worker": 4,
         "clip_length": 120, "gpu_episodes": 60, "gpu_streams": 8, "gpu_start_s": 15.0,
-        "encode_frames": 50, "rlds_episodes": 512, "rlds_camera": 256}
+        "node_rounds": 3, "encode_frames": 50, "rlds_episodes": 512, "rlds_camera": 256}
 QUICK = {"hw": (48, 64), "episodes": 3, "length": 12, "batch": 8, "batches": 2,
          "repeats": 2, "workers": (0,), "small_batch": 4,
          "codecs": ("h264",), "counts": (1, 2), "per_worker": 2, "clip_length": 12,
-         "gpu_episodes": 2, "gpu_streams": 2, "gpu_start_s": 20.0, "encode_frames": 5,
+         "gpu_episodes": 2, "gpu_streams": 2, "gpu_start_s": 20.0, "node_rounds": 1,
+         "encode_frames": 5,
          "rlds_episodes": 4, "rlds_camera": 16}
-SECTIONS = ("encode", "fidelity", "cpu", "gpu", "rlds", "serve")
+SECTIONS = ("encode", "fidelity", "cpu", "gpu", "node", "rlds", "serve")
 
 
 def _frames(rng: np.random.Generator, n: int, hw: tuple[int, int], cam: int) -> np.ndarray:
@@ -266,22 +270,29 @@ def make_clips(root: Path, episodes: int, length: int, hw: tuple[int, int], code
 
 
 def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
-            gpu: int = 0, size: tuple[int, int] | None = None
+            gpu: int = 0, size: tuple[int, int] | None = None, lanes: bool = False
             ) -> tuple[int, float, dict[str, int]]:
     """Read ``indices`` and decode and encode their cameras at the defaults (JPEG q95 4:4:4;
     resized to ``size`` as ``--camera-size`` does, when given), ``workers`` episodes at once,
     as ingest prepares episodes (threads that read; videos decoded and encoded in ``workers``
     processes with one FFmpeg thread each, as ingest does with a process per core; or by
-    NVDEC on the threads): (frames, seconds, frames by decoder)."""
+    NVDEC on the threads; or, with ``lanes``, as a large ingest with ``decoder`` splits a
+    node: :func:`robocache.data.cameras.node_workers`' lanes and processes): (frames,
+    seconds, frames by decoder)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from robocache.data.cameras import CameraWorkers, FrameFormat, camera_tables
+    from robocache.data.cameras import CameraWorkers, FrameFormat, camera_tables, node_workers
     from robocache.data.formats import open_source
 
     src = open_source(root)
     lock = threading.Lock()
-    pool = CameraWorkers(workers, threads=1).start() if decoder == "pyav" else None
+    pool = None
+    if lanes:
+        processes, gpus = node_workers(workers, decoder)
+        pool = CameraWorkers(processes, threads=1, gpus=gpus).start()
+    elif decoder == "pyav":
+        pool = CameraWorkers(workers, threads=1).start()
 
     def one(index: int) -> dict[str, int]:
         with lock:
@@ -381,6 +392,41 @@ def gpu_cases(roots: dict[str, Path], cfg: dict):
                 decoded_by=by, stage_s=stages, libraries=libraries(),
                 note=f"{rate:,.0f} frames/s on {gpus} GPUs ({rate / gpus:,.0f} each), "
                      f"{procs} process(es) a GPU, {encoder} encode")
+
+
+# the node's camera paths the ``node`` section compares, as a large ingest runs them:
+# (case, video_decoder)
+NODE_SETTINGS = (("node-auto", "auto"), ("node-nvdec", "nvdec"), ("node-cpu", "pyav"))
+
+
+def node_cases(roots: dict[str, Path], cfg: dict):
+    """The node's camera path as a large ingest runs it (:func:`prepare` with ``lanes``: one
+    reading thread per core), each of :data:`NODE_SETTINGS` on the same episodes (the
+    dataset's, ``cfg["node_rounds"]`` times over) in one run: ``auto``, a lane per GPU (NVDEC,
+    nvJPEG) and the CPU processes on the cores left, each stream to whichever has room;
+    ``nvdec``, the lanes alone; ``pyav``, a process per core. Yields each case as it is
+    measured."""
+    from robocache.data.cameras import LANE_CORES, node_workers
+    from robocache.data.formats import open_source
+
+    gpus = torch.cuda.device_count()
+    cores = os.cpu_count() or 1
+    for codec, root in roots.items():
+        if CODECS[codec][0] == "libsvtav1":  # NVDEC ingest leaves AV1 to PyAV
+            continue
+        indices = list(open_source(root).episode_indices()) * cfg["node_rounds"]
+        for impl, decoder in NODE_SETTINGS:
+            processes, lanes = node_workers(cores, decoder)
+            frames, seconds, by = prepare(root, indices, cores, decoder, lanes=True)
+            rate = frames / seconds
+            yield H.case(
+                FAMILY, f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare", impl,
+                H.summarize([seconds * 1e3]), frames=frames, frames_per_s=rate, gpus=gpus,
+                cores=cores, lanes=len(lanes), cpu_processes=processes,
+                lane_cores=LANE_CORES, streams_per_lane=cfg["gpu_streams"], decoded_by=by,
+                libraries=libraries(),
+                note=f"{rate:,.0f} frames/s: {len(lanes)} GPU lane(s), {processes} CPU "
+                     f"process(es); frames by decoder {by}")
 
 
 def _gpu_processes(root: Path, cfg: dict, gpus: int, procs: int, streams: int,
@@ -700,7 +746,7 @@ def run(quick: bool = False, copy_gbps: float | None = None,
     if "fidelity" in wanted:
         done(fidelity_cases())
     with tempfile.TemporaryDirectory() as tmp:
-        if {"cpu", "gpu"} & set(wanted):
+        if {"cpu", "gpu", "node"} & set(wanted):
             cores = os.cpu_count() or 1
             episodes = max(cfg["per_worker"] * max(cfg["counts"] or (cores,)),
                            cfg["gpu_episodes"] * max(torch.cuda.device_count(), 1))
@@ -708,11 +754,14 @@ def run(quick: bool = False, copy_gbps: float | None = None,
                      for c in cfg["codecs"]}
             if "cpu" in wanted:
                 done(cpu_cases(roots, cfg))
-            if "gpu" in wanted and torch.cuda.is_available():
+            if {"gpu", "node"} & set(wanted) and torch.cuda.is_available():
                 from robocache.data.cameras import nvdec_available
 
                 if nvdec_available():
-                    done(gpu_cases(roots, cfg))
+                    if "gpu" in wanted:
+                        done(gpu_cases(roots, cfg))
+                    if "node" in wanted:
+                        done(node_cases(roots, cfg))
                 else:
                     done([H.case(FAMILY, "gpu", "gpu-skipped", H.summarize([0.0]),
                                  error="NVDEC needs PyNvVideoCodec: `pip install "

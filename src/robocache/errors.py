@@ -63,3 +63,15 @@ class MissingDependencyError(RoboCacheError, ImportError):
 
 class ClusterError(RoboCacheError, ConnectionError):
     """A compute cluster (Ray) does not answer at the address given."""
+
+
+def picklable(e: BaseException) -> BaseException:
+    """``e`` where it survives pickling (to be raised in another process), else a
+    :class:`DataError` carrying its type and text."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        return DataError(f"{type(e).__name__}: {e}")

@@ -687,6 +687,30 @@ def test_nvdec_leaves_av1_to_pyav(tmp_path, monkeypatch):
     assert auto["decode"]["video_frames"] == {"nvdec": 2 * 2 * 5}
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("decoder", ["auto", "nvdec"])
+def test_large_builds_decode_on_every_gpus_lane(tmp_path, decoder):
+    """A large build with NVDEC (here forced by ``decode_processes``) sends its streams to a
+    lane process per GPU (NVDEC, nvJPEG) and, with ``auto``, to the CPU workers too; the
+    cache holds what the PyAV build holds, each frame within NVDEC's tolerance."""
+    from robocache.data import cameras
+
+    _nvdec()
+    src = _two_cameras(tmp_path / "src", episodes=24, length=9, hw=(144, 176),
+                       options=NO_B_FRAMES["libx264"])
+    m = build(src, tmp_path / "c", rate_hz=10.0, progress=False, video_decoder=decoder,
+              decode_processes=True)
+    by = m["decode"]["video_frames"]
+    assert sum(by.values()) == 2 * 24 * 9 and m["counts"]["cached"] == 24
+    assert set(by) == ({"nvdec", "pyav"} if decoder == "auto" else {"nvdec"}), by
+    assert set(cameras._workers["pool"].lanes) == set(range(torch.cuda.device_count()))
+    build(src, tmp_path / "ref", rate_hz=10.0, progress=False, video_decoder="pyav")
+    a, b = _contents(tmp_path / "c"), _contents(tmp_path / "ref")
+    assert a["data.lance"] == b["data.lance"] and a["manifest"] == b["manifest"]
+    got, want = served(tmp_path / "c"), served(tmp_path / "ref")
+    assert got.shape == want.shape and psnr(got, want) >= NVDEC_MIN_PSNR
+
+
 @pytest.fixture(scope="module")
 def sharp():
     return dict(np.load(FIXTURES / "sharp_frames.npz"))
@@ -932,6 +956,125 @@ def test_a_dead_camera_worker_is_replaced_and_its_task_retried_once(tmp_path):
             "episode 2: ok"
     finally:
         workers.close()
+
+
+def _slow_pid(seconds: float) -> int:
+    import os
+    import time
+
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def _fail(message: str):
+    raise DataError(message)
+
+
+def _unpicklable_error():
+    class Local(Exception):
+        pass
+
+    raise Local("made here")
+
+
+def test_a_lane_runs_its_tasks_on_threads_of_one_process():
+    """A lane runs many tasks at once in one process of its own; a task's DataError comes back
+    as itself, an error that does not pickle as a DataError with its text."""
+    import os
+    import time
+
+    from robocache.data.lanes import Lane
+
+    lane = Lane(4).start()
+    try:
+        lane.wait_ready(60)
+        t0 = time.monotonic()
+        pids = [f.result(60) for f in [lane.submit(_slow_pid, 0.5) for _ in range(4)]]
+        assert time.monotonic() - t0 < 1.9  # four half-second tasks at once, not in turn
+        assert len(set(pids)) == 1 and pids[0] != os.getpid()
+        with pytest.raises(DataError, match="episode 3: bad"):
+            lane.submit(_fail, "episode 3: bad").result(60)
+        with pytest.raises(DataError, match="Local: made here"):
+            lane.submit(_unpicklable_error).result(60)
+    finally:
+        lane.close()
+    with pytest.raises(Exception, match="ended with exit code 0"):
+        lane.submit(_slow_pid, 0).result(60)
+
+
+def test_a_lane_that_dies_fails_its_tasks_and_later_ones():
+    """Killing a lane's process fails the tasks in flight and every later one with
+    BrokenProcessPool; the lane is not alive any more."""
+    import os
+    import signal
+    from concurrent.futures.process import BrokenProcessPool
+
+    from robocache.data.lanes import Lane
+
+    lane = Lane(2).start()
+    try:
+        lane.wait_ready(60)
+        pid = lane.submit(_slow_pid, 0).result(60)
+        running = lane.submit(_slow_pid, 30)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(BrokenProcessPool, match="exit code -9"):
+            running.result(60)
+        assert not lane.alive
+        with pytest.raises(BrokenProcessPool):
+            lane.submit(_slow_pid, 0).result(60)
+    finally:
+        lane.close()
+
+
+def test_streams_a_lane_does_not_decode_go_to_the_cpu_workers(tmp_path):
+    """With a lane that NVDEC cannot serve here (no GPU) or that dies, every stream still
+    comes back from the CPU workers, byte for byte as the thread path encodes it, each
+    submission waiting for a free slot (one lane slot, one process here)."""
+    import os
+    import signal
+
+    from robocache.data import cameras
+    from robocache.data.cameras import CameraWorkers, FrameFormat, write_video
+    from robocache.data.lanes import Lane
+
+    video = tmp_path / "v.mp4"
+    write_video(video, _clip(9, 3), 10.0, "libx264")
+    task = (video, 0.0, 0.8, 1e-4, FrameFormat(), None, (48, 64, 3), "episode 0: stream 'c'")
+    want, t_want, i_want = cameras._pyav_stream(*task, threads=1)
+    workers = CameraWorkers(1, threads=1).start()
+    lane = workers.lanes[0] = Lane(1).start()
+    workers._free = {0: 1, "cpu": 1}
+    try:
+        lane.wait_ready(60)
+        handles = [workers.submit_stream(task, "auto") for _ in range(4)]
+        assert {h[0] for h in handles} == {0, "cpu"}
+        for h in handles:
+            (packed, offsets), t, index, used = workers.stream_result(h)
+            got = [bytes(memoryview(packed)[a:b]) for a, b in zip(offsets[:-1], offsets[1:],
+                                                                      strict=True)]
+            assert used == "pyav" and got == want
+            assert np.array_equal(t, t_want) and np.array_equal(index, i_want)
+        assert workers._free == {0: 1, "cpu": 1}
+        os.kill(lane.submit(_slow_pid, 0).result(60), signal.SIGKILL)
+        with pytest.raises(Exception, match="exit code -9"):
+            lane.submit(_slow_pid, 30).result(60)
+        handles = [workers.submit_stream(task, "nvdec") for _ in range(2)]  # lanes only: none
+        assert [h[0] for h in handles] == ["cpu", "cpu"]
+        assert all(workers.stream_result(h)[-1] == "pyav" for h in handles)
+    finally:
+        workers.close()
+    assert not workers.lanes
+
+
+def test_node_workers_splits_the_cores_between_lanes_and_processes(monkeypatch):
+    from robocache.data import cameras
+
+    assert cameras.node_workers(16, "pyav") == (16, ())
+    monkeypatch.setattr(cameras, "nvdec_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert cameras.node_workers(64, "auto") == (64 - 4 * cameras.LANE_CORES, (0, 1, 2, 3))
+    assert cameras.node_workers(64, "nvdec") == (64, (0, 1, 2, 3))
+    assert cameras.node_workers(4, "auto") == (1, (0, 1, 2, 3))
 
 
 def _shipped_files() -> set[str]:

@@ -14,7 +14,9 @@ start) and ``encoded`` (the image).
   shared-memory file), or, with ``decoder="nvdec"``/``"auto"``, with NVDEC through
   PyNvVideoCodec on the calling thread (H.264 and HEVC; one decoder per thread, moved from
   file to file), the frames then JPEG-encoded on the same GPU by nvJPEG in batches
-  (:func:`robocache.data.jpeg.encode_cuda`) and only the bytes copied to the host.
+  (:func:`robocache.data.jpeg.encode_cuda`) and only the bytes copied to the host; in a
+  large build, on the threads of one lane process per GPU (:mod:`robocache.data.lanes`),
+  beside the PyAV worker processes with ``"auto"``.
 - Frames stored at another size (``sizes``) are resized in the colour conversion's swscale
   pass (video) or by Pillow (arrays, a source's own image bytes).
 - RGB frames are stored as JPEG (:class:`FrameFormat`: quality 95 and 4:4:4 chroma by default,
@@ -45,6 +47,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -54,6 +57,9 @@ from robocache.data import jpeg
 from robocache.data.episode import Episode, Stream, StreamSpec
 from robocache.errors import DataError
 from robocache.observability import metrics
+
+if TYPE_CHECKING:
+    from robocache.data.lanes import Lane
 
 CODECS = ("jpeg", "png")
 DEFAULT_QUALITY = jpeg.DEFAULT_QUALITY
@@ -568,7 +574,7 @@ def _received(data: tuple) -> tuple:
 
 def _discard(future) -> None:
     """Remove the shared-memory file of a worker's result nobody will read (a done future)."""
-    if not future.cancelled() and future.exception() is None:
+    if not future.cancelled() and future.exception() is None and future.result() is not None:
         data = future.result()[0]
         if isinstance(data[0], str):
             _unlink(data[0])
@@ -602,7 +608,9 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
     nvJPEG on that GPU when ``fmt`` is JPEG 4:4:4 at the source's size, else on the CPU; with
     PyAV in ``workers``' processes (one task per stream, the streams of an episode at once),
     or on this thread without ``workers`` (with ``threads`` FFmpeg threads, 0: FFmpeg's
-    choice; 1 where every core already runs an episode). Each such stream is then left in
+    choice; 1 where every core already runs an episode); where ``workers`` has GPU lanes
+    and ``decoder`` asks for NVDEC, in whichever lane (NVDEC and nvJPEG on its GPU) or
+    process has room first (:meth:`CameraWorkers.submit_stream`). Each such stream is then left in
     ``episode`` as its frames' timestamps (from the episode start) without pixels, its frame
     numbers in the file in ``episode.meta["source_frame"]`` and its decoder in
     ``episode.meta["video_decoder"]``, as :func:`decode_videos` leaves them.
@@ -626,6 +634,9 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
         start = s.video.from_timestamp
         task = (s.video.path, start + float(s.times[0]), start + float(s.times[-1]), 1e-4, fmt,
                 sizes.get(name), spec.shape, f"episode {episode.index}: stream {name!r}")
+        if workers is not None and workers.lanes and decoder != "pyav":
+            pending[name] = (workers.submit_stream(task, decoder), "lane")
+            continue
         got = _nvdec_stream(*task, decoder, gpu)
         if got is not None:
             pending[name] = (got, "nvdec")
@@ -634,13 +645,15 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
             pending[name] = ((_pack(data), t, index), "pyav")
         else:
             pending[name] = (workers.submit(_pyav_shipped, *task), "pyav")
-    waiting = [got for got, used in pending.values() if used == "pyav" and workers is not None]
+    waiting = [got for got, used in pending.values() if used != "nvdec" and workers is not None]
     try:
         for name, (got, used) in pending.items():  # in the specs' order: the first error wins
-            if used == "nvdec" or workers is None:
+            waiting = [h for h in waiting if h is not got]
+            if used == "lane":
+                data, t, index, used = workers.stream_result(got)
+            elif used == "nvdec" or workers is None:
                 data, t, index = got
             else:
-                waiting = [h for h in waiting if h is not got]
                 data, t, index = workers.result(got)
                 data = _received(data)
             _add_table(episode, name, used, data, t, index, tables)
@@ -706,6 +719,24 @@ def _nvdec_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: F
     return _nvdec_attempt(path, start_s, end_s, tolerance_s, decoder, gpu, each)
 
 
+def _nvdec_shipped(*task):
+    """:func:`_nvdec_stream` as a lane's task (``task``: its arguments), its frames
+    :func:`_ship`ped; ``None`` where PyAV decodes the stream."""
+    got = _nvdec_stream(*task)
+    if got is None:
+        return None
+    data, t, index = got
+    return _ship(data), t, index
+
+
+# streams a GPU lane decodes and encodes at once (8 a process measured best on the H100)
+GPU_STREAMS = 8
+# cores left to each GPU lane when the CPU processes share the streams ("auto")
+LANE_CORES = 2
+# seconds a lane has to start (fork, select its GPU)
+LANE_START_S = 120.0
+
+
 class CameraWorkers:
     """Worker processes that decode (PyAV) and encode camera streams, one stream per task.
 
@@ -718,17 +749,44 @@ class CameraWorkers:
     PyAV, NumPy, libjpeg-turbo and Pillow, never CUDA. Each decodes with
     ``threads`` FFmpeg threads (default ``cores // processes``: one per stream when there are
     as many processes as cores).
+
+    With ``gpus``, a :class:`~robocache.data.lanes.Lane` on each of them decodes with NVDEC
+    and encodes with nvJPEG ``streams`` streams at once (:meth:`submit_stream`), beside the
+    processes.
     """
 
-    def __init__(self, processes: int, threads: int | None = None):
+    def __init__(self, processes: int, threads: int | None = None, gpus=(),
+                 streams: int = GPU_STREAMS):
         self.processes = processes
         self.threads = threads or max(1, (os.cpu_count() or 1) // processes)
+        self.gpus, self.streams = tuple(gpus), streams
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+        self.lanes: dict[int, Lane] = {}  # GPU -> its lane, once started
+        self._free: dict = {}  # free stream slots: GPU -> of its lane, "cpu" -> of the pool
+        self._slots = threading.Condition()
 
     def start(self) -> CameraWorkers:
-        """Fork the worker processes now, on this thread (else the first task does)."""
+        """Fork the worker processes now, on this thread (else the first task does), and
+        start the GPU lanes, waiting until each is ready (one that fails to start is warned
+        about and left out: the other lanes and the processes decode its share)."""
         self._executor()
+        if self.gpus and not self.lanes:
+            from robocache.data.lanes import Lane
+
+            started = {g: Lane(self.streams, g).start() for g in self.gpus}
+            for g, lane in started.items():
+                try:
+                    lane.wait_ready(LANE_START_S)
+                except Exception as e:
+                    _warn_once(f"lane-{g}", f"the NVDEC lane of GPU {g} did not start "
+                               f"({type(e).__name__}: {e}); the other lanes and the CPU "
+                               "workers decode its share.")
+                    lane.close(0)
+                    continue
+                self.lanes[g] = lane
+            with self._slots:
+                self._free = {**dict.fromkeys(self.lanes, self.streams), "cpu": self.processes}
         return self
 
     def _executor(self) -> ProcessPoolExecutor:
@@ -785,10 +843,69 @@ class CameraWorkers:
                 self._pool = None
         broken.shutdown(wait=False, cancel_futures=True)
 
+    def submit_stream(self, task: tuple, decoder: str):
+        """Send one video stream (:func:`camera_tables`' task) to whichever of the GPU lanes
+        (NVDEC, nvJPEG) and, with ``decoder`` ``"auto"``, the CPU processes (PyAV,
+        libjpeg-turbo) has a free slot first: each lane takes :attr:`streams` streams at once,
+        the processes one each; this blocks until one is free. ``"nvdec"`` uses the lanes
+        only (the processes once none is left). Returns a handle for :meth:`stream_result`,
+        its last element the task's future."""
+        with self._slots:
+            while True:
+                options = [g for g, lane in self.lanes.items() if lane.alive]
+                if decoder == "auto" or not options:
+                    options.append("cpu")
+                free = [k for k in options if self._free.get(k, 1) > 0]
+                if free:  # a lane before the processes, the freest lane first
+                    slot = max(free, key=lambda k: (k != "cpu", self._free.get(k, 1)))
+                    break
+                self._slots.wait(1.0)  # a lane that dies frees nothing: look again
+            if slot in self._free:
+                self._free[slot] -= 1
+        if slot == "cpu":
+            handle = self.submit(_pyav_shipped, *task)
+            future = handle[-1]
+        else:
+            handle = task
+            future = self.lanes[slot].submit(_nvdec_shipped, *task, decoder, slot)
+        future.add_done_callback(functools.partial(self._release, slot))
+        return slot, handle, future
+
+    def _release(self, slot, _future=None) -> None:
+        with self._slots:
+            if slot in self._free:
+                self._free[slot] += 1
+            self._slots.notify()
+
+    def stream_result(self, handle) -> tuple:
+        """:meth:`submit_stream`'s result: (the encoded frames as :func:`_pack`'s pair, file
+        seconds, frame numbers, ``"nvdec"`` or ``"pyav"``). A stream a lane does not decode
+        (its codec, an NVDEC failure: warned once per kind), or whose lane died, is decoded by
+        the processes."""
+        slot, inner, future = handle
+        if slot == "cpu":  # inner: the pool's handle; else the stream's task
+            data, t, index = self.result(inner)
+            return _received(data), t, index, "pyav"
+        try:
+            got = future.result()
+        except BrokenProcessPool as e:
+            _warn_once(f"lane-{slot}", f"the NVDEC lane of GPU {slot} stopped ({e}); the "
+                       "other lanes and the CPU workers decode its streams.")
+            got = None
+        if got is None:
+            data, t, index = self.result(self.submit(_pyav_shipped, *inner))
+            return _received(data), t, index, "pyav"
+        data, t, index = got
+        return _received(data), t, index, "nvdec"
+
     def close(self) -> None:
-        """Stop the worker processes (a later :meth:`submit` starts new ones)."""
+        """Stop the worker processes and the lanes (a later :meth:`submit` starts new
+        processes; :meth:`start` new lanes)."""
         with self._lock:
             pool, self._pool = self._pool, None
+        lanes, self.lanes = self.lanes, {}
+        for lane in lanes.values():
+            lane.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -837,21 +954,36 @@ def _exit_with(parent: int, fd: int | None) -> None:
 _workers: dict[str, CameraWorkers] = {}
 
 
-def worker_pool(processes: int) -> CameraWorkers | None:
-    """This process's :class:`CameraWorkers` of ``processes`` processes, started (on this
-    thread) and shared by its cache builds; a build asking for another count replaces it.
-    ``None`` in a daemonic process (e.g. a ``multiprocessing.Pool`` worker), which may not
-    have children: its videos decode on the reading threads."""
+def worker_pool(processes: int, gpus=()) -> CameraWorkers | None:
+    """This process's :class:`CameraWorkers` of ``processes`` processes and a lane on each of
+    ``gpus``, started (on this thread) and shared by its cache builds; a build asking for
+    another count or other GPUs replaces it. ``None`` in a daemonic process (e.g. a
+    ``multiprocessing.Pool`` worker), which may not have children: its videos decode on the
+    reading threads."""
     import multiprocessing
 
     if multiprocessing.current_process().daemon:
         return None
     current = _workers.get("pool")
-    if current is None or current.processes != processes:
+    if current is None or (current.processes, current.gpus) != (processes, tuple(gpus)):
         if current is not None:
             current.close()
-        current = _workers["pool"] = CameraWorkers(processes)
+        current = _workers["pool"] = CameraWorkers(processes, gpus=gpus)
     return current.start()
+
+
+def node_workers(workers: int, decoder: str) -> tuple[int, tuple[int, ...]]:
+    """How a build preparing ``workers`` episodes at once with ``decoder`` splits its camera
+    work: (CPU worker processes, GPUs given a lane). With ``"auto"`` or ``"nvdec"`` and NVDEC
+    here, every visible GPU gets a lane; ``"auto"`` leaves :data:`LANE_CORES` cores to each
+    lane and gives the CPU processes the rest, ``"nvdec"`` keeps the processes for what NVDEC
+    does not decode."""
+    if decoder == "pyav" or not nvdec_available():
+        return workers, ()
+    gpus = tuple(range(torch.cuda.device_count()))
+    if decoder == "nvdec":
+        return workers, gpus
+    return max(1, workers - LANE_CORES * len(gpus)), gpus
 
 
 @dataclass

@@ -63,16 +63,20 @@ class CacheConfig:
         video_decoder: who decodes video streams: ``"pyav"`` (default: the CPU decode
             LeRobot's reader does, so cached frames match LeRobot's within the JPEG
             tolerance), ``"auto"`` (NVDEC through PyNvVideoCodec for H.264/HEVC when a CUDA
-            GPU and PyNvVideoCodec are present, else PyAV) or ``"nvdec"`` (NVDEC required;
-            AV1, or a video NVDEC fails on, still goes to PyAV, with a warning). Same frames
-            and timestamps either way; NVDEC's pixel values differ slightly (its colour
-            conversion), see docs/cameras.md.
+            GPU and PyNvVideoCodec are present, else PyAV; a large build uses every GPU's
+            NVDEC and the CPU workers together, each stream going to whichever has room) or
+            ``"nvdec"`` (NVDEC required, on every GPU in a large build; AV1, or a video NVDEC
+            fails on, still goes to PyAV, with a warning). Same frames and timestamps either
+            way; NVDEC's pixel values differ slightly (its colour conversion), see
+            docs/cameras.md.
         decode_processes: prepare episodes in ``decode_workers`` processes instead of threads
             (each opens the source once; with alignment on the CPU it aligns too, so every
-            core does the whole per-episode work). ``None`` (default): processes for a source
-            given as a path, with at least
-            :data:`~robocache.data.build.read.PROCESS_EPISODES` episodes to do and video (if
-            any) decoded by PyAV; threads otherwise. The cache is the same either way.
+            core does the whole per-episode work); with ``"auto"`` or ``"nvdec"``, read on
+            threads and decode videos in a lane process per GPU and the camera worker
+            processes instead of on the reading threads. ``None`` (default): processes for a
+            source given as a path (lanes for any source) with at least
+            :data:`~robocache.data.build.read.PROCESS_EPISODES` episodes to do; threads
+            otherwise. The cache is the same either way.
         batch_rows, batch_bytes: episodes are written and committed in batches of this many
             aligned rows or this many bytes (frames included), whichever comes first, or
             what :data:`~robocache.data.build.run.COMMIT_SECONDS` gathered: each Lance

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pickle
 import threading
 import time
 from collections import deque
@@ -23,9 +22,15 @@ from robocache._optional import require
 from robocache.data import source_identity
 from robocache.data.build.config import CacheConfig, decode_workers
 from robocache.data.build.encode import frame_format, stored_size
-from robocache.data.cameras import CameraWorkers, camera_tables, decode_videos, worker_pool
+from robocache.data.cameras import (
+    CameraWorkers,
+    camera_tables,
+    decode_videos,
+    node_workers,
+    worker_pool,
+)
 from robocache.data.episode import Episode, Source, StreamSpec, check_episode
-from robocache.errors import DataError
+from robocache.errors import DataError, picklable
 
 
 def open_specs(source: str | Path | Source, config: CacheConfig) -> tuple[Source, dict]:
@@ -164,19 +169,25 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
     - Otherwise on threads, which read and check the episodes; their videos are decoded and
       encoded in ``decode_workers`` forked camera worker processes
       (:func:`robocache.data.cameras.worker_pool`: each has its own GIL), or on the reading
-      thread with one worker or in a daemonic process; NVDEC's on the threads (its decoders
-      share this process's CUDA context)."""
-    if path is not None:
-        indices = list(indices)
-        if use_processes(config, len(indices)):
-            files = getattr(src, "files", None)
-            keys = None if files is None else [str(files(i)[0]) for i in indices]
-            yield from _in_processes(path, indices, keys, config, fps, align, dest)
-            return
+      thread with one worker or in a daemonic process. With NVDEC (``video_decoder``
+      ``"auto"`` or ``"nvdec"``), a large build (:func:`use_lanes`) sends each video stream
+      to a lane process on every GPU (NVDEC, nvJPEG) or, with ``"auto"``, to the worker
+      processes, whichever has room first (:meth:`CameraWorkers.submit_stream`); a small
+      one decodes with NVDEC on the reading threads, on GPU ``gpu`` (its decoders share this
+      process's CUDA context)."""
+    indices = list(indices)
+    if path is not None and use_processes(config, len(indices)):
+        files = getattr(src, "files", None)
+        keys = None if files is None else [str(files(i)[0]) for i in indices]
+        yield from _in_processes(path, indices, keys, config, fps, align, dest)
+        return
     workers = decode_workers(config)
     lock = threading.Lock()
     videos = any(spec.kind == "video" for spec in specs.values())
-    cameras = worker_pool(workers) if workers > 1 and videos else None
+    cameras = None
+    if workers > 1 and videos:
+        cameras = worker_pool(*node_workers(workers, config.video_decoder)
+                              if use_lanes(config, len(indices)) else (workers,))
     threads = 0 if workers == 1 else _ffmpeg_threads(workers)  # for videos decoded inline
     pool = ThreadPoolExecutor(workers, thread_name_prefix="robocache-ingest")
     try:
@@ -216,13 +227,27 @@ _WORKER: dict[str, Any] = {}  # the source a worker process opened, its specs an
 
 
 def use_processes(config: CacheConfig, episodes: int) -> bool:
-    """Whether :func:`prepared` uses processes for ``episodes`` episodes of a source path:
-    ``config.decode_processes``, or by default with 2 workers or more, at least
-    :data:`PROCESS_EPISODES` episodes and video (if any) decoded by PyAV."""
+    """Whether :func:`prepared` prepares ``episodes`` episodes of a source path whole in
+    processes: where video (if any) is decoded by PyAV, ``config.decode_processes``, or by
+    default with 2 workers or more and at least :data:`PROCESS_EPISODES` episodes."""
+    if config.video_decoder != "pyav":
+        return False
     if config.decode_processes is not None:
         return bool(config.decode_processes)
-    return decode_workers(config) > 1 and episodes >= PROCESS_EPISODES and \
-        config.video_decoder == "pyav"
+    return decode_workers(config) > 1 and episodes >= PROCESS_EPISODES
+
+
+def use_lanes(config: CacheConfig, episodes: int) -> bool:
+    """Whether :func:`prepared`'s videos, with NVDEC asked for (``"auto"``, ``"nvdec"``), go
+    to a lane process on every GPU and the camera worker processes
+    (:func:`~robocache.data.cameras.node_workers`): ``config.decode_processes``, or by
+    default for at least :data:`PROCESS_EPISODES` episodes (a lane costs a few seconds to
+    start); otherwise NVDEC runs on the reading threads, on the build's one GPU."""
+    if config.video_decoder == "pyav":
+        return False
+    if config.decode_processes is not None:
+        return bool(config.decode_processes)
+    return episodes >= PROCESS_EPISODES
 
 
 def lance_threads() -> None:
@@ -261,14 +286,6 @@ def _open_worker(path: str, config: dict[str, Any], parent: int) -> None:
     src, specs = open_specs(path, options)
     _WORKER.update(src=src, specs=specs, config=options)
     single_core()
-
-
-def _picklable(e: Exception) -> Exception:
-    try:
-        pickle.loads(pickle.dumps(e))
-        return e
-    except Exception:  # an exception that does not survive pickling: its text does
-        return DataError(f"{type(e).__name__}: {e}")
 
 
 def _ffmpeg_threads(workers: int) -> int:
@@ -314,7 +331,7 @@ def _prepare_chunk(indices: list[int], fps: float | None, align: bool,
             done[-1].files = ([p.index for p in done], batch.write(dest))
     for p in out:
         if p.error is not None:
-            p.episode, p.frames, p.error = None, None, _picklable(p.error)
+            p.episode, p.frames, p.error = None, None, picklable(p.error)
     return out
 
 
