@@ -75,7 +75,8 @@ def run(decoder: str, root: Path, rounds: int, spy: Path | None) -> dict:
         threading.Thread(target=_watch, args=(stop, seen, groups), daemon=True).start()
         lanes = _groups(os.getpid())["lanes"]
         if spy is not None and lanes:
-            spies.append(_spy(lanes[0], spy / f"spy-lane-{decoder}.txt", 8, idle=False))
+            spies.append(_spy(lanes[0], spy / f"spy-lane-{decoder}.txt", 8, idle=False,
+                              native=True))
 
     from robocache.data import cameras
 

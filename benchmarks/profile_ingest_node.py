@@ -76,9 +76,11 @@ def _thp() -> str:
         return "unknown"
 
 
-def _spy(pid: int, out: Path, seconds: int = 6, idle: bool = True) -> subprocess.Popen:
+def _spy(pid: int, out: Path, seconds: int = 6, idle: bool = True, native: bool = False
+         ) -> subprocess.Popen:
     return subprocess.Popen(["py-spy", "record", "-r", "200", "-d", str(seconds), "-f", "raw",
-                             *(["--idle"] if idle else []), "-o", str(out), "-p", str(pid)],
+                             *(["--idle"] if idle else []), *(["--native"] if native else []),
+                             "-o", str(out), "-p", str(pid)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
