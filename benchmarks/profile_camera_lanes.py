@@ -53,12 +53,19 @@ def _watch(stop: threading.Event, seen: dict[int, tuple[float, float]],
         stop.wait(0.2)
 
 
-def run(decoder: str, root: Path, rounds: int, spy: Path | None) -> dict:
+# seconds after the lanes start before py-spy samples one (the first encode imports torchvision)
+SPY_DELAY_S = 12.0
+
+
+def run(decoder: str, root: Path, rounds: int, spy: Path | None, lane_cores: int) -> dict:
     import bench_cameras as B
     from profile_ingest_node import _cpu_s, _spy, top_frames
 
+    from robocache.data import cameras
     from robocache.data.formats import open_source
 
+    cameras.LANE_CORES = lane_cores
+    name = f"{decoder}-{lane_cores}" if decoder == "auto" else decoder
     indices = list(open_source(root).episode_indices()) * rounds
     cores = os.cpu_count() or 1
     before: dict[int, tuple[float, float]] = {}
@@ -74,11 +81,9 @@ def run(decoder: str, root: Path, rounds: int, spy: Path | None) -> dict:
                     before[p] = c
         threading.Thread(target=_watch, args=(stop, seen, groups), daemon=True).start()
         lanes = _groups(os.getpid())["lanes"]
-        if spy is not None and lanes:
-            spies.append(_spy(lanes[0], spy / f"spy-lane-{decoder}.txt", 8, idle=False,
-                              native=True))
-
-    from robocache.data import cameras
+        if spy is not None and lanes:  # once the lane's first tasks imported what they use
+            threading.Timer(SPY_DELAY_S, lambda: spies.append(_spy(
+                lanes[0], spy / f"spy-lane-{name}.txt", 8, idle=False, native=True))).start()
 
     start = cameras.CameraWorkers.start
 
@@ -89,22 +94,22 @@ def run(decoder: str, root: Path, rounds: int, spy: Path | None) -> dict:
 
     cameras.CameraWorkers.start = started
     try:
-        t0 = time.perf_counter()
         frames, seconds, by = B.prepare(root, indices, cores, decoder, lanes=True)
-        wall = time.perf_counter() - t0
     finally:
         cameras.CameraWorkers.start = start
         stop.set()
+    time.sleep(0.5)
     for p in spies:
         p.wait()
     cpu = {part: round(sum(sum(seen[p]) - sum(before.get(p, (0.0, 0.0))) for p in pids), 1)
            for part, pids in groups.items()}
-    out = {"decoder": decoder, "frames": frames, "seconds": round(seconds, 2),
+    out = {"decoder": decoder, "lane_cores": lane_cores, "frames": frames,
+           "seconds": round(seconds, 2),
            "frames_per_s": round(frames / seconds), "decoded_by": by, "cpu_s": cpu,
-           "cores_busy": {k: round(v / wall, 1) for k, v in cpu.items()},
+           "cores_busy": {k: round(v / seconds, 1) for k, v in cpu.items()},
            "processes": {k: len(v) for k, v in groups.items()}}
     if spies:
-        out["lane_top_frames"] = top_frames(spy / f"spy-lane-{decoder}.txt", 16)
+        out["lane_top_frames"] = top_frames(spy / f"spy-lane-{name}.txt", 16)
     return out
 
 
@@ -113,6 +118,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--decoders", default="nvdec,auto")
+    ap.add_argument("--lane-cores", default="2", help="auto's cores left to each lane, "
+                    "comma-separated: one auto run each")
     ap.add_argument("--episodes", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--py-spy", action="store_true")
@@ -121,12 +128,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = B.make_clips(Path(tmp) / "h264", args.episodes, 120, (480, 640), "h264")
-        recs = [run(d.strip(), root, args.rounds, args.out if args.py_spy else None)
-                for d in args.decoders.split(",")]
+        recs = [run(d, root, args.rounds, args.out if args.py_spy else None, int(c))
+                for d in map(str.strip, args.decoders.split(","))
+                for c in (args.lane_cores.split(",") if d == "auto" else ["2"])]
     (args.out / "lanes.json").write_text(json.dumps(recs, indent=1))
     for r in recs:
-        print(f"{r['decoder']:>6}: {r['frames_per_s']:,} frames/s {r['decoded_by']}; cores "
-              f"busy {r['cores_busy']} (processes {r['processes']})")
+        print(f"{r['decoder']:>6} ({r['lane_cores']}): {r['frames_per_s']:,} frames/s "
+              f"{r['decoded_by']}; cores busy {r['cores_busy']} (processes {r['processes']})")
         for line in r.get("lane_top_frames", []):
             print("   ", line)
 

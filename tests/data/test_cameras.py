@@ -979,7 +979,9 @@ def _unpicklable_error():
 
 def test_a_lane_runs_its_tasks_on_threads_of_one_process():
     """A lane runs many tasks at once in one process of its own; a task's DataError comes back
-    as itself, an error that does not pickle as a DataError with its text."""
+    as itself, an error that does not pickle as a DataError with its text; an initializer's
+    error is what waiting for the lane raises."""
+    import functools
     import os
     import time
 
@@ -1000,6 +1002,10 @@ def test_a_lane_runs_its_tasks_on_threads_of_one_process():
         lane.close()
     with pytest.raises(Exception, match="ended with exit code 0"):
         lane.submit(_slow_pid, 0).result(60)
+    failing = Lane(1, initializer=functools.partial(_fail, "no device here")).start()
+    with pytest.raises(DataError, match="no device here"):
+        failing.wait_ready(60)
+    failing.close()
 
 
 def test_a_lane_that_dies_fails_its_tasks_and_later_ones():

@@ -729,6 +729,17 @@ def _nvdec_shipped(*task):
     return _ship(data), t, index
 
 
+def _lane_init() -> None:
+    """A GPU lane's start-up: import what its streams use (PyNvVideoCodec, torchvision's
+    encoder: seconds of imports, else paid by its first stream) and make its CUDA context."""
+    import importlib
+
+    for name in ("PyNvVideoCodec", "torchvision.io"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    torch.zeros(1, device="cuda")
+
+
 # streams a GPU lane decodes and encodes at once (8 a process measured best on the H100)
 GPU_STREAMS = 8
 # cores left to each GPU lane when the CPU processes share the streams ("auto")
@@ -774,7 +785,7 @@ class CameraWorkers:
         if self.gpus and not self.lanes:
             from robocache.data.lanes import Lane
 
-            started = {g: Lane(self.streams, g).start() for g in self.gpus}
+            started = {g: Lane(self.streams, g, _lane_init).start() for g in self.gpus}
             for g, lane in started.items():
                 try:
                     lane.wait_ready(LANE_START_S)

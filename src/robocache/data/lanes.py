@@ -30,15 +30,16 @@ from robocache.errors import picklable
 
 class Lane:
     """One worker process running up to ``threads`` tasks at once, on CUDA device ``gpu``
-    (``None``: no device is selected). :meth:`start` starts it; :meth:`submit` returns a
-    :class:`~concurrent.futures.Future`. A process that dies fails every task in flight with
-    :class:`~concurrent.futures.process.BrokenProcessPool`, and every later one: a lane is
-    not restarted (its caller moves the work elsewhere)."""
+    (``None``: no device is selected), after ``initializer()`` (picklable; e.g. the imports
+    its tasks need, so that the first task does not pay for them). :meth:`start` starts it;
+    :meth:`submit` returns a :class:`~concurrent.futures.Future`. A process that dies fails
+    every task in flight with :class:`~concurrent.futures.process.BrokenProcessPool`, and
+    every later one: a lane is not restarted (its caller moves the work elsewhere)."""
 
-    def __init__(self, threads: int, gpu: int | None = None):
+    def __init__(self, threads: int, gpu: int | None = None, initializer=None):
         if threads < 1:
             raise ValueError(f"`threads` must be at least 1; got {threads}.")
-        self.threads, self.gpu = threads, gpu
+        self.threads, self.gpu, self.initializer = threads, gpu, initializer
         self._pending: dict[int, Future] = {}
         self._keys = itertools.count()
         self._lock = threading.Lock()  # the pending tasks, the task pipe
@@ -55,7 +56,7 @@ class Lane:
         self._results, results_out = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_serve, daemon=True,
                                  args=(tasks_in, results_out, self.threads, self.gpu,
-                                       os.getpid()),
+                                       self.initializer, os.getpid()),
                                  name=f"robocache-lane-{self.gpu}")
         self._proc.start()
         tasks_in.close()
@@ -133,10 +134,10 @@ class Lane:
         self._tasks.close()
 
 
-def _serve(tasks, results, threads: int, gpu: int | None, parent: int) -> None:
-    """The lane process: select ``gpu``, then run each task that comes on ``threads``
-    threads, sending back ``(key, ok, result or exception)``; ends when the task pipe closes
-    or brings ``None``, once the tasks in flight are done."""
+def _serve(tasks, results, threads: int, gpu: int | None, initializer, parent: int) -> None:
+    """The lane process: select ``gpu``, call ``initializer``, then run each task that comes
+    on ``threads`` threads, sending back ``(key, ok, result or exception)``; ends when the
+    task pipe closes or brings ``None``, once the tasks in flight are done."""
     from robocache.data.cameras import die_with_parent
 
     die_with_parent(parent)
@@ -157,6 +158,8 @@ def _serve(tasks, results, threads: int, gpu: int | None, parent: int) -> None:
             import torch
 
             torch.cuda.set_device(gpu)
+        if initializer is not None:
+            initializer()
     except BaseException as e:
         send(("ready", False, picklable(e)))
         return
