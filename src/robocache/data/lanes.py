@@ -43,7 +43,7 @@ class Lane:
         self._pending: dict[int, Future] = {}
         self._keys = itertools.count()
         self._lock = threading.Lock()  # the pending tasks, the task pipe
-        self._proc = self._tasks = self._results = None
+        self._proc = self._tasks = self._results = self._collector = None
         self._ready = Future()
         self.error: BaseException | None = None  # why the lane is broken, once it is
 
@@ -61,8 +61,9 @@ class Lane:
         self._proc.start()
         tasks_in.close()
         results_out.close()
-        threading.Thread(target=self._collect, daemon=True,
-                         name=f"robocache-lane-{self.gpu}-results").start()
+        self._collector = threading.Thread(target=self._collect, daemon=True,
+                                           name=f"robocache-lane-{self.gpu}-results")
+        self._collector.start()
         return self
 
     def wait_ready(self, timeout: float | None = None) -> None:
@@ -109,7 +110,7 @@ class Lane:
                     future = self._pending.pop(key)
                 (future.set_result if ok else future.set_exception)(value)
         finally:
-            self._proc.join()
+            self._proc.join()  # here only: a fork server's child's exit code is read once
             code = self._proc.exitcode
             with self._lock:
                 self.error = BrokenProcessPool(
@@ -127,11 +128,12 @@ class Lane:
             return
         with self._lock, contextlib.suppress(OSError):
             self._tasks.send(None)
-        self._proc.join(timeout)
-        if self._proc.exitcode is None:
+        self._collector.join(timeout)  # it sees the process end
+        if self._collector.is_alive():
             self._proc.kill()
-            self._proc.join()
-        self._tasks.close()
+            self._collector.join()
+        with self._lock:
+            self._tasks.close()
 
 
 def _serve(tasks, results, threads: int, gpu: int | None, initializer, parent: int) -> None:
