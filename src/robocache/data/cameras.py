@@ -882,6 +882,13 @@ class CameraWorkers:
         future.add_done_callback(functools.partial(self._release, slot))
         return slot, handle, future
 
+    @property
+    def capacity(self) -> int:
+        """Streams the processes and the lanes decode at once. A build with lanes reads at
+        least this many episodes at once: a reading thread waits for its episode's streams,
+        so with fewer, threads waiting on a slow lane would leave processes idle."""
+        return self.processes + len(self.lanes) * self.streams
+
     def _release(self, slot, _future=None) -> None:
         with self._slots:
             if slot in self._free:

@@ -172,7 +172,8 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
       thread with one worker or in a daemonic process. With NVDEC (``video_decoder``
       ``"auto"`` or ``"nvdec"``), a large build (:func:`use_lanes`) sends each video stream
       to a lane process on every GPU (NVDEC, nvJPEG) or, with ``"auto"``, to the worker
-      processes, whichever has room first (:meth:`CameraWorkers.submit_stream`); a small
+      processes, whichever has room first (:meth:`CameraWorkers.submit_stream`; as many
+      episodes at once as they take streams, if that is more than ``decode_workers``); a small
       one decodes with NVDEC on the reading threads, on GPU ``gpu`` (its decoders share this
       process's CUDA context)."""
     indices = list(indices)
@@ -189,6 +190,8 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
         cameras = worker_pool(*node_workers(workers, config.video_decoder)
                               if use_lanes(config, len(indices)) else (workers,))
     threads = 0 if workers == 1 else _ffmpeg_threads(workers)  # for videos decoded inline
+    if cameras is not None and cameras.lanes:
+        workers = max(workers, cameras.capacity)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="robocache-ingest")
     try:
         it = iter(indices)
