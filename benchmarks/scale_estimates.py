@@ -54,9 +54,11 @@ def preprocess_rates(doc: dict) -> dict:
 
 def camera_rate(doc: dict) -> tuple[float, str] | None:
     """The best camera rate into the cache at full size (frames/s on the node: the ``cpu``
-    section's ``cpu-w<N>`` and the ``gpu`` section's ``gpu-x<G>-...`` cases, not the resized,
-    decode-only or pass-through ones) and its case name."""
-    cases = [c for c in doc["cases"] if re.fullmatch(r"cpu-w\d+|gpu-x\d+-p\d+-\w+", c["impl"])
+    section's ``cpu-w<N>``, the ``gpu`` section's ``gpu-x<G>-...`` and the ``node`` section's
+    ``node-...`` cases, not the resized, decode-only or pass-through ones) and its case
+    name."""
+    cases = [c for c in doc["cases"]
+             if re.fullmatch(r"cpu-w\d+|gpu-x\d+-p\d+-\w+|node-\w+", c["impl"])
              and c.get("frames_per_s")]
     if not cases:
         return None
