@@ -354,6 +354,11 @@ def cpu_cases(roots: dict[str, Path], cfg: dict):
                      f"{100 * rate / (n * one):.0f}% of linear")
 
 
+def _nvdec_roots(roots: dict[str, Path]):
+    """The (codec, dataset) pairs NVDEC ingest decodes (it leaves AV1 to PyAV)."""
+    return [(codec, root) for codec, root in roots.items() if CODECS[codec][0] != "libsvtav1"]
+
+
 # the GPU path's settings the ``gpu`` section runs: (processes per GPU, JPEG encoder);
 # "nvjpeg": torchvision's nvJPEG (one encode at a time per process: torchvision holds a lock
 # around its encoder), "cpu": NVDEC frames copied to the host, libjpeg-turbo on the threads
@@ -372,9 +377,7 @@ def gpu_cases(roots: dict[str, Path], cfg: dict):
     measured."""
     gpus = torch.cuda.device_count()
     cores = os.cpu_count() or 1
-    for codec, root in roots.items():
-        if CODECS[codec][0] == "libsvtav1":  # NVDEC ingest leaves AV1 to PyAV
-            continue
+    for codec, root in _nvdec_roots(roots):
         case = f"{cfg['hw'][0]}x{cfg['hw'][1]}-{codec}-prepare"
         for procs, encoder in (*GPU_SETTINGS, (1, "none")):
             streams = cfg["gpu_streams"] if encoder != "cpu" else \
@@ -413,9 +416,7 @@ def node_cases(roots: dict[str, Path], cfg: dict):
 
     gpus = torch.cuda.device_count()
     cores = os.cpu_count() or 1
-    for codec, root in roots.items():
-        if CODECS[codec][0] == "libsvtav1":  # NVDEC ingest leaves AV1 to PyAV
-            continue
+    for codec, root in _nvdec_roots(roots):
         indices = list(open_source(root).episode_indices()) * cfg["node_rounds"]
         for impl, decoder in NODE_SETTINGS:
             processes, lanes = node_workers(cores, decoder)
