@@ -209,9 +209,10 @@ def ingest(
     1 internal error (--verbose shows the traceback); 130 interrupted (Ctrl-C), 143
     terminated (SIGTERM): re-running resumes.
     """
-    if video_decoder == "pyav" and (decode_workers is None or decode_workers > 1):
-        # the build's worker processes come from a fork server: started before this process
-        # imports torch and the readers, its own import of them runs beside that one
+    if decode_workers is None or decode_workers > 1:
+        # the build's worker processes (and, with NVDEC, its GPU lanes) come from a fork
+        # server: started before this process imports torch and the readers, its own import
+        # of them runs beside that one
         from robocache._forkserver import start_worker_server
 
         start_worker_server()
