@@ -1032,6 +1032,48 @@ def test_a_lane_that_dies_fails_its_tasks_and_later_ones():
         lane.close()
 
 
+LANE_OWNER = """
+import os, sys, time
+from robocache.data.lanes import Lane
+if __name__ == "__main__":
+    lane = Lane(1).start()
+    lane.wait_ready(60)
+    print(lane.submit(os.getpid).result(60), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_build_leaves_no_lane_behind(tmp_path):
+    """kill -9 of the process that started a lane: the lane's process (a fork server's child,
+    not the killed process's) ends with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "owner.py"
+    script.write_text(LANE_OWNER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                             env=env)
+    lane_pid = int(owner.stdout.readline())
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    deadline = time.monotonic() + 30
+    while _running(lane_pid):
+        assert time.monotonic() < deadline, "the lane outlived the process that started it"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return False
+
+
 def test_streams_a_lane_does_not_decode_go_to_the_cpu_workers(tmp_path):
     """With a lane that NVDEC cannot serve here (no GPU) or that dies, every stream still
     comes back from the CPU workers, byte for byte as the thread path encodes it, each
