@@ -3,13 +3,9 @@ prepared as a large ingest prepares them (``bench_cameras.prepare`` with ``lanes
 ``--decoders`` setting, and, from ``/proc``, the CPU seconds of each part over the run: this
 process (the reading threads, the results), the GPU lanes (one process per GPU: NVDEC, nvJPEG)
 and the CPU worker processes (PyAV, libjpeg-turbo); with ``--py-spy``, py-spy's native samples
-of the first lane (its busiest frames, once it has run for a while). ``auto`` runs once for
-each ``--lane-cores`` (the cores left to each lane) and ``--nice`` (the niceness added to the
-CPU workers beside the lanes).
+of the first lane (its busiest frames).
 
     $ python benchmarks/profile_camera_lanes.py --decoders nvdec,auto --py-spy --out /tmp/lanes
-    $ python benchmarks/profile_camera_lanes.py --decoders auto,pyav --lane-cores 2,3 \
-          --nice 0,5 --out /tmp/lanes
 
 Needs a CUDA GPU, PyNvVideoCodec and PyAV (py-spy on ``PATH`` for ``--py-spy``). Writes
 ``lanes.json`` and prints a table.
@@ -61,16 +57,15 @@ def _watch(stop: threading.Event, seen: dict[int, tuple[float, float]],
 SPY_DELAY_S = 12.0
 
 
-def run(decoder: str, root: Path, rounds: int, spy: Path | None, lane_cores: int,
-        nice: int) -> dict:
+def run(decoder: str, root: Path, rounds: int, spy: Path | None, lane_cores: int) -> dict:
     import bench_cameras as B
     from profile_ingest_node import _cpu_s, _spy, top_frames
 
     from robocache.data import cameras
     from robocache.data.formats import open_source
 
-    cameras.LANE_CORES, cameras.LANE_NICE = lane_cores, nice
-    name = f"{decoder}-{lane_cores}-nice{nice}" if decoder == "auto" else decoder
+    cameras.LANE_CORES = lane_cores
+    name = f"{decoder}-{lane_cores}" if decoder == "auto" else decoder
     indices = list(open_source(root).episode_indices()) * rounds
     cores = os.cpu_count() or 1
     before: dict[int, tuple[float, float]] = {}
@@ -108,7 +103,7 @@ def run(decoder: str, root: Path, rounds: int, spy: Path | None, lane_cores: int
         p.wait()
     cpu = {part: round(sum(sum(seen[p]) - sum(before.get(p, (0.0, 0.0))) for p in pids), 1)
            for part, pids in groups.items()}
-    out = {"decoder": decoder, "lane_cores": lane_cores, "nice": nice, "frames": frames,
+    out = {"decoder": decoder, "lane_cores": lane_cores, "frames": frames,
            "seconds": round(seconds, 2),
            "frames_per_s": round(frames / seconds), "decoded_by": by, "cpu_s": cpu,
            "cores_busy": {k: round(v / seconds, 1) for k, v in cpu.items()},
@@ -125,8 +120,6 @@ def main() -> None:
     ap.add_argument("--decoders", default="nvdec,auto")
     ap.add_argument("--lane-cores", default="2", help="auto's cores left to each lane, "
                     "comma-separated: one auto run each")
-    ap.add_argument("--nice", default="5", help="auto's niceness added to the CPU workers, "
-                    "comma-separated: one auto run each (with each --lane-cores)")
     ap.add_argument("--episodes", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--py-spy", action="store_true")
@@ -135,14 +128,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = B.make_clips(Path(tmp) / "h264", args.episodes, 120, (480, 640), "h264")
-        recs = [run(d, root, args.rounds, args.out if args.py_spy else None, int(c), int(n))
+        recs = [run(d, root, args.rounds, args.out if args.py_spy else None, int(c))
                 for d in map(str.strip, args.decoders.split(","))
-                for c in (args.lane_cores.split(",") if d == "auto" else ["2"])
-                for n in (args.nice.split(",") if d == "auto" else ["0"])]
+                for c in (args.lane_cores.split(",") if d == "auto" else ["2"])]
     (args.out / "lanes.json").write_text(json.dumps(recs, indent=1))
     for r in recs:
-        print(f"{r['decoder']:>6} ({r['lane_cores']} cores, nice {r['nice']}): "
-              f"{r['frames_per_s']:,} frames/s "
+        print(f"{r['decoder']:>6} ({r['lane_cores']}): {r['frames_per_s']:,} frames/s "
               f"{r['decoded_by']}; cores busy {r['cores_busy']} (processes {r['processes']})")
         for line in r.get("lane_top_frames", []):
             print("   ", line)

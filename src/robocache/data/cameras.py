@@ -744,9 +744,6 @@ def _lane_init() -> None:
 GPU_STREAMS = 8
 # cores left to each GPU lane when the CPU processes share the streams ("auto")
 LANE_CORES = 2
-# niceness added to the CPU workers beside GPU lanes: every core runs a worker, and a lane's
-# threads (NVDEC and nvJPEG calls, ~2 cores a lane) must get a core when they need one
-LANE_NICE = 5
 # seconds a lane has to start (fork, select its GPU)
 LANE_START_S = 120.0
 
@@ -814,8 +811,7 @@ class CameraWorkers:
                 resource_tracker.ensure_running()
                 self._pool = ProcessPoolExecutor(
                     self.processes, mp_context=multiprocessing.get_context("fork"),
-                    initializer=_cpu_worker_start,
-                    initargs=(os.getpid(), LANE_NICE if self.gpus else 0))
+                    initializer=die_with_parent, initargs=(os.getpid(),))
                 with warnings.catch_warnings():  # the workers never call Lance
                     warnings.filterwarnings("ignore", "lance is not fork-safe")
                     self._pool.submit(int).result()  # the first task forks every process
@@ -930,14 +926,6 @@ class CameraWorkers:
             lane.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _cpu_worker_start(parent: int, nice: int) -> None:
-    """A CPU camera worker's start-up: :func:`die_with_parent`, and ``nice`` added to its
-    niceness (beside GPU lanes, so that a lane's threads get a core when they need one)."""
-    die_with_parent(parent)
-    if nice:
-        os.nice(nice)
 
 
 def die_with_parent(parent: int) -> None:
