@@ -252,6 +252,7 @@ RAYN = "61966ep-12s-numeric"
 CAMX = "benchmarks/results/cameras-cpu-h200x4-2026-11-27-4b4709d.json"
 CAMXG = "benchmarks/results/cameras-gpu-h200x4-2026-11-27-4b4709d.json"
 CAMXN = "480x640-h264-prepare"
+CAMNODE = "benchmarks/results/cameras-node-h200x2-2026-11-27-23253ff.json"
 
 
 def _lrt(r: Results, run: str, key: str) -> float:
@@ -398,6 +399,15 @@ DATA = [
         lambda r: [f"**{rate(_fps(r, CAMXN, 'gpu-x4-p1-nvjpeg'))} frames/s**; NVDEC decode "
                    f"alone {rate(_fps(r, CAMXN, 'nvdec-decode-only'))}", ""],
         lambda r: [("≥ 10,000", _fps(r, CAMXN, "gpu-x4-p1-nvjpeg") >= 10000)]),
+    Row("camera ingest with GPU lanes beside the CPU processes (`--video-decoder auto`), "
+        "H.264 / HEVC, on 2 H200s and 32 cores: half of a 4-GPU node", CAMNODE,
+        lambda r: [f"**{rate(_fps(r, CAMXN, 'node-auto'))} / "
+                   f"{rate(_fps(r, '480x640-hevc-prepare', 'node-auto'))} frames/s**",
+                   f"the cores alone: {rate(_fps(r, CAMXN, 'node-cpu'))} / "
+                   f"{rate(_fps(r, '480x640-hevc-prepare', 'node-cpu'))}; the lanes alone: "
+                   f"{rate(_fps(r, CAMXN, 'node-nvdec'))} / "
+                   f"{rate(_fps(r, '480x640-hevc-prepare', 'node-nvdec'))}"],
+        lambda r: [("≥ 10,000 a 4-GPU node: not measured on one", False)]),
     Row("loader with Prometheus metrics on vs off", LOAD,
         lambda r: [f"{r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-on') / r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-off') - 1:+.1%} time",  # noqa: E501
                    ""],
