@@ -893,7 +893,7 @@ class CameraWorkers:
         with self._slots:
             if slot in self._free:
                 self._free[slot] += 1
-            self._slots.notify()
+            self._slots.notify_all()  # a waiter for the lanes only may not take this slot
 
     def stream_result(self, handle) -> tuple:
         """:meth:`submit_stream`'s result: (the encoded frames as :func:`_pack`'s pair, file
