@@ -198,8 +198,10 @@ def ingest(
              "cache is the same whatever the number.")] = None,
     video_decoder: Annotated[str, typer.Option(
         help="Who decodes camera videos: pyav (CPU, as LeRobot's reader), auto (NVDEC for "
-             "H.264/HEVC when a CUDA GPU and PyNvVideoCodec are present, else PyAV) or nvdec "
-             "(AV1 and videos NVDEC fails on still go to PyAV).")] = "pyav",
+             "H.264/HEVC when a CUDA GPU and PyNvVideoCodec are present, else PyAV; from 256 "
+             "episodes, every GPU's NVDEC beside the CPU workers, each stream to whichever "
+             "is free) or nvdec (every GPU's NVDEC; AV1 and videos NVDEC fails on still go to "
+             "PyAV).")] = "pyav",
     **options,
 ):
     """Align every episode to one rate and write a Lance training cache.
