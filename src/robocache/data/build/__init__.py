@@ -42,6 +42,10 @@ inside another; :func:`robocache.data.build.read.prepared`):
   threads read and check the episodes, and their videos are decoded and encoded in
   ``decode_workers`` forked camera worker processes (:func:`robocache.data.cameras.worker_pool`;
   on the reading thread with one worker or in a daemonic process), NVDEC's on the threads;
+  with NVDEC in a large build (``decode_processes``; by default from
+  :data:`~robocache.data.build.read.PROCESS_EPISODES` episodes), in a lane process per GPU
+  (:mod:`robocache.data.lanes`) and, with ``"auto"``, the camera worker processes beside
+  them, each stream to whichever has room first;
 - spawned processes (``decode_processes``; by default from
   :data:`~robocache.data.build.read.PROCESS_EPISODES` episodes of a source path with PyAV):
   ``decode_workers`` processes each read, check, decode, encode and (alignment on the CPU)
