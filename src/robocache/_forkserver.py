@@ -5,8 +5,11 @@ ingest-node-profile-h200x4-2026-11-27-588efa4.txt``) then overlap the command's.
 
 from __future__ import annotations
 
-# what the server imports once for every worker it forks
-PRELOAD = ["__main__", "robocache.data.build.read"]
+# what the server imports once for every worker it forks: the build's modules, and what they
+# import on first use (Arrow's parquet and dataset readers, which import pandas; the
+# alignment ops), which each worker would otherwise import itself
+PRELOAD = ["__main__", "robocache.data.build.read", "pyarrow.parquet", "pyarrow.dataset",
+           "robocache.ops.align"]
 
 
 def worker_context():
