@@ -33,8 +33,19 @@ def assert_same_episode(got, want, specs):
             np.testing.assert_array_equal(g.data, w.data)
 
 
+@pytest.fixture(params=[None, 2], ids=["batches-default", "batches-of-2-rows"])
+def read_batch(request, monkeypatch):
+    """The rows a LeRobot data file is decoded in at a time: the default, or 2 (every
+    episode's rows then span record batches, each column kept in its batches)."""
+    from robocache.data.formats import lerobot
+
+    if request.param is not None:
+        monkeypatch.setattr(lerobot, "READ_BATCH_ROWS", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("version", ["v2.1", "v3.0"])
-def test_lerobot_multirate_round_trip(tmp_path, episodes, version):
+def test_lerobot_multirate_round_trip(tmp_path, episodes, version, read_batch):
     write_lerobot(tmp_path / "ds", episodes, SPECS, fps=25.0, version=version)
     src = open_source(tmp_path / "ds")
     assert src.format == f"lerobot-{version}"
@@ -48,7 +59,7 @@ def test_lerobot_multirate_round_trip(tmp_path, episodes, version):
 
 
 @pytest.mark.parametrize("damage", ["none", "shifted", "interleaved"])
-def test_lerobot_v30_reads_an_episode_by_its_rows(tmp_path, episodes, damage):
+def test_lerobot_v30_reads_an_episode_by_its_rows(tmp_path, episodes, damage, read_batch):
     """Each episode is the slice of its data file that the metadata names; where the file's
     rows are not where the metadata says, the file is filtered on episode_index instead, and
     the episodes read the same either way (the selected streams only)."""
@@ -227,7 +238,7 @@ def test_check_episode_reasons(rng, defect, reason):
         check_episode(ep, SPECS)
 
 
-def test_lerobot_png_image_feature(tmp_path, rng):
+def test_lerobot_png_image_feature(tmp_path, rng, read_batch):
     import io
 
     from PIL import Image

@@ -134,8 +134,16 @@ class _Column:
     non-null strings (events). Image structs (PNG bytes) stay Arrow, sliced per episode."""
 
     def __init__(self, col: pa.ChunkedArray | pa.Array, spec: StreamSpec):
+        self.spec, self.parts = spec, None
+        if isinstance(col, pa.ChunkedArray) and col.num_chunks > 1 and spec.kind != "event" \
+                and not pa.types.is_struct(col.type):
+            # numeric values stay in their record batches (views of them, no combined copy):
+            # an episode's rows come from the batches they span
+            self.parts = [_Column(chunk, spec) for chunk in col.chunks]
+            self.bounds = np.cumsum([0, *(len(chunk) for chunk in col.chunks)])
+            return
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        self.spec, self.arr = spec, arr
+        self.arr = arr
         self.valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else None
         self.starts = self.values = None
         if spec.kind == "event":  # the non-null strings, by valid row
@@ -155,6 +163,8 @@ class _Column:
         """Rows ``lo:hi``: their validity (``None``: all valid) and the stream's samples
         ``[S, *shape]`` at the valid ones (object arrays of ``str`` for events, of ``bytes`` for
         PNG images)."""
+        if self.parts is not None:
+            return self._spanning(lo, hi)
         spec = self.spec
         valid = None if self.valid is None else self.valid[lo:hi]
         if spec.kind == "event":
@@ -173,6 +183,29 @@ class _Column:
             raise DataError(f"stream {spec.name!r}: {values.size} values in {n} rows do not "
                             f"make samples of shape {spec.shape}.")
         return valid, values.astype(spec.dtype, copy=False).reshape(n, *spec.shape)
+
+    def _spanning(self, lo: int, hi: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """:meth:`rows` of a column kept in record batches: each batch's share of ``lo:hi``,
+        joined where the rows span more than one."""
+        first = max(int(np.searchsorted(self.bounds, lo, side="right")) - 1, 0)
+        got, counts = [], []
+        for part, a, b in zip(self.parts[first:], self.bounds[first:-1],
+                              self.bounds[first + 1:], strict=True):
+            got.append(part.rows(min(max(lo, a), b) - a, min(hi, b) - a))
+            counts.append(max(min(hi, b) - max(lo, a), 0))
+            if b >= hi:
+                break
+        if len(got) == 1:
+            return got[0]
+        valid = None if all(v is None for v, _ in got) else np.concatenate(
+            [np.ones(k, bool) if v is None else v for (v, _), k in zip(got, counts, strict=True)])
+        return valid, np.concatenate([values for _, values in got])
+
+
+# rows a data file is decoded in at a time: the whole file's decode at once pre-buffers and
+# decompresses every column chunk whole, memory a fresh process faults in on its first reads
+# (benchmarks/results/parquet-read-cpu-vm-2026-11-27.txt)
+READ_BATCH_ROWS = 65536
 
 
 class _Rows:
@@ -332,10 +365,12 @@ class LeRobotSource:
         if path in self._bad_files:
             raise DataError(self._bad_files[path])
         try:
+            file = pq.ParquetFile(path)
             if columns is not None:
-                have = set(pq.read_schema(path).names)
+                have = set(file.schema_arrow.names)
                 columns = [c for c in dict.fromkeys(columns) if c in have]
-            return pq.read_table(path, columns=columns)
+            batches = list(file.iter_batches(batch_size=READ_BATCH_ROWS, columns=columns))
+            return pa.Table.from_batches(batches) if batches else file.read(columns=columns)
         except (pa.ArrowException, OSError) as e:
             self._bad_files[path] = f"{path} is unreadable ({type(e).__name__}: {e})"
             raise DataError(self._bad_files[path]) from e
