@@ -140,14 +140,16 @@ def fragments(dest: Path) -> int:
 @contextlib.contextmanager
 def as_worker():
     """This process set up as a build's worker process for the block
-    (:func:`robocache.data.build.read.single_core`), as it was after."""
+    (:func:`robocache.data.build.read.single_core`, and its heap kept as a worker keeps it,
+    :func:`~robocache.data.build.read.retain_heap`, which stays after), as it was after."""
     import gc
 
     import pyarrow as pa
 
-    from robocache.data.build.read import single_core
+    from robocache.data.build.read import retain_heap, single_core
 
     threads, arrow = torch.get_num_threads(), pa.cpu_count()
+    retain_heap()
     single_core()
     try:
         yield

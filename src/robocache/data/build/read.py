@@ -280,10 +280,34 @@ def single_core() -> None:
     gc.freeze()
 
 
+# glibc's thresholds in a build worker: blocks this large or smaller come from its heap, and
+# freed memory stays there instead of going back to the kernel
+HEAP_RETAIN_BYTES = 1 << 30
+
+
+def retain_heap() -> None:
+    """Keep this process's freed memory for reuse (glibc ``mallopt``: no ``mmap`` for blocks
+    up to :data:`HEAP_RETAIN_BYTES`, no trimming below it). A build worker allocates and frees
+    the same arrays episode after episode; by default glibc returned large blocks to the
+    kernel and faulted them in again: a worker's second data file of ``bench preprocess``'s
+    kind took 112 minor page faults an episode, 30 with this and the batched file reads
+    (``benchmarks/results/worker-heap-cpu-vm-2026-11-27.txt``). No-op where the C library is
+    not glibc."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-1, HEAP_RETAIN_BYTES)  # M_TRIM_THRESHOLD
+    mallopt(-3, HEAP_RETAIN_BYTES)  # M_MMAP_THRESHOLD
+
+
 def _open_worker(path: str, config: dict[str, Any], parent: int) -> None:
     from robocache.data.cameras import die_with_parent
 
     die_with_parent(parent)
+    retain_heap()
     lance_threads()  # before any Lance call
     options = CacheConfig(**config)
     src, specs = open_specs(path, options)
