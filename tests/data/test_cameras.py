@@ -1114,6 +1114,29 @@ def test_streams_a_lane_does_not_decode_go_to_the_cpu_workers(tmp_path):
     assert not workers.lanes
 
 
+@pytest.mark.parametrize("nvdec", [False, True], ids=["no-nvdec", "nvdec-here"])
+def test_preparation_picks_lanes_processes_or_threads(monkeypatch, nvdec):
+    """Lanes only for videos NVDEC decodes here in a large build; whole-episode processes for
+    a large build whose videos PyAV decodes (``auto`` without NVDEC too) or that has none."""
+    from robocache.data.build import read
+    from robocache.data.build.config import CacheConfig
+
+    monkeypatch.setattr(read, "nvdec_available", lambda: nvdec)
+    many, few = read.PROCESS_EPISODES, 3
+
+    def way(decoder, episodes, videos=True, **kw):
+        config = CacheConfig(video_decoder=decoder, decode_workers=4, **kw)
+        return read.preparation(config, episodes, videos)
+
+    assert way("pyav", many) == "processes" and way("pyav", few) == "threads"
+    assert way("auto", many) == ("lanes" if nvdec else "processes")
+    assert way("auto", few) == "threads"
+    assert way("auto", many, videos=False) == "processes"  # numeric: NVDEC has nothing to do
+    assert way("auto", few, decode_processes=True) == ("lanes" if nvdec else "processes")
+    assert way("nvdec", many, decode_processes=False) == "threads"
+    assert way("pyav", many, decode_processes=False) == "threads"
+
+
 def test_node_workers_splits_the_cores_between_lanes_and_processes(monkeypatch):
     from robocache.data import cameras
 

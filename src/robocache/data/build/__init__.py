@@ -38,7 +38,8 @@ time, ahead of the episode being aligned and written, in one of two ways (never 
 inside another; :func:`robocache.data.build.read.prepared`):
 
 - threads (by default for fewer than :data:`~robocache.data.build.read.PROCESS_EPISODES`
-  episodes, one worker, a source passed as an object, or a video decoder other than PyAV):
+  episodes, one worker, a source passed as an object, or videos NVDEC decodes;
+  :func:`~robocache.data.build.read.preparation`):
   threads read and check the episodes, and their videos are decoded and encoded in
   ``decode_workers`` forked camera worker processes (:func:`robocache.data.cameras.worker_pool`;
   on the reading thread with one worker or in a daemonic process), NVDEC's on the threads;
@@ -47,7 +48,8 @@ inside another; :func:`robocache.data.build.read.prepared`):
   (:mod:`robocache.data.lanes`) and, with ``"auto"``, the camera worker processes beside
   them, each stream to whichever has room first;
 - spawned processes (``decode_processes``; by default from
-  :data:`~robocache.data.build.read.PROCESS_EPISODES` episodes of a source path with PyAV):
+  :data:`~robocache.data.build.read.PROCESS_EPISODES` episodes of a source path whose videos,
+  if any, PyAV decodes):
   ``decode_workers`` processes each read, check, decode, encode and (alignment on the CPU)
   align whole episodes, their videos decoded in the process itself with ``cores //
   decode_workers`` FFmpeg threads; no camera worker processes are started.

@@ -73,10 +73,12 @@ class CacheConfig:
             (each opens the source once; with alignment on the CPU it aligns too, so every
             core does the whole per-episode work); with ``"auto"`` or ``"nvdec"``, read on
             threads and decode videos in a lane process per GPU and the camera worker
-            processes instead of on the reading threads. ``None`` (default): processes for a
-            source given as a path (lanes for any source) with at least
+            processes instead of on the reading threads (where NVDEC is here; else as with
+            ``"pyav"``). ``None`` (default): processes for a source given as a path (lanes
+            for any source) with at least
             :data:`~robocache.data.build.read.PROCESS_EPISODES` episodes to do; threads
-            otherwise. The cache is the same either way.
+            otherwise (:func:`~robocache.data.build.read.preparation`). The cache is the
+            same either way.
         batch_rows, batch_bytes: episodes are written and committed in batches of this many
             aligned rows or this many bytes (frames included), whichever comes first, or
             what :data:`~robocache.data.build.run.COMMIT_SECONDS` gathered: each Lance

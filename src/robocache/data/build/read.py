@@ -27,6 +27,7 @@ from robocache.data.cameras import (
     camera_tables,
     decode_videos,
     node_workers,
+    nvdec_available,
     worker_pool,
 )
 from robocache.data.episode import Episode, Source, StreamSpec, check_episode
@@ -158,7 +159,7 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
     prepared while the caller handles the one yielded. One of two ways, never both (no
     process pool is started inside the other):
 
-    - In worker processes (:func:`use_processes`, :func:`worker_context`; ``path``: the
+    - In worker processes (:func:`preparation`, :func:`worker_context`; ``path``: the
       source to open in each) when the build is large enough: reading, checking and
       aligning numeric episodes is mostly Python on small arrays, which threads serialize on
       the GIL. Each process prepares its episodes whole, their videos decoded and encoded on
@@ -170,25 +171,26 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
       encoded in ``decode_workers`` forked camera worker processes
       (:func:`robocache.data.cameras.worker_pool`: each has its own GIL), or on the reading
       thread with one worker or in a daemonic process. With NVDEC (``video_decoder``
-      ``"auto"`` or ``"nvdec"``), a large build (:func:`use_lanes`) sends each video stream
+      ``"auto"`` or ``"nvdec"``), a large build (:func:`preparation`) sends each video stream
       to a lane process on every GPU (NVDEC, nvJPEG) or, with ``"auto"``, to the worker
       processes, whichever has room first (:meth:`CameraWorkers.submit_stream`; as many
       episodes at once as they take streams, if that is more than ``decode_workers``); a small
       one decodes with NVDEC on the reading threads, on GPU ``gpu`` (its decoders share this
       process's CUDA context)."""
     indices = list(indices)
-    if path is not None and use_processes(config, len(indices)):
+    videos = any(spec.kind == "video" for spec in specs.values())
+    way = preparation(config, len(indices), videos)
+    if path is not None and way == "processes":
         files = getattr(src, "files", None)
         keys = None if files is None else [str(files(i)[0]) for i in indices]
         yield from _in_processes(path, indices, keys, config, fps, align, dest)
         return
     workers = decode_workers(config)
     lock = threading.Lock()
-    videos = any(spec.kind == "video" for spec in specs.values())
     cameras = None
     if workers > 1 and videos:
         cameras = worker_pool(*node_workers(workers, config.video_decoder)
-                              if use_lanes(config, len(indices)) else (workers,))
+                              if way == "lanes" else (workers,))
     threads = 0 if workers == 1 else _ffmpeg_threads(workers)  # for videos decoded inline
     if cameras is not None and cameras.lanes:
         workers = max(workers, cameras.capacity)
@@ -229,28 +231,21 @@ FILE_EPISODES = 512
 _WORKER: dict[str, Any] = {}  # the source a worker process opened, its specs and options
 
 
-def use_processes(config: CacheConfig, episodes: int) -> bool:
-    """Whether :func:`prepared` prepares ``episodes`` episodes of a source path whole in
-    processes: where video (if any) is decoded by PyAV, ``config.decode_processes``, or by
-    default with 2 workers or more and at least :data:`PROCESS_EPISODES` episodes."""
-    if config.video_decoder != "pyav":
-        return False
-    if config.decode_processes is not None:
-        return bool(config.decode_processes)
-    return decode_workers(config) > 1 and episodes >= PROCESS_EPISODES
-
-
-def use_lanes(config: CacheConfig, episodes: int) -> bool:
-    """Whether :func:`prepared`'s videos, with NVDEC asked for (``"auto"``, ``"nvdec"``), go
-    to a lane process on every GPU and the camera worker processes
-    (:func:`~robocache.data.cameras.node_workers`): ``config.decode_processes``, or by
-    default for at least :data:`PROCESS_EPISODES` episodes (a lane costs a few seconds to
-    start); otherwise NVDEC runs on the reading threads, on the build's one GPU."""
-    if config.video_decoder == "pyav":
-        return False
-    if config.decode_processes is not None:
-        return bool(config.decode_processes)
-    return episodes >= PROCESS_EPISODES
+def preparation(config: CacheConfig, episodes: int, videos: bool) -> str:
+    """How :func:`prepared` prepares ``episodes`` episodes (``videos``: whether the specs
+    hold video streams): ``"lanes"`` where NVDEC decodes the videos (``"auto"`` or
+    ``"nvdec"``, NVDEC here) and the build is large, ``"processes"`` (whole episodes, a
+    source path only) where PyAV decodes them or there are none, else ``"threads"``. Large:
+    ``config.decode_processes``, or by default at least :data:`PROCESS_EPISODES` episodes
+    (and 2 workers or more, for processes): a process costs a few seconds to start. Without
+    NVDEC here ``"auto"`` decodes with PyAV."""
+    if videos and config.video_decoder != "pyav" and nvdec_available():
+        large = config.decode_processes if config.decode_processes is not None else \
+            episodes >= PROCESS_EPISODES
+        return "lanes" if large else "threads"
+    large = config.decode_processes if config.decode_processes is not None else \
+        decode_workers(config) > 1 and episodes >= PROCESS_EPISODES
+    return "processes" if large else "threads"
 
 
 def lance_threads() -> None:

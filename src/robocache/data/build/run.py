@@ -46,8 +46,8 @@ from robocache.data.build.read import (
     Prepared,
     native_rate,
     open_specs,
+    preparation,
     prepared,
-    use_processes,
     video_frames,
 )
 from robocache.data.build.stats import _compute_stats, _episode_summary
@@ -110,8 +110,10 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
                                    else "/".join(map(str, config.shard)))
     device = _device(config.device)
     src, specs = open_specs(source, config)
-    if not hasattr(source, "read") and use_processes(config, len(src.episode_indices())):
-        start_worker_server()
+    videos = any(spec.kind == "video" for spec in specs.values())
+    if not hasattr(source, "read") and \
+            preparation(config, len(src.episode_indices()), videos) != "threads":
+        start_worker_server()  # the workers' (or the GPU lanes') fork server
     fps = native_rate(src) if native else None
     if not native:
         check_rate(float(config.rate_hz), specs)
