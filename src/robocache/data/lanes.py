@@ -4,10 +4,10 @@ Camera ingest on a node with GPUs decodes video with NVDEC and encodes the frame
 in one :class:`Lane` per GPU (:class:`robocache.data.cameras.CameraWorkers`), beside the CPU
 worker processes. One process per GPU, not one per stream: a stream's NVDEC decoder and the
 nvJPEG encoder live in the process's CUDA context, and four processes on one GPU made 41 % of
-one process's frames (docs/cameras.md); its streams run on the process's threads instead,
-whose native calls (NVDEC, nvJPEG, the copies) release the GIL. Each is a process of its own,
-not threads of the build's, so that its Python between those calls waits on no other lane's
-GIL nor on the build's reading threads.
+one process's frames (docs/cameras.md); its streams run on the process's threads instead
+(sampled with py-spy, they spend most of their time waiting in the NVDEC and nvJPEG calls).
+Each is a process of its own, not threads of the build's, so that its Python between those
+calls waits on no other lane's GIL nor on the build's reading threads.
 
 The process is forked from the build's fork server (:func:`robocache._forkserver.worker_context`),
 which has imported torch but never touched CUDA, and is killed when the process that started
