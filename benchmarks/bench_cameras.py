@@ -308,8 +308,8 @@ def prepare(root: Path, indices: list[int], workers: int, decoder: str = "pyav",
         one(indices[0])  # warm: the workers' first frames, NVDEC's decoder
         by: dict[str, int] = {}
         t0 = time.perf_counter()
-        if pool is not None and pool.lanes:  # as ingest: an episode for each stream slot
-            workers = max(workers, pool.capacity)
+        if pool is not None:  # as ingest: with lanes, an episode for each stream slot
+            workers = pool.episodes_at_once(workers)
         with ThreadPoolExecutor(workers) as threads:
             for counts in threads.map(one, indices):
                 for k, v in counts.items():

@@ -882,12 +882,14 @@ class CameraWorkers:
         future.add_done_callback(functools.partial(self._release, slot))
         return slot, handle, future
 
-    @property
-    def capacity(self) -> int:
-        """Streams the processes and the lanes decode at once. A build with lanes reads at
-        least this many episodes at once: a reading thread waits for its episode's streams,
-        so with fewer, threads waiting on a slow lane would leave processes idle."""
-        return self.processes + len(self.lanes) * self.streams
+    def episodes_at_once(self, workers: int) -> int:
+        """Episodes a build preparing ``workers`` at once reads at once with these workers:
+        with lanes, at least as many as the processes and the lanes take streams (a reading
+        thread waits for its episode's streams, so with fewer, threads waiting on a slow lane
+        would leave processes idle)."""
+        if not self.lanes:
+            return workers
+        return max(workers, self.processes + len(self.lanes) * self.streams)
 
     def _release(self, slot, _future=None) -> None:
         with self._slots:
@@ -901,20 +903,19 @@ class CameraWorkers:
         (its codec, an NVDEC failure: warned once per kind), or whose lane died, is decoded by
         the processes."""
         slot, inner, future = handle
-        if slot == "cpu":  # inner: the pool's handle; else the stream's task
-            data, t, index = self.result(inner)
-            return _received(data), t, index, "pyav"
-        try:
-            got = future.result()
-        except BrokenProcessPool as e:
-            _warn_once(f"lane-{slot}", f"the NVDEC lane of GPU {slot} stopped ({e}); the "
-                       "other lanes and the CPU workers decode its streams.")
-            got = None
-        if got is None:
-            data, t, index = self.result(self.submit(_pyav_shipped, *inner))
-            return _received(data), t, index, "pyav"
-        data, t, index = got
-        return _received(data), t, index, "nvdec"
+        if slot != "cpu":  # inner: the stream's task; else the pool's handle
+            try:
+                got = future.result()
+            except BrokenProcessPool as e:
+                _warn_once(f"lane-{slot}", f"the NVDEC lane of GPU {slot} stopped ({e}); the "
+                           "other lanes and the CPU workers decode its streams.")
+                got = None
+            if got is not None:
+                data, t, index = got
+                return _received(data), t, index, "nvdec"
+            inner = self.submit(_pyav_shipped, *inner)
+        data, t, index = self.result(inner)
+        return _received(data), t, index, "pyav"
 
     def close(self) -> None:
         """Stop the worker processes and the lanes (a later :meth:`submit` starts new

@@ -192,8 +192,8 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
         cameras = worker_pool(*node_workers(workers, config.video_decoder)
                               if way == "lanes" else (workers,))
     threads = 0 if workers == 1 else _ffmpeg_threads(workers)  # for videos decoded inline
-    if cameras is not None and cameras.lanes:
-        workers = max(workers, cameras.capacity)
+    if cameras is not None:
+        workers = cameras.episodes_at_once(workers)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="robocache-ingest")
     try:
         it = iter(indices)
