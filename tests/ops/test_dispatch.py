@@ -86,7 +86,7 @@ def _op_args(name: str) -> tuple:
     if name == "add_noise":
         return (_rand(3, 5), torch.full((5,), 0.1, device=DEV), 7)
     if name == "compute_stats":
-        return (_rand(11, 3), 16)
+        return (_rand(11, 3), 16, True)
     if name == "image_transform":
         frames = torch.randint(0, 256, (2, 3, 6, 8), dtype=torch.uint8, generator=_g())
         p = robocache.sample_image_transforms(2, (6, 8), seed=0)

@@ -111,6 +111,37 @@ def test_merged_stats_equal_one_pass(chunks):
     assert merged.hist_counts.sum(1).tolist() == [3001] * 6
 
 
+def test_histogram_quantiles_do_not_depend_on_the_split():
+    rng = seeded()
+    x = _data(rng, 4000, 5)
+    x[:, 2] = np.round(x[:, 2])  # ties
+    one = compute_stats(torch.from_numpy(x), exact_quantiles=False)
+    assert not one.exact_quantiles
+    exact = compute_stats(torch.from_numpy(x))
+    assert torch.equal(one.hist_counts, exact.hist_counts) and torch.equal(one.mean, exact.mean)
+    for q, name in ((0.01, "q01"), (0.99, "q99")):
+        err = (getattr(one, name) - getattr(exact, name)).abs().numpy()
+        assert (err <= _bound(one, x, q)).all()
+    for cuts in ([1], [1000, 1001, 3999], list(range(0, 4000, 333))[1:]):
+        merged = merge_stats([compute_stats(torch.from_numpy(c), exact_quantiles=False)
+                              for c in np.split(x, cuts)])
+        assert torch.equal(merged.q01, one.q01) and torch.equal(merged.q99, one.q99)
+        assert torch.equal(merged.hist_counts, one.hist_counts)
+
+
+def test_moments_across_cpu_blocks_match_numpy(monkeypatch):
+    import robocache.reference.normalize as ref
+
+    rng = seeded()
+    x = _data(rng, 1000, 3) * 1e3 + 1e6  # far from 0: a one-pass variance would lose digits
+    monkeypatch.setattr(ref, "STATS_BLOCK", 64)  # 16 blocks, the last one short
+    s = compute_stats(torch.from_numpy(x))
+    np.testing.assert_allclose(s.mean.numpy(), x.mean(0), rtol=1e-14)
+    np.testing.assert_allclose(s.std.numpy(), x.std(0), rtol=1e-10)
+    np.testing.assert_array_equal(s.q01.numpy(), np.quantile(x, 0.01, axis=0))
+    assert s.hist_counts.sum(1).tolist() == [1000] * 3
+
+
 def test_merge_shifted_ranges_and_constant_dims():
     rng = seeded()
     a = rng.uniform(0, 1e-3, (200, 2))

@@ -126,16 +126,21 @@ class Stats:
 
 
 @nvtx.annotate("robocache.compute_stats")
-def compute_stats(x: torch.Tensor, *, bins: int = DEFAULT_BINS) -> Stats:
+def compute_stats(x: torch.Tensor, *, bins: int = DEFAULT_BINS,
+                  exact_quantiles: bool = True) -> Stats:
     """Per-dimension statistics of `x` in one call: mean, std, min, max, q01, q99 (+ histogram).
 
     Args:
         x: `[..., D]` float tensor (any device); all leading dims are samples (N = numel / D).
         bins: histogram bins per dimension kept for merging (>= 2); the merged-quantile error
             bound scales as 2 (max - min) / (bins - 1).
+        exact_quantiles: q01/q99 exact (numpy's 'linear' interpolation, one more pass over the
+            samples of their bins), or read off the histogram as `merge_stats` reads them
+            (for parts to be merged: the merged quantiles are the same either way, and the
+            same however the samples were split into parts).
 
     Returns:
-        `Stats` with float64 CPU tensors; q01/q99 exact (numpy's 'linear' interpolation).
+        `Stats` with float64 CPU tensors.
 
     Raises:
         DTypeError: `x` is not floating point.
@@ -163,37 +168,39 @@ def compute_stats(x: torch.Tensor, *, bins: int = DEFAULT_BINS) -> Stats:
                "and merge_stats them.")
     names = ("mean", "std", "min", "max", "q01", "q99", "hist_exponent", "hist_origin",
              "hist_counts")
-    cpu = {k: v.cpu() for k, v in zip(names, _STATS(x2, int(bins)), strict=True)}
-    return Stats(count=x2.shape[0], **cpu)
+    cpu = {k: v.cpu() for k, v in zip(names, _STATS(x2, int(bins), bool(exact_quantiles)),
+                                      strict=True)}
+    return Stats(count=x2.shape[0], **cpu, exact_quantiles=bool(exact_quantiles))
 
 
-def _stats_impl(x: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                    torch.Tensor, torch.Tensor, torch.Tensor,
-                                                    torch.Tensor, torch.Tensor, torch.Tensor]:
+def _stats_impl(x: torch.Tensor, bins: int, exact: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`compute_stats` of validated ``x [N, D]`` on x's device: mean, std, min, max, q01, q99
-    (float64 ``[D]``), histogram exponent and origin (int64 ``[D]``), counts (int64
-    ``[D, bins]``). Checks finiteness (the statistics come back to the host anyway)."""
+    (float64 ``[D]``; the quantiles ``exact`` or from the histogram), histogram exponent and
+    origin (int64 ``[D]``), counts (int64 ``[D, bins]``). Checks finiteness (the statistics
+    come back to the host anyway)."""
     xt = x.t().contiguous()  # one dimension per row: every pass along contiguous memory
-    xd = xt.to(torch.float64, copy=True)  # (the histogram's bins overwrite it)
-    mean = xd.mean(1)
-    if not bool(torch.isfinite(mean).all()) and not bool(torch.isfinite(x).all()):
-        # (float32 samples summed in float64 cannot overflow: a sum is finite iff its samples)
+    lo, hi = xt.amin(1), xt.amax(1)  # (NaN propagates, infinity stays)
+    if not bool(torch.isfinite(lo).all() & torch.isfinite(hi).all()):
         row = int((~torch.isfinite(x)).any(1).nonzero()[0])
         fail("compute_stats", f"`x` holds NaN or infinity (first at flattened row {row}); "
              "drop or repair those samples before computing statistics.", DataError)
     n = x.shape[0]
-    std = xd.std(1, correction=0)
-    lo, hi = xt.amin(1).double(), xt.amax(1).double()
+    lo, hi = lo.double(), hi.double()
     e = ref.fit_exponent(lo, hi, bins)
     origin = ref.grid_index(lo, e)
-    flat, counts = ref.histogram_rows(xd, e, origin, bins)
-    ranks = [r for r in ref.quantile_ranks(n, (0.01, 0.99)) if r not in (0, n - 1)]
-    rows = {0: lo, n - 1: hi, **ref.order_statistics(xt, ranks, flat, counts)}
-    q01, q99 = ref.quantiles_exact(rows, n, (0.01, 0.99))
+    mean, std, local, counts = ref.moments_histogram(xt, e, origin, bins)
+    if exact:
+        ranks = [r for r in ref.quantile_ranks(n, (0.01, 0.99)) if r not in (0, n - 1)]
+        rows = {0: lo, n - 1: hi, **ref.order_statistics(xt, ranks, local, counts)}
+        q01, q99 = ref.quantiles_exact(rows, n, (0.01, 0.99))
+    else:
+        q01, q99 = (ref.hist_quantile(counts, e, origin, q, lo, hi) for q in (0.01, 0.99))
     return mean, std, lo, hi, q01, q99, e, origin, counts
 
 
-def _stats_fake(x, bins):
+def _stats_fake(x, bins, exact):
     d = x.shape[-1]
     f64 = [x.new_empty(d, dtype=torch.float64) for _ in range(6)]
     i64 = [x.new_empty(d, dtype=torch.int64) for _ in range(2)]

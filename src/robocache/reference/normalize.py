@@ -15,6 +15,10 @@ import torch
 # k = floor(x / 2**e) must fit in int64: keep |x| / 2**e below 2**61.
 _INT64_HEADROOM = 61
 _MIN_EXPONENT = -1000  # 2**-1000 is a normal float64; used when a dimension is constant at 0
+# Samples per block of the statistics' passes on the CPU (moments_histogram): a [24, 2**14]
+# float64 block stays in cache through its mean, deviations and bins; [300k, 24] float32 took
+# 34 ms instead of 141 as whole-array passes on one thread of the development VM.
+STATS_BLOCK = 1 << 14
 
 
 def quantile_ranks(n: int, qs: tuple[float, ...]) -> list[int]:
@@ -27,28 +31,26 @@ def quantile_ranks(n: int, qs: tuple[float, ...]) -> list[int]:
     return sorted(ranks)
 
 
-def order_statistics(xt: torch.Tensor, ranks: list[int], flat: torch.Tensor,
+def order_statistics(xt: torch.Tensor, ranks: list[int], local: torch.Tensor,
                      counts: torch.Tensor) -> dict[int, torch.Tensor]:
     """Rows ``ranks`` of the samples sorted (rank -> ``[D]`` in the samples' dtype), from their
-    histogram: the samples ``xt [D, N]`` (one dimension per row), their bins ``flat [D, N]``
-    and counts ``[D, bins]`` (:func:`histogram_rows`). Binning is monotonic, so the sample of
-    rank r lies in the bin where the cumulative count passes r: only that bin's samples are
-    sorted (once for the ranks that share it). Exact, and one pass over the samples per bin
-    instead of a partial sort (``torch.topk`` of each column's 1 % ends took 0.58 s of the
-    2.9 s of [1M, 24] float32 on one CPU thread; benchmarks/results/
+    histogram: the samples ``xt [D, N]`` (one dimension per row), the bin of each within its
+    row ``local [D, N]`` and the counts ``[D, bins]`` (:func:`moments_histogram`). Binning is
+    monotonic, so the sample of rank r lies in the bin where the cumulative count passes r:
+    only that bin's samples are sorted (once for the ranks that share it). Exact, and one pass
+    over the samples per bin instead of a partial sort (``torch.topk`` of each column's 1 %
+    ends took 0.58 s of the 2.9 s of [1M, 24] float32 on one CPU thread; benchmarks/results/
     stats-profile-cpu-2026-11-27.txt)."""
-    d, bins = counts.shape
     cum = counts.cumsum(1)
-    at = torch.tensor(ranks, dtype=cum.dtype, device=cum.device).expand(d, -1).contiguous()
-    j = torch.searchsorted(cum, at, right=True)  # [D, R]: the bin holding each rank
+    at = torch.tensor(ranks, dtype=cum.dtype, device=cum.device).expand(counts.shape[0], -1)
+    j = torch.searchsorted(cum, at.contiguous(), right=True)  # [D, R]: the bin of each rank
     before = torch.where(j > 0, cum.gather(1, (j - 1).clamp_min(0)), 0)
     sizes, within = counts.gather(1, j).t().tolist(), (at - before).t().tolist()
-    base = torch.arange(d, device=xt.device)[:, None] * bins
     out, sorted_bins = {}, {}
     for i, r in enumerate(ranks):
         key = tuple(j[:, i].tolist())
         if key not in sorted_bins:
-            values = xt[flat == (j[:, i:i + 1] + base)]  # the bin's samples, row after row
+            values = xt[local == j[:, i:i + 1].to(local.dtype)]  # the bin's samples, by row
             sorted_bins[key] = [v.sort().values for v in values.split(sizes[i])]
         out[r] = torch.stack([v[k] for v, k in zip(sorted_bins[key], within[i], strict=True)])
     return out
@@ -93,17 +95,42 @@ def grid_index(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return torch.floor(torch.ldexp(x.double(), -e.double())).long()
 
 
-def histogram_rows(xt: torch.Tensor, e: torch.Tensor, origin: torch.Tensor, bins: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The bins of the float64 samples ``xt [D, N]`` (one dimension per row) on the dyadic
-    grid (e, origin), numbered across rows (row d's bins are ``d * bins ...``): int64
-    ``[D, N]``; and their counts ``[D, bins]``. Overwrites ``xt`` (its last use: one copy
-    fewer). Scaling by the power of two ``2**-e`` is exact, as in :func:`grid_index`."""
-    d = xt.shape[0]
-    scale = torch.ldexp(torch.ones_like(e, dtype=torch.float64), -e.double())
-    flat = xt.mul_(scale[:, None]).floor_().sub_(origin[:, None]).clamp_(0, bins - 1).long()
-    flat += torch.arange(d, device=xt.device)[:, None] * bins
-    return flat, torch.bincount(flat.reshape(-1), minlength=d * bins).reshape(d, bins)
+def moments_histogram(xt: torch.Tensor, e: torch.Tensor, origin: torch.Tensor, bins: int,
+                      *, block: int | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean and population standard deviation (float64 ``[D]``), the bin of each sample within
+    its row on the dyadic grid (e, origin) (``[D, N]``, the smallest integer dtype that holds
+    ``bins``) and the counts (int64 ``[D, bins]``) of the samples ``xt [D, N]`` (one dimension
+    per row, every sample inside the grid).
+
+    The samples go through in blocks of ``block`` columns (default: all at once on CUDA,
+    :data:`STATS_BLOCK` on the CPU): each block is converted to float64 once and, while it is
+    in the core's cache, gives its mean and squared deviations (merged across blocks with
+    Chan's parallel formula) and its bins. Scaling by the power of two ``2**-e`` is exact, as
+    in :func:`grid_index`."""
+    d, n = xt.shape
+    block = n if block is None and xt.is_cuda else block or STATS_BLOCK
+    f64 = torch.float64
+    scale = torch.ldexp(torch.ones_like(e, dtype=f64), -e.double())[:, None]
+    base = torch.arange(d, device=xt.device)[:, None] * bins  # row d's bins are d * bins ...
+    shift = (origin[:, None] - base).double()
+    local = torch.empty((d, n), dtype=torch.int16 if bins <= 1 << 15 else torch.int64,
+                        device=xt.device)
+    mean = torch.zeros(d, dtype=f64, device=xt.device)
+    m2, counts, seen = torch.zeros_like(mean), torch.zeros(d * bins, dtype=torch.int64,
+                                                           device=xt.device), 0
+    for a in range(0, n, block):
+        xd = xt[:, a:a + block].to(f64, copy=True)
+        k = xd.shape[1]
+        bm = xd.mean(1)
+        delta, total = bm - mean, seen + k
+        m2 += (xd - bm[:, None]).square_().sum(1) + delta.square() * (seen * k / total)
+        mean += delta * (k / total)
+        seen = total
+        flat = xd.mul_(scale).floor_().sub_(shift).long()
+        counts += torch.bincount(flat.reshape(-1), minlength=d * bins)
+        local[:, a:a + block] = flat - base
+    return mean, (m2 / n).sqrt(), local, counts.reshape(d, bins)
 
 
 def rebin(counts: torch.Tensor, e: torch.Tensor, origin: torch.Tensor, new_e: torch.Tensor,
