@@ -18,9 +18,11 @@ inline, which the build JPEG-encodes), 500 episodes per data file. Cases (all ra
   process set up as a build's worker process (``robocache.data.build.read.single_core``:
   one torch and one Arrow thread, the garbage collector's view frozen), over the episodes of
   one whole data file (so the file's read is shared as in a real build), three runs (median
-  and quartiles): read (+check), encode (camera frames, ``--camera``), align, tables, write
-  (Arrow + Lance) and commit (per batch, divided by its episodes); ``cpu total`` is their sum
-  (target: <= 2 ms for the numeric kind).
+  and quartiles): read (+check), encode (camera frames, ``--camera``), align, tables, stats
+  (the written rows' statistics and episode summary, which a build's workers compute as they
+  write: see ``robocache.data.build.stats.Tally``), write (Arrow + Lance) and commit (per
+  batch, divided by its episodes); ``cpu total`` is their sum (target: <= 2 ms for the
+  numeric kind).
 - ``generate``: seconds to write the node-scale dataset (not a result; the run's setup cost).
 - ``raw-read``: every source file read once with no decoding, one thread per core, through
   the page cache (the dataset was just written: memory bandwidth more than the disk's); and
@@ -168,6 +170,7 @@ def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
     from robocache.data.build.encode import stored_size
     from robocache.data.build.read import load_episode, open_specs
     from robocache.data.build.run import ALIGN_EPISODES
+    from robocache.data.build.stats import Tally
     from robocache.data.build.write import Batch, episode_tables
     from robocache.data.cameras import frames_table
 
@@ -177,7 +180,7 @@ def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
     batch = Batch(config.batch_rows, config.batch_bytes)
     committer = Committer(dest, config.batch_rows, config.batch_bytes)
     cams = [n for n, s in specs.items() if s.kind in ("image", "video")]
-    spent = dict.fromkeys(("read", "encode", "align", "tables", "write", "commit"), 0.0)
+    spent = dict.fromkeys(("read", "encode", "align", "tables", "stats", "write", "commit"), 0.0)
 
     def timed(stage, fn, *args):
         t0 = time.process_time()
@@ -189,6 +192,7 @@ def stage_cpu(root: Path, dest: Path, episodes: list[int]) -> dict[str, float]:
         if not batch:
             return
         indices = list(batch.indices)
+        timed("stats", Tally.of_rows, batch.tables.get("data.lance", []), specs)
         written = timed("write", batch.write, dest)
         timed("commit", committer, indices, written)
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from data_episodes import SPECS, make_episode
+from helpers import assert_quantiles_within_bin, assert_same_stats
 
 from robocache.data.cache import build, column_name
 from robocache.data.formats.lerobot import write_lerobot
@@ -75,7 +76,7 @@ def test_aligned_values_match_numpy(tmp_path, episodes):
     allrows = np.concatenate([np.asarray(cached[i][column_name("action")]) for i in cached])
     np.testing.assert_allclose(stats["action"]["mean"], allrows.mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(stats["action"]["std"], allrows.std(0), rtol=1e-4)
-    np.testing.assert_allclose(stats["action"]["q01"], np.quantile(allrows, 0.01, 0), rtol=1e-5)
+    assert_quantiles_within_bin(stats["action"], allrows)
     np.testing.assert_allclose(stats["action"]["max"], allrows.max(0))
     frames = lance.dataset(str(tmp_path / "cache" / "frames" /
                                "observation.images.cam.lance")).to_table()
@@ -251,8 +252,39 @@ def test_processes_build_the_same_cache_as_threads(tmp_path, rng):
     for rel in ("data.lance", "frames/observation.images.cam.lance"):
         ta, tb = (lance.dataset(str(tmp_path / d / rel)).to_table() for d in ("threads", "procs"))
         assert ta.equals(tb), rel
-    assert json.loads((tmp_path / "threads" / "stats.json").read_text()) == \
-        json.loads((tmp_path / "procs" / "stats.json").read_text())
+    assert_same_stats(*(json.loads((tmp_path / d / "stats.json").read_text())
+                        for d in ("threads", "procs")))
+
+
+def test_a_fresh_build_in_processes_tallies_its_rows_instead_of_reading_them_again(
+        tmp_path, rng, monkeypatch):
+    from robocache.data.build import run, stats
+
+    eps = [make_episode(i, rng, duration=1.0 + 0.25 * (i % 3)) for i in range(9)]
+    eps[4].streams["action"].times[2] = np.nan  # quarantined in a worker process
+    write_lerobot(tmp_path / "src", eps, SPECS, fps=25.0, version="v3.0")
+    passes = []
+
+    def counted(name):
+        def read_again(*a, **k):
+            passes.append(name)
+            return getattr(stats, name)(*a, **k)
+        return read_again
+
+    for name in ("_compute_stats", "_episode_summary"):
+        monkeypatch.setattr(run, name, counted(name))
+    opts = dict(rate_hz=RATE, progress=False, device="cpu", decode_processes=True,
+                decode_workers=2, batch_rows=60)
+    m = build(tmp_path / "src", tmp_path / "c", **opts, episodes=list(range(6)))
+    assert passes == [] and m["counts"]["cached"] == 5  # the workers' tallies
+    uri = tmp_path / "c" / "data.lance"
+    specs = {n: s for n, s in SPECS.items() if n in m["streams"]}
+    assert m["episodes"] == stats._episode_summary(uri)
+    assert_same_stats(json.loads((tmp_path / "c" / "stats.json").read_text()),
+                      stats._compute_stats(uri, specs))
+    m = build(tmp_path / "src", tmp_path / "c", **opts)  # resumed: rows no tally counted
+    assert sorted(passes) == ["_compute_stats", "_episode_summary"]
+    assert m["counts"]["cached"] == 8 and m["episodes"] == stats._episode_summary(uri)
 
 
 def test_episode_digests_new_and_earlier_caches(rng):

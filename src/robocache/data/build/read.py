@@ -107,9 +107,10 @@ class Prepared:
     sizes: dict[str, int] | None = None
     decoded: dict[str, int] | None = None
     # written by the worker process too (uncommitted): the last such episode of a chunk
-    # carries the chunk's files, (episodes, [(table, schema, fragments)])
+    # carries the chunk's files and their rows' tally, (episodes, [(table, schema,
+    # fragments)], Tally)
     written: bool = False
-    files: tuple[list[int], list] | None = None
+    files: tuple[list[int], list, Any] | None = None
 
 
 def video_frames(episode: Episode) -> dict[str, int]:
@@ -324,6 +325,7 @@ def _prepare_chunk(indices: list[int], fps: float | None, align: bool,
     ``align``, its alignment and tables (the episode itself is then not sent back), written
     under ``dest`` as one set of uncommitted Lance files when given."""
     from robocache.data.build.align import align_batch
+    from robocache.data.build.stats import Tally
     from robocache.data.build.write import Batch, episode_tables
     from robocache.observability import metrics
 
@@ -350,7 +352,8 @@ def _prepare_chunk(indices: list[int], fps: float | None, align: bool,
             for p in done:
                 batch.add(p.index, p.tables)
                 p.tables, p.written = None, True
-            done[-1].files = ([p.index for p in done], batch.write(dest))
+            tally = Tally.of_rows(batch.tables.get("data.lance", []), specs)
+            done[-1].files = ([p.index for p in done], batch.write(dest), tally)
     for p in out:
         if p.error is not None:
             p.episode, p.frames, p.error = None, None, picklable(p.error)

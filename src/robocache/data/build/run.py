@@ -50,7 +50,7 @@ from robocache.data.build.read import (
     prepared,
     video_frames,
 )
-from robocache.data.build.stats import _compute_stats, _episode_summary
+from robocache.data.build.stats import Tally, _compute_stats, _episode_summary
 from robocache.data.build.write import Batch, episode_tables
 from robocache.data.cameras import CODECS, VIDEO_DECODERS, nvdec_available
 from robocache.data.episode import Source, StreamSpec
@@ -203,7 +203,10 @@ class Run:
         self.batch = Batch(config.batch_rows, config.batch_bytes)
         self.committer = Committer(dest, config.batch_rows, config.batch_bytes)
         self.sizes: dict[int, dict[str, int]] = {}  # batched episodes' sizes, for the metrics
-        self.files: list[tuple[list[int], list]] = []  # written by workers, uncommitted
+        self.files: list[tuple[list[int], list, Tally]] = []  # by workers, uncommitted
+        # the summary and statistics of the rows committed, while they are the whole cache
+        # (it held none when the run began and every row came from the workers' files)
+        self.tally: Tally | None = None if self.done else Tally()
         self.since = time.perf_counter()
         # frames a killed writer committed without their rows: dropped before anything else
         drop_orphan_frames(dest)
@@ -246,14 +249,15 @@ class Run:
             return True
         return False
 
-    def add_files(self, indices: list[int], written: list[tuple[str, Any, list]]) -> None:
-        """Add files a worker wrote for episodes ``indices`` (uncommitted); commit those
-        gathered so far once their rows reach ``batch_rows`` or the first is
-        :data:`COMMIT_SECONDS` old."""
+    def add_files(self, indices: list[int], written: list[tuple[str, Any, list]],
+                  tally: Tally) -> None:
+        """Add files a worker wrote for episodes ``indices`` (uncommitted) and their rows'
+        tally; commit those gathered so far once their rows reach ``batch_rows`` or the first
+        is :data:`COMMIT_SECONDS` old."""
         if not self.files:
             self.since = time.perf_counter()
-        self.files.append((indices, written))
-        rows = sum(f.physical_rows or 0 for _, w in self.files for rel, _, frags in w
+        self.files.append((indices, written, tally))
+        rows = sum(f.physical_rows or 0 for _, w, _ in self.files for rel, _, frags in w
                    if rel == "data.lance" for f in frags)
         if rows >= self.config.batch_rows or time.perf_counter() - self.since > COMMIT_SECONDS:
             self.flush()
@@ -266,17 +270,24 @@ class Run:
             self.cached(indices, self.batch.write(self.dest))
         if self.files:
             tables: dict[str, tuple[Any, list]] = {}
-            for _, written in self.files:
+            for _, written, _ in self.files:
                 for rel, schema, fragments in written:
                     tables.setdefault(rel, (schema, []))[1].extend(fragments)
-            indices = [i for batch, _ in self.files for i in batch]
+            indices = [i for batch, _, _ in self.files for i in batch]
+            tallies = [tally for _, _, tally in self.files]
             self.files = []
-            self.cached(indices, [(rel, *t) for rel, t in tables.items()])
+            self.cached(indices, [(rel, *t) for rel, t in tables.items()], tallies)
 
-    def cached(self, indices: list[int], written: list[tuple[str, Any, list]]) -> None:
+    def cached(self, indices: list[int], written: list[tuple[str, Any, list]],
+               tallies: list[Tally] | None = None) -> None:
         """Commit files written for episodes ``indices`` (one Lance commit per table for all
-        of them, see :class:`~robocache.data.build.commit.Committer`)."""
+        of them, see :class:`~robocache.data.build.commit.Committer`), with their rows'
+        ``tallies`` when the writers made them."""
         self.committer(indices, written)
+        if tallies is None:  # rows no tally counts: the end reads the cache's rows
+            self.tally = None
+        for tally in tallies if self.tally is not None else ():
+            self.tally.add(tally)
         retried = [i for i in indices if self.quarantine.pop(int(i), None) is not None]
         if retried:  # retried and now cached
             self._write_running()
@@ -313,6 +324,8 @@ class Run:
                           quarantine=self.quarantine, new=self.new,
                           device=device or self.device, seconds=time.perf_counter() - self.t0,
                           specs=self.specs, timing=getattr(self.src, "timing", None),
+                          episodes=self.tally and self.tally.summary(),
+                          stats=self.tally and self.tally.stats(),
                           decode={"workers": decode_workers(self.config),
                                   "video_decoder": self.config.video_decoder,
                                   "video_frames": self.video_frames}, compact=False)
@@ -323,11 +336,12 @@ class Run:
 def finish(dest: Path, header: dict[str, Any], *, wanted: list[int], done: set[int],
            quarantine: dict[int, dict[str, Any]], new: int, device: Any, seconds: float,
            timing: str | None, specs: dict[str, StreamSpec] | None = None,
-           stats: dict[str, dict] | None = None,
+           episodes: list[dict[str, Any]] | None = None, stats: dict[str, dict] | None = None,
            decode: dict[str, Any] | None = None, compact: bool = True) -> dict[str, Any]:
     """Write ``stats.json`` (computed over the rows for ``specs``, or ``stats`` as given) and
-    the complete manifest (``decode``: how this run decoded video, when given); returns the
-    manifest. ``compact``: first compact ``data.lance`` whole and remove its old versions
+    the complete manifest (its ``episodes`` read from the rows, or as given; ``decode``: how
+    this run decoded video, when given); returns the manifest. ``compact``: first compact
+    ``data.lance`` whole and remove its old versions
     (for a cache no reader can hold yet, as a merge's; a build tidies its own fragments with
     :class:`~robocache.data.build.commit.Committer` instead)."""
     lance = require("lance", "data", "The Lance cache", "pylance")
@@ -338,7 +352,8 @@ def finish(dest: Path, header: dict[str, Any], *, wanted: list[int], done: set[i
         if len(ds.get_fragments()) > 1:
             ds.optimize.compact_files()
             ds.cleanup_old_versions(older_than=_dt.timedelta(0))
-    episodes = _episode_summary(uri) if _committed(uri) else []
+    if episodes is None:
+        episodes = _episode_summary(uri) if _committed(uri) else []
     if stats is None:
         stats = _compute_stats(uri, specs) if _committed(uri) else {}
     _write_json(dest / "stats.json", stats, indent=None)

@@ -1,8 +1,17 @@
-"""Per-stream statistics and the per-episode summary of a committed cache.
+"""Per-stream statistics and the per-episode summary of a committed cache: from the rows a
+build's worker processes wrote (:class:`Tally`) when those are the whole cache, else from a
+pass over the cache's rows.
+
+A cache's q01/q99 are read off the merged dyadic histogram of its statistics
+(``compute_stats(..., exact_quantiles=False)``), never from one exact sort: the histogram's
+grid depends only on the whole sample's extremes and its counts merge exactly, so the
+quantiles are the same however the rows were split (the chunks of a pass, the workers'
+writes, the shards of a distributed build), within one histogram bin of the exact ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,6 +22,7 @@ import numpy as np
 from robocache._optional import require
 from robocache.data.build.config import column_name
 from robocache.data.episode import StreamSpec
+from robocache.ops.normalize import Stats
 
 # Rows per statistics chunk. Chunks of 2^17 rows, whose arrays glibc serves from the heap
 # instead of fresh mappings, cut the tail's system time 5-10x on the development VM and on a
@@ -23,10 +33,10 @@ from robocache.data.episode import StreamSpec
 STATS_BATCH_ROWS = 1 << 20
 
 
-# Bytes a chunk's statistics hold per value at their peak: the values read and kept, a
-# transposed copy, a float64 copy, the int64 bins and a mask (benchmarks/results/
-# stats-profile-cpu-2026-11-27.txt).
-STATS_BYTES_PER_VALUE = 32
+# Bytes a chunk's statistics hold per value at their peak: the values read, their float32
+# copy, the kept rows, a transposed copy and each sample's bin (int16); the float64 blocks
+# are small (robocache.reference.normalize.STATS_BLOCK).
+STATS_BYTES_PER_VALUE = 20
 
 
 def stats_threads(dim: int) -> int:
@@ -44,15 +54,12 @@ def stats_threads(dim: int) -> int:
 
 def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
                    threads: int | None = None) -> dict[str, dict]:
-    """Per-dimension stats of every numeric stream over its non-padded steps (merged over
-    chunks of ``STATS_BATCH_ROWS`` rows in the table's order, see
-    :func:`robocache.merge_stats`: the chunks do not depend on how the rows were batched into
-    fragments). ``threads`` chunks at once, of every stream (default
-    :func:`stats_threads`), each on one torch thread (torch's operations release the GIL),
-    merged in order: the same statistics as one chunk after the other."""
-    import torch
-
-    import robocache
+    """Per-dimension stats of every numeric stream over its non-padded steps, from a pass over
+    the cache's rows in chunks of ``STATS_BATCH_ROWS`` (merged with
+    :func:`robocache.merge_stats`, quantiles from the histogram: see the module docstring).
+    ``threads`` chunks at once, of every stream (default :func:`stats_threads`), each on one
+    torch thread (torch's operations release the GIL), merged in order: the same statistics
+    as one chunk after the other."""
     from robocache.data.build.align import one_thread
 
     lance = require("lance", "data", "The Lance cache", "pylance")
@@ -64,12 +71,8 @@ def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
     def part(col: str, dim: int, start: int):
         batch = ds.to_table(columns=[col, f"{col}_is_pad"], offset=start,
                             limit=STATS_BATCH_ROWS)
-        values = pc.list_flatten(batch.column(0)).to_numpy()
-        values = values.astype(np.float32).reshape(-1, dim)  # (writable: Arrow's is not)
-        keep = ~batch.column(1).to_numpy(zero_copy_only=False)
-        if not keep.any():
-            return None
-        return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]))
+        return _stats_of(pc.list_flatten(batch.column(0)).to_numpy(), dim,
+                         ~batch.column(1).to_numpy(zero_copy_only=False))
 
     numeric = {name: spec for name, spec in specs.items() if spec.kind == "numeric"}
     if not numeric:
@@ -78,12 +81,7 @@ def _compute_stats(uri: Path, specs: dict[str, StreamSpec],
     with one_thread("cpu"), ThreadPoolExecutor(threads) as pool:
         futures = {name: [pool.submit(part, column_name(name), spec.dim, start)
                           for start in starts] for name, spec in numeric.items()}
-        stats = {}
-        for name, parts in futures.items():
-            parts = [p for p in (f.result() for f in parts) if p is not None]
-            if parts:
-                stats[name] = robocache.merge_stats(parts).to_dict()
-    return stats
+        return _merged({name: [f.result() for f in parts] for name, parts in futures.items()})
 
 
 def _episode_summary(uri: Path) -> list[dict[str, Any]]:
@@ -112,3 +110,75 @@ def _episode_summary(uri: Path) -> list[dict[str, Any]]:
     return [{"index": int(ep[a]), "rows": int(b - a), "start_s": float(ts[a]),
              "duration_s": float(ts[b - 1] - ts[a]), "task": task}
             for a, b, task in zip(starts, ends, tasks, strict=True)]
+
+
+def _stats_of(values: np.ndarray, dim: int, keep: np.ndarray) -> Stats | None:
+    """:func:`robocache.compute_stats` of a stream's float32 values (any shape holding rows of
+    ``dim``) at the rows ``keep`` (its steps not padded); None when none is kept."""
+    import torch
+
+    import robocache
+
+    if not keep.any():
+        return None
+    values = values.astype(np.float32).reshape(-1, dim)  # (a copy: Arrow's are read-only)
+    return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]),
+                                   exact_quantiles=False)
+
+
+def _merged(parts: dict[str, list[Stats | None]]) -> dict[str, dict]:
+    """``stats.json``: each stream's parts merged in order (None: a part with no kept row)."""
+    import robocache
+
+    out = {}
+    for name, found in parts.items():
+        found = [p for p in found if p is not None]
+        if found:
+            out[name] = robocache.merge_stats(found).to_dict()
+    return out
+
+
+@dataclasses.dataclass
+class Tally:
+    """What a build's worker processes wrote, write by write (:meth:`of_rows`, in the worker;
+    :meth:`add`, once committed): each episode's summary (:func:`_episode_summary`'s entry) and
+    each numeric stream's statistics of each write. When those writes are the whole cache (it
+    held no rows when the build began) they stand in for the passes over the cache's rows at
+    the end (:meth:`summary`, :meth:`stats`): the same summary, and the same statistics up to
+    float64 rounding in mean and std (the parts are not the pass's chunks)."""
+
+    episodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    parts: dict[str, list[Stats | None]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of_rows(cls, rows: list, specs: dict[str, StreamSpec]) -> Tally:
+        """The tally of one write of aligned episodes' rows (:class:`~robocache.data.build.
+        write.Rows`, one per episode, in order)."""
+        episodes = []
+        for r in rows:
+            if not r.num_rows:
+                continue
+            ts, task = r.cols["timestamp"], r.cols["task"][0]
+            episodes.append({"index": int(r.cols["episode_index"][0]), "rows": r.num_rows,
+                             "start_s": float(ts[0]), "duration_s": float(ts[-1] - ts[0]),
+                             "task": None if task is None else str(task)})
+        parts: dict[str, list[Stats | None]] = {}
+        for name, spec in specs.items():
+            if spec.kind == "numeric" and rows:
+                col = column_name(name)
+                parts[name] = [_stats_of(np.concatenate([r.cols[col] for r in rows]), spec.dim,
+                                         ~np.concatenate([r.cols[f"{col}_is_pad"]
+                                                          for r in rows]))]
+        return cls(episodes, parts)
+
+    def add(self, other: Tally) -> None:
+        """Count ``other``'s write (committed after those added before)."""
+        self.episodes += other.episodes
+        for name, found in other.parts.items():
+            self.parts.setdefault(name, []).extend(found)
+
+    def summary(self) -> list[dict[str, Any]]:
+        return sorted(self.episodes, key=lambda e: e["index"])
+
+    def stats(self) -> dict[str, dict]:
+        return _merged(self.parts)
