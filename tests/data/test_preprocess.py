@@ -116,13 +116,17 @@ def test_preprocess_equals_ingest_and_resumes(tmp_path, source, local_ray):
 
 
 
-def test_preprocess_at_native_rate_equals_ingest(tmp_path, source, local_ray):
+def test_preprocess_at_native_rate_equals_ingest(tmp_path, source, local_ray, monkeypatch):
+    from robocache.data.build import run
     from robocache.distributed import preprocess
 
     build(source, tmp_path / "ingest", device="cpu", progress=False)  # rate_hz="native"
+    for name in ("_compute_stats", "_episode_summary"):  # the actors' tallies stand in
+        monkeypatch.setattr(run, name, lambda *a, _n=name: pytest.fail(f"{_n}: rows read"))
     m = preprocess(source, tmp_path / "ray", progress=False)
     assert m["native"] is True
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
+
 
 def test_v3_files_are_read_once_per_group_and_equal_ingest(tmp_path, local_ray, monkeypatch):
     """A LeRobot v3.0 source of several data files (the benchmark's generator): each read

@@ -47,6 +47,7 @@ from robocache.data.build.align import align_batch
 from robocache.data.build.config import CacheConfig
 from robocache.data.build.read import open_specs, prepare_episode, single_core
 from robocache.data.build.run import _progress, _reason, locked_run
+from robocache.data.build.stats import Tally
 from robocache.data.build.write import Batch, episode_tables
 from robocache.errors import ClusterError, DataError, DeviceError
 from robocache.observability import metrics
@@ -200,20 +201,22 @@ class _AlignWrite:
             sizes[p.index] = metrics.episode_sizes(p.episode, cols)
             digests[p.index] = p.digest
         indices = list(out.indices)
+        tally = Tally.of_rows(out.tables.get("data.lance", []), self.specs)
         written = out.write(self.dest) if indices else []
-        return {"payload": np.array([pickle.dumps((indices, written, sizes, digests,
+        return {"payload": np.array([pickle.dumps((indices, written, tally, sizes, digests,
                                                    quarantined))], dtype=object)}
 
 
-def _commit_group(run, pending: list[tuple[list[int], list]], advance) -> None:
-    """Commit the files of finished actor batches ((episodes, files) each) in one Lance
-    commit per table."""
+def _commit_group(run, pending: list[tuple[list[int], list, Tally]], advance) -> None:
+    """Commit the files of finished actor batches ((episodes, files, their rows' tally)
+    each) in one Lance commit per table."""
     tables: dict[str, tuple[Any, list]] = {}
-    for _, files in pending:
+    for _, files, _ in pending:
         for rel, schema, fragments in files:
             tables.setdefault(rel, (schema, []))[1].extend(fragments)
-    indices = [i for batch, _ in pending for i in batch]
-    run.cached(indices, [(rel, *t) for rel, t in tables.items()])
+    indices = [i for batch, _, _ in pending for i in batch]
+    run.cached(indices, [(rel, *t) for rel, t in tables.items()],
+               [tally for _, _, tally in pending])
     advance(f"episodes {min(indices)}..{max(indices)}", len(indices))
 
 
@@ -290,10 +293,10 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                     fn_constructor_kwargs={"dest": str(run.dest.resolve()),
                                            "config": run.config, "fps": run.fps,
                                            "device": device, **where})
-                pending: list[tuple[list[int], list]] = []
+                pending: list[tuple[list[int], list, Tally]] = []
                 since = time.perf_counter()
                 for row in ds.iter_rows():
-                    indices, written, sizes, digests, quarantined = \
+                    indices, written, tally, sizes, digests, quarantined = \
                         pickle.loads(row["payload"])
                     for q in quarantined:
                         run.quarantined(q["index"], q["reason"], pickle.loads(q["payload"]))
@@ -302,8 +305,8 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                         continue
                     run.sizes.update(sizes)
                     run.digested(digests)
-                    pending.append((indices, written))
-                    if sum(len(i) for i, _ in pending) >= COMMIT_EPISODES or \
+                    pending.append((indices, written, tally))
+                    if sum(len(i) for i, _, _ in pending) >= COMMIT_EPISODES or \
                             time.perf_counter() - since > COMMIT_SECONDS:
                         _commit_group(run, pending, advance)
                         pending, since = [], time.perf_counter()

@@ -205,7 +205,7 @@ class Run:
         self.sizes: dict[int, dict[str, int]] = {}  # batched episodes' sizes, for the metrics
         self.files: list[tuple[list[int], list, Tally]] = []  # by workers, uncommitted
         # the summary and statistics of the rows committed, while they are the whole cache
-        # (it held none when the run began and every row came from the workers' files)
+        # (it held none when the run began and every commit came with its writers' tallies)
         self.tally: Tally | None = None if self.done else Tally()
         self.since = time.perf_counter()
         # frames a killed writer committed without their rows: dropped before anything else

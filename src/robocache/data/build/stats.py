@@ -140,15 +140,17 @@ def _merged(parts: dict[str, list[Stats | None]]) -> dict[str, dict]:
 
 @dataclasses.dataclass
 class Tally:
-    """What a build's worker processes wrote, write by write (:meth:`of_rows`, in the worker;
-    :meth:`add`, once committed): each episode's summary (:func:`_episode_summary`'s entry) and
-    each numeric stream's statistics of each write. When those writes are the whole cache (it
-    held no rows when the build began) they stand in for the passes over the cache's rows at
-    the end (:meth:`summary`, :meth:`stats`): the same summary, and the same statistics up to
-    float64 rounding in mean and std (the parts are not the pass's chunks)."""
+    """What a build's writers (its worker processes, or ``preprocess``'s Ray actors) wrote,
+    write by write (:meth:`of_rows`, where the rows are written; :meth:`add`, once committed):
+    each episode's summary (:func:`_episode_summary`'s entry) and each numeric stream's
+    statistics of each write, keyed by the write's first episode. When those writes are the
+    whole cache (it held no rows when the build began) they stand in for the passes over the
+    cache's rows at the end (:meth:`summary`, :meth:`stats`): the same summary, and the same
+    statistics up to float64 rounding in mean and std (the parts are not the pass's chunks).
+    The writes merge in episode order, whatever order they were committed in."""
 
     episodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    parts: dict[str, list[Stats | None]] = dataclasses.field(default_factory=dict)
+    parts: dict[str, list[tuple[int, Stats | None]]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of_rows(cls, rows: list, specs: dict[str, StreamSpec]) -> Tally:
@@ -162,17 +164,17 @@ class Tally:
             episodes.append({"index": int(r.cols["episode_index"][0]), "rows": r.num_rows,
                              "start_s": float(ts[0]), "duration_s": float(ts[-1] - ts[0]),
                              "task": None if task is None else str(task)})
-        parts: dict[str, list[Stats | None]] = {}
+        parts: dict[str, list[tuple[int, Stats | None]]] = {}
         for name, spec in specs.items():
-            if spec.kind == "numeric" and rows:
+            if spec.kind == "numeric" and episodes:
                 col = column_name(name)
-                parts[name] = [_stats_of(np.concatenate([r.cols[col] for r in rows]), spec.dim,
-                                         ~np.concatenate([r.cols[f"{col}_is_pad"]
-                                                          for r in rows]))]
+                parts[name] = [(episodes[0]["index"], _stats_of(
+                    np.concatenate([r.cols[col] for r in rows]), spec.dim,
+                    ~np.concatenate([r.cols[f"{col}_is_pad"] for r in rows])))]
         return cls(episodes, parts)
 
     def add(self, other: Tally) -> None:
-        """Count ``other``'s write (committed after those added before)."""
+        """Count ``other``'s write."""
         self.episodes += other.episodes
         for name, found in other.parts.items():
             self.parts.setdefault(name, []).extend(found)
@@ -181,4 +183,5 @@ class Tally:
         return sorted(self.episodes, key=lambda e: e["index"])
 
     def stats(self) -> dict[str, dict]:
-        return _merged(self.parts)
+        return _merged({name: [p for _, p in sorted(found, key=lambda kp: kp[0])]
+                        for name, found in self.parts.items()})
