@@ -170,13 +170,14 @@ def _read(batch: dict[str, np.ndarray], *, path: str, options: str, keys,
 class _AlignWrite:
     """Actor: align a batch of episodes at once on this actor's device
     (:func:`~robocache.data.build.align.align_batch`) and write them under ``dest`` as one
-    Lance write per table (:class:`~robocache.data.build.write.Batch`), uncommitted."""
+    Lance write per table (:class:`~robocache.data.build.write.Batch`), uncommitted, with the
+    rows' :class:`~robocache.data.build.stats.Tally` when ``tally`` (a fresh build)."""
 
     def __init__(self, dest: str, config: CacheConfig, fps: float | None, device: str,
-                 path: str, options: str, keys):
+                 path: str, options: str, keys, tally: bool):
         import torch
 
-        self.dest, self.config, self.fps = Path(dest), config, fps
+        self.dest, self.config, self.fps, self.tally = Path(dest), config, fps, tally
         self.src, self.specs = _source(path, options, keys)
         self.device = torch.device(device)
 
@@ -201,15 +202,16 @@ class _AlignWrite:
             sizes[p.index] = metrics.episode_sizes(p.episode, cols)
             digests[p.index] = p.digest
         indices = list(out.indices)
-        tally = Tally.of_rows(out.tables.get("data.lance", []), self.specs)
+        tally = Tally.of_rows(out.tables.get("data.lance", []), self.specs) \
+            if self.tally else None
         written = out.write(self.dest) if indices else []
         return {"payload": np.array([pickle.dumps((indices, written, tally, sizes, digests,
                                                    quarantined))], dtype=object)}
 
 
-def _commit_group(run, pending: list[tuple[list[int], list, Tally]], advance) -> None:
-    """Commit the files of finished actor batches ((episodes, files, their rows' tally)
-    each) in one Lance commit per table."""
+def _commit_group(run, pending: list[tuple[list[int], list, Tally | None]], advance) -> None:
+    """Commit the files of finished actor batches ((episodes, files, their rows' tally or
+    None) each) in one Lance commit per table."""
     tables: dict[str, tuple[Any, list]] = {}
     for _, files, _ in pending:
         for rel, schema, fragments in files:
@@ -292,8 +294,9 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                     compute=ray.data.ActorPoolStrategy(size=actors), **per_actor,
                     fn_constructor_kwargs={"dest": str(run.dest.resolve()),
                                            "config": run.config, "fps": run.fps,
-                                           "device": device, **where})
-                pending: list[tuple[list[int], list, Tally]] = []
+                                           "device": device, **where,
+                                           "tally": run.tally is not None})
+                pending: list[tuple[list[int], list, Tally | None]] = []
                 since = time.perf_counter()
                 for row in ds.iter_rows():
                     indices, written, tally, sizes, digests, quarantined = \

@@ -108,7 +108,7 @@ class Prepared:
     decoded: dict[str, int] | None = None
     # written by the worker process too (uncommitted): the last such episode of a chunk
     # carries the chunk's files and their rows' tally, (episodes, [(table, schema,
-    # fragments)], Tally)
+    # fragments)], Tally or None)
     written: bool = False
     files: tuple[list[int], list, Any] | None = None
 
@@ -153,8 +153,8 @@ def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
 
 def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
              config: CacheConfig, *, gpu: int = 0, path: str | None = None,
-             fps: float | None = None, align: bool = False,
-             dest: Path | None = None) -> Iterator[Prepared]:
+             fps: float | None = None, align: bool = False, dest: Path | None = None,
+             tally: bool = False) -> Iterator[Prepared]:
     """:func:`prepare_episode` of each of ``indices``, in their order, ``decode_workers`` at a
     time: at most that many episodes (or chunks of :data:`CHUNK`, in processes) are being
     prepared while the caller handles the one yielded. One of two ways, never both (no
@@ -167,7 +167,8 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
       its own thread (:func:`_prepare_chunk`), and, with ``align`` (alignment on the CPU, at
       rate ``fps`` when native), also aligns each episode and makes its Arrow tables
       (:attr:`Prepared.tables`), written under ``dest`` as uncommitted Lance files when
-      given, so every core does the whole per-episode work and the caller only commits.
+      given (with ``tally``, each write's :class:`~robocache.data.build.stats.Tally` too),
+      so every core does the whole per-episode work and the caller only commits.
     - Otherwise on threads, which read and check the episodes; their videos are decoded and
       encoded in ``decode_workers`` forked camera worker processes
       (:func:`robocache.data.cameras.worker_pool`: each has its own GIL), or on the reading
@@ -184,7 +185,7 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
     if path is not None and way == "processes":
         files = getattr(src, "files", None)
         keys = None if files is None else [str(files(i)[0]) for i in indices]
-        yield from _in_processes(path, indices, keys, config, fps, align, dest)
+        yield from _in_processes(path, indices, keys, config, fps, align, dest, tally)
         return
     workers = decode_workers(config)
     lock = threading.Lock()
@@ -319,11 +320,12 @@ def _ffmpeg_threads(workers: int) -> int:
 
 
 def _prepare_chunk(indices: list[int], fps: float | None, align: bool,
-                   dest: Path | None) -> list[Prepared]:
+                   dest: Path | None, tally: bool = False) -> list[Prepared]:
     """In a worker process: :func:`prepare_episode` of each of ``indices`` (its videos
     decoded here: no camera worker processes are started in a worker process) and, with
     ``align``, its alignment and tables (the episode itself is then not sent back), written
-    under ``dest`` as one set of uncommitted Lance files when given."""
+    under ``dest`` as one set of uncommitted Lance files when given, tallied with ``tally``
+    (else the files' tally is None)."""
     from robocache.data.build.align import align_batch
     from robocache.data.build.stats import Tally
     from robocache.data.build.write import Batch, episode_tables
@@ -352,8 +354,8 @@ def _prepare_chunk(indices: list[int], fps: float | None, align: bool,
             for p in done:
                 batch.add(p.index, p.tables)
                 p.tables, p.written = None, True
-            tally = Tally.of_rows(batch.tables.get("data.lance", []), specs)
-            done[-1].files = ([p.index for p in done], batch.write(dest), tally)
+            rows = Tally.of_rows(batch.tables.get("data.lance", []), specs) if tally else None
+            done[-1].files = ([p.index for p in done], batch.write(dest), rows)
     for p in out:
         if p.error is not None:
             p.episode, p.frames, p.error = None, None, picklable(p.error)
@@ -385,7 +387,7 @@ def chunks(indices: list[int], keys: list[str] | None, workers: int) -> list[lis
 
 def _in_processes(path: str, indices: list[int], keys: list[str] | None,
                   config: CacheConfig, fps: float | None, align: bool,
-                  dest: Path | None) -> Iterator[Prepared]:
+                  dest: Path | None, tally: bool = False) -> Iterator[Prepared]:
     """:func:`prepared` in ``decode_workers`` worker processes (:func:`worker_context`),
     tasks of :func:`chunks`, in order, two per process in flight."""
     from concurrent.futures import ProcessPoolExecutor
@@ -398,11 +400,11 @@ def _in_processes(path: str, indices: list[int], keys: list[str] | None,
         tasks = iter(chunks(indices, keys, workers))
         pending: deque = deque()
         for chunk in itertools.islice(tasks, 2 * workers):
-            pending.append(pool.submit(_prepare_chunk, chunk, fps, align, dest))
+            pending.append(pool.submit(_prepare_chunk, chunk, fps, align, dest, tally))
         while pending:
             done = pending.popleft().result()
             for chunk in itertools.islice(tasks, 1):
-                pending.append(pool.submit(_prepare_chunk, chunk, fps, align, dest))
+                pending.append(pool.submit(_prepare_chunk, chunk, fps, align, dest, tally))
             yield from done
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -203,7 +203,7 @@ class Run:
         self.batch = Batch(config.batch_rows, config.batch_bytes)
         self.committer = Committer(dest, config.batch_rows, config.batch_bytes)
         self.sizes: dict[int, dict[str, int]] = {}  # batched episodes' sizes, for the metrics
-        self.files: list[tuple[list[int], list, Tally]] = []  # by workers, uncommitted
+        self.files: list[tuple[list[int], list, Tally | None]] = []  # by workers, uncommitted
         # the summary and statistics of the rows committed, while they are the whole cache
         # (it held none when the run began and every commit came with its writers' tallies)
         self.tally: Tally | None = None if self.done else Tally()
@@ -250,7 +250,7 @@ class Run:
         return False
 
     def add_files(self, indices: list[int], written: list[tuple[str, Any, list]],
-                  tally: Tally) -> None:
+                  tally: Tally | None) -> None:
         """Add files a worker wrote for episodes ``indices`` (uncommitted) and their rows'
         tally; commit those gathered so far once their rows reach ``batch_rows`` or the first
         is :data:`COMMIT_SECONDS` old."""
@@ -279,12 +279,12 @@ class Run:
             self.cached(indices, [(rel, *t) for rel, t in tables.items()], tallies)
 
     def cached(self, indices: list[int], written: list[tuple[str, Any, list]],
-               tallies: list[Tally] | None = None) -> None:
+               tallies: list[Tally | None] | None = None) -> None:
         """Commit files written for episodes ``indices`` (one Lance commit per table for all
         of them, see :class:`~robocache.data.build.commit.Committer`), with their rows'
         ``tallies`` when the writers made them."""
         self.committer(indices, written)
-        if tallies is None:  # rows no tally counts: the end reads the cache's rows
+        if tallies is None or None in tallies:  # rows no tally counts: the end reads them
             self.tally = None
         for tally in tallies if self.tally is not None else ():
             self.tally.add(tally)
@@ -413,7 +413,8 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
         group: list[Prepared] = []  # prepared episodes, in order, aligned together
         with _progress(progress, len(run.wanted)) as advance, closing(prepared(
                 run.src, run.todo, run.specs, run.config, gpu=run.gpu, path=run.path,
-                fps=run.fps, align=on_cpu, dest=run.dest)) as ready:
+                fps=run.fps, align=on_cpu, dest=run.dest,
+                tally=run.tally is not None)) as ready:
             for index in run.wanted:
                 why = run.skip(index)
                 if why is not None:
