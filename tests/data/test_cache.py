@@ -298,6 +298,15 @@ def test_episode_digests_new_and_earlier_caches(rng):
     assert not same_digest(new, ep) and not same_digest(old, ep) and not same_digest(None, ep)
 
 
+def test_the_digest_hashes_per_frame_tasks_as_their_list_repr():
+    from robocache.data.source_identity import _list_repr
+
+    one = "pick the cube"
+    for values in ([one] * 700, np.array([one] * 9, dtype=object), [one, "place", one],
+                   [one, np.str_(one)], np.array(["a", "a"]), [], ["it's", "it's"]):
+        assert _list_repr(values) == repr(list(values)).encode()
+
+
 @pytest.mark.parametrize("shuffled", [False, True])
 def test_episode_summary_equals_a_sort_of_every_row(tmp_path, rng, shuffled):
     from robocache.data.build.stats import _episode_summary

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
+import operator
 import warnings
 from pathlib import Path
 from typing import Any
@@ -139,7 +141,7 @@ def episode_digest(episode, algorithm: str = DIGEST) -> str:
     frames = episode.meta.get("frame_tasks")
     if frames is not None:
         h.update(_raw(frames[0]))
-        h.update(repr(list(frames[1])).encode())
+        h.update(_list_repr(frames[1]))
     return h.hexdigest() if algorithm == "blake2b" else f"{algorithm}:{h.hexdigest()[:32]}"
 
 
@@ -150,6 +152,16 @@ def same_digest(recorded: str | None, episode) -> bool:
         return False
     algorithm = recorded.split(":", 1)[0] if ":" in recorded else "blake2b"
     return recorded == episode_digest(episode, algorithm)
+
+
+def _list_repr(values) -> bytes:
+    """``repr(list(values)).encode()``; when every value is one object (an episode's per-frame
+    task names usually are), made from its one repr: 35 instead of 112 µs for an episode of
+    1,562 frames on the development VM."""
+    items = list(values)
+    if items and all(map(operator.is_, items, itertools.repeat(items[0]))):
+        return ("[" + ", ".join([repr(items[0])] * len(items)) + "]").encode()
+    return repr(items).encode()
 
 
 def _raw(a: np.ndarray) -> np.ndarray:
