@@ -1,6 +1,6 @@
 """Per-stream statistics and the per-episode summary of a committed cache: from the rows a
-build's worker processes wrote (:class:`Tally`) when those are the whole cache, else from a
-pass over the cache's rows.
+build's writers (worker processes, Ray actors) tallied as they wrote them (:class:`Tally`)
+when those are the whole cache, else from a pass over the cache's rows.
 
 A cache's q01/q99 are read off the merged dyadic histogram of its statistics
 (``compute_stats(..., exact_quantiles=False)``), never from one exact sort: the histogram's
@@ -121,7 +121,9 @@ def _stats_of(values: np.ndarray, dim: int, keep: np.ndarray) -> Stats | None:
 
     if not keep.any():
         return None
-    values = values.astype(np.float32).reshape(-1, dim)  # (a copy: Arrow's are read-only)
+    if values.dtype != np.float32 or not values.flags.writeable:  # (Arrow's are read-only)
+        values = values.astype(np.float32)
+    values = values.reshape(-1, dim)
     return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]),
                                    exact_quantiles=False)
 
