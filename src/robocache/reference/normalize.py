@@ -16,8 +16,9 @@ import torch
 _INT64_HEADROOM = 61
 _MIN_EXPONENT = -1000  # 2**-1000 is a normal float64; used when a dimension is constant at 0
 # Samples per block of the statistics' passes on the CPU (moments_histogram): a [24, 2**14]
-# float64 block stays in cache through its mean, deviations and bins; [300k, 24] float32 took
-# 34 ms instead of 141 as whole-array passes on one thread of the development VM.
+# float64 block stays in cache through its mean, deviations and bins; for [1M, 24] float32 on
+# one thread of the development VM those steps took 188 ms against 421 as whole-array passes
+# (float64 copy, mean, std, histogram; benchmarks/results/stats-profile-cpu-2026-11-27.txt).
 STATS_BLOCK = 1 << 14
 
 
