@@ -217,11 +217,11 @@ class ObservationCore(torch.nn.Module):
             if method in _INTERPOLATED:
                 data = st[f"g{g}.data"]
                 d = data.gather(1, idx[..., None].expand(-1, -1, data.shape[-1]))
-                v, pad, aux = interp_ref(d, t, x, lengths, method)
+                v, pad, aux = interp_ref(d, t, x, lengths, method, count=True)
             else:  # sample slots, as ingest aligns sample ids and gathers
                 ids = idx.to(torch.float64)[..., None]
                 v, pad, aux = interp_ref(None if method == "frame_index" else ids, t, x,
-                                         lengths, method, tolerance_s=tol)
+                                         lengths, method, tolerance_s=tol, count=True)
                 if method != "previous" and tol is None:
                     # past the latest sample, the nearest one is final once the horizon (the
                     # tick's time: every earlier message has come) is at least as far away

@@ -144,6 +144,27 @@ def test_repeated_timestamps_later_sample_wins():
     assert robocache.resample(y, t, x, method="previous")[:, 0].tolist() == [0.0, 20.0, 20.0]
 
 
+@pytest.mark.parametrize("method", ["linear", "nearest", "previous", "frame_index", "pchip",
+                                    "slerp"])
+def test_reference_count_equals_searchsorted(method):
+    """interp_ref(count=True) (every target against every sample) gives what searchsorted
+    gives: rows of any length, repeated times, targets on, between and outside the samples."""
+    from robocache.reference.interp import interp_ref
+
+    rng = seeded()
+    B, S, T = 5, 12, 9
+    t = torch.tensor(np.sort(rng.integers(0, 20, (B, S)), axis=1) / 4.0)
+    x = torch.tensor(rng.integers(-4, 24, (B, T)) / 4.0 + rng.choice([0.0, 0.1], (B, T)))
+    lengths = torch.tensor([1, 2, 5, 12, 7])
+    y = None if method == "frame_index" else torch.tensor(rng.standard_normal(
+        (B, S, 4)), dtype=torch.float32)
+    a = interp_ref(y, t, x, lengths, method, tolerance_s=0.05)
+    b = interp_ref(y, t, x, lengths, method, tolerance_s=0.05, count=True)
+    for u, v in zip(a, b, strict=True):  # (pchip on repeated times: NaN in both)
+        assert (u is None and v is None) or torch.equal(u.isnan(), v.isnan()) and torch.equal(
+            u.nan_to_num(), v.nan_to_num())
+
+
 def test_empty_targets_and_out():
     y = torch.randn(2, 5, 3)
     t = torch.linspace(0, 1, 5)

@@ -44,6 +44,7 @@ def interp_ref(
     method: str,
     out_of_range: str = "clamp",
     tolerance_s: float | None = None,
+    count: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """Interpolate one stream. Batched, already-validated inputs.
 
@@ -55,6 +56,10 @@ def interp_ref(
         method: one of `robocache.ops.align.METHODS`.
         out_of_range: ``clamp``, ``nan`` or ``extrapolate``.
         tolerance_s: ``frame_index`` only: targets whose nearest frame is farther are padded.
+        count: find ``cnt`` by comparing every target with every sample (``[B, T, S]``)
+            instead of ``searchsorted``: the same counts for targets that are not NaN, as
+            elementwise ops and a sum that a compiler fuses with the rest (short rows only:
+            an online window).
 
     Returns:
         ``(values, is_pad, aux)``: values ``[B, T, D]`` in data's dtype (``frame_index``:
@@ -70,7 +75,10 @@ def interp_ref(
     else:
         n = lengths.reshape(B, 1).to(torch.int64)
         t = torch.where(torch.arange(S, device=t.device) < n, t, torch.inf)
-    cnt = torch.searchsorted(t.contiguous(), x.contiguous(), right=True)
+    if count:
+        cnt = (t.unsqueeze(1) <= x.unsqueeze(2)).sum(-1)
+    else:
+        cnt = torch.searchsorted(t.contiguous(), x.contiguous(), right=True)
     nanx = torch.isnan(x)
     i = cnt - 1
     seg = torch.minimum(i.clamp(min=0), (n - 2).clamp(min=0))
