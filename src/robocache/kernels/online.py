@@ -83,7 +83,9 @@ def _stream(arena, out, norm, x, pre, horizon, u, um,
     m2 = um[:, None] & (d < D)[None, :]
     if METHOD == 0:  # linear
         h = (t1 - t0).to(tl.float32)
-        w = tl.where(h > 0, (x - t0).to(tl.float32) / tl.where(h > 0, h, 1.0), 0.0)
+        # IEEE division (Triton's `/` is an approximate one on CUDA)
+        w = tl.where(h > 0, tl.math.div_rn((x - t0).to(tl.float32), tl.where(h > 0, h, 1.0)),
+                     0.0)
         w = tl.minimum(tl.maximum(w, 0.0), 1.0)
         data = arena.to(tl.pointer_type(tl.float32)) + VALS
         y0 = tl.load(data + (start + seg)[:, None] * VSTRIDE + d[None, :], mask=m2, other=0.0)
