@@ -358,6 +358,52 @@ def test_core_traces_as_one_graph(sample_caches, cache):
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("case", ["linear", "hold", "normalized", "native", "integer",
+                                  "tolerance"])
+def test_fused_kernel_matches_core(sample_caches, tmp_path, kernel_device, case):
+    """The GPU tick's one Triton launch (the interpreter on the CPU) gives the reference core's
+    outputs bit for bit (interpolated values within one float32 ulp on a GPU), tick after
+    tick of a replayed episode: linear, nearest, previous
+    (native: exact) streams of float, integer and bool dtypes, cameras' frame slots (with a
+    tolerance), normalized and zero-padded."""
+    source, keys, kw, episode = SAMPLE, SAMPLE_KEYS, {"history": 3}, 0
+    if case in ("native", "integer"):  # integer: int64 / int32 counts interpolated
+        build(TINY, tmp_path / "c", progress=False, device="cpu", **(
+            {"rate_hz": 7.0, "methods": {"observation.counts": "linear",
+                                         "observation.gripper_mode": "linear"}}
+            if case == "integer" else {}))
+        cache, source, keys, episode = tmp_path / "c", TINY, TINY_KEYS, 0
+    else:
+        cache = sample_caches / ("hold" if case in ("hold", "normalized") else "linear")
+        episode = 1 if case in ("hold", "normalized") else 0
+    if case == "normalized":
+        kw = {"normalize": "min_max", "pad": "zero", "keys": SAMPLE_KEYS[:2],
+              "delta_timestamps": {"observation.state": [-0.06, -0.02, 0.0]}}
+        keys = SAMPLE_KEYS[:2]
+    if case == "tolerance":
+        kw["camera_tolerance_s"] = 0.01
+    obs = Observer.from_cache(cache, **kw)
+    run, outputs = obs.fused(kernel_device)
+    arena = torch.zeros_like(obs._host_buf, device=kernel_device)
+    messages = log(source, cache, episode, keys)
+    obs.start(messages[0][0])
+    compared, every = 0, 1 if case in ("native", "integer") else 7
+    for i, (t, name, value) in enumerate(messages):
+        obs.push(name, t, value)
+        if i % every or t < obs.t0:
+            continue
+        obs.observation(t)
+        arena.copy_(obs._host_buf)
+        run(arena)
+        for a, b in zip(obs.core(*obs.example_inputs()), outputs, strict=True):
+            # (a GPU's float32 division may round otherwise than the CPU's)
+            assert a.dtype == b.dtype and (torch.equal(a, b.cpu()) or (
+                kernel_device == "cuda" and a.is_floating_point() and within_ulp(b, a))), \
+                (i, a, b)
+        compared += 1
+    assert compared > 20
+
+
 def test_top_level_export():
     assert robocache.Observer is Observer and "Observer" in dir(robocache)
 

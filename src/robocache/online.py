@@ -36,9 +36,12 @@ also report ``<key>_age`` (seconds since the sample held) and, with ``stale_s``,
 when older. Time going backwards (more than ``late_s``), NaN and unknown streams raise
 :class:`~robocache.errors.DataError` naming the stream.
 
-The per-tick numeric work is one module (:class:`ObservationCore`, plain PyTorch): captured
-once as a CUDA graph on a GPU, exportable with ``torch.export`` (:meth:`Observer.export`) and
-runnable as an AOTInductor package in a process without RoboCache. See docs/online.md.
+The per-tick numeric work is one module (:class:`ObservationCore`, plain PyTorch): the CPU
+path, exportable with ``torch.export`` (:meth:`Observer.export`) and runnable as an
+AOTInductor package in a process without RoboCache. On a GPU the tick is one captured CUDA
+graph: the arena's copy and one Triton launch (:mod:`robocache.kernels.online`, tested
+against the core) where every stream is ``linear``, ``previous``, ``nearest`` or a camera,
+the core otherwise. See docs/online.md.
 """
 
 from __future__ import annotations
@@ -393,7 +396,9 @@ class Observer:
             task: the task string served as ``"task"`` (settable later, :attr:`task`).
             compile: compile the core on the first tick (static shapes): on the CPU into an
                 AOTInductor package loaded in this process (a minute or more: gcc), on a GPU
-                with ``torch.compile`` (then captured in the CUDA graph). On one CPU core a
+                with ``torch.compile`` (then captured in the CUDA graph) where the fused
+                kernel does not cover the streams (:meth:`fused`; where it does, the kernel
+                is the tick, compiled or not). On one CPU core a
                 4-stream tick took 74 us (p50; p99 197 us) compiled against 550 us eager
                 (benchmarks/results/online-cpu-idle-2026-11-27.json); on an H100 108 us
                 against 236 us (benchmarks/results/online-h100-2026-11-27-17d991a.json).
@@ -742,9 +747,9 @@ class Observer:
                               else self.instant(k))
 
     def _run(self) -> tuple[torch.Tensor, ...]:
-        if self._core is None:
-            self._core = self._make_core()
         if self.device.type != "cuda":
+            if self._core is None:
+                self._core = self._make_core()
             v = self._views
             return self._core(*(v[n] for n in self._args))
         if self._graph is None:
@@ -785,25 +790,100 @@ class Observer:
                                  options={"emulate_precision_casts": True})
         return self.core
 
+    def fused(self, device: torch.device | str | None = None):
+        """The tick's numeric work as one Triton launch (:mod:`robocache.kernels.online`),
+        when every stream's method and dtype is one it covers: ``(run, outputs)``, ``run(arena)``
+        launching it on the device arena (uint8, :attr:`inputs` laid out as the host arena)
+        and ``outputs`` the core's outputs (in :attr:`ObservationCore.outputs` order) as views
+        of its output arena; ``None`` otherwise (the core runs)."""
+        from robocache.kernels import online as K
+
+        device = torch.device(device or self.device)
+        core, layout, u = self.core, self._arena.layout, len(self._offset_list)
+        out, plans, norms = _Arena(), [], []
+        for s in self.streams.values():
+            if s.method not in K.METHODS or s.cap > K.MAX_CAP or (
+                    s.method == "linear" and (_TORCH[s.dtype] not in K.LINEAR_DTYPES
+                                              or s.dtype.kind == "b")) or \
+                    s.dim * s.dtype.itemsize > K.MAX_ROW_BYTES:
+                return None
+            g, ring = f"g{s.group}", 2 * s.cap
+            camera = s.kind == "camera"
+            out.add(s.name, np.int64 if camera else s.dtype, (u,) if camera else (u, s.dim))
+            out.add(f"{s.name}_is_pad", np.bool_, (u,))
+            if s.method == "previous":
+                out.add(f"{s.name}_age", np.float32, (u,))
+            normed = s.name in core.norm_keys
+            if normed:
+                i = core.norm_keys.index(s.name)
+                norms.append((getattr(core, f"offset{i}"), getattr(core, f"scale{i}")))
+            if s.method == "linear":
+                at, _, shape = layout[f"{g}.data"]
+                values, stride = at // 4 + s.row * ring * shape[-1], shape[-1]
+            elif not camera:
+                at = layout[f"{s.name}.values"][0]
+                values, stride = (at // 4, s.dim) if normed else (at, s.dim)
+            else:
+                values, stride = 0, 0
+            plans.append((s, values, stride, normed))
+        flat = [x for pair in norms for x in pair]
+        norm = torch.cat(flat).to(device, torch.float32) if flat else \
+            torch.zeros(1, dtype=torch.float32, device=device)
+        starts = iter(np.cumsum([0] + [2 * o.numel() for o, _ in norms]).tolist())
+        buf = torch.zeros(out.size, dtype=torch.uint8, device=device)
+        at = {k: v[0] for k, v in out.layout.items()}
+        streams = []
+        for s, values, stride, normed in plans:
+            g = f"g{s.group}"
+            item = np.dtype(np.int64 if s.kind == "camera" else s.dtype).itemsize
+            streams.append(K.StreamPlan(
+                s.method, s.exact, s.cap, layout[f"{g}.times"][0] // 8 + s.row * 2 * s.cap,
+                layout[f"{g}.head"][0] // 8 + s.row, values, stride, s.dim,
+                s.dim * s.dtype.itemsize, at[s.name] // item, _TORCH[s.dtype]
+                if s.kind == "numeric" else torch.int64, at[f"{s.name}_is_pad"],
+                at.get(f"{s.name}_age", -4) // 4, next(starts) if normed else -1,
+                bool(core.clip.get(s.name, False)), s.dtype.kind in "biu",
+                s.tolerance_s if s.method == "frame_index" else None,
+                core.zero_pad and s.kind == "numeric"))
+        kw = dict(target=layout["target"][0] // 8, pre=layout["pre"][0],
+                  horizon=layout["horizon"][0] // 8, instants=u, streams=streams)
+        views = out.views(buf)
+        return (lambda arena: K.launch(arena, buf, norm, **kw)), \
+            tuple(views[n] for n in core.outputs)
+
     def _capture(self) -> None:
-        """Capture the arena's host-to-device copy and the core as one CUDA graph (once)."""
+        """Capture the arena's host-to-device copy and the tick's numeric work (the fused
+        kernel, or the core) as one CUDA graph (once)."""
         self._dev_buf = self._host_buf.to(self.device)
         self._host_np = self._host_buf.numpy()
         stage = torch.zeros_like(self._host_buf).pin_memory()
         self._stage_np = stage.numpy()
         self._replayed = torch.cuda.Event()
-        v = self._arena.views(self._dev_buf)
-        args = tuple(v[n] for n in self._args)
+        fused = self.fused()
+        if fused is None:
+            if self._core is None:
+                self._core = self._make_core()
+            v = self._arena.views(self._dev_buf)
+            args = tuple(v[n] for n in self._args)
+
+            def run():
+                return self._core(*args)
+        else:
+            launch, outputs = fused
+
+            def run():
+                launch(self._dev_buf)
+                return outputs
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(2):  # warm up allocations outside the capture
-                self._core(*args)
+            for _ in range(2):  # warm up allocations (and compilations) outside the capture
+                run()
         torch.cuda.current_stream(self.device).wait_stream(side)
         self._graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._graph):
             self._dev_buf.copy_(stage, non_blocking=True)
-            self._static_out = self._core(*args)
+            self._static_out = run()
         # the step's time and index: host scalars the GPU tick refills, as it does the graph's
         # outputs, instead of two tensors made per tick
         self._step = (torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.int64))
