@@ -25,7 +25,7 @@ from robocache.data.cache import (
     write_episode,
 )
 from robocache.data.formats.lerobot import write_lerobot
-from robocache.errors import DataError, MissingDependencyError
+from robocache.errors import DataError, DeviceError, MissingDependencyError
 from robocache.observability import metrics
 
 ray = pytest.importorskip("ray")
@@ -35,7 +35,7 @@ DEFECTS = {1: "missing_key", 4: "nan_timestamp"}
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -106,7 +106,7 @@ def test_preprocess_equals_ingest_and_resumes(tmp_path, source, local_ray):
     new_rows = sum(e["rows"] for e in m["episodes"] if e["index"] not in (2, 3))
     assert count("steps_written") - before["steps_written"] == new_rows
     assert first["counts"]["cached"] == 2
-    assert m["device"] == "cpu x1 (ray)"
+    assert m["device"] == "cpu x4 (ray)"  # one CPU actor per CPU of the Ray
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
     assert m["episode_digests"] == ingested["episode_digests"]  # read in the Ray tasks too
     assert len(m["episode_digests"]) == m["counts"]["cached"]
@@ -152,13 +152,20 @@ def test_v3_files_are_read_once_per_group_and_equal_ingest(tmp_path, local_ray, 
 
 
 @pytest.mark.gpu
-def test_gpu_actors_match_ingest_on_cuda(tmp_path, source, local_ray):
+@pytest.mark.parametrize("actors_per_gpu", [1, None])
+def test_gpu_actors_match_ingest_on_cuda(tmp_path, source, local_ray, actors_per_gpu):
+    """One actor on the GPU, or the default on this 4-CPU Ray: two sharing it."""
     from robocache.distributed import preprocess
 
     build(source, tmp_path / "ingest", rate_hz=RATE, device="cuda", progress=False)
-    m = preprocess(source, tmp_path / "ray", rate_hz=RATE, num_gpus=1, progress=False)
+    m = preprocess(source, tmp_path / "ray", rate_hz=RATE, num_gpus=1, progress=False,
+                   actors_per_gpu=actors_per_gpu)
     assert m["device"] == "cuda x1 (ray)"
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
+    with pytest.raises(DeviceError, match="no CPU left to read"):  # 4 actors hold the 4 CPUs
+        preprocess(source, tmp_path / "full", rate_hz=RATE, num_gpus=1, actors_per_gpu=4,
+                   progress=False)
+    assert not (tmp_path / "full" / "data.lance").exists()
 
 
 def test_shards_merge_into_the_ingest_cache(tmp_path, source):
@@ -203,6 +210,10 @@ def test_bad_input_is_one_line(tmp_path, source, local_ray, monkeypatch):
     assert code == 2 and "`shard`" in out
     code, out = run_cli("preprocess", str(source), str(tmp_path / "c"), "--num-gpus", "4")
     assert code == 2 and out.count("\n") == 0 and "has 0 GPU(s)" in out
+    for flag in ("--workers", "--actors-per-gpu"):
+        code, out = run_cli("preprocess", str(source), str(tmp_path / flag), flag, "0")
+        assert code == 2 and out.count("\n") == 0 and f"({flag}) is 0" in out
+        assert not (tmp_path / flag).exists()  # refused before the destination is made
     code, out = run_cli("merge", str(tmp_path / "nothing"), str(tmp_path / "d"))
     assert code == 2 and "not a RoboCache cache" in out
     monkeypatch.setitem(sys.modules, "ray", None)

@@ -31,10 +31,14 @@ def preprocess(
     rate: RateOpt = "native",
     address: Annotated[str, typer.Option(help="Ray cluster: auto, host:port or "
                                               "ray://host:10001 (default: a local Ray).")] = None,
-    num_gpus: Annotated[int, typer.Option(help="GPU actors, one GPU each (default: every GPU "
-                                               "of the cluster; 0: CPU actors).")] = None,
-    workers: Annotated[int, typer.Option(help="CPU actors when --num-gpus is 0 (default: half "
-                                              "the cluster's CPUs).")] = None,
+    num_gpus: Annotated[int, typer.Option(help="GPUs aligning episodes (default: every GPU of "
+                                               "the cluster; 0: CPU actors).")] = None,
+    workers: Annotated[int, typer.Option(help="CPU actors when --num-gpus is 0, each reading, "
+                                              "aligning and writing (default: one per CPU of "
+                                              "the cluster).")] = None,
+    actors_per_gpu: Annotated[int, typer.Option(help="Actors sharing each GPU, one CPU each "
+                                                     "(default: half the cluster's CPUs per "
+                                                     "GPU).")] = None,
     camera_quality: CameraQualityOpt = 95,
     camera_chroma: CameraChromaOpt = "444",
     **options,
@@ -49,5 +53,5 @@ def preprocess(
     from robocache.distributed.preprocess import preprocess as job
 
     run(job, "robocache_preprocess", source=source, dest=dest, rate=rate, address=address,
-        num_gpus=num_gpus, workers=workers, camera_quality=camera_quality,
-        camera_chroma=camera_chroma, **options)
+        num_gpus=num_gpus, workers=workers, actors_per_gpu=actors_per_gpu,
+        camera_quality=camera_quality, camera_chroma=camera_chroma, **options)

@@ -12,10 +12,14 @@ Stages (one Ray Data dataset of episode indices, streamed in batches):
    those of one source file, so a LeRobot v3.0 file is decoded once for all of its
    episodes), checks them and encodes their camera frames
    (:func:`robocache.data.build.read.prepare_episode`).
-2. **align + write** (an actor pool: one actor per GPU with ``num_gpus=1``, or CPU actors when
-   there is no GPU): ``ALIGN_EPISODES`` episodes aligned in one launch on the actor's device
-   (:func:`~robocache.data.build.align.align_batch`), then written as one set of Lance files,
-   uncommitted (:class:`~robocache.data.build.write.Batch`).
+2. **align + write** (an actor pool: ``actors_per_gpu`` actors sharing each GPU, or CPU
+   actors when there is no GPU): ``ALIGN_EPISODES`` episodes aligned in one launch on the
+   actor's device (:func:`~robocache.data.build.align.align_batch`), then tallied and written
+   as one set of Lance files, uncommitted (:class:`~robocache.data.build.write.Batch`). An
+   actor's CPU work (unpickling, tables, statistics, the Lance write) costs about as much as
+   a read task's, so by default half of each GPU's share of the cores are its actors; with
+   CPU actors Ray fuses the read into them (one operator: each actor reads, aligns and
+   writes), so by default there is one per CPU.
 3. **commit** (the driver, as results stream in): the files of up to ``COMMIT_EPISODES``
    finished episodes in one Lance commit per table
    (:class:`~robocache.data.build.commit.Committer`), so a killed job leaves whole episodes
@@ -45,7 +49,7 @@ import numpy as np
 from robocache._optional import require
 from robocache.data.build.align import align_batch
 from robocache.data.build.config import CacheConfig
-from robocache.data.build.read import open_specs, prepare_episode, single_core
+from robocache.data.build.read import open_specs, prepare_episode, retain_heap, single_core
 from robocache.data.build.run import _progress, _reason, locked_run
 from robocache.data.build.stats import Tally
 from robocache.data.build.write import Batch, episode_tables
@@ -104,10 +108,11 @@ def connect(address: str | None) -> None:
 @functools.lru_cache(maxsize=4)
 def _source(path: str, options: str, keys: tuple[str, ...] | None):
     """The opened source and its specs, once per worker process (then set up as a build's
-    worker process, :func:`~robocache.data.build.read.single_core`: each Ray task and actor
-    holds one CPU)."""
+    worker process, :func:`~robocache.data.build.read.retain_heap` and
+    :func:`~robocache.data.build.read.single_core`: each Ray task and actor holds one CPU)."""
     config = CacheConfig(source_options=json.loads(options),
                          keys=list(keys) if keys is not None else None)
+    retain_heap()
     opened = open_specs(path, config)
     single_core()
     return opened
@@ -224,7 +229,8 @@ def _commit_group(run, pending: list[tuple[list[int], list, Tally | None]], adva
 
 def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None = None, *,
                address: str | None = None, num_gpus: int | None = None,
-               workers: int | None = None, progress: bool = True,
+               workers: int | None = None, actors_per_gpu: int | None = None,
+               progress: bool = True,
                log: Callable[[str], None] | None = None, **overrides: Any) -> dict[str, Any]:
     """Build the cache of :func:`robocache.data.cache.build` with Ray (see the module docstring).
 
@@ -235,10 +241,12 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
         config: options, as for ``build``; keyword ``overrides`` replace its fields.
         address: Ray cluster (``auto``, ``host:port``, ``ray://host:port``); ``None`` starts a
             local Ray (or uses the one this process already initialized).
-        num_gpus: GPU actors aligning episodes (one GPU each); ``None``: every GPU of the
-            cluster; 0: CPU actors.
-        workers: CPU actors when ``num_gpus`` is 0 (default: half the cluster's CPUs, the other
-            half reading).
+        num_gpus: GPUs whose actors align episodes; ``None``: every GPU of the cluster; 0:
+            CPU actors.
+        workers: CPU actors when ``num_gpus`` is 0, each reading, aligning and writing
+            (default: one per CPU of the cluster).
+        actors_per_gpu: actors sharing each GPU (``num_gpus=1/actors_per_gpu`` and one CPU
+            each); default: half the cluster's CPUs per GPU, at least 1.
         progress: show a progress bar on stderr.
         log: where notices go, as for ``build``.
 
@@ -248,7 +256,8 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
     Raises:
         MissingDependencyError: Ray is not installed.
         ClusterError: nothing answers at ``address``.
-        DeviceError: ``num_gpus`` exceeds the GPUs of the cluster.
+        DeviceError: ``num_gpus`` exceeds the GPUs of the cluster, or ``workers`` or
+            ``actors_per_gpu`` is below 1.
         DataError, CacheBusyError, FileNotFoundError: as ``build``.
 
     Example:
@@ -256,6 +265,10 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
         >>> m["counts"]["cached"]  # doctest: +SKIP
         6
     """
+    for name, value in (("workers", workers), ("actors_per_gpu", actors_per_gpu)):
+        if value is not None and value < 1:
+            raise DeviceError(f"`{name}` (--{name.replace('_', '-')}) is {value}; pass a whole "
+                              "number of at least 1, or leave it out.")
     ray = _ray()
     with locked_run(source, dest, config, log=log, **overrides) as run:
         connect(address)
@@ -266,10 +279,21 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
         if num_gpus < 0 or num_gpus > have:
             raise DeviceError(f"`num_gpus` (--num-gpus) is {num_gpus} but the Ray cluster has "
                               f"{have} GPU(s); pass --num-gpus between 0 (CPU) and {have}.")
+        cpus = max(1, int(resources.get("CPU", 1)))
         if num_gpus:
-            actors, device, per_actor = num_gpus, "cuda", {"num_gpus": 1}
+            per_gpu = actors_per_gpu or max(1, cpus // num_gpus // 2)
+            if num_gpus * per_gpu >= cpus:
+                most = (cpus - 1) // num_gpus
+                raise DeviceError(
+                    f"{num_gpus} GPU(s) x {per_gpu} actors (--actors-per-gpu) take one CPU each "
+                    f"and the Ray cluster has {cpus}: no CPU left to read episodes; pass "
+                    + (f"--actors-per-gpu {most} or fewer." if most else
+                       f"--num-gpus {cpus - 1} or fewer." if cpus > 1 else
+                       "--num-gpus 0 on a cluster with more CPUs."))
+            actors, device = num_gpus * per_gpu, "cuda"
+            per_actor = {"num_gpus": 1 / per_gpu, "num_cpus": 1}
         else:
-            actors = workers or max(1, int(resources.get("CPU", 2)) // 2)
+            actors = workers or cpus
             device, per_actor = "cpu", {"num_cpus": 1}
         ray.data.DataContext.get_current().enable_progress_bars = False
         logging.getLogger("ray.data").setLevel(logging.ERROR)  # our bar and summary say it
@@ -284,7 +308,7 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                     run.passed(index, why)
                     advance(f"episode {index} ({why})")
             if todo:
-                groups = read_groups(run.src, todo, int(resources.get("CPU", 1)))
+                groups = read_groups(run.src, todo, cpus)
                 ds = ray.data.from_items([{"indices": g} for g in groups],
                                          override_num_blocks=min(len(groups), 4000))
                 ds = ds.map_batches(_read, batch_size=1, num_cpus=1,
@@ -315,4 +339,4 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                         pending, since = [], time.perf_counter()
                 if pending:
                     _commit_group(run, pending, advance)
-        return run.finish(device=f"{device} x{actors} (ray)")
+        return run.finish(device=f"{device} x{num_gpus or actors} (ray)")
