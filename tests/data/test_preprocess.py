@@ -145,6 +145,8 @@ def test_v3_files_are_read_once_per_group_and_equal_ingest(tmp_path, local_ray, 
     # a group of another file is filled up to READ_EPISODES
     assert read_groups(src, [0, 2, 3, 6]) == [[0, 2], [3, 6]]
     assert read_groups(src, list(range(7)), tasks=4) == [[0, 1], [2, 3], [4, 5], [6]]
+    # as many files as tasks or more: a file is never split
+    assert read_groups(src, list(range(7)), tasks=3) == [[0, 1, 2], [3, 4, 5], [6]]
     build(root, tmp_path / "ingest", rate_hz=RATE, device="cpu", progress=False)
     m = preprocess(root, tmp_path / "ray", rate_hz=RATE, progress=False)
     assert m["counts"]["cached"] == 7
@@ -152,9 +154,9 @@ def test_v3_files_are_read_once_per_group_and_equal_ingest(tmp_path, local_ray, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("actors_per_gpu", [1, None])
+@pytest.mark.parametrize("actors_per_gpu", [None, 2])
 def test_gpu_actors_match_ingest_on_cuda(tmp_path, source, local_ray, actors_per_gpu):
-    """One actor on the GPU, or the default on this 4-CPU Ray: two sharing it."""
+    """One actor on the GPU (the default), or two sharing it."""
     from robocache.distributed import preprocess
 
     build(source, tmp_path / "ingest", rate_hz=RATE, device="cuda", progress=False)

@@ -37,8 +37,7 @@ def preprocess(
                                               "aligning and writing (default: one per CPU of "
                                               "the cluster).")] = None,
     actors_per_gpu: Annotated[int, typer.Option(help="Actors sharing each GPU, one CPU each "
-                                                     "(default: half the cluster's CPUs per "
-                                                     "GPU).")] = None,
+                                                     "(default 1).")] = None,
     camera_quality: CameraQualityOpt = 95,
     camera_chroma: CameraChromaOpt = "444",
     **options,
