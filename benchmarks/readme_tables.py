@@ -247,8 +247,8 @@ ONLN = "4 streams (500/100/333 Hz + events) -> 50 Hz, history 2"
 ONLC = "camera 480x640 JPEG 30 Hz -> 224x224 float32, history 2"
 PRE = "benchmarks/results/preprocess-h200x4-2026-11-27-936286f.json"
 PREN = "240000ep-12s-numeric"
-RAY = "benchmarks/results/preprocess-h200x4-2026-11-27-4b4709d.json"
-RAYN = "61966ep-12s-numeric"
+RAY = "benchmarks/results/preprocess-h100x4-2026-11-28-424fcad.json"
+RAYN = "120000ep-12s-numeric"
 CAMX = "benchmarks/results/cameras-cpu-h200x4-2026-11-27-4b4709d.json"
 CAMXG = "benchmarks/results/cameras-gpu-h200x4-2026-11-27-4b4709d.json"
 CAMXN = "480x640-h264-prepare"
@@ -383,7 +383,7 @@ DATA = [
         lambda r: [("≥ 50 % of the read", _pre(r, "ingest node", "pct_raw_read") >= 50),
                    ("≤ 2 ms a core", r.ms("preprocess", "12s-numeric", "cpu total") <= 2)]),
     Row("cache build, the same episodes, `preprocess` on Ray with 1 / 2 / 4 GPUs (16 cores "
-        "each)", RAY,
+        "each), a 4 × H100 node", RAY,
         lambda r: [" / ".join(f"{_pre(r, f'preprocess {g} GPU', 'episodes_per_s', RAYN):.0f}"
                               for g in (1, 2, 4)) + " episodes/s", ""],
         lambda r: [(f"×{_pre(r, 'preprocess 2 GPU', 'speedup', RAYN):.2f} / "

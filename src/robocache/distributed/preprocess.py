@@ -131,9 +131,10 @@ def read_groups(src, indices: list[int], tasks: int = 1) -> list[list[int]]:
     least :data:`READ_EPISODES` and, while they are read from the same first file
     (``src.files``, when the reader tells), up to :data:`FILE_EPISODES`. A file's episodes
     are split over several groups only when there are fewer files than ``tasks`` (then into
-    about ``tasks`` groups): each group decodes its file again, and on one core reading a
-    500-episode data file of ``bench preprocess`` in groups of 90 cost 3.2-3.8 ms an episode
-    against 1.1-1.6 in one group."""
+    about ``tasks`` groups): each group decodes its file again. On one core, a 500-episode
+    data file of ``bench preprocess`` read in groups of 90 cost 3.1-4.0 ms an episode, whole
+    0.9-1.2 (benchmarks/profile_read_groups.py,
+    benchmarks/results/read-groups-cpu-vm-2026-11-28.txt)."""
     files = getattr(src, "files", None)
     keys = []
     for index in indices:
