@@ -274,7 +274,7 @@ def ray_run(root: Path, dest: Path, gpus: int, cpus: int, episodes: list[int]) -
     """Seconds ``robocache preprocess`` takes for ``episodes`` on a fresh local Ray given the
     first ``cpus`` cores of this machine (its processes pinned to them: they inherit this
     process's CPU affinity) and ``gpus`` GPU actors; ``gpus`` CPU actors stand in when fewer
-    GPUs are visible (``gpus`` 0: half the cores)."""
+    GPUs are visible (``gpus`` 0: the library's default, one per core)."""
     import ray
 
     from robocache.distributed import preprocess
@@ -288,8 +288,8 @@ def ray_run(root: Path, dest: Path, gpus: int, cpus: int, episodes: list[int]) -
         try:
             t0 = time.perf_counter()
             preprocess(root, dest, rate_hz=RATE, num_gpus=gpus if on_gpu else 0,
-                       episodes=episodes, workers=None if on_gpu else gpus or
-                       max(1, cpus // 2), progress=False)
+                       episodes=episodes, workers=None if on_gpu else gpus or None,
+                       progress=False)
             return time.perf_counter() - t0
         finally:
             ray.shutdown()
