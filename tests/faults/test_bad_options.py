@@ -167,10 +167,15 @@ def test_decreasing_timestamps_read_as_plain_numbers():
     assert "(0.2 > 0.1)" in str(e.value)
 
 
+# each episode read slowly and committed as soon as it is written (a build of a few small
+# episodes otherwise commits once, at its end, and a signal sent when the first commit shows
+# could land after the command is done)
 SLOW_CLI = """
 import sys, time
 import robocache.cli
+import robocache.data.build.run as run
 import robocache.data.formats as formats
+run.COMMIT_SECONDS = 0.0
 opened = formats.open_source
 def slow_open(*args, **kwargs):
     src = opened(*args, **kwargs)
