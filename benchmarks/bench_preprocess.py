@@ -41,7 +41,10 @@ inline, which the build JPEG-encodes), 500 episodes per data file. Cases (all ra
   ``g / G`` of the cores (``--gpus 1,2,4``; default every power of two up to the visible GPUs),
   the Ray processes pinned to those cores (CPU affinity); without GPUs, ``g`` CPU actors
   stand in (the plumbing, not a GPU result): episodes/s, MB/s, % of the raw read and the
-  speedup over the first count (targets >= 1.9x on 2 and >= 3.6x on 4). Each count builds
+  speedup over the first count (targets >= 1.9x on 2 and >= 3.6x on 4); and, from the
+  run's progress, when its first group of episodes was done (``start_s``: Ray's workers
+  starting, importing and reading their first files) and the rate after it
+  (``steady_episodes_per_s``, ``steady_speedup``), which a longer run approaches. Each count builds
   enough episodes for ~30 s at the rate a probe on the first count measured; a count whose
   run would end past ``--budget-s`` is recorded as skipped.
 
@@ -270,11 +273,14 @@ def gpu_counts(available: int, asked: str | None) -> list[int]:
     return [*counts, available] if available else [0]
 
 
-def ray_run(root: Path, dest: Path, gpus: int, cpus: int, episodes: list[int]) -> float:
-    """Seconds ``robocache preprocess`` takes for ``episodes`` on a fresh local Ray given the
-    first ``cpus`` cores of this machine (its processes pinned to them: they inherit this
-    process's CPU affinity) and ``gpus`` GPU actors; ``gpus`` CPU actors stand in when fewer
-    GPUs are visible (``gpus`` 0: the library's default, one per core)."""
+def ray_run(root: Path, dest: Path, gpus: int, cpus: int,
+            episodes: list[int]) -> tuple[float, list[tuple[float, int]]]:
+    """``(seconds, marks)``: the seconds ``robocache preprocess`` takes for ``episodes`` on a
+    fresh local Ray given the first ``cpus`` cores of this machine (its processes pinned to
+    them: they inherit this process's CPU affinity) and ``gpus`` GPU actors (``gpus`` CPU
+    actors stand in when fewer GPUs are visible; ``gpus`` 0: the library's default, one per
+    core), and its progress marks, ``(seconds since the start, episodes)`` as groups of
+    episodes finish (:func:`steady`)."""
     import ray
 
     from robocache.distributed import preprocess
@@ -286,11 +292,12 @@ def ray_run(root: Path, dest: Path, gpus: int, cpus: int, episodes: list[int]) -
         ray.init(num_cpus=cpus, num_gpus=gpus if on_gpu else 0, include_dashboard=False,
                  logging_level="ERROR", log_to_driver=False)
         try:
+            marks: list[tuple[float, int]] = []
             t0 = time.perf_counter()
             preprocess(root, dest, rate_hz=RATE, num_gpus=gpus if on_gpu else 0,
                        episodes=episodes, workers=None if on_gpu else gpus or None,
-                       progress=False)
-            return time.perf_counter() - t0
+                       progress=lambda _desc, n: marks.append((time.perf_counter() - t0, n)))
+            return time.perf_counter() - t0, marks
         finally:
             ray.shutdown()
     finally:
@@ -394,6 +401,17 @@ def _node(root: Path, dest: Path, name: str, episodes: int, samples: int, nbytes
     return rec
 
 
+def steady(marks: list[tuple[float, int]]) -> tuple[float | None, float | None]:
+    """``(start_s, episodes_per_s)`` of a run's progress marks: when the first group of
+    episodes finished (the workers' start-up, imports and first batch included), and the rate
+    from then to the last mark (None with fewer than two marks)."""
+    if not marks:
+        return None, None
+    (first, _), (last, _) = marks[0], marks[-1]
+    after = sum(n for _, n in marks[1:])
+    return first, (after / (last - first) if len(marks) > 1 and last > first else None)
+
+
 def _scaling(root: Path, tmp: Path, name: str, episodes: int, nbytes: int, raw: float,
              against: str, cores: int, asked: str | None, quick: bool, deadline: float,
              done) -> None:
@@ -404,7 +422,7 @@ def _scaling(root: Path, tmp: Path, name: str, episodes: int, nbytes: int, raw: 
     counts = gpu_counts(visible, asked)
     top = max(max(counts), 1)
     per_episode = nbytes / episodes
-    base = rate = None
+    base = rate = base_after = None
     for g in counts:
         cpus = min(cores, 2 if quick else max(2, cores * max(g, 1) // top))
         actors = "GPU" if g and visible >= g else "CPU"
@@ -415,24 +433,32 @@ def _scaling(root: Path, tmp: Path, name: str, episodes: int, nbytes: int, raw: 
             continue
         if rate is None:  # a probe on the first count sizes every run to ~TARGET_S
             probe = list(range(min(episodes, 16 if quick else 2000)))
-            rate = len(probe) / ray_run(root, tmp / "probe-cache", g, cpus, probe)
+            rate = len(probe) / ray_run(root, tmp / "probe-cache", g, cpus, probe)[0]
         scale = max(g, 1) / max(counts[0], 1)
         n = min(episodes, 24) if quick else min(episodes, max(16, int(rate * scale * TARGET_S)))
         if time.perf_counter() + n / (rate * scale) + 20 > deadline:
             done(H.case(FAMILY, name, label, H.summarize([0.0]), gpus=g, cpus=cpus,
                         skipped=True, note="skipped: past --budget-s"))
             continue
-        wall = ray_run(root, tmp / f"cache-{g}", g, cpus, list(range(n)))
+        wall, marks = ray_run(root, tmp / f"cache-{g}", g, cpus, list(range(n)))
         eps = n / wall
         base = base or eps
+        start_s, after = steady(marks)
+        if base_after is None:
+            base_after = after
+        then = "" if after is None else (
+            f"; first group done at {start_s:.1f} s, then {after:.0f} ep/s"
+            + (f" (x{after / base_after:.2f})" if base_after else ""))
         done(H.case(
             FAMILY, name, label, H.summarize([wall * 1e3]), nbytes=int(per_episode * n),
             gpus=g, actors=actors, cpus=cpus, batch=max(g, 1), episodes=n,
             episodes_per_s=eps, MBps=per_episode * eps / 1e6,
             pct_raw_read=100 * per_episode * eps / raw, speedup=eps / base,
+            start_s=start_s, steady_episodes_per_s=after,
+            steady_speedup=after / base_after if after and base_after else None,
             note=f"{eps:.0f} ep/s on {cpus} cores, x{eps / base:.2f} over "
                  f"{f'{counts[0]} {actors}' if counts[0] else 'CPU actors'}, "
-                 f"{100 * per_episode * eps / raw:.1f}% of {against}"
+                 f"{100 * per_episode * eps / raw:.1f}% of {against}{then}"
                  + ("" if actors == "GPU" or not g else "; CPU actors stand in (no GPU)")))
 
 

@@ -153,6 +153,22 @@ def test_v3_files_are_read_once_per_group_and_equal_ingest(tmp_path, local_ray, 
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
 
 
+def test_progress_callable_counts_every_episode(tmp_path, source, local_ray):
+    """``progress`` as a callable: ``(description, episodes)`` as episodes finish, every
+    episode of the source once (cached, or quarantined singly), in ingest and in preprocess."""
+    from robocache.distributed import preprocess
+
+    seen: dict[str, list] = {"ingest": [], "ray": []}
+    build(source, tmp_path / "ingest", rate_hz=RATE, device="cpu",
+          progress=lambda desc, n: seen["ingest"].append((desc, n)))
+    preprocess(source, tmp_path / "ray", rate_hz=RATE,
+               progress=lambda desc, n: seen["ray"].append((desc, n)))
+    for calls in seen.values():
+        assert sum(n for _, n in calls) == 7 and all(isinstance(d, str) for d, _ in calls)
+        assert sorted(d for d, _ in calls if "quarantined" in d) == [
+            f"episode {i} quarantined" for i in sorted(DEFECTS)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("actors_per_gpu", [None, 2])
 def test_gpu_actors_match_ingest_on_cuda(tmp_path, source, local_ray, actors_per_gpu):

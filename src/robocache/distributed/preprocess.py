@@ -48,7 +48,7 @@ from robocache._optional import require
 from robocache.data.build.align import align_batch
 from robocache.data.build.config import CacheConfig
 from robocache.data.build.read import open_specs, prepare_episode, retain_heap, single_core
-from robocache.data.build.run import _progress, _reason, locked_run
+from robocache.data.build.run import Progress, _progress, _reason, locked_run
 from robocache.data.build.stats import Tally
 from robocache.data.build.write import Batch, episode_tables
 from robocache.errors import ClusterError, DataError, DeviceError
@@ -235,7 +235,7 @@ def _commit_group(run, pending: list[tuple[list[int], list, Tally | None]], adva
 def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None = None, *,
                address: str | None = None, num_gpus: int | None = None,
                workers: int | None = None, actors_per_gpu: int | None = None,
-               progress: bool = True,
+               progress: bool | Progress = True,
                log: Callable[[str], None] | None = None, **overrides: Any) -> dict[str, Any]:
     """Build the cache of :func:`robocache.data.cache.build` with Ray (see the module docstring).
 
@@ -253,7 +253,9 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
         actors_per_gpu: actors sharing each GPU (``num_gpus=1/actors_per_gpu`` and one CPU
             each; default 1). More actors write more episodes at once and leave fewer CPUs
             to read (docs/scale-out.md has the measurements).
-        progress: show a progress bar on stderr.
+        progress: show a progress bar on stderr; or a callable ``(description, episodes)``,
+            called on the driver as episodes finish (cached ones when their group is
+            committed, skipped and quarantined ones singly), instead of the bar.
         log: where notices go, as for ``build``.
 
     Returns:

@@ -166,6 +166,8 @@ ALIGN_EPISODES = 64
 # A batch is committed at the latest this many seconds after its first episode, so a killed
 # build loses at most that much work, however slowly the source reads.
 COMMIT_SECONDS = 30.0
+# What a build reports its progress to instead of a bar: (description, episodes finished).
+Progress = Callable[[str, int], None]
 
 
 class Run:
@@ -379,7 +381,7 @@ def finish(dest: Path, header: dict[str, Any], *, wanted: list[int], done: set[i
 
 
 def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | None = None, *,
-          progress: bool = True, log: Callable[[str], None] | None = None,
+          progress: bool | Progress = True, log: Callable[[str], None] | None = None,
           **overrides: Any) -> dict[str, Any]:
     """Ingest a dataset into a training cache at ``dest`` (see the module docstring).
 
@@ -388,7 +390,9 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
             or an opened source.
         dest: cache directory (created; an existing cache of the same source resumes).
         config: options; keyword ``overrides`` replace its fields (``rate_hz=50.0``...).
-        progress: show a rich progress bar on stderr.
+        progress: show a rich progress bar on stderr; or a callable
+            ``(description, episodes)``, called in this process as episodes finish (cached,
+            skipped or quarantined), instead of the bar.
         log: where notices go (what ``overwrite`` removes); default: this module's logger.
 
     Returns:
@@ -471,12 +475,15 @@ def _settle(run: Run, group: list[Prepared], advance) -> None:
 
 
 class _progress:
-    """Context manager yielding ``advance(description, n=1)``; a rich bar when enabled."""
+    """Context manager yielding ``advance(description, n=1)``: a rich bar when ``enabled`` is
+    True, ``enabled`` itself when it is a callable (:data:`Progress`), else nothing."""
 
-    def __init__(self, enabled: bool, total: int, label: str = "ingest"):
+    def __init__(self, enabled: bool | Progress, total: int, label: str = "ingest"):
         self.enabled, self.total, self.label, self.bar = enabled, total, label, None
 
     def __enter__(self):
+        if callable(self.enabled):
+            return lambda desc, n=1: self.enabled(desc, n)
         if not self.enabled:
             return lambda _desc, n=1: None
         from rich.progress import (
