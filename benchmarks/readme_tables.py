@@ -249,6 +249,8 @@ PRE = "benchmarks/results/preprocess-h200x4-2026-11-27-936286f.json"
 PREN = "240000ep-12s-numeric"
 RAY = "benchmarks/results/preprocess-h100x4-2026-11-28-424fcad.json"
 RAYN = "120000ep-12s-numeric"
+RAY200 = "benchmarks/results/preprocess-h200x4-2026-11-27-4b4709d.json"
+RAY200N = "61966ep-12s-numeric"
 CAMX = "benchmarks/results/cameras-cpu-h200x4-2026-11-27-4b4709d.json"
 CAMXG = "benchmarks/results/cameras-gpu-h200x4-2026-11-27-4b4709d.json"
 CAMXN = "480x640-h264-prepare"
@@ -382,14 +384,15 @@ DATA = [
                    "the statistics", ""],
         lambda r: [("≥ 50 % of the read", _pre(r, "ingest node", "pct_raw_read") >= 50),
                    ("≤ 2 ms a core", r.ms("preprocess", "12s-numeric", "cpu total") <= 2)]),
-    Row("cache build, the same episodes, `preprocess` on Ray with 1 / 2 / 4 GPUs (16 cores "
-        "each), a 4 × H100 node", RAY,
-        lambda r: [" / ".join(f"{_pre(r, f'preprocess {g} GPU', 'episodes_per_s', RAYN):.0f}"
-                              for g in (1, 2, 4)) + " episodes/s", ""],
-        lambda r: [(f"×{_pre(r, 'preprocess 2 GPU', 'speedup', RAYN):.2f} / "
-                    f"×{_pre(r, 'preprocess 4 GPU', 'speedup', RAYN):.2f} ≥ ×1.9 / ×3.6",
-                    _pre(r, "preprocess 2 GPU", "speedup", RAYN) >= 1.9
-                    and _pre(r, "preprocess 4 GPU", "speedup", RAYN) >= 3.6)]),
+    *(Row("cache build, the same episodes, `preprocess` on Ray with 1 / 2 / 4 GPUs (16 cores "
+          f"each), a 4 × {card} node", rel,
+          lambda r, n=n: [" / ".join(f"{_pre(r, f'preprocess {g} GPU', 'episodes_per_s', n):.0f}"
+                                     for g in (1, 2, 4)) + " episodes/s", ""],
+          lambda r, n=n: [(f"×{_pre(r, 'preprocess 2 GPU', 'speedup', n):.2f} / "
+                           f"×{_pre(r, 'preprocess 4 GPU', 'speedup', n):.2f} ≥ ×1.9 / ×3.6",
+                           _pre(r, "preprocess 2 GPU", "speedup", n) >= 1.9
+                           and _pre(r, "preprocess 4 GPU", "speedup", n) >= 3.6)])
+      for card, rel, n in (("H100", RAY, RAYN), ("H200", RAY200, RAY200N))),
     Row("camera ingest, 480×640 H.264 → JPEG q95 4:4:4, the same node's 64 cores", CAMX,
         lambda r: [f"**{rate(_fps(r, CAMXN, 'cpu-w64'))} frames/s** "
                    f"({_fps(r, CAMXN, 'cpu-w64') / 64:.0f} a core, "
