@@ -4,6 +4,7 @@ one intra-op thread).
     $ python benchmarks/profile_online.py                          # CPU, eager core
     $ python benchmarks/profile_online.py --device cuda [--compile] # GPU: also the graph alone
     $ python benchmarks/profile_online.py ... --many                # push_many per stream
+    $ python benchmarks/profile_online.py ... --cprofile            # + Python functions
     $ python benchmarks/profile_online.py --camera --device cuda    # the camera case
 
 Prints, over 1,200 ticks after 200 warm-up ticks, p50 / p99 microseconds of the pushes of a
@@ -13,7 +14,9 @@ tick, of the observation, and inside it of the snapping of new samples onto the 
 observation is the host work a GPU tick keeps. Then the torch operators of one core call
 (views, and the others: one kernel each in a CUDA graph) and of a
 tick's pushes. On a GPU it also prints the captured graph's own time (CUDA events around
-replays of it alone) and the kernels one replay launches (torch.profiler).
+replays of it alone) and the kernels one replay launches (torch.profiler). ``--cprofile``:
+then the same ticks again under cProfile, the Python functions and builtins by their own time
+per tick (the profiler's own cost included: it ranks them, the timings above measure).
 
 ``--camera``: the camera case (a 480x640 JPEG camera at 30 Hz served at 224x224, history 2):
 p50 / p99 of the pushes, the observation and, on the ticks whose window changed, its decode
@@ -59,7 +62,10 @@ def main() -> None:
     ap.add_argument("--many", action="store_true", help="one push_many per stream and tick "
                     "(the bench's push_many rows) instead of a push per message")
     ap.add_argument("--camera", action="store_true", help="the camera case instead")
+    ap.add_argument("--cprofile", action="store_true", help="also the numeric ticks under "
+                    "cProfile: the Python functions by their own time")
     a = ap.parse_args()
+    cprofile = a.cprofile
     torch.set_num_threads(1)
     cuda = a.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -111,6 +117,32 @@ def main() -> None:
                 push(name, t + 1.0, v)
         print(f"core operators: {core.count['views']} views, {core.count['other']} others; "
               f"torch operators in {len(log[-1])} pushes: {sum(pushes.count.values())}")
+        if cprofile:
+            functions(obs, log, 200, push, sync)
+
+
+def functions(obs, log, first, push, sync) -> None:
+    """The ticks of ``log[first:]`` again, a whole log later (their times shifted by the log's
+    length), under cProfile: the 15 Python functions and builtins taking most of their own
+    time, per tick."""
+    import cProfile
+    import pstats
+
+    later, ticks = len(log), log[first:]
+    prof = cProfile.Profile()
+    prof.enable()
+    for k, msgs in enumerate(ticks, first + later):
+        for name, t, v in msgs:
+            push(name, t + later / B.RATE, v)
+        obs.observation(k / B.RATE + B.LAG_S)
+        sync()
+    prof.disable()
+    print(f"cProfile, own time per tick over {len(ticks)} ticks (the profiler's cost included):")
+    stats = pstats.Stats(prof).stats
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:15]
+    for (path, line, fn), (_, calls, own, _, _) in rows:
+        where = f"{Path(path).name}:{line}({fn})" if line else fn
+        print(f"  {own / len(ticks) * 1e6:7.2f} us  {calls / len(ticks):5.1f} calls  {where}")
 
 
 def _report(times: dict[str, list[float]]) -> None:

@@ -887,16 +887,17 @@ class Observer:
         # the step's time and index: host scalars the GPU tick refills, as it does the graph's
         # outputs, instead of two tensors made per tick
         self._step = (torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.int64))
+        self._step_np = tuple(x.numpy() for x in self._step)  # (their stores, no view per tick)
 
     def _assemble(self, outs, k: int, timestamp: float) -> dict[str, Any]:
         if self._graph is None:
             out: dict[str, Any] = {"timestamp": torch.tensor(timestamp, dtype=torch.float64),
                                    "index": torch.tensor(k, dtype=torch.int64)}
         else:
-            ts, index = self._step
-            ts.numpy()[()] = timestamp
-            index.numpy()[()] = k
-            out = {"timestamp": ts, "index": index}
+            ts, index = self._step_np
+            ts[()] = timestamp
+            index[()] = k
+            out = {"timestamp": self._step[0], "index": self._step[1]}
         if self._served is not None:  # the graph's outputs, viewed once
             out.update(self._served)
         else:
