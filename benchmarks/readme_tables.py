@@ -242,7 +242,7 @@ TV224 = tuple(f"benchmarks/results/train_vision-stored224-h100-2026-11-26-ab76e9
               for i in (1, 2))
 TVN224 = "resnet18-480x640-stored224x224-to224-b64-cams2-t2-e120"
 LRT = "benchmarks/results/lerobot_train-cuda-h200-2026-11-27.json"
-ONL = "benchmarks/results/online-h100-2026-11-27-17d991a.json"
+ONL = "benchmarks/results/online-h100-2026-11-28-da982d4.json"
 ONLN = "4 streams (500/100/333 Hz + events) -> 50 Hz, history 2"
 ONLC = "camera 480x640 JPEG 30 Hz -> 224x224 float32, history 2"
 PRE = "benchmarks/results/preprocess-h200x4-2026-11-27-936286f.json"
