@@ -64,21 +64,20 @@ def main() -> None:
     ap.add_argument("--camera", action="store_true", help="the camera case instead")
     ap.add_argument("--cprofile", action="store_true", help="also the numeric ticks under "
                     "cProfile: the Python functions by their own time")
-    a = ap.parse_args()
-    cprofile = a.cprofile
+    opts = ap.parse_args()
     torch.set_num_threads(1)
-    cuda = a.device.startswith("cuda")
+    cuda = opts.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    if a.camera:
-        camera(a.device, sync)
+    if opts.camera:
+        camera(opts.device, sync)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        obs = B._observer(B.make_cache(Path(tmp) / "numeric"), a.device, a.compile)
+        obs = B._observer(B.make_cache(Path(tmp) / "numeric"), opts.device, opts.compile)
         log = B.message_log(1400, np.random.default_rng(1))
-        push = obs.push_many if a.many else obs.push
-        if a.many:
+        push = obs.push_many if opts.many else obs.push
+        if opts.many:
             log = B.batched(log)
-        B.per_tick_us(obs, log[:200], sync, a.many)
+        B.per_tick_us(obs, log[:200], sync, opts.many)
         times: dict[str, list[float]] = {"push": [], "observation": [], "snap": [],
                                          "core": [], "serve": []}
 
@@ -117,7 +116,7 @@ def main() -> None:
                 push(name, t + 1.0, v)
         print(f"core operators: {core.count['views']} views, {core.count['other']} others; "
               f"torch operators in {len(log[-1])} pushes: {sum(pushes.count.values())}")
-        if cprofile:
+        if opts.cprofile:
             functions(obs, log, 200, push, sync)
 
 
