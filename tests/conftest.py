@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import tempfile
 
 import helpers
 import numpy as np
@@ -21,6 +22,9 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+# served indexes (robocache.data.served) of this session's caches: in a folder of its own,
+# never the user's ~/.cache
+os.environ.setdefault("ROBOCACHE_SERVE_DIR", tempfile.mkdtemp(prefix="robocache-serve-"))
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

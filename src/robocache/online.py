@@ -979,7 +979,8 @@ class Observer:
     def _decode_serve(self, cams, batch: list[list[Any]]) -> list[torch.Tensor | None]:
         """Each camera's frames (``batch``: the pushed frames, in time order) decoded in one
         :func:`~robocache.data.cameras.decode_all` call, then served (``None``: no frame)."""
-        from robocache.data.cameras import EncodedFrames, decode_all, serve
+        from robocache.data.cameras import decode_all, serve
+        from robocache.data.frames import EncodedFrames
 
         jobs, raws = [], []
         for (s, _, _), frames in zip(cams, batch, strict=True):
@@ -1006,7 +1007,8 @@ class Observer:
     def _frame(self, s: _StreamSpec, frame) -> torch.Tensor:
         """One pushed frame (an array, a tensor or encoded bytes): uint8 ``[C, H, W]`` on the
         device."""
-        from robocache.data.cameras import EncodedFrames, decode_all
+        from robocache.data.cameras import decode_all
+        from robocache.data.frames import EncodedFrames
 
         if isinstance(frame, (bytes, bytearray)):
             spec = self.manifest["streams"][s.name]

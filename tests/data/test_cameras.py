@@ -278,7 +278,7 @@ def test_an_error_preparing_a_camera_batch_is_raised_to_the_caller(h264_cache, m
 def test_decode_decodes_each_distinct_frame_once(h264_cache, monkeypatch):
     from robocache.data import cameras
 
-    frames = RobotDataset(h264_cache, keys=[CAM]).frames[CAM]
+    frames = RobotDataset(h264_cache, keys=[CAM], in_memory=True).frames[CAM]
     rows = torch.tensor([[3, 0], [3, 3], [len(frames) - 1, 0]])
     sliced = []
     slices = cameras.EncodedFrames.slices
@@ -331,7 +331,7 @@ def test_decode_all_rows_in_order_need_no_gather(h264_cache, monkeypatch, device
     (the same frames in the same decode batch: nvJPEG's output can depend on the batch)."""
     from robocache.data import cameras
 
-    frames = RobotDataset(h264_cache, keys=[CAM]).frames[CAM]
+    frames = RobotDataset(h264_cache, keys=[CAM], in_memory=True).frames[CAM]
     in_order, mixed = torch.arange(3), torch.tensor([[2, 0], [2, 2]])
     unique = torch.unique
     seen = []

@@ -227,7 +227,8 @@ def test_delta_timestamps_validation(tmp_path, rng):
 
 def test_key_values_from_an_unaligned_slice():
     # key_windows' CUDA outputs are views of one buffer: an int64 key may start 4 bytes off
-    from robocache.data.dataset import _Key, _words
+    from robocache.data.dataset import _Key
+    from robocache.data.served import _words
 
     v = torch.arange(-3, 3, dtype=torch.int64).reshape(3, 2)
     buf = torch.cat([torch.zeros(3, dtype=torch.int32),

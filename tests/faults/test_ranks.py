@@ -15,6 +15,7 @@ import warnings
 
 import faultlib as fl
 import pytest
+import torch
 
 from robocache.data import RobotDataset
 from robocache.data.cache import build
@@ -147,34 +148,39 @@ def test_lerobot_dataset_serves_an_edited_source_as_it_is_now(pristine, tmp_path
     assert ok and not [w for w in said if "changed since" in str(w.message)]
 
 
-def test_a_scan_that_finds_a_compacted_file_gone_reads_the_newer_version(tmp_path,
+def test_a_scan_that_finds_a_compacted_file_gone_reads_the_newer_version(pristine, tmp_path,
                                                                          monkeypatch):
     """A reader's scan overlapping a build's compaction and version cleanup: the file it
     listed is gone; the table is read again at the newer version, with the same rows."""
-    import lance
     import pyarrow as pa
 
-    from robocache.data import snapshot
+    from robocache.data.location import Location
 
-    uri = tmp_path / "t.lance"
-    table = pa.table({"episode_index": [0, 0, 1], "x": [1.0, 2.0, 3.0]})
-    lance.write_dataset(table, str(uri))
-    real, calls = lance.dataset, []
+    _, clean = pristine["lerobot-v3.0"]
+    want = RobotDataset(clean, in_memory=True)[list(range(5))]
+    real, calls = Location.lance, []
 
     class Vanished:
         def __init__(self, inner):
             self.inner = inner
 
-        def to_table(self, **kw):
-            raise pa.ArrowInvalid("Not found: t.lance/data/gone.lance")
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
 
-    def opened(path, *a, **kw):
-        calls.append(path)
-        return Vanished(real(path)) if len(calls) == 1 else real(path, *a, **kw)
+        def to_batches(self, **kw):
+            raise pa.ArrowInvalid("Not found: data.lance/data/gone.lance")
 
-    monkeypatch.setattr(lance, "dataset", opened)
-    assert snapshot.read_table(uri, ["x"]).column("x").to_pylist() == [1.0, 2.0, 3.0]
-    assert len(calls) == 2
-    monkeypatch.setattr(lance, "dataset", lambda p, *a, **k: Vanished(None))
+    def opened(self, rel, *a, **kw):
+        calls.append(rel)
+        table = real(self, rel, *a, **kw)
+        return Vanished(table) if len(calls) == 1 else table
+
+    monkeypatch.setenv("ROBOCACHE_SERVE_DIR", str(tmp_path / "serve2"))
+    monkeypatch.setattr(Location, "lance", opened)
+    got = RobotDataset(clean)[list(range(5))]
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert calls.count("data.lance") == 2
+    monkeypatch.setenv("ROBOCACHE_SERVE_DIR", str(tmp_path / "serve3"))
+    monkeypatch.setattr(Location, "lance", lambda self, rel, *a, **k: Vanished(real(self, rel)))
     with pytest.raises(pa.ArrowInvalid, match="Not found"):  # still gone: said, not hidden
-        snapshot.read_table(uri)
+        RobotDataset(clean)

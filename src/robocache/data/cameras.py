@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -55,6 +55,7 @@ import torch
 from robocache._optional import require
 from robocache.data import jpeg
 from robocache.data.episode import Episode, Stream, StreamSpec
+from robocache.data.frames import EncodedFrames
 from robocache.errors import DataError
 from robocache.observability import metrics
 
@@ -1005,88 +1006,18 @@ def node_workers(workers: int, decoder: str) -> tuple[int, tuple[int, ...]]:
     return max(1, workers - LANE_CORES * len(gpus)), gpus
 
 
-@dataclass
-class EncodedFrames:
-    """One camera's encoded frames, packed: ``data`` uint8 ``[bytes]`` and ``offsets`` int64
-    ``[F + 1]`` (frame i is ``data[offsets[i]:offsets[i+1]]``), in (episode, frame) order;
-    ``frame_shape`` is a decoded frame's (``[H, W, C]`` or ``[H, W]``)."""
-
-    data: torch.Tensor
-    offsets: torch.Tensor
-    frame_shape: tuple[int, ...]
-    dtype: str
-    codec: str = "jpeg"
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """``(frames, *frame_shape)``, as the decoded frames would be."""
-        return (len(self), *self.frame_shape)
-
-    @property
-    def channels(self) -> int:
-        return self.frame_shape[2] if len(self.frame_shape) == 3 else 1
-
-    @staticmethod
-    def cat(parts: list[EncodedFrames], blank: bool = False) -> EncodedFrames:
-        """Frames of several caches one after the other (plus one all-zero frame at the end
-        when ``blank``, for rows whose source lacks the camera).
-
-        Raises:
-            DataError: the parts differ in frame shape, dtype or codec.
-        """
-        first = parts[0]
-        if any((p.frame_shape, p.dtype, p.codec) != (first.frame_shape, first.dtype, first.codec)
-               for p in parts):
-            raise DataError("camera frames differ in shape, dtype or codec between caches "
-                            f"({sorted({(p.frame_shape, p.dtype, p.codec) for p in parts})}); "
-                            "ingest them with the same --camera-codec and frame size.")
-        datas = [p.data for p in parts]
-        if blank:
-            zero = np.zeros(first.frame_shape, np.dtype(first.dtype))
-            datas.append(torch.frombuffer(bytearray(encode(zero, first.codec, DEFAULT_QUALITY)),
-                                          dtype=torch.uint8))
-        sizes = torch.tensor([0] + [d.numel() for d in datas]).cumsum(0)
-        offsets = [p.offsets[:-1] + sizes[i] for i, p in enumerate(parts)]
-        if blank:
-            offsets.append(sizes[-2:-1])
-        return EncodedFrames(torch.cat(datas), torch.cat([*offsets, sizes[-1:]]),
-                             first.frame_shape, first.dtype, first.codec)
-
-    @classmethod
-    def from_table(cls, table, shape, dtype: str, codec: str) -> EncodedFrames:
-        pa = require("pyarrow", "data", "Arrow tables")
-
-        col = table.column("encoded").combine_chunks().cast(pa.large_binary())
-        offsets = np.frombuffer(col.buffers()[1], np.int64)[col.offset:col.offset + len(col) + 1]
-        values = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
-        return cls(torch.from_numpy(values.copy()), torch.from_numpy(offsets - offsets[0]),
-                   tuple(shape), dtype, codec)
-
-    def __len__(self) -> int:
-        return int(self.offsets.shape[0]) - 1
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.numel())
-
-    def slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        """Frame ``i``'s bytes for each ``i`` of ``rows`` (int ``[F]``), as views of ``data``."""
-        rows = rows.cpu()
-        off, end = self.offsets[rows].tolist(), self.offsets[rows + 1].tolist()
-        return [self.data[a:b] for a, b in zip(off, end, strict=True)]
-
-
-def decode(frames: EncodedFrames, rows: torch.Tensor, device: torch.device | str = "cpu"
-           ) -> torch.Tensor:
+def decode(frames, rows: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
     """Decode the frames at ``rows`` (int ``[...]``): uint8 ``[..., C, H, W]`` (uint16 for
     depth) on ``device``: one nvJPEG batch on CUDA (``torchvision.io.decode_jpeg``; without
     torchvision, or for PNG, Pillow then a copy), Pillow on a thread pool on the CPU."""
     return decode_all([(frames, rows)], device)[0]
 
 
-def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
+def decode_all(cameras: list[tuple[Any, torch.Tensor]],
                device: torch.device | str = "cpu") -> list[torch.Tensor]:
-    """:func:`decode` of several cameras' ``(frames, rows)``: the rows come to the host in
+    """:func:`decode` of several cameras' ``(frames, rows)`` (``frames`` any store of
+    :mod:`robocache.data.frames`; one not in memory reads the rows' frames first): the rows
+    come to the host in
     one copy (one sync when they live on the GPU), and on CUDA the RGB JPEG cameras' frames
     are decoded in one nvJPEG batch. Each distinct frame of a camera is decoded once (rows
     repeat at padded steps, in overlapping windows, and at a mixture's blank frame for the
@@ -1094,6 +1025,8 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
     device = torch.device(device)
     if not cameras:
         return []
+    # a store that is not in memory (the cache's frame table) reads the frames asked for
+    cameras = [(f, r) if isinstance(f, EncodedFrames) else f.read(r) for f, r in cameras]
     flat = [r.reshape(-1) for _, r in cameras]
     host = torch.cat(flat).cpu().split([r.numel() for r in flat])
     # each distinct frame and where each row's is; rows that are already 0, 1, ... (every row
@@ -1115,7 +1048,12 @@ def decode_all(cameras: list[tuple[EncodedFrames, torch.Tensor]],
     decode_jpeg = _nvjpeg() if batch else None
     if decode_jpeg is not None:
         parts = [p for i in batch for p in cameras[i][0].slices(distinct[i][0])]
-        frames = decode_jpeg(parts, mode="RGB", device=device) if parts else []
+        try:
+            frames = decode_jpeg(parts, mode="RGB", device=device) if parts else []
+        except RuntimeError:  # name the frame: the CPU decoder says which one it is
+            for i in batch:
+                _decode_cpu(cameras[i][0], distinct[i][0], torch.device("cpu"))
+            raise
         metrics.count_frames("nvjpeg", len(parts))
         for i in batch:  # each camera stacked, its per-frame tensors freed
             f, n = cameras[i][0], distinct[i][0].numel()
@@ -1154,8 +1092,15 @@ def _decode_cpu(frames: EncodedFrames, rows: torch.Tensor, device: torch.device
                     return
             except ValueError:  # a JPEG libjpeg-turbo's TurboJPEG API does not read
                 pass
-        with _pil().open(io.BytesIO(data.tobytes())) as im:
-            out[i] = np.asarray(im.convert("RGB") if c == 3 else im).reshape(h, w, c)
+        try:
+            with _pil().open(io.BytesIO(data.tobytes())) as im:
+                out[i] = np.asarray(im.convert("RGB") if c == 3 else im).reshape(h, w, c)
+        except (OSError, ValueError, SyntaxError) as e:  # Pillow's errors for bad images
+            raise DataError(f"{frames.describe(int(rows[i]))}: the stored frame cannot be "
+                            f"decoded as a {h}x{w}x{c} {frames.codec.upper()} image "
+                            f"({type(e).__name__}: {e}); rebuild the cache's episode (`robocache "
+                            "ingest ... --rebuild-changed` after repairing the source), or "
+                            "leave the episode out (`episodes=`).") from e
 
     with ThreadPoolExecutor(_threads()) as pool:
         list(pool.map(one, range(len(parts))))

@@ -4,9 +4,13 @@
     >>> ds[0]["action"].shape, ds[0]["observation.state"].shape
     (torch.Size([16, 8]), torch.Size([2, 8]))
 
-The cache's streams are loaded once into one packed CPU matrix (``[total, words]``: every
-key's values as raw int32 words, so each keeps its dtype bit for bit, + episode offsets like
-FlashAttention's ``cu_seqlens``); a window is a gather of each key's row offsets (rows
+Serving is out of core. The served keys' numeric values sit in one packed matrix
+(``[total, words]``: every key's values as raw int32 words, so each keeps its dtype bit for
+bit, + episode offsets like FlashAttention's ``cu_seqlens``), memory-mapped from the machine's
+served index (:mod:`robocache.data.served`: made once per machine, shared by every process
+there through the page cache); camera frames stay in the cache and are read per batch, only
+the frames the batch needs (:mod:`robocache.data.frames`), from a local directory or an
+object store (``s3://``, ``gs://``, ``az://``). A window is a gather of each key's row offsets (rows
 ``t-(h-1)..t`` for observations, ``t..t+H-1`` for actions, or LeRobot's per-key
 ``delta_timestamps``) inside the episode, edge-padded, through :func:`robocache.key_windows` —
 on the GPU when the dataset is moved there (:meth:`RobotDataset.to`), on the CPU in DataLoader
@@ -18,7 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,8 @@ import torch
 
 from robocache._optional import require
 from robocache.data import snapshot, source_identity
+from robocache.data.location import Location
+from robocache.data.served import Column, Served, open_served
 from robocache.errors import DataError
 
 Batch = dict[str, torch.Tensor]
@@ -53,15 +59,6 @@ class _Key:
         if raw.storage_offset() % self.dtype.itemsize:  # a slice of a shared buffer (CUDA)
             raw = raw.clone(memory_format=torch.contiguous_format)
         return raw.view(self.dtype)
-
-
-def _words(values: np.ndarray) -> np.ndarray:
-    """``[n, ...]`` values of any dtype as int32 words ``[n, ceil(bytes / 4)]``."""
-    raw = np.ascontiguousarray(values).reshape(len(values), -1).view(np.uint8)
-    extra = -raw.shape[1] % 4
-    if extra:
-        raw = np.concatenate([raw, np.zeros((len(raw), extra), np.uint8)], 1)
-    return np.ascontiguousarray(raw).view(np.int32)
 
 
 def seconds_to_steps(delta_timestamps: dict[str, Sequence[float]], rate_hz: float,
@@ -103,7 +100,7 @@ class RobotDataset(torch.utils.data.Dataset):
     """Windows over a RoboCache cache (see :func:`robocache.cache.build`).
 
     Args:
-        cache: cache directory.
+        cache: the cache: a directory, or a URI ``s3://bucket/prefix`` (``gs://``, ``az://``).
         history: observation steps per sample (rows ``t-(history-1)..t``), >= 1.
         horizon: action steps per sample (rows ``t..t+horizon-1``), >= 0.
         keys: streams to serve (default: every numeric and image stream of the cache).
@@ -127,6 +124,14 @@ class RobotDataset(torch.utils.data.Dataset):
             uint8.
         seed: seed of the camera transforms (the same seed and batch order give the same
             batches).
+        storage_options: object-store settings for a URI ``cache`` (Lance's names, e.g.
+            ``{"aws_region": "us-west-2", "aws_endpoint": "http://127.0.0.1:9000"}``;
+            credentials otherwise from the standard environment variables, see
+            :mod:`robocache.data.location`).
+        in_memory: copy the served steps and every served camera frame into this process's
+            memory at open (each process its own copy), instead of mapping the machine's
+            served index and reading frames per batch. For small caches read many times by
+            one process; the default serves any size with memory shared by the machine.
 
     Items (``ds[i]``, or ``ds[list_of_i]`` for a batch with a leading ``B``): for each
     observation key ``[history, D]``, for each action key ``[horizon, D]`` (with per-key
@@ -141,11 +146,17 @@ class RobotDataset(torch.utils.data.Dataset):
     complete version is served, with a warning naming the writer (see
     :mod:`robocache.data.snapshot`).
 
+    Pickling (DataLoader workers under ``fork``, ``spawn`` or ``forkserver``) carries the
+    settings and the served index's folder, never the arrays: each process maps the same
+    files and opens the cache's frame tables itself.
+
     Raises:
         FileNotFoundError: no cache at ``cache``.
         DataError: a cache never complete yet (naming its live writer), a key the cache
-            lacks, a non-servable (event) key, bad history/horizon/pad, or bad
-            ``delta_timestamps`` (see :func:`seconds_to_steps`).
+            lacks, a non-servable (event) key, bad history/horizon/pad, bad
+            ``delta_timestamps`` (see :func:`seconds_to_steps`), an object store that fails
+            (one line naming the URI and the fix), or a served index that cannot be made
+            (see :func:`robocache.data.served.open_served`).
     """
 
     def __init__(self, cache: str | Path, *, history: int = 1, horizon: int = 0,
@@ -154,37 +165,41 @@ class RobotDataset(torch.utils.data.Dataset):
                  delta_steps: dict[str, Sequence[int]] | None = None,
                  tolerance_s: float = 1e-4, episodes: Sequence[int] | None = None,
                  image_size: tuple[int, int] | None = None, image_transforms: Any = None,
-                 image_dtype: torch.dtype = torch.float32, seed: int = 0):
+                 image_dtype: torch.dtype = torch.float32, seed: int = 0,
+                 storage_options: Mapping[str, Any] | None = None, in_memory: bool = False):
         from robocache.ops.normalize import Stats
 
         require("lance", "data", "The Lance cache", "pylance")
-        pa = require("pyarrow", "data", "Arrow tables")
-        pc = require("pyarrow.compute", "data", "Arrow tables")
-
-        self.path = Path(cache)
-        manifest_path = self.path / "manifest.json"
-        if not manifest_path.exists():
-            raise FileNotFoundError(f"{self.path} is not a RoboCache cache (no manifest.json); "
-                                    "build one with `robocache ingest SOURCE DEST`.")
+        self.location = Location(cache, storage_options)
+        self.path = self.location.path  # None for a cache in an object store
+        try:
+            written = json.loads(self.location.read_text("manifest.json"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.location} is not a RoboCache cache (no "
+                                    "manifest.json); build one with `robocache ingest SOURCE "
+                                    "DEST`.") from None
+        except ValueError as e:
+            raise DataError(f"{self.location.child('manifest.json')} is not valid JSON ({e}); "
+                            "the cache is damaged: rebuild it with `robocache ingest SOURCE "
+                            "DEST --overwrite`.") from e
         if history < 1 or horizon < 0:
             raise DataError(f"`history` must be >= 1 and `horizon` >= 0; got {history}, "
                             f"{horizon}.")
         if pad not in ("edge", "zero"):
             raise DataError(f"`pad` must be 'edge' or 'zero'; got {pad!r}.")
         # while another process extends the cache: its last complete version
-        written = json.loads(manifest_path.read_text())
-        self.manifest = snapshot.servable(self.path, written)
+        self.manifest = snapshot.servable(self.location, written)
         if self.manifest is not written and episodes is None:
             episodes = [e["index"] for e in self.manifest["episodes"]]
-        source_identity.warn_if_changed(self.path, self.manifest)  # an edited source: say so
+        source_identity.warn_if_changed(self.location.uri, self.manifest)  # an edited source
         self.history, self.horizon, self.pad = history, horizon, pad
         streams = self.manifest["streams"]
         servable = [k for k, s in streams.items() if s["kind"] in ("numeric", "image", "video")]
         keys = list(keys) if keys is not None else servable
         bad = [k for k in keys if k not in servable]
         if bad:
-            raise DataError(f"`keys` {bad} are not servable streams of {self.path}; servable: "
-                            f"{servable}.")
+            raise DataError(f"`keys` {bad} are not servable streams of {self.location}; "
+                            f"servable: {servable}.")
         if delta_timestamps is not None and delta_steps is not None:
             raise DataError("pass `delta_timestamps` (seconds) or `delta_steps`, not both.")
         if delta_timestamps is not None:
@@ -216,70 +231,84 @@ class RobotDataset(torch.utils.data.Dataset):
         self.image_size, self.image_transforms = image_size, image_transforms
         self.image_dtype, self._rng = image_dtype, torch.Generator().manual_seed(seed)
         stats = self.manifest["stats"] if "stats" in self.manifest else \
-            json.loads((self.path / self.manifest["stats_path"]).read_text())
+            json.loads(self.location.read_text(self.manifest["stats_path"]))
         # stats normalize float streams; integer and bool streams are served as stored
         self.stats = {k: Stats.from_dict(v) for k, v in stats.items() if k in keys
                       and np.dtype(streams[k]["dtype"]).kind == "f"}
 
-        if not (self.path / "data.lance").exists():
+        if not self.manifest["episodes"]:
             reasons = "; ".join(f"episode {q['index']}: {q['reason']}"
                                 for q in self.manifest["quarantined"][:3])
-            raise DataError(f"{self.path} holds no cached episodes "
+            raise DataError(f"{self.location} holds no cached episodes "
                             f"({len(self.manifest['quarantined'])} quarantined: {reasons}).")
-        columns = ["episode_index", "step", "timestamp", "task"]
-        for k in keys:
-            col = streams[k]["column"]
-            columns += [f"{col}/frame" if k in self.image_keys else col, f"{col}_is_pad"]
         if episodes is not None:
             cached = {e["index"] for e in self.manifest["episodes"]}
             missing = sorted(set(map(int, episodes)) - cached)
             if missing or not len(episodes):
                 raise DataError(f"`episodes` must name cached episodes; {missing or 'none'} "
-                                f"given are not in {self.path} (cached: {sorted(cached)}).")
-        table = snapshot.read_table(self.path / "data.lance", columns)
-        if episodes is not None:  # filtered here: lance's filtered scans differ across versions
-            table = table.filter(pc.is_in(table.column("episode_index"),
-                                          pa.array(sorted(set(map(int, episodes))),
-                                                   table.schema.field("episode_index").type)))
-        ep = table.column("episode_index").to_numpy()
-        order = np.lexsort((table.column("step").to_numpy(), ep))
-        ep = ep[order]
-        starts = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]])
-        self.episode_ids = torch.from_numpy(ep[starts].copy())
-        self.offsets = torch.from_numpy(np.r_[starts, len(ep)].astype(np.int64))
-        self.episode_index = torch.from_numpy(ep.copy())
-        self.step = torch.from_numpy(table.column("step").to_numpy()[order].copy())
-        self.timestamp = torch.from_numpy(table.column("timestamp").to_numpy()[order].copy())
-        task = pc.fill_null(table.column("task"), "").combine_chunks().dictionary_encode()
-        self.task_names: list[str] = task.dictionary.to_pylist()  # each step's task: task_id
-        self.task_id = torch.from_numpy(task.indices.to_numpy().astype(np.int64)[order])
-        self.frames: dict[str, Any] = {}
-
-        # every key's values as raw int32 words side by side (any dtype, bit-exact), then the
-        # 0/1 alignment-pad flags of keys that have padded steps: one matrix, one gather
-        words, pads, self.layout, at = [], [], {}, 0
+                                f"given are not in {self.location} (cached: {sorted(cached)}).")
+        columns = []
         for k in keys:
             col = streams[k]["column"]
-            pad_col = table.column(f"{col}_is_pad").to_numpy(zero_copy_only=False)[order]
-            if k in self.image_keys:
-                values = self._frame_rows(k, ep, table.column(f"{col}/frame").to_numpy()[order],
-                                          pad_col)
-            else:
-                flat = table.column(col).combine_chunks().flatten()
-                values = flat.to_numpy(zero_copy_only=False).reshape(len(order), -1)[order]
-            words.append(_words(values))
-            pads.append(pad_col if pad_col.any() else None)
-            self.layout[k] = (at, words[-1].shape[1], values.dtype, values.shape[1])
-            at += words[-1].shape[1]
-        for k, p in zip(keys, pads, strict=True):
-            c, w, dtype, dim = self.layout[k]
-            self.layout[k] = _Key(c, w, _TORCH[np.dtype(dtype)], dim, None if p is None else at)
-            if p is not None:
-                words.append(p.astype(np.int32)[:, None])
-                at += 1
-        self.data = torch.from_numpy(np.concatenate(words, 1) if words
-                                     else np.zeros((len(ep), 0), np.int32))
+            camera = k if k in self.image_keys else None
+            columns.append(Column(k, f"{col}/frame" if camera else col, f"{col}_is_pad",
+                                  camera))
+        self._open(open_served(self.location, self.manifest, columns, episodes), in_memory)
+
+    def _open(self, served: Served, in_memory: bool = False) -> None:
+        """Serve the served index ``served``: its arrays mapped (shared with this machine's
+        other processes) and the camera frames read from the cache per batch, or, with
+        ``in_memory``, everything copied into this process's memory."""
+        from robocache.data.frames import LanceFrames
+
+        self.served, self.in_memory = served, in_memory
+        self._maps: dict[str, torch.Tensor] = {}
+        for name in _MAPPED:
+            t = torch.from_numpy(served.array(name))
+            setattr(self, name, t.clone() if in_memory else t)
+            if not in_memory:
+                self._maps[name] = t
+        self.offsets = torch.from_numpy(np.array(served.array("offsets")))
+        self.episode_ids = torch.from_numpy(np.array(served.array("episode_ids")))
+        self.task_names: list[str] = served.meta["task_names"]  # each step's task: task_id
+        self.layout = {k: _Key(c, w, _TORCH[np.dtype(t)], dim, pad)
+                       for k, (c, w, t, dim, pad) in served.meta["layout"].items()}
+        streams, versions = self.manifest["streams"], served.meta["versions"]
+        self.frames: dict[str, Any] = {}
+        for k in self.image_keys:
+            spec = streams[k]
+            frames = LanceFrames(self.location, k, versions[k], served,
+                                 served.camera_file(k, "addresses"),
+                                 np.array(served.array(served.camera_file(k, "offsets"))),
+                                 self.episode_ids.numpy(), spec["shape"], spec["dtype"],
+                                 spec["codec"])
+            self.frames[k] = frames.load() if in_memory else frames
         self.set_windows()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (DataLoader workers, ``spawn`` included): arrays still mapped from the
+        served index go by name and are mapped again where unpickled (never copied)."""
+        state = self.__dict__.copy()
+        maps = state.pop("_maps", {})
+        for name, t in maps.items():
+            if state.get(name) is t:
+                state[name] = _Mapped(name)
+        if "data" in maps and state["_host"][0] is maps["data"]:
+            state["_host"] = (_Mapped("data"), *state["_host"][1:])
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        maps = {}
+        for name, value in state.items():
+            if isinstance(value, _Mapped):
+                state[name] = maps[name] = torch.from_numpy(state["served"].array(name))
+        if isinstance(state["_host"][0], _Mapped):
+            data = maps.get("data")
+            if data is None:
+                data = maps["data"] = torch.from_numpy(state["served"].array("data"))
+            state["_host"] = (data, *state["_host"][1:])
+        self.__dict__.update(state)
+        self._maps = maps
 
     def set_windows(self) -> None:
         """The `robocache.key_windows` columns and offsets of :attr:`layout` and
@@ -290,24 +319,9 @@ class RobotDataset(torch.utils.data.Dataset):
             if key.pad_col is not None:
                 self._columns[f"{k}\0pad"] = (key.pad_col, 1)
                 self._offsets[f"{k}\0pad"] = self.deltas[k]
-
-    def _frame_rows(self, key: str, ep: np.ndarray, frame: np.ndarray,
-                    pad: np.ndarray) -> np.ndarray:
-        """Load the key's encoded frames (:class:`~robocache.data.cameras.EncodedFrames`);
-        return each step's global frame row (int64 ``[T, 1]``)."""
-
-        from robocache.data.cameras import EncodedFrames
-
-        table = snapshot.read_table(self.path / "frames" / f"{key}.lance")
-        fep = table.column("episode_index").to_numpy()
-        order = np.lexsort((table.column("frame").to_numpy(), fep))
-        spec = self.manifest["streams"][key]
-        self.frames[key] = EncodedFrames.from_table(table.take(order), spec["shape"],
-                                                    spec["dtype"], spec["codec"])
-        fep = fep[order]
-        first = {int(e): int(i) for e, i in zip(*np.unique(fep, return_index=True), strict=True)}
-        base = np.array([first.get(int(e), 0) for e in ep], np.int64)
-        return np.where(pad, 0, base + np.maximum(frame, 0)).astype(np.int64)[:, None]
+        # where the camera keys' frame numbers are on the host (read ahead of the device)
+        self._host = (self.data if self.data.device.type == "cpu" else self._host[0],
+                      self.offsets.cpu(), {k: self._columns[k] for k in self.image_keys})
 
     @property
     def keys(self) -> list[str]:
@@ -344,20 +358,39 @@ class RobotDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return int(self.episode_index.shape[0])
 
-    def gather(self, indices: torch.Tensor) -> Batch:
+    def read_frames(self, indices: torch.Tensor) -> list[tuple[Any, torch.Tensor]]:
+        """Stage 0, on the host (a thread or worker may run it ahead of the device): each
+        camera key's encoded frames for the windows at global steps ``indices`` (int64
+        ``[B]``), read from the cache (only the distinct frames the batch needs), with the
+        windows' rows renumbered into them: ``[(EncodedFrames, rows [B, K])]`` in
+        :attr:`image_keys` order, what :meth:`gather` takes as ``frames``."""
+        import robocache
+
+        if not self.image_keys:
+            return []
+        data, offsets, columns = self._host
+        w = robocache.key_windows(data, offsets, indices.cpu(), columns,
+                                  {k: self.deltas[k] for k in columns}, pad=self.pad)
+        return [self.frames[k].read(self.layout[k].values(w[k])[..., 0])
+                for k in self.image_keys]
+
+    def gather(self, indices: torch.Tensor, frames: list | None = None) -> Batch:
         """Stage 1, where the packed cache lives (a DataLoader worker, or the GPU): the raw
         windows as few tensors — ``index``, the gathered words of every key (one
         :func:`robocache.key_windows` launch) and the decoded frames of camera keys (uint8
-        ``[B, K, C, H, W]``; nvJPEG when the dataset lives on a GPU, else the CPU)."""
+        ``[B, K, C, H, W]``; nvJPEG when the dataset lives on a GPU, else the CPU), read from
+        the cache here unless ``frames`` holds :meth:`read_frames`' result for ``indices``."""
         import robocache
         from robocache.data.cameras import decode_all
 
         raw: Batch = {"index": indices}
         raw.update(robocache.key_windows(self.data, self.offsets, indices, self._columns,
                                          self._offsets, pad=self.pad))
-        cams = [(self.frames[k], self.layout[k].values(raw[k])[..., 0]) for k in self.image_keys]
+        if frames is None:
+            frames = [(self.frames[k], self.layout[k].values(raw[k])[..., 0])
+                      for k in self.image_keys]
         raw.update((f"{k}\0frames", x) for k, x in
-                   zip(self.image_keys, decode_all(cams, self.device), strict=True))
+                   zip(self.image_keys, decode_all(frames, self.device), strict=True))
         return raw
 
     def finish(self, raw: Batch, episode_index: torch.Tensor | None = None,
@@ -403,10 +436,11 @@ class RobotDataset(torch.utils.data.Dataset):
             params = params.repeat_interleave(t).to(frames.device)
         return serve(frames, self.image_size, params, self.image_dtype)
 
-    def fetch(self, indices: torch.Tensor) -> Batch:
+    def fetch(self, indices: torch.Tensor, frames: list | None = None) -> Batch:
         """The batch of windows starting at global steps ``indices`` (int64 ``[B]``, on the
-        dataset's device)."""
-        return self.finish(self.gather(indices))
+        dataset's device); ``frames``: :meth:`read_frames`' result for them, when read
+        ahead."""
+        return self.finish(self.gather(indices, frames))
 
     def __getitem__(self, index: int | Sequence[int] | torch.Tensor) -> Batch:
         if isinstance(index, (int, np.integer)):
@@ -424,6 +458,17 @@ class RobotDataset(torch.utils.data.Dataset):
                 "horizon": self.horizon,
                 "dims": {k: key.dim for k, key in self.layout.items()},
                 "offsets": dict(self.deltas)}
+
+
+#: The per-row arrays a dataset maps from its served index.
+_MAPPED = ("data", "episode_index", "step", "timestamp", "task_id")
+
+
+@dataclass(frozen=True)
+class _Mapped:
+    """A pickled dataset's placeholder for its mapped array ``name``."""
+
+    name: str
 
 
 _TORCH = {np.dtype(n): getattr(torch, n) for n in

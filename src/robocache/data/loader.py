@@ -25,6 +25,7 @@ not queued behind the training's (H100, ResNet-18 on two 480x640 cameras at batc
 
 from __future__ import annotations
 
+import collections
 import copy
 import gc
 import math
@@ -33,12 +34,13 @@ import queue
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-from robocache.data.cameras import EncodedFrames
 from robocache.data.dataset import Batch, RobotDataset, _Key
+from robocache.data.frames import stack
 from robocache.errors import DataError
 from robocache.observability import metrics
 
@@ -286,8 +288,8 @@ class _Packed(RobotDataset):
     dim_table: torch.Tensor  # bool [sources, sum of the masked keys' widths]
     dim_widths: dict[str, int]  # masked key -> its width in dim_table (in order)
 
-    def fetch(self, indices: torch.Tensor) -> Batch:
-        batch = super().fetch(indices)
+    def fetch(self, indices: torch.Tensor, frames: list | None = None) -> Batch:
+        batch = super().fetch(indices, frames)
         # two gathers whatever the number of masked keys (views split them)
         batch["source"], batch["index"] = self.rows[indices].unbind(1)
         if self.dim_widths:
@@ -309,9 +311,9 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
     out.frames, frame_base = {}, {}
     for k in images:
         have = [d.frames[k] for d in datasets if k in d.image_keys]
-        counts = [d.frames[k].shape[0] if k in d.image_keys else 0 for d in datasets]
+        counts = [len(d.frames[k]) if k in d.image_keys else 0 for d in datasets]
         frame_base[k] = np.cumsum([0] + counts[:-1]).tolist()
-        out.frames[k] = EncodedFrames.cat(have, blank=True)  # last: an all-zero frame
+        out.frames[k] = stack(have)  # last: an all-zero frame
     # every key at its widest (words, then one alignment-pad column per key), as the sources'
     # own rows: bytes past a narrower source's values are zero
     first = {k: next(d for d in datasets if k in d.layout) for k in mixture.keys}
@@ -352,9 +354,15 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
     out.action_keys = list(mixture.action_keys)
     out.image_keys = [k for k in out.obs_keys if k in images]
     out.horizon = max(d.horizon for d in datasets)
-    out.set_windows()
     out.offsets = torch.cat([d.offsets[:-1] + base[i] for i, d in enumerate(datasets)]
                             + [sizes.sum()[None]])
+    out.set_windows()
+    # the camera keys' frame numbers on the host too, to read frames ahead of the device
+    cams = [k for k in out.image_keys]
+    host = torch.cat([block[:, [c for k in cams for c in (cols[k], cols[k] + 1)]].cpu()
+                      for block in blocks]) if cams else torch.zeros(len(out.data), 0,
+                                                                    dtype=torch.int32)
+    out._host = (host, out.offsets.cpu(), {k: (2 * j, 2) for j, k in enumerate(cams)})
     out.episode_index = torch.cat([d.episode_index for d in datasets])
     out.episode_ids = torch.cat([d.episode_ids.to(dev) for d in datasets])
     out.step = torch.cat([d.step for d in datasets])
@@ -415,6 +423,10 @@ def _default_device(distributed: bool) -> torch.device:
 # 95.1 %). Two threads preparing batches (3 ahead) served 2,564 / 2,558: nvJPEG decodes one
 # call at a time, and the second thread's host work slowed the training thread's.
 CAMERA_PREFETCH = 3
+# Resident camera batches whose encoded frames are read from the cache ahead of their decode
+# (see RobotLoader's `read_ahead`), and the most a loader takes.
+READ_AHEAD = 4
+MAX_READ_AHEAD = 64
 
 
 class RobotLoader:
@@ -434,6 +446,11 @@ class RobotLoader:
             a key -> mode mapping, or ``None`` to leave values in data units.
         seed: sampling seed (deterministic order for a seed).
         prefetch_factor: batches each worker keeps ready (workers path).
+        read_ahead: resident camera batches on a GPU: batches whose camera frames are read
+            from the cache ahead of their decode, each on a thread of its own (1 to
+            :data:`MAX_READ_AHEAD`; deeper hides more of an object store's latency, at the
+            memory of that many batches' encoded frames). DataLoader workers read their own
+            batches' frames (``num_workers * prefetch_factor`` batches ahead).
         cuda_graph: resident path, one source, ``drop_last``: replay each batch's gather from
             a CUDA graph (the host cost per batch drops to a copy and a replay). The batch's
             tensors are graph buffers, rewritten 3 batches later: ``clone()`` what you keep.
@@ -461,11 +478,15 @@ class RobotLoader:
                  drop_last: bool = True, num_workers: int = 0, resident: bool | None = None,
                  normalize: str | Mapping[str, str] | None = "mean_std", seed: int = 0,
                  prefetch_factor: int = 4, cuda_graph: bool = True, rank: int | None = None,
-                 world_size: int | None = None):
+                 world_size: int | None = None, read_ahead: int = READ_AHEAD):
         from robocache.ops.normalize import Normalizer
 
         if batch_size < 1:
             raise DataError(f"`batch_size` must be >= 1; got {batch_size}.")
+        if not (isinstance(read_ahead, int) and 1 <= read_ahead <= MAX_READ_AHEAD):
+            raise DataError(f"`read_ahead` must be an integer in [1, {MAX_READ_AHEAD}]; got "
+                            f"{read_ahead!r}.")
+        self.read_ahead = read_ahead
         dist = torch.distributed.is_available() and torch.distributed.is_initialized()
         rank = (torch.distributed.get_rank() if dist else 0) if rank is None else rank
         world_size = (torch.distributed.get_world_size() if dist else 1) \
@@ -531,11 +552,12 @@ class RobotLoader:
             return 0
         return CAMERA_PREFETCH if self.resident and self.packed.image_keys else 1
 
-    def _prepare(self, parts) -> Batch:
-        """Fetch (resident) or copy (workers) the parts, normalize, merge: on the side stream."""
+    def _prepare(self, parts, frames: list | None = None) -> Batch:
+        """Fetch (resident) or copy (workers) the parts, normalize, merge: on the side stream
+        (``frames``: the resident batch's camera frames, read ahead)."""
         done = []
         if self.resident:  # already normalized (and a mixture stacked): one gather
-            return self.packed.fetch(parts[0][1].to(self.device, non_blocking=True))
+            return self.packed.fetch(parts[0][1].to(self.device, non_blocking=True), frames)
         for i, part in parts:
             raw = {k: v.to(self.device, non_blocking=True) for k, v in part.items()}
             if self._metrics is not None and self.stream is not None:
@@ -623,7 +645,7 @@ class RobotLoader:
         main = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(main)  # buffers moved to the device on the main stream
         if self.resident and self.packed.image_keys:
-            yield from self._threaded(source, main)
+            yield from self._threaded(source, main, self.sampler.batches(self.sampler.order()))
             return
 
         def launch():
@@ -645,10 +667,13 @@ class RobotLoader:
             ready = launch()  # the next batch is gathered while the caller uses this one
             yield batch
 
-    def _threaded(self, source: Iterator, main: torch.cuda.Stream) -> Iterator[Batch]:
+    def _threaded(self, source: Iterator, main: torch.cuda.Stream, ahead: Iterator
+                  ) -> Iterator[Batch]:
         """Batches prepared on the side stream by a background thread, up to
         :data:`CAMERA_PREFETCH` ahead of the caller (in order; an error there is raised
-        here; leaving the loop stops the thread)."""
+        here; leaving the loop stops the thread). Their camera frames are read from the cache
+        :attr:`read_ahead` batches ahead of that, each batch's on a thread of its own
+        (``ahead``: the same batches as ``source``, their indices on the host)."""
         ready: queue.Queue = queue.Queue(CAMERA_PREFETCH)
         stop = threading.Event()
 
@@ -662,17 +687,34 @@ class RobotLoader:
             return False
 
         def produce() -> None:
-            try:
-                with torch.cuda.stream(self.stream):
-                    for parts in source:
-                        batch = self._prepare(parts)
-                        event = torch.cuda.Event()
-                        event.record(self.stream)
-                        if not put((batch, event)):
-                            return
-                put(None)
-            except BaseException as e:  # handed to the caller's thread, raised there
-                put(e)
+            reads: collections.deque = collections.deque()
+            pairs = zip(source, ahead, strict=True)
+            with ThreadPoolExecutor(self.read_ahead, "robocache-read") as pool:
+
+                def submit() -> None:
+                    pair = next(pairs, None)
+                    if pair is not None:
+                        reads.append((pair[0], pool.submit(self.packed.read_frames,
+                                                           pair[1][0][1])))
+
+                try:
+                    for _ in range(self.read_ahead):
+                        submit()
+                    with torch.cuda.stream(self.stream):
+                        while reads:
+                            parts, frames = reads.popleft()
+                            submit()
+                            batch = self._prepare(parts, frames.result())
+                            event = torch.cuda.Event()
+                            event.record(self.stream)
+                            if not put((batch, event)):
+                                return
+                    put(None)
+                except BaseException as e:  # handed to the caller's thread, raised there
+                    put(e)
+                finally:
+                    for _, f in reads:
+                        f.cancel()
 
         worker = threading.Thread(target=produce, name="robocache-prefetch", daemon=True)
         worker.start()

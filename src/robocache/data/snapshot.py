@@ -6,7 +6,8 @@ ever added to a cache's tables (Lance commits of batches of episodes; compaction
 files, never rows), so the latest tables hold every row of that version unchanged: a reader
 that filters them to ``previous``'s episodes serves exactly the last complete cache, whether
 the writer is still running, has just finished, or was killed (a scan that overlaps the
-writer's compaction: :func:`read_table` reads it again at the newer version).
+writer's compaction: :func:`robocache.data.served.open_served` reads it again at the newer
+version).
 """
 
 from __future__ import annotations
@@ -16,29 +17,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from robocache._optional import require
 from robocache.data.lock import describe_holder, holder
 from robocache.errors import DataError
 
 _WARNED: set[tuple[str, str]] = set()
-
-
-def read_table(uri: Path, columns: list[str] | None = None, attempts: int = 3):
-    """The Lance table at ``uri`` (only ``columns`` when given), read at its newest version.
-
-    A build extending the cache compacts the small fragments it wrote and removes old
-    versions as it goes; a scan that overlaps that can find one of those files gone. The rows
-    are all still there, rewritten into the newer version, so the table is opened again and
-    read at that version, at most ``attempts`` times in all. Any other error is raised as is.
-    """
-    lance = require("lance", "data", "The Lance cache", "pylance")
-    for attempt in range(attempts):
-        try:
-            return lance.dataset(str(uri)).to_table(columns=columns)
-        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-            if attempt == attempts - 1 or "not found" not in str(e).lower():
-                raise
-    raise AssertionError("unreachable")
 
 
 def last_complete(dest: Path, old: dict[str, Any] | None) -> dict[str, Any]:
@@ -77,10 +59,11 @@ def forget(dest: Path) -> None:
         _write_json(dest / "manifest.json", m)
 
 
-def servable(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest a reader of the cache at ``path`` serves: ``manifest`` when complete;
-    while a build is unfinished, the last complete version it keeps (warning once per cache
-    and writer, naming the live writer when there is one).
+def servable(location, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest a reader of the cache at ``location`` (a
+    :class:`~robocache.data.location.Location`) serves: ``manifest`` when complete; while a
+    build is unfinished, the last complete version it keeps (warning once per cache and
+    writer, naming the live writer when there is one: a local cache's lock tells).
 
     Raises:
         DataError: the build is unfinished and the cache was never complete: naming the live
@@ -88,7 +71,8 @@ def servable(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """
     if manifest.get("status") == "complete":
         return manifest
-    writer = holder(path)
+    path = location.path if location.path is not None else location.uri
+    writer = holder(location.path) if location.path is not None else None
     previous = manifest.get("previous")
     who = None if writer is None else describe_holder(writer)
     if previous is None:

@@ -286,7 +286,7 @@ def changed_since(manifest: dict[str, Any]) -> list[str]:
     return changed_files(known, identify(root, known))
 
 
-def warn_if_changed(path: Path, manifest: dict[str, Any]) -> None:
+def warn_if_changed(path: str | Path, manifest: dict[str, Any]) -> None:
     """Warn (once per cache and process) when the source of the cache at ``path`` is
     reachable and has changed since it was built."""
     if str(path) in _WARNED:

@@ -102,7 +102,8 @@ def _decode_encoded(data: list[bytes], shape, dtype: str, codec: str) -> np.ndar
     """JPEG/PNG frames decoded on the CPU (Pillow, as a cache's frames are served)."""
     import torch
 
-    from robocache.data.cameras import EncodedFrames, decode
+    from robocache.data.cameras import decode
+    from robocache.data.frames import EncodedFrames
 
     pa = require("pyarrow", "data", "Arrow tables")
     frames = EncodedFrames.from_table(pa.table({"encoded": pa.array(data, pa.binary())}),

@@ -83,7 +83,7 @@ class Committer:
     rewritten or deleted by it. Such a reader scans the latest version, this build's fragments
     included, and filters their rows out: one whose scan overlaps a compaction of them and
     the removal of old versions can find a file of theirs gone; it then reads the table again
-    at the newer version (:func:`robocache.data.snapshot.read_table`).
+    at the newer version (:func:`robocache.data.served.open_served`).
 
     Args:
         dest: the cache directory.
