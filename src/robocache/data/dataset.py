@@ -20,8 +20,10 @@ workers (which never touch CUDA). Every step of every episode is one sample, as 
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,6 +264,9 @@ class RobotDataset(torch.utils.data.Dataset):
         from robocache.data.frames import LanceFrames
 
         self.served, self.in_memory = served, in_memory
+        # workers forked after this make their Lance calls through a reader process
+        # (robocache.data.reader): pylance's warning at each fork does not apply to them
+        warnings.filterwarnings("ignore", "lance is not fork-safe")
         self._maps: dict[str, torch.Tensor] = {}
         for name in _MAPPED:
             t = torch.from_numpy(served.array(name))
@@ -287,7 +292,10 @@ class RobotDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (DataLoader workers, ``spawn`` included): arrays still mapped from the
-        served index go by name and are mapped again where unpickled (never copied)."""
+        served index go by name and are mapped again where unpickled (never copied); the
+        other tensors (offsets, stats) go by value inside the pickle, not as the
+        shared-memory handles torch's multiprocessing pickler makes of tensors (a ``spawn``
+        worker failed to map those: ``unable to resize file <filename not specified>``)."""
         state = self.__dict__.copy()
         maps = state.pop("_maps", {})
         for name, t in maps.items():
@@ -295,9 +303,12 @@ class RobotDataset(torch.utils.data.Dataset):
                 state[name] = _Mapped(name)
         if "data" in maps and state["_host"][0] is maps["data"]:
             state["_host"] = (_Mapped("data"), *state["_host"][1:])
-        return state
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return {"saved": buf.getvalue()}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, packed: dict[str, Any]) -> None:
+        state = torch.load(io.BytesIO(packed["saved"]), weights_only=False)
         maps = {}
         for name, value in state.items():
             if isinstance(value, _Mapped):

@@ -18,7 +18,6 @@ episodes' frames in (episode, frame) order), their decoded ``frame_shape``, ``dt
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,8 @@ import numpy as np
 import torch
 
 from robocache._optional import require
+from robocache.data.location import LANCE, open_version
+from robocache.data.reader import READER
 from robocache.errors import DataError
 
 
@@ -182,17 +183,13 @@ class LanceFrames:
         self.frame_shape, self.dtype, self.codec = tuple(frame_shape), dtype, codec
         self._table: Any = None
         self._pid = -1
-        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {**self.__dict__, "_table": None, "_pid": -1, "addresses": None}
-        state.pop("_lock")
-        return state
+        return {**self.__dict__, "_table": None, "_pid": -1, "addresses": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.addresses = self.served.array(self.addresses_file)
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return int(self.addresses.shape[0])
@@ -218,15 +215,11 @@ class LanceFrames:
                 f"{i - int(self.frame_offsets[e])}")
 
     def table(self):
-        """This process's handle of the table at the opened version."""
+        """This process's handle of the table at the opened version (threads that race here
+        each open one and keep the last: no lock, which a fork could leave held)."""
         if self._pid != os.getpid():
-            with self._lock:
-                if self._pid != os.getpid():
-                    try:
-                        self._table = self.location.lance(self.rel, self.version)
-                    except FileNotFoundError:  # that version's manifest was cleaned up
-                        self._table = self.location.lance(self.rel)
-                    self._pid = os.getpid()
+            self._table = open_version(self.location, self.rel, self.version)
+            self._pid = os.getpid()
         return self._table
 
     def read(self, rows: torch.Tensor) -> tuple[EncodedFrames, torch.Tensor]:
@@ -262,8 +255,16 @@ class LanceFrames:
                                  torch.zeros(1, dtype=torch.int64), self.frame_shape,
                                  self.dtype, self.codec, where)
         try:
-            table = self.table()._take_rows(pa.array(addresses, pa.uint64()),
-                                            columns=["encoded"], ignore_deletions=True)
+            if LANCE.forked_after_use:  # Lance's runtime did not survive the fork
+                offsets, values = READER.take(self.location, self.rel, self.version, addresses)
+                return EncodedFrames(torch.frombuffer(bytearray(values), dtype=torch.uint8)
+                                     if values else torch.zeros(0, dtype=torch.uint8),
+                                     torch.from_numpy(offsets.copy()), self.frame_shape,
+                                     self.dtype, self.codec, where)
+            table = self.table()
+            with LANCE.call():
+                table = table._take_rows(pa.array(addresses, pa.uint64()), columns=["encoded"],
+                                         ignore_deletions=True)
         except (OSError, ValueError, RuntimeError) as e:
             first = ", ".join(self.describe(int(i)) for i in base[:2])
             if "not found" in str(e).lower() and not self.location.remote:

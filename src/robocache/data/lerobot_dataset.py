@@ -234,9 +234,10 @@ class LeRobotDataset(torch.utils.data.Dataset):
         served = set(self.episodes) if self.episodes is not None else None
         self._len = sum(e["rows"] for e in manifest["episodes"]
                         if served is None or e["index"] in served)
-        # Opened here, in memory: forked DataLoader workers inherit it and never call Lance
-        # (which is not fork-safe once this process has used it, as building did); a pickled
-        # copy (spawn workers) drops it and opens the cache in its own process on first use.
+        # Opened on first use: forked DataLoader workers inherit it (their frame reads go
+        # through a reader process when this process has called Lance, as building did: see
+        # robocache.data.reader); a pickled copy (spawn workers) drops it and opens the cache
+        # in its own process on first use.
         self._ds: RobotDataset | None = None
         self._served  # noqa: B018
 
@@ -330,9 +331,6 @@ class LeRobotDataset(torch.utils.data.Dataset):
         dev = ds.device
         self._ds, self._from_index, self._task_index = ds, from_index.to(dev), lut[ds.task_id]
         self._task_index = self._task_index.to(dev)
-        # DataLoader workers forked after this never call Lance (everything served, camera
-        # frames included, is in memory now): pylance's warning at each fork does not apply
-        warnings.filterwarnings("ignore", "lance is not fork-safe")
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -625,19 +625,15 @@ class RobotLoader:
                 order.record_stream(self.stream)  # read there while the caller iterates
             source = self.sampler.batches(order)
         else:
-            with warnings.catch_warnings():
-                # workers fork after Lance was used in this process; they never call Lance
-                # (they gather from tensors), which is what its fork warning is about
-                warnings.filterwarnings("ignore", "lance is not fork-safe")
-                # a forked worker must never free a CUDA tensor (its allocator cannot reach
-                # the device there and aborts): free this process's cyclic garbage now, and
-                # freeze what is left so the workers' collector never frees a parent object
-                gc.collect()
-                gc.freeze()
-                try:
-                    source = iter(self.loader)
-                finally:
-                    gc.unfreeze()
+            # a forked worker must never free a CUDA tensor (its allocator cannot reach the
+            # device there and aborts): free this process's cyclic garbage now, and freeze
+            # what is left so the workers' collector never frees a parent object
+            gc.collect()
+            gc.freeze()
+            try:
+                source = iter(self.loader)
+            finally:
+                gc.unfreeze()
         if self.stream is None:
             for parts in source:
                 yield self._prepare(parts)

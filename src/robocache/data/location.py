@@ -20,9 +20,11 @@ object, refused credentials, a wrong region, an unreachable endpoint after Lance
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -38,6 +40,74 @@ SCHEMES = ("s3", "gs", "gcs", "az", "abfs")
 # one error, never a hang.
 DEFAULT_OPTIONS = {"client_max_retries": "4", "client_retry_timeout": "60",
                    "connect_timeout": "10s", "timeout": "120s"}
+
+
+class _ForkGate:
+    """Fork-safety of Lance calls. RoboCache's Lance calls run inside :meth:`call`, which
+    records that this process made one (:attr:`used`). A fork of this process (``os.fork``,
+    multiprocessing's ``fork`` start method, DataLoader workers) first waits until no call is
+    in flight and keeps new ones out until the child exists; the child starts with a gate of
+    its own, :attr:`forked_after_use` set when this process (or an ancestor it was forked
+    from) had made Lance calls: such a child makes its serving calls through a reader process
+    (:mod:`robocache.data.reader`), since Lance's runtime does not survive the fork."""
+
+    def __init__(self):
+        self.used = self.forked_after_use = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cond = threading.Condition()
+        self.active, self.forking = 0, False
+        self.local = threading.local()
+
+    def _after_fork_in_child(self) -> None:
+        self.forked_after_use = self.forked_after_use or self.used
+        self.used = False
+        self._reset()
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """Hold the gate for one Lance call (or several: re-entered by the same thread)."""
+        depth = getattr(self.local, "depth", 0)
+        if depth:
+            self.local.depth = depth + 1
+            try:
+                yield
+            finally:
+                self.local.depth = depth
+            return
+        with self.cond:
+            while self.forking:
+                self.cond.wait()
+            self.active += 1
+            self.used = True
+        self.local.depth = 1
+        try:
+            yield
+        finally:
+            self.local.depth = 0
+            with self.cond:
+                self.active -= 1
+                if not self.active:
+                    self.cond.notify_all()
+
+    def before_fork(self) -> None:
+        self.cond.acquire()  # held through the fork: no call starts meanwhile
+        self.forking = True
+        while self.active:
+            self.cond.wait()
+
+    def after_fork_in_parent(self) -> None:
+        self.forking = False
+        self.cond.notify_all()
+        self.cond.release()
+
+
+#: Every Lance call of RoboCache's serving runs in ``LANCE.call()``.
+LANCE = _ForkGate()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=LANCE.before_fork, after_in_parent=LANCE.after_fork_in_parent,
+                        after_in_child=LANCE._after_fork_in_child)
 
 
 def is_uri(where: str | Path) -> bool:
@@ -128,7 +198,9 @@ class Location:
         lance = require("lance", "data", "The Lance cache", "pylance")
         uri = self.child(rel)
         try:
-            return lance.dataset(uri, version=version, storage_options=self.lance_options())
+            with LANCE.call():
+                return lance.dataset(uri, version=version,
+                                     storage_options=self.lance_options())
         except (OSError, ValueError) as e:
             if _not_found(e):
                 what = f"version {version} of " if version is not None else ""
@@ -248,6 +320,17 @@ class Location:
         """``e`` (from the object store, about ``rel``) as one line naming the URI and the
         fix: :func:`store_error`."""
         return store_error(self.child(rel) if rel else self.uri, e)
+
+
+def open_version(location: Location, rel: str, version: int):
+    """Table ``rel`` at ``version``, or at its latest when that version's manifest was removed
+    since (the build that extended or compacted the cache cleaned old versions up): the rows a
+    reader of ``version`` reads by address are in the latest version too, unless compaction
+    rewrote them (then their addresses are gone and a read says so)."""
+    try:
+        return location.lance(rel, version)
+    except FileNotFoundError:
+        return location.lance(rel)
 
 
 def store_error(uri: str, e: BaseException) -> DataError:

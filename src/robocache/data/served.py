@@ -116,9 +116,15 @@ def open_served(location, manifest: dict[str, Any], columns: Sequence[Column],
             ``ROBOCACHE_SERVE_DIR``), the disk is full, or the cache's rows are not each
             episode's steps ``0..n-1`` once each (naming the episode).
     """
+    from robocache.data.location import LANCE
+    from robocache.data.reader import READER
+
+    if LANCE.forked_after_use:  # Lance's runtime did not survive the fork
+        return Served(Path(READER.open_served(location, manifest, columns, episodes)))
     for attempt in range(ATTEMPTS):
         try:
-            return _open(location, manifest, columns, episodes)
+            with LANCE.call():  # a fork waits for the scans to end
+                return _open(location, manifest, columns, episodes)
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             if attempt == ATTEMPTS - 1 or isinstance(e, DataError) or \
                     "not found" not in str(e).lower():
