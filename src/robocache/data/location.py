@@ -284,6 +284,20 @@ class Location:
         except OSError as e:
             raise self.error(e, rel) from e
 
+    def delete(self, rels: list[str]) -> None:
+        """Delete the files ``rels`` (relative to this location), in order; absent ones are
+        skipped."""
+        for rel in rels:
+            if self.path is not None:
+                (self.path / rel).unlink(missing_ok=True)
+                continue
+            try:
+                self._filesystem().delete_file(self._key(rel))
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise self.error(e, rel) from e
+
     def sizes(self, rel: str = "") -> dict[str, int]:
         """Every file under ``rel`` (relative to this location) and its size in bytes."""
         if self.path is not None:
