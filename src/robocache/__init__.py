@@ -36,6 +36,7 @@ _LAZY = {
     "RobotDataset": "robocache.data.dataset",
     "RobotLoader": "robocache.data.loader",
     "MixedDataset": "robocache.data.loader",
+    "EpochSampler": "robocache.data.sampler",
     "LeRobotDataset": "robocache.data.lerobot_dataset",
     "Observer": "robocache.online",
     "LeRobotDatasetMetadata": "robocache.data.lerobot_meta",

@@ -41,6 +41,11 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 VERBOSE_OPTION_HELP = "On failure, print the traceback before the one-line error."
 
+STORAGE_OPTION_HELP = ("An object-store setting for a cache at s3://, gs:// or az:// (Lance's "
+                       "names: aws_endpoint, aws_region, aws_access_key_id...); repeat for "
+                       "several. Otherwise the standard environment variables (AWS_REGION, "
+                       "AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL...) are used.")
+
 # What to do about an OSError, by errno (the rest: check the path and its permissions).
 _OS_FIXES = {
     errno.ENOENT: "check the path",
@@ -61,6 +66,41 @@ class CommandError(Exception):
     def __init__(self, problem: str, fix: str, code: int = EXIT_USAGE):
         super().__init__(f"{problem}; {fix}")
         self.code = code
+
+
+def storage_option_flag():
+    """The ``--storage-option KEY=VALUE`` option (repeatable) of the commands that read a cache
+    given as a URI; :func:`storage_options` parses what it collects."""
+    return typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP)
+
+
+def storage_options(items: list[str] | None) -> dict[str, str] | None:
+    """``--storage-option`` values as the mapping :class:`~robocache.data.location.Location`
+    takes (``None`` when none was given).
+
+    Raises:
+        CommandError: an item is not ``KEY=VALUE`` with a non-empty key.
+    """
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not (sep and key.strip()):
+            raise CommandError(f"--storage-option {item!r} is not KEY=VALUE",
+                               "pass e.g. --storage-option aws_region=us-west-2")
+        out[key.strip()] = value
+    return out
+
+
+def cache_argument(text: str):
+    """A command's cache argument as :class:`~robocache.data.location.Location` takes it: a
+    URI (``s3://bucket/prefix``; an unknown scheme too, for Location to name it) as given,
+    anything else as a local :class:`~pathlib.Path` (a typer ``Path`` argument would turn
+    ``s3://b/x`` into ``s3:/b/x``)."""
+    from pathlib import Path
+
+    return text if "://" in text else Path(text)
 
 
 # A Rust library's source location in its error text (pylance: ", /home/.../commit.rs:1663:50")

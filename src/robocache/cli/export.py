@@ -3,6 +3,11 @@
     $ robocache export /tmp/bags.cache /tmp/bags_lerobot --format lerobot
     $ robocache export /tmp/bags.cache /tmp/bags_lerobot --cameras image \\
           --rename joint_states.position=observation.state --rename cmd.data=action
+    $ robocache export s3://robot-data/bags.cache /tmp/bags_lerobot \\
+          --storage-option aws_region=us-west-2
+
+The cache may be in an object store (``s3://``, ``gs://``, ``az://``; credentials from the
+standard environment variables or ``--storage-option``); the dataset is written locally.
 """
 
 from __future__ import annotations
@@ -13,13 +18,21 @@ from typing import Annotated
 
 import typer
 
-from robocache.cli._errors import VERBOSE_OPTION_HELP, CommandError, cli_errors
+from robocache.cli._errors import (
+    VERBOSE_OPTION_HELP,
+    CommandError,
+    cache_argument,
+    cli_errors,
+    storage_option_flag,
+    storage_options,
+)
 
 FORMATS = ("lerobot",)
 
 
 def export(
-    cache: Annotated[Path, typer.Argument(help="The RoboCache cache to export.")],
+    cache: Annotated[str, typer.Argument(help="The RoboCache cache to export: a directory "
+                                              "or s3://BUCKET/PREFIX (gs://, az://).")],
     out: Annotated[Path, typer.Argument(help="The dataset directory to create (new or "
                                              "empty).")],
     format: Annotated[str, typer.Option("--format", help="lerobot: a LeRobot v3.0 "
@@ -32,6 +45,7 @@ def export(
     vcodec: Annotated[str, typer.Option(help="Video codec: libsvtav1 (AV1, LeRobot's "
                                              "default), libx264, libx265.")] = "libsvtav1",
     robot_type: Annotated[str, typer.Option(help="info.json's robot_type.")] = None,
+    storage_option: list[str] = storage_option_flag(),
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
     = False,
     verbose: Annotated[bool, typer.Option("--verbose", help=VERBOSE_OPTION_HELP)] = False,
@@ -54,8 +68,9 @@ def export(
             pairs[old] = new
         from robocache.data.export import export_lerobot
 
-        summary = export_lerobot(cache, out, cameras=cameras, rename=pairs, vcodec=vcodec,
-                                 robot_type=robot_type)
+        summary = export_lerobot(cache_argument(cache), out, cameras=cameras, rename=pairs,
+                                 vcodec=vcodec, robot_type=robot_type,
+                                 storage_options=storage_options(storage_option))
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return

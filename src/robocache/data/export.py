@@ -20,6 +20,14 @@ Not exported: event streams (strings other than the task) and the ``_is_pad`` ma
 computes its own padding from episode bounds). ``rename`` maps stream names to LeRobot keys
 (``{"joint_states.position": "observation.state"}``). The dataset is written beside ``out``
 and moved into place when complete, so a failed export leaves nothing behind.
+
+The cache may be local or in an object store (``s3://``, ``gs://``, ``az://``:
+:class:`~robocache.data.location.Location`); ``out`` is a local directory. Memory stays bounded
+whatever the cache's size: one scan of the small index columns (episode, step, frame numbers,
+row addresses), then each episode's rows and frames read by row address, decoded, written and
+dropped (the parquet in row groups of about :data:`ROW_GROUP_BYTES`). What is held throughout
+is the index (a few int64 per step and per frame) and the numeric values for their statistics
+(exact quantiles need them all).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from robocache._optional import require
+from robocache.data.location import Location
 from robocache.errors import DataError
 
 CAMERA_MODES = ("video", "image")
@@ -42,6 +51,59 @@ STATS_FRAMES = 2000
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 INDEX_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 CHUNK = "chunk-000/file-000"
+# the rows of one scan batch of the index columns
+SCAN_ROWS = 1 << 16
+# the data parquet's row groups: episodes are written together until about this many bytes
+ROW_GROUP_BYTES = 64 << 20
+
+
+def cache_manifest(location: Location) -> dict[str, Any]:
+    """The manifest of the cache at ``location`` (local or an object store).
+
+    Raises:
+        FileNotFoundError: no ``manifest.json`` there (not a cache, or a wrong path/prefix).
+        DataError: the manifest is not valid JSON, or the store failed (a missing bucket,
+            refused credentials...: one line naming the URI and the fix).
+    """
+    import json
+
+    try:
+        return json.loads(location.read_text("manifest.json"))
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"{location} is not a RoboCache cache (no manifest.json); "
+                                "build one with `robocache ingest SOURCE DEST`.") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{location.child('manifest.json')} is unreadable ({e}); the cache is "
+                        "damaged: rebuild it with `robocache ingest SOURCE DEST "
+                        "--overwrite`.") from e
+
+
+def _scan(location: Location, rel: str, table, columns: list[str]) -> dict[str, np.ndarray]:
+    """``columns`` of every row of ``table`` (``rel`` in ``location``) and each row's address
+    (``_rowaddr``), scanned :data:`SCAN_ROWS` rows at a time: small integer columns only."""
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in [*columns, "_rowaddr"]}
+    try:
+        for batch in table.scanner(columns=columns, with_row_address=True,
+                                   batch_size=SCAN_ROWS).to_batches():
+            for c in parts:
+                parts[c].append(batch.column(c).to_numpy(zero_copy_only=False))
+    except (OSError, ValueError, RuntimeError) as e:
+        raise location.error(e, rel) from e
+    return {c: np.concatenate(v) if v else np.zeros(0, np.int64) for c, v in parts.items()}
+
+
+def _take(location: Location, rel: str, table, addresses: np.ndarray, columns: list[str]):
+    """The rows at ``addresses`` (in that order) of ``table``, ``columns`` only."""
+    pa = require("pyarrow", "data", "Arrow tables")
+    try:
+        got = table._take_rows(pa.array(addresses, pa.uint64()), columns=columns)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise location.error(e, rel) from e
+    if got.num_rows != len(addresses):
+        raise DataError(f"{location.child(rel)}: {len(addresses) - got.num_rows} rows of the "
+                        "index are missing (the cache changed during the export); export "
+                        "again once it is complete.")
+    return got
 
 
 def _stats(values: np.ndarray) -> dict[str, list]:
@@ -54,29 +116,36 @@ def _stats(values: np.ndarray) -> dict[str, list]:
     return {k: a.tolist() for k, a in out.items()}
 
 
-def _camera(cache: Path, key: str):
-    """A decoder of camera ``key``'s cached frames: ``(episode ids, frame rows)`` of steps
-    (-1 before the camera's first frame: its first frame) -> uint8 ``[T, H, W, 3]``."""
-    lance = require("lance", "data", "The Lance cache", "pylance")
+def _camera(location: Location, key: str):
+    """A decoder of camera ``key``'s cached frames: ``(episode id, frame rows)`` of one
+    episode's steps (-1 before the camera's first frame: its first frame) -> uint8
+    ``[T, H, W, 3]``. Holds the table's index (episode, frame, row address: 24 bytes a
+    frame); each call reads only the frames its steps show."""
     pil = require("PIL.Image", "data", "Decoding camera frames", "pillow")
-    table = lance.dataset(str(cache / "frames" / f"{key}.lance")).to_table(
-        columns=["episode_index", "frame", "encoded"])
-    where = {(int(e), int(f)): i for i, (e, f) in enumerate(zip(
-        table.column("episode_index").to_numpy(), table.column("frame").to_numpy(),
-        strict=True))}
-    encoded = table.column("encoded")
+    rel = f"frames/{key}.lance"
+    table = location.lance(rel)
+    index = _scan(location, rel, table, ["episode_index", "frame"])
+    order = np.lexsort((index["frame"], index["episode_index"]))
+    episode, frame = index["episode_index"][order], index["frame"][order]
+    address = index["_rowaddr"][order]
 
-    def one(i: int) -> np.ndarray:
-        with pil.open(io.BytesIO(encoded[i].as_py())) as im:
+    def one(data: bytes) -> np.ndarray:
+        with pil.open(io.BytesIO(data)) as im:
             return np.asarray(im.convert("RGB"))
 
-    def decode(episode_ids: np.ndarray, frame: np.ndarray) -> np.ndarray:
-        rows = [where[(int(e), max(int(f), 0))] for e, f in zip(episode_ids, frame,
-                                                                strict=True)]
-        unique = sorted(set(rows))
+    def decode(episode_id: int, frames: np.ndarray) -> np.ndarray:
+        lo, hi = np.searchsorted(episode, [episode_id, episode_id + 1])
+        wanted = np.maximum(frames.astype(np.int64), 0)
+        at = lo + np.searchsorted(frame[lo:hi], wanted)
+        if hi == lo or (at >= hi).any() or (frame[np.minimum(at, hi - 1)] != wanted).any():
+            raise DataError(f"{location.child(rel)}: episode {episode_id} shows frames its "
+                            "frame table lacks (a damaged cache); rebuild it with `robocache "
+                            "ingest SOURCE DEST --overwrite`.")
+        unique, inverse = np.unique(at, return_inverse=True)
+        encoded = _take(location, rel, table, address[unique], ["encoded"]).column("encoded")
         with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
-            decoded = dict(zip(unique, pool.map(one, unique), strict=True))
-        return np.stack([decoded[r] for r in rows])
+            decoded = list(pool.map(one, (encoded[i].as_py() for i in range(len(unique)))))
+        return np.stack([decoded[i] for i in inverse.reshape(-1)])
 
     return decode
 
@@ -112,17 +181,21 @@ def _png(frame: np.ndarray) -> bytes:
 
 def export_lerobot(cache: str | Path, out: str | Path, *, cameras: str = "video",
                    rename: dict[str, str] | None = None, vcodec: str = "libsvtav1",
-                   robot_type: str | None = None) -> dict[str, Any]:
+                   robot_type: str | None = None,
+                   storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the cache at ``cache`` as a LeRobot v3.0 dataset at ``out`` (see the module
     docstring).
 
     Args:
-        cache: a complete RoboCache cache directory.
-        out: the dataset directory to create; it must not exist (or be empty).
+        cache: a complete RoboCache cache: a local directory, or an object-store URI
+            (``s3://bucket/prefix``, ``gs://``, ``az://``).
+        out: the local dataset directory to create; it must not exist (or be empty).
         cameras: ``"video"`` (mp4 through PyAV) or ``"image"`` (PNG in the parquet).
         rename: stream name -> LeRobot feature key (default: the stream names).
         vcodec: the video codec (``"libsvtav1"``, LeRobot's default; ``"libx264"``...).
         robot_type: ``info.json``'s ``robot_type``.
+        storage_options: object-store settings for a URI ``cache``, Lance's key names
+            (:mod:`robocache.data.location`); the standard environment variables otherwise.
 
     Returns:
         A summary: ``out``, ``fps``, ``episodes``, ``frames``, ``features`` (key -> dtype),
@@ -131,24 +204,21 @@ def export_lerobot(cache: str | Path, out: str | Path, *, cameras: str = "video"
     Raises:
         FileNotFoundError: no cache at ``cache``.
         DataError: an unfinished or empty cache, ``out`` exists and is not empty, a bad
-            ``cameras``, ``rename`` or ``vcodec``.
+            ``cameras``, ``rename`` or ``vcodec``; the object store failed (one line naming
+            the URI and the fix).
 
     Example:
         >>> export_lerobot("/tmp/bags.cache", "/tmp/lerobot")  # doctest: +SKIP
         {'out': '/tmp/lerobot', 'fps': 20, 'episodes': 2, 'frames': 40, ...}
     """
-    from robocache.data.cache import read_manifest
-
-    cache, out = Path(cache), Path(out)
+    location, out = Location(cache, storage_options), Path(out)
     if cameras not in CAMERA_MODES:
         raise DataError(f"`cameras` (--cameras) must be one of {CAMERA_MODES}; got {cameras!r}.")
-    manifest = read_manifest(cache)
-    if manifest is None:
-        raise FileNotFoundError(f"{cache} is not a RoboCache cache (no manifest.json); build "
-                                "one with `robocache ingest SOURCE DEST`.")
-    if manifest.get("status") != "complete" or not (cache / "data.lance").exists():
-        raise DataError(f"{cache}: the cache is unfinished or holds no episode; run or resume "
-                        "`robocache ingest` first.")
+    manifest = cache_manifest(location)
+    unfinished = DataError(f"{location}: the cache is unfinished or holds no episode; run or "
+                           "resume `robocache ingest` first.")
+    if manifest.get("status") != "complete" or not location.lance_exists("data.lance"):
+        raise unfinished
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"`out` {out} exists and is not an empty directory; choose a new "
                         "directory (an export never overwrites).")
@@ -167,7 +237,7 @@ def export_lerobot(cache: str | Path, out: str | Path, *, cameras: str = "video"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        summary = _write(cache, tmp, manifest, cameras, rename, vcodec, robot_type)
+        summary = _write(location, tmp, manifest, cameras, rename, vcodec, robot_type)
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)
@@ -180,9 +250,10 @@ def export_lerobot(cache: str | Path, out: str | Path, *, cameras: str = "video"
     return {"out": str(out), **summary}
 
 
-def _write(cache: Path, root: Path, manifest: dict, cameras: str, rename: dict[str, str],
-           vcodec: str, robot_type: str | None) -> dict[str, Any]:
-    lance = require("lance", "data", "The Lance cache", "pylance")
+def _write(location: Location, root: Path, manifest: dict, cameras: str,
+           rename: dict[str, str], vcodec: str, robot_type: str | None) -> dict[str, Any]:
+    """Write the dataset into the new folder ``root``: the index columns scanned once, then
+    episode by episode (see the module docstring)."""
     pa = require("pyarrow", "data", "Arrow tables")
     pq = require("pyarrow.parquet", "data", "Parquet files")
     pd = require("pandas", "lerobot", "Writing LeRobot datasets")
@@ -202,73 +273,96 @@ def _write(cache: Path, root: Path, manifest: dict, cameras: str, rename: dict[s
         else:
             skipped[name] = ("depth cameras are not exported" if s["kind"] in ("image", "video")
                              else f"{s['kind']} streams have no LeRobot feature")
-    columns = ["episode_index", "step", "task"] + [streams[k]["column"] for k in numeric] + \
-        [f"{streams[k]['column']}/frame" for k in camera]
-    table = lance.dataset(str(cache / "data.lance")).to_table(columns=columns)
-    ep = table.column("episode_index").to_numpy()
-    step = table.column("step").to_numpy()
-    order = np.lexsort((step, ep))
-    ep, step = ep[order], step[order]
+    data = location.lance("data.lance")
+    frame_cols = [f"{streams[k]['column']}/frame" for k in camera]
+    index = _scan(location, "data.lance", data, ["episode_index", "step", *frame_cols])
+    order = np.lexsort((index["step"], index["episode_index"]))
+    ep, step, address = (index[c][order] for c in ("episode_index", "step", "_rowaddr"))
+    frames = {k: index[c][order] for k, c in zip(camera, frame_cols, strict=True)}
+    del index
     ids, first, lengths = np.unique(ep, return_index=True, return_counts=True)
     n = len(ep)
+    if not n:
+        raise DataError(f"{location}: the cache holds no episode; run or resume "
+                        "`robocache ingest` first.")
     new_ep = np.searchsorted(ids, ep).astype(np.int64)
-    task = np.array(table.column("task").to_pylist(), dtype=object)[order]
-    task = np.where(task == None, "", task)  # noqa: E711 (elementwise)
-    tasks: dict[str, int] = {}
-    for t in task:
-        tasks.setdefault(t, len(tasks))
-    task_index = np.array([tasks[t] for t in task], np.int64)
+    bounds = np.r_[0, np.cumsum(lengths)]
+    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+    frame_index = (step - step[first][new_ep]).astype(np.int64)
+    index_cols = {"timestamp": (frame_index / rate).astype(np.float32),
+                  "frame_index": frame_index, "episode_index": new_ep,
+                  "index": np.arange(n, dtype=np.int64)}
 
-    cols: dict[str, Any] = {}
+    every = max(1, len(spans) * int(lengths.max()) // STATS_FRAMES)
+    decoders = {name: _camera(location, name) for name in camera}
+    samples: dict[str, list[np.ndarray]] = {name: [] for name in camera}
+
+    def clips(name: str):
+        """Camera ``name``'s frames, one episode at a time (a sample kept for its stats)."""
+        for e, (a, b) in enumerate(spans):
+            f = decoders[name](int(ids[e]), frames[name][a:b])
+            samples[name].append(f[::every])
+            yield f
+
     features: dict[str, dict] = {}
+    values: dict[str, list[np.ndarray]] = {name: [] for name in numeric}
+    tasks: dict[str, int] = {}
+    task_index = np.zeros(n, np.int64)
+    ep_tasks: list[list[str]] = []
+    images = {name: clips(name) for name in camera} if cameras == "image" else {}
+    data_path = root / "data" / f"{CHUNK}.parquet"
+    data_path.parent.mkdir(parents=True)
+    writer, pending = None, []
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    try:
+        for e, (a, b) in enumerate(spans):
+            rows = _take(location, "data.lance", data, address[a:b],
+                         ["task", *[streams[k]["column"] for k in numeric]])
+            task = [t if t is not None else "" for t in rows.column("task").to_pylist()]
+            task_index[a:b] = [tasks.setdefault(t, len(tasks)) for t in task]
+            ep_tasks.append(list(dict.fromkeys(task)))
+            cols: dict[str, Any] = {}
+            for name in numeric:
+                key, s = rename.get(name, name), streams[name]
+                flat = rows.column(s["column"]).combine_chunks().flatten()
+                v = flat.to_numpy(zero_copy_only=False).reshape(b - a, -1)
+                values[name].append(v)
+                cols[key] = pa.array(v[:, 0]) if v.shape[1] == 1 else \
+                    pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
+            for name, clip in images.items():
+                cols[rename.get(name, name)] = pa.array(
+                    [{"bytes": _png(f), "path": None} for f in next(clip)], image_type)
+            for k, v in index_cols.items():
+                cols[k] = pa.array(v[a:b])
+            cols["task_index"] = pa.array(task_index[a:b])
+            pending.append(pa.table(cols))
+            if sum(t.nbytes for t in pending) >= ROW_GROUP_BYTES or e == len(spans) - 1:
+                batch = pa.concat_tables(pending)
+                if writer is None:
+                    writer = pq.ParquetWriter(data_path, batch.schema)
+                writer.write_table(batch, row_group_size=batch.num_rows)
+                pending = []
+    finally:
+        if writer is not None:
+            writer.close()
+
     stats: dict[str, dict] = {}
     for name in numeric:
         key, s = rename.get(name, name), streams[name]
-        flat = table.column(s["column"]).combine_chunks().flatten()
-        values = flat.to_numpy(zero_copy_only=False).reshape(len(table), -1)[order]
-        dim = values.shape[1]
-        cols[key] = pa.array(values[:, 0]) if dim == 1 else pa.FixedSizeListArray.from_arrays(
-            pa.array(values.reshape(-1)), dim)
-        features[key] = {"dtype": s["dtype"], "shape": [dim], "names": None}
-        stats[key] = _stats(values)
-    bounds = np.r_[0, np.cumsum(lengths)]
-    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
-    every = max(1, len(spans) * int(lengths.max()) // STATS_FRAMES) if n else 1
-    videos: dict[str, Any] = {}
-    for name in camera:
-        key, s = rename.get(name, name), streams[name]
-        frame = table.column(f"{s['column']}/frame").to_numpy()[order]
-        decode, samples = _camera(cache, name), []
-
-        def clips(decode=decode, frame=frame, samples=samples):
-            for a, b in spans:
-                f = decode(ep[a:b], frame[a:b])
-                samples.append(f[::every])
-                yield f
-
-        if cameras == "image":
-            png = [_png(f) for clip in clips() for f in clip]
-            cols[key] = pa.array([{"bytes": b, "path": None} for b in png],
-                                 pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
-            h, w = samples[0].shape[1:3]
-            features[key] = {"dtype": "image", "shape": [h, w, 3],
-                             "names": ["height", "width", "channels"]}
-        else:
-            videos[key] = clips()
-        stats[key] = samples  # turned into statistics once the frames went by
-    frame_index = (step - step[first][np.searchsorted(ids, ep)]).astype(np.int64)
-    index_cols = {"timestamp": (frame_index / rate).astype(np.float32),
-                  "frame_index": frame_index, "episode_index": new_ep,
-                  "index": np.arange(n, dtype=np.int64), "task_index": task_index}
+        v = np.concatenate(values.pop(name))
+        features[key] = {"dtype": s["dtype"], "shape": [v.shape[1]], "names": None}
+        stats[key] = _stats(v)
+    for name in camera:  # filled once the frames went by (a video's as it is encoded)
+        stats[rename.get(name, name)] = {}
+    for name in images:
+        h, w = samples[name][0].shape[1:3]
+        features[rename.get(name, name)] = {"dtype": "image", "shape": [h, w, 3],
+                                            "names": ["height", "width", "channels"]}
+    index_cols["task_index"] = task_index
     for k, v in index_cols.items():
-        cols[k] = pa.array(v)
         features[k] = {"dtype": str(v.dtype), "shape": [1], "names": None}
         stats[k] = _stats(v[:, None])
-    data_path = root / "data" / f"{CHUNK}.parquet"
-    data_path.parent.mkdir(parents=True)
-    pq.write_table(pa.table(cols), data_path)
 
-    ep_tasks = [list(dict.fromkeys(task[a:b])) for a, b in spans]
     ne = len(ids)
     episodes = pa.table({
         "episode_index": np.arange(ne, dtype=np.int64), "tasks": ep_tasks,
@@ -285,6 +379,8 @@ def _write(cache: Path, root: Path, manifest: dict, cameras: str, rename: dict[s
     pd.DataFrame({"task_index": list(tasks.values())},
                  index=pd.Index(list(tasks), name="task")).to_parquet(
         root / "meta" / "tasks.parquet")
+    videos = {rename.get(name, name): clips(name) for name in camera} if cameras == "video" \
+        else {}
     info = {"codebase_version": "v3.0", "fps": fps, "features": features,
             "total_episodes": ne, "total_frames": n, "total_tasks": len(tasks),
             "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200,
@@ -295,8 +391,8 @@ def _write(cache: Path, root: Path, manifest: dict, cameras: str, rename: dict[s
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=4) + "\n")
     if videos:
         add_video_features(root, videos, fps=rate, codec=vcodec)
-    for key in (rename.get(k, k) for k in camera):
-        stats[key] = _frame_stats(stats[key])
+    for name in camera:
+        stats[rename.get(name, name)] = _frame_stats(samples[name])
     (root / "meta" / "stats.json").write_text(json.dumps(stats, indent=4) + "\n")
     info = json.loads((root / "meta" / "info.json").read_text())
     return {"fps": fps, "episodes": ne, "frames": n, "cameras": cameras,

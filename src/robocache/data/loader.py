@@ -41,6 +41,7 @@ import torch
 
 from robocache.data.dataset import Batch, RobotDataset, _Key
 from robocache.data.frames import stack
+from robocache.data.sampler import check_position, epoch_order, rank_share
 from robocache.errors import DataError
 from robocache.observability import metrics
 
@@ -142,90 +143,118 @@ def _generator(*key: int) -> torch.Generator:
 
 
 class _Sampler(torch.utils.data.Sampler):
-    """Batches of (source, indices) parts for one rank of ``world_size``.
+    """Batches of (source, indices) parts for one rank of ``world_size``, from position
+    ``consumed`` of epoch ``epoch`` (samples served by all ranks together; see
+    :mod:`robocache.data.sampler`: a position saved by any number of ranks resumes on any
+    other).
 
     One source: an epoch is a permutation seeded by ``seed + epoch``, dealt round-robin to the
     ranks exactly as ``torch.utils.data.DistributedSampler`` does (``drop_last``: the tail that
     does not divide evenly among the ranks is dropped; otherwise it is padded by repeating the
-    start, so every sample is served and only the padding twice). A mixture: the global
-    batches (``batch_size * world_size`` sources and steps each) are drawn in blocks of
-    ``BLOCK``, block ``c`` of an epoch from a generator seeded by ``(seed, epoch, c)`` (a few
-    tensor ops per block, not per batch); each rank takes its slice of each batch, so any batch
-    can be rebuilt without replaying more than its block (the resident path draws the whole
-    epoch at its start, :meth:`order`). ``epoch`` and ``start`` (the first
-    batch to yield) are where iteration resumes."""
+    start, so every sample is served and only the padding twice). A mixture: an epoch is a
+    stream of draws (source, step), position ``j`` drawn in block ``j // BLOCK`` from a
+    generator seeded by ``(seed, epoch, block)`` (a few tensor ops per block, not per batch);
+    global batch ``k`` is positions ``consumed + k * batch_size * world_size`` on, each rank
+    taking its slice, so any batch is rebuilt without replaying more than its blocks, whatever
+    the number of ranks (the resident path draws the whole epoch at its start,
+    :meth:`order`)."""
 
-    BLOCK = 64
+    BLOCK = 1 << 14
 
     def __init__(self, data: RobotDataset | MixedDataset, batch_size: int, shuffle: bool,
                  drop_last: bool, seed: int, rank: int = 0, world_size: int = 1):
         self.data, self.batch_size = data, batch_size
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
         self.rank, self.world_size = rank, world_size
-        self.epoch, self.start = 0, 0
-        self._last: tuple = (None,)  # the last mixture block drawn: (epoch, block), tensors
+        self.epoch, self.consumed = 0, 0
+        self._blocks: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def mixed(self) -> bool:
+        return isinstance(self.data, MixedDataset)
 
     @property
     def num_samples(self) -> int:
         """Samples this rank serves per epoch."""
         n, w = len(self.data), self.world_size
-        return n // w if self.drop_last or isinstance(self.data, MixedDataset) else -(-n // w)
+        return n // w if self.drop_last or self.mixed else -(-n // w)
 
     def __len__(self) -> int:
+        """Batches of this rank per (whole) epoch."""
         n = self.num_samples
-        if isinstance(self.data, MixedDataset) or self.drop_last:
-            return n // self.batch_size
-        return -(-n // self.batch_size)
+        return n // self.batch_size if self.mixed or self.drop_last else -(-n // self.batch_size)
+
+    @property
+    def epoch_samples(self) -> int:
+        """Positions of an epoch: its samples (one source), or its draws (a mixture)."""
+        return len(self) * self.batch_size * self.world_size if self.mixed else len(self.data)
+
+    def remaining(self) -> int:
+        """Batches of this rank left in the epoch after position :attr:`consumed`."""
+        if self.mixed:
+            return max(self.epoch_samples - self.consumed, 0) // (self.batch_size *
+                                                                  self.world_size)
+        rest = max(len(self.data) - self.consumed, 0)
+        mine = rest // self.world_size if self.drop_last else -(-rest // self.world_size)
+        return mine // self.batch_size if self.drop_last else -(-mine // self.batch_size)
 
     def order(self) -> torch.Tensor:
-        """This rank's order of the epoch's samples, int64 ``[num_samples]``: one source, its
-        steps; a mixture, rows of its sources stacked in order (see ``_pack``), batch after
-        batch, each batch grouped by source (its blocks drawn once for the whole epoch, so a
-        mixed epoch is then served exactly like one cache's)."""
-        if isinstance(self.data, MixedDataset):
-            blocks = [self._block(c)[2] for c in range(-(-len(self) // self.BLOCK))]
-            return torch.cat(blocks)[:len(self)].reshape(-1) if blocks \
-                else torch.zeros(0, dtype=torch.int64)
-        n = len(self.data)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)) \
-            if self.shuffle else torch.arange(n)
-        total = self.num_samples * self.world_size
-        if total > n:  # pad by repeating the start (as often as needed for tiny datasets)
-            order = order.repeat(-(-total // max(n, 1)))
-        return order[:total][self.rank::self.world_size].contiguous()
+        """This rank's order of the epoch's remaining samples: one source, its steps; a
+        mixture, rows of its sources stacked in order (see ``_pack``), batch after batch,
+        each batch grouped by source (drawn once for the whole epoch, so a mixed epoch is
+        then served exactly like one cache's)."""
+        if self.mixed:
+            src, _, rows = self._draws(self._positions(torch.arange(self.remaining())))
+            return rows.gather(1, torch.sort(src, dim=1, stable=True).indices).reshape(-1)
+        return rank_share(epoch_order(len(self.data), self.seed, self.epoch, self.shuffle),
+                          self.consumed, self.rank, self.world_size, self.drop_last)
 
     def batches(self, order: torch.Tensor) -> Iterator[list[tuple[int, torch.Tensor]]]:
-        for b in range(self.start, len(self)):
+        for b in range(self.remaining()):
             yield [(0, order[b * self.batch_size:(b + 1) * self.batch_size])]
 
-    def _block(self, c: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A mixture's block ``c`` of this epoch, this rank's part: each sample's source, step
-        in it, and row in the sources stacked in order (see ``_pack``), each int64 ``[BLOCK,
-        batch_size]``, rows grouped by source within a batch (the last block's is kept)."""
-        if self._last[0] != (self.epoch, c):
-            g = _generator(self.seed, self.epoch, c)
-            sizes = torch.tensor([len(d) for d in self.data.datasets], dtype=torch.float64)
-            shape = (self.BLOCK, self.world_size, self.batch_size)
-            src = torch.multinomial(self.data.weights, math.prod(shape), replacement=True,
-                                    generator=g)
-            steps = (torch.rand(src.shape, generator=g, dtype=torch.float64) * sizes[src]).long()
-            src, steps = src.view(shape)[:, self.rank], steps.view(shape)[:, self.rank]
-            rows = steps + (sizes.cumsum(0) - sizes).long()[src]
-            self._last = ((self.epoch, c), src, steps,
-                          rows.gather(1, torch.sort(src, dim=1, stable=True).indices))
-        return self._last[1:]
+    def _positions(self, batches: torch.Tensor) -> torch.Tensor:
+        """The epoch positions of this rank's remaining batches ``batches``: int64
+        ``[len(batches), batch_size]``."""
+        first = self.consumed + batches * self.batch_size * self.world_size \
+            + self.rank * self.batch_size
+        return first[:, None] + torch.arange(self.batch_size)
+
+    def _draws(self, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A mixture's draws at epoch ``positions``: each one's source, step in it, and row in
+        the sources stacked in order (see ``_pack``), shaped like ``positions``."""
+        sizes = torch.tensor([len(d) for d in self.data.datasets], dtype=torch.float64)
+        blocks = positions // self.BLOCK
+        src = torch.empty_like(positions)
+        steps = torch.empty_like(positions)
+        keep = {}
+        for c in torch.unique(blocks).tolist():
+            key = (self.epoch, c)
+            if key not in self._blocks:
+                g = _generator(self.seed, self.epoch, c)
+                s = torch.multinomial(self.data.weights, self.BLOCK, replacement=True,
+                                      generator=g)
+                t = (torch.rand(s.shape, generator=g, dtype=torch.float64) * sizes[s]).long()
+                self._blocks[key] = (s, t)
+            keep[key] = self._blocks[key]
+            at = blocks == c
+            src[at] = keep[key][0][positions[at] % self.BLOCK]
+            steps[at] = keep[key][1][positions[at] % self.BLOCK]
+        self._blocks = keep  # the blocks of the last call only
+        return src, steps, steps + (sizes.cumsum(0) - sizes).long()[src]
 
     def mixed_batch(self, b: int) -> list[tuple[int, torch.Tensor]]:
-        src, steps, _ = self._block(b // self.BLOCK)
-        src, steps = src[b % self.BLOCK], steps[b % self.BLOCK]
+        """This rank's remaining batch ``b`` of a mixture, as (source, steps) parts."""
+        src, steps, _ = self._draws(self._positions(torch.tensor([b])))
+        src, steps = src[0], steps[0]
         return [(i, steps[src == i]) for i in range(len(self.data.datasets))
                 if bool((src == i).any())]
 
     def __iter__(self) -> Iterator[list[tuple[int, torch.Tensor]]]:
-        if isinstance(self.data, RobotDataset):
+        if not self.mixed:
             yield from self.batches(self.order())
             return
-        for b in range(self.start, len(self)):
+        for b in range(self.remaining()):
             yield self.mixed_batch(b)
 
 
@@ -465,8 +494,8 @@ class RobotLoader:
             rank's resident cache sits on its own GPU.
 
     Iteration resumes: :meth:`state_dict` / :meth:`load_state_dict` save and restore the
-    position (epoch, batch), and breaking out of a loop then calling ``iter`` again continues
-    the same epoch.
+    position (epoch, samples served), also onto another number of ranks, and breaking out of
+    a loop then calling ``iter`` again continues the same epoch.
 
     Raises:
         DataError: ``batch_size`` < 1, ``rank`` outside ``[0, world_size)``, or the workers
@@ -501,7 +530,9 @@ class RobotLoader:
         self.mixture = data if self.mixed else None
         self.datasets = data.datasets if self.mixed else [data]
         self.sampler = _Sampler(data, batch_size, shuffle, drop_last, seed, rank, world_size)
-        self.epoch, self.batch = 0, 0  # where iteration resumes (see state_dict)
+        # where iteration resumes (see state_dict): the epoch, the position this pass over it
+        # started at, and the batches yielded since
+        self.epoch, self.consumed, self.batch = 0, 0, 0
         self.normalizers = [None if normalize is None else
                             Normalizer(d.stats, normalize if isinstance(normalize, str) else
                                        {k: m for k, m in normalize.items() if k in d.stats})
@@ -571,32 +602,39 @@ class RobotLoader:
         """Serve epoch ``epoch`` next (the same order on every rank); a position restored by
         :meth:`load_state_dict` in that epoch is kept."""
         if int(epoch) != self.epoch:
-            self.epoch, self.batch = int(epoch), 0
+            self.epoch, self.consumed, self.batch = int(epoch), 0, 0
+
+    def position(self) -> int:
+        """Positions of this epoch the ranks have served together (see
+        :mod:`robocache.data.sampler`)."""
+        s = self.sampler
+        return min(self.consumed + self.batch * s.batch_size * s.world_size, s.epoch_samples)
 
     def state_dict(self) -> dict[str, int]:
-        """Where iteration stands: ``epoch`` and ``batch`` (batches of it already yielded),
-        with the ``seed``, ``rank`` and ``world_size`` they hold for. Save it with the model;
-        :meth:`load_state_dict` makes the next ``iter(loader)`` continue with the batch after
-        the last one yielded, as if never interrupted."""
-        return {"epoch": self.epoch, "batch": self.batch, "seed": self.sampler.seed,
-                "rank": self.sampler.rank, "world_size": self.sampler.world_size}
+        """Where iteration stands: ``epoch`` and ``consumed`` (its positions the ranks have
+        served together, the same on every rank), with the ``seed``, ``batch_size``, ``rank``
+        and ``world_size`` they were served with. Save it with the model (from any rank);
+        :meth:`load_state_dict` makes the next ``iter(loader)`` continue with what follows,
+        as if never interrupted, on this number of ranks or another."""
+        s = self.sampler
+        return {"epoch": self.epoch, "consumed": self.position(), "seed": s.seed,
+                "batch_size": s.batch_size, "rank": s.rank, "world_size": s.world_size}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Resume from :meth:`state_dict`'s output.
+        """Resume from :meth:`state_dict`'s output, saved by any number of ranks: the epoch's
+        positions after it are dealt to this loader's ranks (one source: no sample of the
+        epoch served twice or skipped; a mixture: its draws continue where they stopped).
 
         Raises:
-            DataError: the state was saved with another seed or world size, or its batch is
-                past the end of an epoch.
+            DataError: the state was saved with another seed, or its position does not fit
+                an epoch of this data.
         """
-        for key in ("seed", "world_size"):
-            if state[key] != getattr(self.sampler, key):
-                raise DataError(f"the loader state was saved with {key}={state[key]}, this "
-                                f"loader has {getattr(self.sampler, key)}; build the loader "
-                                "with the same value to resume.")
-        if not 0 <= state["batch"] <= len(self):
-            raise DataError(f"the loader state's batch {state['batch']} is outside an epoch of "
-                            f"{len(self)} batches.")
-        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        if state["seed"] != self.sampler.seed:
+            raise DataError(f"the loader state was saved with seed={state['seed']}, this "
+                            f"loader has {self.sampler.seed}; build the loader with the same "
+                            "seed to resume.")
+        check_position(state, self.sampler.epoch_samples)
+        self.epoch, self.consumed, self.batch = int(state["epoch"]), int(state["consumed"]), 0
 
     def __iter__(self) -> Iterator[Batch]:
         """This epoch's remaining batches (all of them unless resumed mid-epoch)."""
@@ -609,11 +647,12 @@ class RobotLoader:
         return metrics.watch_loader(self, self._epoch())
 
     def _epoch(self) -> Iterator[Batch]:
-        self.sampler.epoch, self.sampler.start = self.epoch, self.batch
+        self.consumed, self.batch = self.position(), 0
+        self.sampler.epoch, self.sampler.consumed = self.epoch, self.consumed
         for batch in self._batches():
             self.batch += 1
             yield batch
-        self.epoch, self.batch = self.epoch + 1, 0
+        self.epoch, self.consumed, self.batch = self.epoch + 1, 0, 0
 
     def _batches(self) -> Iterator[Batch]:
         if self.graphed is not None:
@@ -747,9 +786,9 @@ class RobotLoader:
             event.record(self.stream)
             return batch, event
 
-        n, first = len(self.sampler), self.sampler.start
-        ready = launch(first) if first < n else None
-        for b in range(first, n):
+        n = self.sampler.remaining()
+        ready = launch(0) if n else None
+        for b in range(n):
             batch, event = ready
             main.wait_event(event)
             if b + 1 < n:

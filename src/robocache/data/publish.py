@@ -27,12 +27,52 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from robocache.data.location import Location
+from robocache.data.location import Location, is_uri
 from robocache.data.owned import DATA, FRAMES, _cameras
 from robocache.errors import DataError
 
 #: The fields of two manifests that must agree for one to extend the other.
 IDENTITY = ("format", "source", "rate_hz", "streams")
+
+
+class Target:
+    """Where a build writes: ``dest`` itself when local; for a URI, a staging directory
+    (``staging``, default :func:`staging_dir`) published to the URI when the build ends.
+
+    Args:
+        dest: a local directory or a URI (``s3://bucket/prefix``...).
+        storage_options: the object store's settings (see :mod:`robocache.data.location`).
+        staging: the staging directory of a URI ``dest``.
+
+    Raises:
+        DataError: ``staging`` given for a local ``dest``, or a bad URI.
+    """
+
+    def __init__(self, dest: str | Path, storage_options: dict[str, Any] | None = None,
+                 staging: str | Path | None = None):
+        self.location = Location(dest, storage_options) if is_uri(dest) else None
+        if self.location is None:
+            if staging is not None:
+                raise DataError(f"`staging` (--staging) is for a cache bound for an object "
+                                f"store; DEST {dest} is a local directory, written directly.")
+            self.local = Path(dest)
+        else:
+            self.local = Path(staging) if staging is not None else staging_dir(self.location)
+
+    def prepare(self, overwrite: bool, log: Callable[[str], None] = print) -> None:
+        """Before the build: a URI's cache must be one this staging directory continues
+        (:func:`check_target`)."""
+        if self.location is not None:
+            check_target(self.location, self.local, overwrite, log)
+
+    def publish(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """After the build: copy the staged cache to the URI (:func:`publish`); the manifest
+        with ``uri``, ``staging`` and ``published`` (files, bytes, skipped) when it did."""
+        if self.location is None or manifest.get("status") != "complete":
+            return manifest
+        done = publish(self.local, self.location)
+        return {**manifest, "uri": self.location.uri, "staging": str(self.local),
+                "published": done}
 
 
 def staging_dir(location: Location) -> Path:

@@ -29,6 +29,7 @@ from robocache.data.build.manifest import IDENTITY, _check_dest, _claim, is_cach
 from robocache.data.build.run import _progress, finish
 from robocache.data.build.write import write_files
 from robocache.data.lock import CacheLock
+from robocache.data.publish import Target
 from robocache.errors import DataError
 
 
@@ -80,17 +81,21 @@ def _merged_stats(shards: list[Path]) -> dict[str, dict]:
 
 def merge(shards: list[str | Path], dest: str | Path, *, overwrite: bool = False,
           wait: bool = False, progress: bool = True,
-          log: Callable[[str], None] | None = None) -> dict[str, Any]:
+          log: Callable[[str], None] | None = None,
+          storage_options: dict[str, Any] | None = None,
+          staging: str | Path | None = None) -> dict[str, Any]:
     """Join shard caches into one cache at ``dest`` (see the module docstring).
 
     Args:
         shards: the shard cache directories (any order).
         dest: the merged cache directory (created, or resumed when it holds a merge of the
-            same configuration).
+            same configuration), or an object-store URI: merged in ``staging``, then
+            published, as :func:`robocache.data.cache.build` does.
         overwrite: delete an existing cache at ``dest`` first.
         wait: when another process is writing ``dest``, wait for it instead of failing.
         progress: show a progress bar on stderr.
         log: where notices go (what ``overwrite`` removes).
+        storage_options, staging: as for ``build``.
 
     Returns:
         The merged cache's manifest (as ``build`` returns it).
@@ -111,14 +116,18 @@ def merge(shards: list[str | Path], dest: str | Path, *, overwrite: bool = False
     manifests = _manifests(shards)
     header = {k: manifests[0].get(k) for k in IDENTITY}
     header.update(source_identity.merged(manifests))
-    dest = Path(dest)
+    log = log or logging.getLogger(__name__).warning
+    target = Target(dest, storage_options, staging)
+    target.prepare(overwrite, log)
+    dest = target.local
     for shard in shards:  # the shards are sources: never written
         _check_dest(shard, dest)
     dest.mkdir(parents=True, exist_ok=True)
     with CacheLock(dest, wait=wait):
         _check_dest(shards[0], dest)  # again: another writer may have changed it
-        _claim(dest, header, overwrite, log or logging.getLogger(__name__).warning)
-        return _merge_locked(shards, manifests, dest, header, progress)
+        _claim(dest, header, overwrite, log)
+        manifest = _merge_locked(shards, manifests, dest, header, progress)
+    return target.publish(manifest)
 
 
 def _merge_locked(shards: list[Path], manifests: list[dict[str, Any]], dest: Path,

@@ -51,6 +51,7 @@ from robocache.data.build.read import open_specs, prepare_episode, retain_heap, 
 from robocache.data.build.run import Progress, _progress, _reason, locked_run
 from robocache.data.build.stats import Tally
 from robocache.data.build.write import Batch, episode_tables
+from robocache.data.publish import Target
 from robocache.errors import ClusterError, DataError, DeviceError
 from robocache.observability import metrics
 
@@ -236,13 +237,18 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                address: str | None = None, num_gpus: int | None = None,
                workers: int | None = None, actors_per_gpu: int | None = None,
                progress: bool | Progress = True,
-               log: Callable[[str], None] | None = None, **overrides: Any) -> dict[str, Any]:
+               log: Callable[[str], None] | None = None,
+               storage_options: dict[str, Any] | None = None, staging: str | Path | None = None,
+               **overrides: Any) -> dict[str, Any]:
     """Build the cache of :func:`robocache.data.cache.build` with Ray (see the module docstring).
 
     Args:
         source: dataset path every Ray worker can read (shared or object-store mount).
         dest: cache directory every Ray worker and this process can write (locked by this
-            process for the whole job, as by ``build``).
+            process for the whole job, as by ``build``); or an object-store URI, as for
+            ``build``: the cache is built in ``staging`` (which every Ray worker must then be
+            able to write: a shared folder on a cluster of several machines) and published.
+        storage_options, staging: as for ``build``.
         config: options, as for ``build``; keyword ``overrides`` replace its fields.
         address: Ray cluster (``auto``, ``host:port``, ``ray://host:port``); ``None`` starts a
             local Ray (or uses the one this process already initialized).
@@ -278,7 +284,10 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
             raise DeviceError(f"`{name}` (--{name.replace('_', '-')}) is {value}; pass a whole "
                               "number of at least 1, or leave it out.")
     ray = _ray()
-    with locked_run(source, dest, config, log=log, **overrides) as run:
+    target = Target(dest, storage_options, staging)
+    target.prepare(bool(overrides.get("overwrite", (config or CacheConfig()).overwrite)),
+                   log or logging.getLogger(__name__).warning)
+    with locked_run(source, target.local, config, log=log, **overrides) as run:
         connect(address)
         resources = ray.cluster_resources()
         have = int(resources.get("GPU", 0))
@@ -347,4 +356,5 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                         pending, since = [], time.perf_counter()
                 if pending:
                     _commit_group(run, pending, advance)
-        return run.finish(device=f"{device} x{num_gpus or actors} (ray)")
+        manifest = run.finish(device=f"{device} x{num_gpus or actors} (ray)")
+    return target.publish(manifest)

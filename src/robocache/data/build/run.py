@@ -55,6 +55,7 @@ from robocache.data.build.write import Batch, episode_tables
 from robocache.data.cameras import CODECS, VIDEO_DECODERS, nvdec_available
 from robocache.data.episode import Source, StreamSpec
 from robocache.data.lock import CacheLock
+from robocache.data.publish import Target
 from robocache.data.snapshot import kept
 from robocache.errors import DataError
 from robocache.observability import metrics
@@ -382,13 +383,22 @@ def finish(dest: Path, header: dict[str, Any], *, wanted: list[int], done: set[i
 
 def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | None = None, *,
           progress: bool | Progress = True, log: Callable[[str], None] | None = None,
+          storage_options: dict[str, Any] | None = None, staging: str | Path | None = None,
           **overrides: Any) -> dict[str, Any]:
     """Ingest a dataset into a training cache at ``dest`` (see the module docstring).
 
     Args:
         source: a dataset path (format detected, see :func:`robocache.data.formats.open_source`)
             or an opened source.
-        dest: cache directory (created; an existing cache of the same source resumes).
+        dest: cache directory (created; an existing cache of the same source resumes), or an
+            object-store URI (``s3://bucket/prefix``, ``gs://``, ``az://``): the cache is built
+            in the local ``staging`` directory, then published there
+            (:mod:`robocache.data.publish`).
+        storage_options: the object store's settings for a URI ``dest`` (Lance's names;
+            credentials otherwise from the standard environment variables).
+        staging: where a cache bound for a URI is built (default
+            ``$ROBOCACHE_HOME/staging/<name>-<digest>``); kept, so that a later build of the
+            same URI resumes or extends it there.
         config: options; keyword ``overrides`` replace its fields (``rate_hz=50.0``...).
         progress: show a rich progress bar on stderr; or a callable
             ``(description, episodes)``, called in this process as episodes finish (cached,
@@ -398,12 +408,14 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
     Returns:
         The manifest (also written to ``dest/manifest.json``): ``counts`` (read, cached,
         quarantined, skipped, rows), ``episodes``, ``quarantined`` (index + reason), ``streams``,
-        ``stats_path``, ``seconds``.
+        ``stats_path``, ``seconds``; for a URI ``dest`` also ``uri``, ``staging`` and
+        ``published`` (files and bytes copied, files already there).
 
     Raises:
         DataError: unknown format, a requested key the source lacks, a non-positive rate, a bad
             ``shard``, or ``dest`` holds another cache (different source, rate or streams) or
-            other files.
+            other files, or a URI ``dest`` holds a cache the staging directory does not
+            continue (without ``overwrite``), or the object store fails.
         CacheBusyError: another process is writing ``dest`` (and ``wait`` is off).
         FileNotFoundError: ``source`` does not exist.
 
@@ -412,7 +424,10 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
         >>> c = m["counts"]; c["read"] == c["cached"] + c["quarantined"]
         True
     """
-    with locked_run(source, dest, config, log=log, **overrides) as run:
+    target = Target(dest, storage_options, staging)
+    target.prepare(bool(overrides.get("overwrite", (config or CacheConfig()).overwrite)),
+                   log or logging.getLogger(__name__).warning)
+    with locked_run(source, target.local, config, log=log, **overrides) as run:
         on_cpu = getattr(run.device, "type", None) == "cpu"
         group: list[Prepared] = []  # prepared episodes, in order, aligned together
         with _progress(progress, len(run.wanted)) as advance, closing(prepared(
@@ -431,7 +446,8 @@ def build(source: str | Path | Source, dest: str | Path, config: CacheConfig | N
                 if len(group) >= ALIGN_EPISODES:
                     _settle(run, group, advance)
             _settle(run, group, advance)
-        return run.finish()
+        manifest = run.finish()
+    return target.publish(manifest)
 
 
 def _settle(run: Run, group: list[Prepared], advance) -> None:
