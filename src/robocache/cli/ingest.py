@@ -20,7 +20,15 @@ from typing import Annotated
 
 import typer
 
-from robocache.cli._errors import VERBOSE_OPTION_HELP, CommandError, cli_errors, exit_code
+from robocache.cli._errors import (
+    VERBOSE_OPTION_HELP,
+    CommandError,
+    cache_argument,
+    cli_errors,
+    exit_code,
+    storage_option_flag,
+    storage_options,
+)
 from robocache.observability.exporter import (
     LOG_FORMAT_OPTION,
     METRICS_PORT_OPTION,
@@ -30,7 +38,13 @@ from robocache.observability.exporter import (
 # Arguments shared by the commands that build a cache (`ingest`, `preprocess`, `merge`).
 SourceArg = Annotated[Path, typer.Argument(help="Dataset: LeRobot dir, zarr ReplayBuffer, HDF5, "
                                                 "RLDS/TFDS folder, folder of ROS 2 bags.")]
-DestArg = Annotated[Path, typer.Argument(help="Cache directory (created or resumed).")]
+DestArg = Annotated[str, typer.Argument(
+    help="Cache directory (created or resumed), or an object-store URI (s3://bucket/prefix, "
+         "gs://, az://): built in --staging, then published there.")]
+StagingOpt = Annotated[Path, typer.Option(
+    help="DEST is a URI: the local directory the cache is built in before it is published "
+         "(default: $ROBOCACHE_HOME/staging/NAME-DIGEST; kept, so a re-run resumes or "
+         "extends it).")]
 RateOpt = Annotated[str, typer.Option("--rate", help="Target rate in Hz, or 'native': the "
                                                    "source's fps, every frame stored exactly.")]
 GridToleranceOpt = Annotated[float, typer.Option(
@@ -111,6 +125,7 @@ SHARED = {"keys": (KeysOpt, None), "fps": (FpsOpt, None), "split": (SplitOpt, No
           "overwrite": (OverwriteOpt, False), "retry_quarantined": (RetryOpt, False),
           "rebuild_changed": (RebuildOpt, False),
           "wait": (WaitOpt, False), "verbose": (VerboseOpt, False),
+          "staging": (StagingOpt, None), "storage_option": (list[str], storage_option_flag()),
           "metrics_port": (int, METRICS_PORT_OPTION), "pushgateway": (str, PUSHGATEWAY_OPTION),
           "log_format": (str, LOG_FORMAT_OPTION)}
 
@@ -146,7 +161,7 @@ def source_options(topic=None, exclude_topic=None, task_topic=None, log_time=Fal
 def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, topic, exclude_topic,
         task_topic, log_time, allow_truncated, tolerance, grid_tolerance, shard, as_json,
         progress, overwrite, retry_quarantined, wait, verbose, metrics_port, pushgateway,
-        log_format, **kwargs) -> None:
+        log_format, dest, staging, storage_option, **kwargs) -> None:
     """Run a cache job with the shared flags, observed as ``name`` (metrics, pushgateway,
     logs); print its manifest (``--json``) or summary; exit with the shared codes (bad input:
     one line on stderr)."""
@@ -154,7 +169,9 @@ def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, topic, e
 
     with cli_errors(verbose), observe(name, metrics_port=metrics_port,
                                       pushgateway=pushgateway, log_format=log_format):
-        manifest = job(rate_hz=_rate(rate), grid_tolerance_s=grid_tolerance,
+        manifest = job(dest=cache_argument(dest), staging=staging,
+                       storage_options=storage_options(storage_option),
+                       rate_hz=_rate(rate), grid_tolerance_s=grid_tolerance,
                        keys=keys or None, tolerance_s=tolerance,
                        source_options=source_options(
                            fps=fps, split=split, topic=topic, exclude_topic=exclude_topic,

@@ -13,17 +13,35 @@ from typing import Annotated
 
 import typer
 
-from robocache.cli._errors import CommandError, cli_errors
-from robocache.cli.ingest import JsonOpt, OverwriteOpt, ProgressOpt, VerboseOpt, WaitOpt, report
+from robocache.cli._errors import (
+    CommandError,
+    cache_argument,
+    cli_errors,
+    storage_option_flag,
+    storage_options,
+)
+from robocache.cli.ingest import (
+    JsonOpt,
+    OverwriteOpt,
+    ProgressOpt,
+    StagingOpt,
+    VerboseOpt,
+    WaitOpt,
+    report,
+)
 
 
 def merge(
-    paths: Annotated[list[Path], typer.Argument(help="Shard caches, then the merged cache.")],
+    paths: Annotated[list[str], typer.Argument(
+        help="Shard caches, then the merged cache (a directory, or an object-store URI "
+             "s3://bucket/prefix: merged in --staging, then published).")],
     as_json: JsonOpt = False,
     progress: ProgressOpt = True,
     overwrite: OverwriteOpt = False,
     wait: WaitOpt = False,
     verbose: VerboseOpt = False,
+    staging: StagingOpt = None,
+    storage_option: list[str] = storage_option_flag(),
 ):
     """Join shard caches into one cache with exactly merged statistics."""
     from robocache.distributed.merge import merge as job
@@ -32,7 +50,8 @@ def merge(
         if len(paths) < 2:
             raise CommandError("merge needs shard caches and a destination",
                                "pass robocache merge SHARD... DEST")
-        manifest = job(paths[:-1], paths[-1], overwrite=overwrite, wait=wait,
-                       progress=progress and not as_json,
-                       log=lambda msg: typer.echo(msg, err=True))
+        manifest = job([Path(p) for p in paths[:-1]], cache_argument(paths[-1]),
+                       overwrite=overwrite, wait=wait, progress=progress and not as_json,
+                       log=lambda msg: typer.echo(msg, err=True), staging=staging,
+                       storage_options=storage_options(storage_option))
     report(manifest, as_json)

@@ -180,7 +180,7 @@ class RobotDataset(torch.utils.data.Dataset):
             raise FileNotFoundError(f"{self.location} is not a RoboCache cache (no "
                                     "manifest.json); build one with `robocache ingest SOURCE "
                                     "DEST`.") from None
-        except ValueError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DataError(f"{self.location.child('manifest.json')} is not valid JSON ({e}); "
                             "the cache is damaged: rebuild it with `robocache ingest SOURCE "
                             "DEST --overwrite`.") from e

@@ -354,6 +354,7 @@ def store_error(uri: str, e: BaseException) -> DataError:
     text = str(e)
     low = text.lower()
     if any(s in low for s in ("invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied",
+                              "access_denied",
                               "access denied", "forbidden", "403", "invalidclienttokenid",
                               "expiredtoken", "authorizationfailure", "authenticationfailed",
                               "unauthenticated", "401")):

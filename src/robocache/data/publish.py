@@ -93,7 +93,7 @@ def _remote_manifest(location: Location) -> dict[str, Any] | None:
         return json.loads(location.read_text("manifest.json"))
     except FileNotFoundError:
         return None
-    except ValueError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{location.child('manifest.json')} is not valid JSON ({e}); pass "
                         "--overwrite to replace that cache.") from e
 
