@@ -166,8 +166,8 @@ def _open(location, manifest: dict[str, Any], columns: Sequence[Column],
             os.rename(tmp, final)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS,
-                                                       errno.EACCES):
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
+                                                       errno.EROFS, errno.EACCES):
                 raise _serve_dir_error(root, e) from e
             raise
     finally:
@@ -176,7 +176,7 @@ def _open(location, manifest: dict[str, Any], columns: Sequence[Column],
 
 
 def _serve_dir_error(root: Path, e: OSError) -> DataError:
-    why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else \
+    why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else \
         f"it cannot be written ({e.strerror})"
     return DataError(f"{root}: the served index of the cache (its numeric columns, shared by "
                      f"this machine's processes) cannot be made there: {why}; free space there "
@@ -229,7 +229,7 @@ def _make(dest: Path, tables: dict[str, Any], columns: Sequence[Column], cameras
     frame_base = {}
     for i, cam in enumerate(cameras):
         frame_base[cam] = _frames(dest, i, cam, tables[cam], ids)
-    out = {name: np.lib.format.open_memmap(dest / f"{name}.npy", "w+", dtype, shape)
+    out = {name: _allocate(dest / f"{name}.npy", dtype, shape)
            for name, dtype, shape in [("data", np.int32, (rows, width)),
                                       ("episode_index", np.int64, (rows,)),
                                       ("step", np.int64, (rows,)),
@@ -292,6 +292,16 @@ def _make(dest: Path, tables: dict[str, Any], columns: Sequence[Column], cameras
     (dest / "meta.json").write_text(json.dumps(meta))
 
 
+def _allocate(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A new ``.npy`` file of ``shape``, its blocks allocated on disk, mapped for writing: a
+    disk too full for it fails here with ``ENOSPC``, not later as a ``SIGBUS`` in a write to
+    the mapping."""
+    arr = np.lib.format.open_memmap(path, "w+", dtype, shape)
+    with open(path, "r+b") as f:
+        os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+    return arr
+
+
 def _keep(ep: np.ndarray, wanted: np.ndarray | None) -> np.ndarray:
     return np.ones(len(ep), bool) if wanted is None else np.isin(ep, wanted)
 
@@ -314,8 +324,7 @@ def _frames(dest: Path, i: int, camera: str, table, ids: np.ndarray) -> np.ndarr
         np.add.at(counts, pos[hit], 1)
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
     total = int(offsets[-1])
-    addresses = np.lib.format.open_memmap(dest / f"frames-{i}-addresses.npy", "w+", np.int64,
-                                          (total,))
+    addresses = _allocate(dest / f"frames-{i}-addresses.npy", np.int64, (total,))
     seen = np.zeros(total, np.uint8)
     scan = table.scanner(columns=["episode_index", "frame"], with_row_address=True,
                          batch_size=SCAN_ROWS)
