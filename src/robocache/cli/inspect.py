@@ -6,58 +6,76 @@
 
 For a source dataset: format, episodes, and per stream its kind, dtype, shape, declared rate,
 the rate measured from its timestamps (median interval) and the samples read, over the first
-``--episodes`` episodes. For a cache: its manifest summary. ``--plot FILE.png`` also draws one
-episode's streams on one time axis, before and after alignment (see docs/view.md).
+``--episodes`` episodes. For a cache: its manifest summary; a cache may be in an object store
+(``s3://BUCKET/PREFIX``, ``gs://``, ``az://``; settings with ``--storage-option KEY=VALUE`` or
+the standard environment variables). ``--plot FILE.png`` also draws one episode's streams on
+one time axis, before and after alignment (see docs/view.md).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from robocache._optional import require
-from robocache.cli._errors import VERBOSE_OPTION_HELP, CommandError, cli_errors
+from robocache.cli._errors import (
+    VERBOSE_OPTION_HELP,
+    CommandError,
+    cache_argument,
+    cli_errors,
+    storage_option_flag,
+    storage_options,
+)
 
 
-def _summarize_cache(path: Path) -> dict:
-    """A cache's manifest summary; for an unfinished one (building, or killed while building),
-    who is writing it and the episodes committed so far."""
+def _summarize_cache(location, shown: str) -> dict:
+    """The manifest summary of the cache at ``location`` (a
+    :class:`~robocache.data.location.Location`, named ``shown``); for an unfinished one
+    (building, or killed while building), who is writing it (``None`` in an object store,
+    which has no lock file) and the episodes committed so far."""
     import numpy as np
 
-    from robocache.data.cache import read_manifest
     from robocache.data.lock import holder
 
-    lance = require("lance", "data", "The Lance cache", "pylance")
-
-    manifest = read_manifest(path)
-    facts = {"cache": str(path), "status": manifest.get("status", "unknown"),
+    manifest = location.manifest()
+    facts = {"cache": shown, "status": manifest.get("status", "unknown"),
              **{k: manifest.get(k) for k in ("source", "rate_hz", "streams", "timing")},
              "quarantined": manifest.get("quarantined", [])}
     if facts["status"] == "complete":
-        return {**facts, "counts": manifest["counts"], "cameras": _cameras(path, manifest)}
-    uri = path / "data.lance"
-    done = np.unique(lance.dataset(str(uri)).to_table(columns=["episode_index"]).column(0)
-                     .to_numpy()) if uri.exists() else []
-    return {**facts, "writer": holder(path), "episodes_cached": len(done)}
+        return {**facts, "counts": manifest["counts"], "cameras": _cameras(location, manifest)}
+    done: set[int] = set()
+    try:
+        data = location.lance("data.lance")
+    except FileNotFoundError:  # nothing committed yet
+        data = None
+    if data is not None:  # its one small column, a batch at a time
+        with location.reading("data.lance"):
+            for batch in data.to_batches(columns=["episode_index"], batch_size=1 << 16):
+                done.update(np.unique(batch.column(0).to_numpy()).tolist())
+    writer = holder(location.path) if location.path is not None else None
+    return {**facts, "writer": writer, "episodes_cached": len(done)}
 
 
-def _cameras(path: Path, manifest: dict) -> dict:
+def _cameras(location, manifest: dict) -> dict:
     """Per camera stream: frames, codec, cache bytes per frame (on disk, index columns
-    included) and the decoded bytes per frame."""
+    included) and the decoded bytes per frame (from the tables' metadata: no frame read)."""
     import numpy as np
 
-    lance = require("lance", "data", "The Lance cache", "pylance")
 
     out = {}
     for name, s in manifest.get("streams", {}).items():
-        uri = path / "frames" / f"{name}.lance"
-        if s["kind"] not in ("image", "video") or not uri.exists():
+        if s["kind"] not in ("image", "video"):
             continue
-        ds = lance.dataset(str(uri))
-        frames = ds.count_rows()
-        nbytes = sum(f.bytes_on_disk for f in ds.stats.data_stats().fields)
+        rel = f"frames/{name}.lance"
+        try:
+            ds = location.lance(rel)
+        except FileNotFoundError:
+            continue
+        with location.reading(rel):
+            frames = ds.count_rows()
+            nbytes = sum(f.bytes_on_disk for f in ds.stats.data_stats().fields)
         out[name] = {"frames": frames, "codec": s.get("codec"), "quality": s.get("quality"),
                      "chroma": s.get("chroma"), "bytes_per_frame": nbytes / max(frames, 1),
                      "decoded_bytes_per_frame": int(np.prod(s["shape"]))
@@ -65,17 +83,25 @@ def _cameras(path: Path, manifest: dict) -> dict:
     return out
 
 
-def summarize(path: Path, episodes: int = 5, fps: float | None = None,
-              split: str | None = None) -> dict:
-    """The facts ``inspect`` prints, as a dict (reads at most ``episodes`` episodes)."""
+def summarize(path: str | Path, episodes: int = 5, fps: float | None = None,
+              split: str | None = None,
+              storage_options: dict[str, Any] | None = None) -> dict:
+    """The facts ``inspect`` prints, as a dict (reads at most ``episodes`` episodes).
+
+    ``path`` is a dataset or a cache directory, or an object-store URI of a cache
+    (``s3://BUCKET/PREFIX``: read with ``storage_options``, Lance's key names)."""
     import numpy as np
 
     from robocache.cli.ingest import source_options
     from robocache.data.cache import is_cache
     from robocache.data.formats import open_source
+    from robocache.data.location import Location
 
+    if isinstance(path, str) and "://" in path:  # only a cache lives in an object store
+        return _summarize_cache(Location(path, storage_options), path)
+    path = Path(path)
     if is_cache(path):
-        return _summarize_cache(path)
+        return _summarize_cache(Location(path), str(path))
     src = open_source(path, **source_options(fps=fps, split=split))
     indices = src.episode_indices()
     read, unreadable = [], []
@@ -116,9 +142,13 @@ def _print_cache(console, facts: dict) -> None:
         console.print(f"{head} — {c['cached']} episodes, {c['rows']} steps, "
                       f"{c['quarantined']} quarantined")
     else:
-        state = (f"being built by {describe_holder(facts['writer'])}" if facts["writer"]
-                 is not None else "unfinished (the build was interrupted; re-run the same "
-                 "ingest to resume it)")
+        if facts["writer"] is not None:
+            state = f"being built by {describe_holder(facts['writer'])}"
+        elif "://" in facts["cache"]:  # an object store keeps no lock: no writer is known
+            state = ("unfinished (a build may be at work elsewhere; if it was interrupted, "
+                     "re-run the same ingest to resume it)")
+        else:
+            state = "unfinished (the build was interrupted; re-run the same ingest to resume it)"
         console.print(f"{head} — [yellow]{state}[/]: {facts['episodes_cached']} episodes cached "
                       f"so far, {len(facts['quarantined'])} quarantined")
     if facts.get("timing"):
@@ -146,8 +176,9 @@ def _window(text: str | None) -> tuple[float, float] | None:
                        "pass e.g. --plot-window 2.0:2.5")
 
 
-def _plot(path: Path, out: Path, episode: int | None, rate: str | None, window: str | None,
-          fps: float | None, split: str | None) -> str:
+def _plot(path: str | Path, out: Path, episode: int | None, rate: str | None,
+          window: str | None, fps: float | None, split: str | None,
+          storage_options: dict[str, str] | None = None) -> str:
     """Draw the episode into ``out`` (a .png outside ``path``); returns the file written."""
     from robocache.cli.ingest import source_options
     from robocache.view.episodes import open_view
@@ -155,11 +186,12 @@ def _plot(path: Path, out: Path, episode: int | None, rate: str | None, window: 
 
     if out.suffix.lower() != ".png":
         raise CommandError(f"--plot must name a .png file; got {out}", "pass e.g. --plot ep.png")
-    if out.resolve().is_relative_to(path.resolve()):
+    if isinstance(path, Path) and out.resolve().is_relative_to(path.resolve()):
         raise CommandError(f"--plot {out} lies inside {path}, which is never written",
                            "write the picture elsewhere")
     zoom = _window(window)
-    opened = open_view(path, rate=rate, **source_options(fps=fps, split=split))
+    opened = open_view(path, rate=rate, storage_options=storage_options,
+                       **source_options(fps=fps, split=split))
     index = episode if episode is not None else (opened.episodes or [None])[0]
     if index is None:
         raise CommandError(f"{path} has no episode to plot", "ingest or fix the dataset")
@@ -167,7 +199,8 @@ def _plot(path: Path, out: Path, episode: int | None, rate: str | None, window: 
 
 
 def inspect(
-    path: Path = typer.Argument(..., help="Dataset directory/file, or a RoboCache cache."),
+    path: str = typer.Argument(..., help="Dataset directory/file, or a RoboCache cache (a "
+                               "directory, or s3://BUCKET/PREFIX, gs://, az://)."),
     episodes: int = typer.Option(5, help="Episodes to read for measured rates and durations."),
     fps: float = typer.Option(None, help="Rate of sources without timestamps (zarr, HDF5, "
                               "RLDS)."),
@@ -181,6 +214,7 @@ def inspect(
                                   "this rate (Hz, or 'native') on the CPU, as ingest would."),
     plot_window: str = typer.Option(None, "--plot-window", help="--plot: the zoom, START:END "
                                     "seconds (default: 24 grid steps around the first event)."),
+    storage_option: list[str] = storage_option_flag(),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
 ):
     """Print what a dataset holds: episodes, streams, rates, shapes, durations; with --plot,
@@ -199,9 +233,11 @@ def inspect(
         if episodes < 1:
             raise CommandError(f"--episodes must be >= 1; got {episodes}",
                                "pass the number of episodes to read, e.g. --episodes 5")
-        facts = summarize(path, episodes, fps, split)
+        where, options = cache_argument(path), storage_options(storage_option)
+        facts = summarize(where, episodes, fps, split, options)
         if plot is not None:
-            facts["plot"] = _plot(path, plot, plot_episode, plot_rate, plot_window, fps, split)
+            facts["plot"] = _plot(where, plot, plot_episode, plot_rate, plot_window, fps, split,
+                                  options)
     if as_json:
         typer.echo(json.dumps(facts, indent=2))
         return

@@ -3,13 +3,17 @@
     $ robocache view data/sample/panda_multirate --episode 0 --rate 50
     $ robocache view /tmp/panda.cache --episode 2 --save panda.rrd
     $ robocache view /tmp/panda.cache --serve --port 9090
+    $ robocache view s3://robot-data/panda.cache --save panda.rrd \\
+          --storage-option aws_region=us-west-2
 
 For a cache: its aligned grid, its camera frames, and its source's streams at their own times
 when the source is still at hand. For a source (LeRobot, zarr, robomimic, RLDS, whatever
 ``open_source`` reads): its streams at their own times, and with ``--rate`` the grid an ingest
 at that rate would build. ``--save`` writes an ``.rrd`` without a display; ``--serve`` hosts
 the web viewer on this machine's loopback interface only (127.0.0.1); with neither, the native
-Rerun viewer opens. Entities and layout: docs/view.md.
+Rerun viewer opens. A cache may be in an object store (``s3://``, ``gs://``, ``az://``;
+credentials from the standard environment variables or ``--storage-option KEY=VALUE``): its
+episodes' rows and frames are read as they are shown. Entities and layout: docs/view.md.
 """
 
 from __future__ import annotations
@@ -27,17 +31,24 @@ from urllib.parse import quote
 import typer
 
 from robocache._optional import require
-from robocache.cli._errors import VERBOSE_OPTION_HELP, CommandError, cli_errors
+from robocache.cli._errors import (
+    VERBOSE_OPTION_HELP,
+    CommandError,
+    cache_argument,
+    cli_errors,
+    storage_option_flag,
+    storage_options,
+)
 
 LOOPBACK = "127.0.0.1"
 SERVER_START_S = 60.0
 
 
-def _check_save(save: Path, path: Path) -> None:
+def _check_save(save: Path, path: Path | str) -> None:
     if save.suffix != ".rrd":
         raise CommandError(f"--save must name a .rrd file; got {save}",
                            "pass e.g. --save episode.rrd")
-    if save.resolve().is_relative_to(path.resolve()):
+    if isinstance(path, Path) and save.resolve().is_relative_to(path.resolve()):
         raise CommandError(f"--save {save} lies inside {path}, which is never written",
                            "save the recording elsewhere")
     if not save.parent.is_dir():
@@ -101,8 +112,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def view(
-    path: Path = typer.Argument(..., help="A RoboCache cache, or a dataset (LeRobot, zarr, "
-                                "robomimic, RLDS...)."),
+    path: str = typer.Argument(..., help="A RoboCache cache (a directory, or s3://BUCKET/PREFIX, "
+                               "gs://, az://), or a dataset (LeRobot, zarr, robomimic, "
+                               "RLDS...)."),
     episode: list[int] = typer.Option(None, "--episode", help="Episode to show; repeat for "
                                       "several (default: the first)."),
     stream: list[str] = typer.Option(None, "--stream", help="Stream to show; repeat for "
@@ -119,6 +131,7 @@ def view(
     fps: float = typer.Option(None, help="Rate of sources without timestamps (zarr, HDF5, "
                               "RLDS)."),
     split: str = typer.Option(None, help="RLDS split: train, val, train[:95%], train[:10]+val."),
+    storage_option: list[str] = storage_option_flag(),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
 ):
     """Show episodes in Rerun: every stream at its own times and, for a cache (or with
@@ -137,6 +150,8 @@ def view(
             from robocache.view.episodes import open_view
             from robocache.view.record import entity, record
 
+            path = cache_argument(path)
+            options = storage_options(storage_option)
             if save is not None:
                 _check_save(save, path)
             if save is None and not serve and sys.platform.startswith("linux") and not (
@@ -144,7 +159,7 @@ def view(
                 raise CommandError("no display to open the Rerun viewer on",
                                    "pass --save FILE.rrd or --serve")
             opened = open_view(path, streams=stream or None, rate=rate,
-                               **source_options(fps=fps, split=split))
+                               storage_options=options, **source_options(fps=fps, split=split))
             indices = list(dict.fromkeys(episode)) if episode else opened.episodes[:1]
             if not indices:
                 raise CommandError(f"{path} has no episode to show",

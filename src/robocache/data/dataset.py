@@ -174,16 +174,7 @@ class RobotDataset(torch.utils.data.Dataset):
         require("lance", "data", "The Lance cache", "pylance")
         self.location = Location(cache, storage_options)
         self.path = self.location.path  # None for a cache in an object store
-        try:
-            written = json.loads(self.location.read_text("manifest.json"))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{self.location} is not a RoboCache cache (no "
-                                    "manifest.json); build one with `robocache ingest SOURCE "
-                                    "DEST`.") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{self.location.child('manifest.json')} is not valid JSON ({e}); "
-                            "the cache is damaged: rebuild it with `robocache ingest SOURCE "
-                            "DEST --overwrite`.") from e
+        written = self.location.manifest()
         if history < 1 or horizon < 0:
             raise DataError(f"`history` must be >= 1 and `horizon` >= 0; got {history}, "
                             f"{horizon}.")

@@ -57,48 +57,23 @@ SCAN_ROWS = 1 << 16
 ROW_GROUP_BYTES = 64 << 20
 
 
-def cache_manifest(location: Location) -> dict[str, Any]:
-    """The manifest of the cache at ``location`` (local or an object store).
-
-    Raises:
-        FileNotFoundError: no ``manifest.json`` there (not a cache, or a wrong path/prefix).
-        DataError: the manifest is not valid JSON, or the store failed (a missing bucket,
-            refused credentials...: one line naming the URI and the fix).
-    """
-    import json
-
-    try:
-        return json.loads(location.read_text("manifest.json"))
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"{location} is not a RoboCache cache (no manifest.json); "
-                                "build one with `robocache ingest SOURCE DEST`.") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{location.child('manifest.json')} is unreadable ({e}); the cache is "
-                        "damaged: rebuild it with `robocache ingest SOURCE DEST "
-                        "--overwrite`.") from e
-
-
 def _scan(location: Location, rel: str, table, columns: list[str]) -> dict[str, np.ndarray]:
     """``columns`` of every row of ``table`` (``rel`` in ``location``) and each row's address
     (``_rowaddr``), scanned :data:`SCAN_ROWS` rows at a time: small integer columns only."""
     parts: dict[str, list[np.ndarray]] = {c: [] for c in [*columns, "_rowaddr"]}
-    try:
+    with location.reading(rel):
         for batch in table.scanner(columns=columns, with_row_address=True,
                                    batch_size=SCAN_ROWS).to_batches():
             for c in parts:
                 parts[c].append(batch.column(c).to_numpy(zero_copy_only=False))
-    except (OSError, ValueError, RuntimeError) as e:
-        raise location.error(e, rel) from e
     return {c: np.concatenate(v) if v else np.zeros(0, np.int64) for c, v in parts.items()}
 
 
 def _take(location: Location, rel: str, table, addresses: np.ndarray, columns: list[str]):
     """The rows at ``addresses`` (in that order) of ``table``, ``columns`` only."""
     pa = require("pyarrow", "data", "Arrow tables")
-    try:
+    with location.reading(rel):
         got = table._take_rows(pa.array(addresses, pa.uint64()), columns=columns)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise location.error(e, rel) from e
     if got.num_rows != len(addresses):
         raise DataError(f"{location.child(rel)}: {len(addresses) - got.num_rows} rows of the "
                         "index are missing (the cache changed during the export); export "
@@ -214,7 +189,7 @@ def export_lerobot(cache: str | Path, out: str | Path, *, cameras: str = "video"
     location, out = Location(cache, storage_options), Path(out)
     if cameras not in CAMERA_MODES:
         raise DataError(f"`cameras` (--cameras) must be one of {CAMERA_MODES}; got {cameras!r}.")
-    manifest = cache_manifest(location)
+    manifest = location.manifest()
     unfinished = DataError(f"{location}: the cache is unfinished or holds no episode; run or "
                            "resume `robocache ingest` first.")
     if manifest.get("status") != "complete" or not location.lance_exists("data.lance"):

@@ -117,7 +117,8 @@ class MixedDataset:
                            and len({dim.get(k) for dim in dims}) > 1}
         self.keys = list(roles)
         self.action_keys = [k for k, r in roles.items() if r == "action"]
-        self.names = list(names) if names is not None else [d.path.name for d in self.datasets]
+        self.names = list(names) if names is not None else [d.location.name for d in
+                                                             self.datasets]
         if len(self.names) != len(self.datasets):
             raise DataError(f"`names` must have {len(self.datasets)} entries; got "
                             f"{len(self.names)}.")

@@ -21,6 +21,7 @@ object, refused credentials, a wrong region, an unreachable endpoint after Lance
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import threading
@@ -313,6 +314,40 @@ class Location:
             raise self.error(e, rel) from e
         top = self._key("")
         return {i.path[len(top) + 1:]: i.size for i in infos if i.type == pafs.FileType.File}
+
+    def manifest(self) -> dict[str, Any]:
+        """The cache's ``manifest.json`` as written (see
+        :func:`robocache.data.snapshot.servable` for the version a reader serves).
+
+        Raises:
+            FileNotFoundError: no ``manifest.json`` there (not a cache, or a wrong path).
+            DataError: the manifest is not valid JSON, or the store failed (one line).
+        """
+        try:
+            raw = self.read_bytes("manifest.json")
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(f"{self} is not a RoboCache cache (no manifest.json); "
+                                    "build one with `robocache ingest SOURCE DEST`.") from None
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{self.child('manifest.json')} is not valid JSON ({e}); the cache "
+                            "is damaged: rebuild it with `robocache ingest SOURCE DEST "
+                            "--overwrite`.") from e
+
+    @contextlib.contextmanager
+    def reading(self, rel: str) -> Iterator[None]:
+        """Reads of the Lance table ``rel``: a failure of the object store (Lance raises
+        ``OSError``, ``ValueError`` or ``RuntimeError`` by cause) becomes its one-line
+        :class:`~robocache.errors.DataError`; a local cache's errors pass as they are."""
+        try:
+            yield
+        except DataError:
+            raise
+        except (OSError, ValueError, RuntimeError) as e:
+            if not self.remote:
+                raise
+            raise self.error(e, rel) from e
 
     # ── errors ────────────────────────────────────────────────────────
 

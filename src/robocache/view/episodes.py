@@ -8,7 +8,9 @@ function a cache build uses (:func:`robocache.data.cache.align_episode`), so wha
 what ``robocache ingest --rate`` would store.
 
 Camera frames are never all in memory: :meth:`EpisodeView.frames` decodes and yields them
-``chunk`` at a time (video through PyAV, a cache's JPEG/PNG through Pillow).
+``chunk`` at a time (video through PyAV, a cache's JPEG/PNG through Pillow). A cache may be in
+an object store (``s3://``, ``gs://``, ``az://``: :class:`~robocache.data.location.Location`);
+it is read the same way, an episode's rows and a chunk of its frames at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from robocache._optional import require
 from robocache.data.episode import Episode, Source, Stream, StreamSpec
+from robocache.data.location import Location
 from robocache.errors import DataError
 
 CHUNK_FRAMES = 32
@@ -176,7 +179,7 @@ class Opened:
     """A cache or a source, opened for viewing (:func:`open_view`).
 
     Attributes:
-        path: what was opened.
+        path: what was opened (a local path, or a cache's object-store URI).
         kind: ``"cache"`` or ``"source"``.
         format: the source's format (``lerobot-v3.0``, ``zarr-replay``...).
         source: the source dataset's path.
@@ -189,7 +192,7 @@ class Opened:
             (LeRobot's ``names``).
     """
 
-    path: Path
+    path: Path | str
     kind: str
     format: str
     source: str
@@ -215,7 +218,7 @@ class Opened:
 
 
 def _select(specs: dict[str, StreamSpec], streams: list[str] | None,
-            path: Path) -> dict[str, StreamSpec]:
+            path: Path | str) -> dict[str, StreamSpec]:
     if not streams:
         return dict(specs)
     missing = [s for s in streams if s not in specs]
@@ -330,22 +333,30 @@ def _column(col, spec: StreamSpec | None = None) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
-def _open_cache(path: Path, options: dict[str, Any], streams: list[str] | None) -> Opened:
-    from robocache.data.cache import read_manifest
+def _open_cache(location: Location, shown: Path | str, options: dict[str, Any],
+                streams: list[str] | None) -> Opened:
+    """The cache at ``location`` (named ``shown``): its manifest and index read now, each
+    episode's aligned rows (a filter on ``episode_index``) and frames (``chunk`` at a time)
+    when it is shown."""
     from robocache.data.formats import open_source
 
-    lance = require("lance", "data", "The Lance cache", "pylance")
     pc = require("pyarrow.compute", "data", "Arrow tables", "pyarrow")
 
-    manifest = read_manifest(path)
+    manifest = location.manifest()
     entries = manifest.get("streams", {})
     specs = _select({n: StreamSpec(n, e["kind"], e["dtype"], tuple(e["shape"]),
                                    e.get("source_rate_hz"), e.get("encoding"))
-                     for n, e in entries.items()}, streams, path)
-    uri = path / "data.lance"
-    cached = sorted(int(i) for i in np.unique(
-        lance.dataset(str(uri)).to_table(columns=["episode_index"]).column(0).to_numpy())) \
-        if uri.exists() else []
+                     for n, e in entries.items()}, streams, shown)
+    try:
+        data = location.lance("data.lance")
+    except FileNotFoundError:  # nothing committed yet
+        data = None
+    cached_ids: set[int] = set()
+    if data is not None:  # its one small column, a batch at a time
+        with location.reading("data.lance"):
+            for batch in data.to_batches(columns=["episode_index"], batch_size=1 << 16):
+                cached_ids.update(np.unique(batch.column(0).to_numpy()).tolist())
+    cached = sorted(cached_ids)
     quarantined = list(manifest.get("quarantined", []))
     reasons = {int(q["index"]): q["reason"] for q in quarantined}
     source = manifest.get("source", {}).get("path", "")
@@ -360,23 +371,30 @@ def _open_cache(path: Path, options: dict[str, Any], streams: list[str] | None) 
         notices.append(f"the cache is unfinished ({manifest.get('status')}): showing the "
                        f"{len(cached)} episodes committed so far")
 
+    tables: dict[str, Any] = {}  # each camera's frame table, opened once
+
     def frames_of(name: str, index: int):
         entry = entries[name]
         shape, codec = tuple(entry["shape"]), entry.get("codec", "jpeg")
-        ds = lance.dataset(str(path / "frames" / f"{name}.lance"))
+        rel = f"frames/{name}.lance"
+        if rel not in tables:
+            tables[rel] = location.lance(rel)
+        ds = tables[rel]
         where = f"episode_index = {index}"
 
         def times() -> np.ndarray:
-            t = ds.to_table(columns=["frame", "timestamp"], filter=where)
+            with location.reading(rel):
+                t = ds.to_table(columns=["frame", "timestamp"], filter=where)
             order = np.argsort(t.column("frame").to_numpy())
             return t.column("timestamp").to_numpy()[order]
 
         def stored(chunk: int) -> EncodedChunks:
-            for batch in ds.to_batches(columns=["timestamp", "encoded"], filter=where,
-                                       batch_size=chunk):
-                if batch.num_rows:
-                    yield batch.column("timestamp").to_numpy(), \
-                        batch.column("encoded").to_pylist()
+            with location.reading(rel):
+                for batch in ds.to_batches(columns=["timestamp", "encoded"], filter=where,
+                                           batch_size=chunk):
+                    if batch.num_rows:
+                        yield batch.column("timestamp").to_numpy(), \
+                            batch.column("encoded").to_pylist()
 
         def chunks(chunk: int) -> FrameChunks:
             for t, data in stored(chunk):
@@ -390,8 +408,9 @@ def _open_cache(path: Path, options: dict[str, Any], streams: list[str] | None) 
         episode, problem = _read_native(src, index, specs) if src is not None else (None, None)
         problem = reasons.get(index, problem)
         aligned = None
-        if index in cached:
-            table = lance.dataset(str(uri)).to_table(filter=f"episode_index = {index}")
+        if index in cached_ids:
+            with location.reading("data.lance"):
+                table = data.to_table(filter=f"episode_index = {index}")
             table = table.take(pc.sort_indices(table.column("step")))
             aligned = {c: _column(table.column(c)) for c in table.column_names}
         tasks = list(dict.fromkeys(str(t) for t in aligned["task"])) if aligned else \
@@ -401,7 +420,7 @@ def _open_cache(path: Path, options: dict[str, Any], streams: list[str] | None) 
                            {n: entries[n]["method"] for n in specs},
                            _where(src, index, source), tasks, problem)
         for name, spec in specs.items():
-            if spec.kind in ("image", "video") and index in cached:
+            if spec.kind in ("image", "video") and index in cached_ids:
                 view._frame_times[name], view._frames[name], encoded = frames_of(name, index)
                 if encoded is not None:
                     view._encoded[name] = encoded
@@ -412,20 +431,24 @@ def _open_cache(path: Path, options: dict[str, Any], streams: list[str] | None) 
         return view
 
     fmt = manifest.get("source", {}).get("format", "unknown")
-    return Opened(path, "cache", fmt, source, specs, sorted(set(cached) | set(reasons)),
+    return Opened(shown, "cache", fmt, source, specs, sorted(set(cached) | set(reasons)),
                   quarantined, notices, _names(src, specs), read)
 
 
 def open_view(path: str | Path, *, streams: list[str] | None = None,
-              rate: float | str | None = None, **options: Any) -> Opened:
+              rate: float | str | None = None,
+              storage_options: dict[str, Any] | None = None, **options: Any) -> Opened:
     """Open a cache or a dataset for viewing.
 
     Args:
-        path: a RoboCache cache directory, or a dataset any reader opens (format detected).
+        path: a RoboCache cache directory or object-store URI (``s3://BUCKET/PREFIX``,
+            ``gs://``, ``az://``), or a dataset any reader opens (format detected).
         streams: the stream names to show (default: all).
         rate: for a source, the rate in Hz to align it to on the fly (or ``"native"``: the
             source's fps), as ``robocache ingest --rate`` would; ``None`` shows native streams
             only. A cache shows its own grid (``rate`` must be ``None``).
+        storage_options: object-store settings for a cache at a URI, Lance's key names
+            (:mod:`robocache.data.location`); the standard environment variables otherwise.
         **options: reader options (``fps=10.0`` for sources without timestamps, ``split=`` for
             RLDS); for a cache they open its source.
 
@@ -433,9 +456,10 @@ def open_view(path: str | Path, *, streams: list[str] | None = None,
         The :class:`Opened` cache or source.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        FileNotFoundError: ``path`` does not exist (a URI: holds no cache).
         DataError: the format is unknown, a stream in ``streams`` does not exist, ``rate`` is
-            not a positive rate, or ``rate`` is given for a cache.
+            not a positive rate, or ``rate`` is given for a cache; the object store failed
+            (one line naming the URI and the fix).
 
     Example:
         >>> v = open_view("data/sample/panda_multirate", rate=50)  # doctest: +SKIP
@@ -444,14 +468,16 @@ def open_view(path: str | Path, *, streams: list[str] | None = None,
     """
     from robocache.data.cache import is_cache
 
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist.")
-    if is_cache(path):
+    remote = isinstance(path, str) and "://" in path  # only a cache lives in an object store
+    if not remote:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist.")
+    if remote or is_cache(path):
         if rate is not None:
             raise DataError(f"`rate` (view --rate, inspect --plot-rate) aligns a source; {path} "
                             "is a cache, shown on its own grid: drop the rate.")
-        return _open_cache(path, options, streams)
+        return _open_cache(Location(path, storage_options), path, options, streams)
     if rate is not None and rate != "native":
         try:
             ok = float(rate) > 0 and np.isfinite(float(rate))
