@@ -55,15 +55,15 @@ FAMILY = "serve"
 CAMS = ("observation.images.left", "observation.images.right")
 FULL = {"hw": (480, 640), "pool": 64, "open_sizes": (1_000, 10_000, 100_000), "open_steps": 20,
         "bytes_episodes": 10_000, "bytes_steps": 10, "bytes_frames": (2_000, 64_000),
-        "cam_episodes": 600, "cam_steps": 40, "s3_episodes": 100, "batch": 256, "batches": 30,
-        "num_episodes": 2_000, "num_steps": 500, "workers": 8, "ranks": 8,
-        "rank_episodes": 4_000, "rank_steps": 500}
+        "cam_episodes": 300, "cam_steps": 40, "s3_episodes": 40, "mem_episodes": 600,
+        "batch": 256, "batches": 30, "num_episodes": 2_000, "num_steps": 500, "workers": 8,
+        "ranks": 8, "rank_episodes": 4_000, "rank_steps": 5_000}
 QUICK = {"hw": (48, 64), "pool": 4, "open_sizes": (50,), "open_steps": 10,
          "bytes_episodes": 40, "bytes_steps": 5, "bytes_frames": (200, 4_000),
-         "cam_episodes": 12, "cam_steps": 10, "s3_episodes": 6, "batch": 8, "batches": 3,
-         "num_episodes": 20, "num_steps": 50, "workers": 2, "ranks": 2,
-         "rank_episodes": 20, "rank_steps": 50}
-PARTS = ("open", "camera", "numeric", "memory")
+         "cam_episodes": 12, "cam_steps": 10, "s3_episodes": 6, "mem_episodes": 12,
+         "batch": 8, "batches": 3, "num_episodes": 20, "num_steps": 50, "workers": 2,
+         "ranks": 2, "rank_episodes": 20, "rank_steps": 50}
+PARTS = ("open", "camera", "s3", "numeric", "memory", "ranks")
 
 
 # ── synthetic caches ─────────────────────────────────────────────────
@@ -274,7 +274,12 @@ def _serve_batches(ds, cfg: dict, device: torch.device) -> dict:
     from robocache.data import RobotLoader
 
     loader = RobotLoader(ds, cfg["batch"], device=device, normalize=None, seed=0)
-    it = iter(loader)
+
+    def epochs():
+        while True:
+            yield from loader
+
+    it = epochs()
     for _ in range(2):
         next(it)
     if device.type == "cuda":
@@ -294,15 +299,13 @@ def _serve_batches(ds, cfg: dict, device: torch.device) -> dict:
             "frames": cfg["batches"] * cfg["batch"] * len(CAMS), "read": _stores_io(ds)}
 
 
-def camera_cases(tmp: Path, cfg: dict, report, s3=None) -> None:
-    from robocache.data import RobotDataset
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def _camera_setup(tmp: Path, cfg: dict):
     pool = jpeg_pool(cfg["pool"], cfg["hw"])
     frame_kb = float(np.mean([len(p) for p in pool])) / 1e3
     template = _template(tmp, cfg["hw"], cameras=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-    def record(name, impl, got, cache, extra=None):
+    def record(report, name, impl, got, cache, extra=None):
         frames_bytes = got["frames"] * frame_kb * 1e3
         rec = H.case(FAMILY, name, impl, H.summarize([got["seconds"] * 1e3 / cfg["batches"]]),
                      samples_per_s=got["samples"] / got["seconds"],
@@ -314,24 +317,35 @@ def camera_cases(tmp: Path, cfg: dict, report, s3=None) -> None:
         report(rec)
         return rec
 
+    name = f"{cfg['hw'][0]}x{cfg['hw'][1]}-2cams-b{cfg['batch']}-to224"
+    return pool, template, device, record, name
+
+
+def camera_cases(tmp: Path, cfg: dict, report) -> None:
+    from robocache.data import RobotDataset
+
+    pool, template, device, record, name = _camera_setup(tmp, cfg)
     kw = dict(keys=list(CAMS), image_size=(224, 224))
     big = synthetic_cache(tmp / "cam", template, cfg["cam_episodes"], cfg["cam_steps"], pool)
-    name = f"{cfg['hw'][0]}x{cfg['hw'][1]}-2cams-b{cfg['batch']}-to224"
     ram = RobotDataset(big, in_memory=True, **kw)
-    base = record(name, "in-ram", _serve_batches(ram, cfg, device), big)
+    base = record(report, name, "in-ram", _serve_batches(ram, cfg, device), big)
     del ram
     ooc = RobotDataset(big, **kw)
     evict(big, ooc.served.path)
-    cold = record(name, "disk-cold", _serve_batches(ooc, cfg, device), big,
-                  {"vs_in_ram": None})
-    cold["vs_in_ram"] = cold["samples_per_s"] / base["samples_per_s"]
-    record(name, "disk-warm", _serve_batches(ooc, cfg, device), big)
+    got = _serve_batches(ooc, cfg, device)
+    record(report, name, "disk-cold", got, big,
+           {"vs_in_ram": got["samples"] / got["seconds"] / base["samples_per_s"]})
+    record(report, name, "disk-warm", _serve_batches(ooc, cfg, device), big)
     shutil.rmtree(big)
-    if s3 is None:
-        return
+
+
+def s3_cases(tmp: Path, cfg: dict, report, s3) -> None:
+    from robocache.data import RobotDataset
     from robocache.data.location import Location
     from robocache.data.publish import publish
 
+    pool, template, device, record, name = _camera_setup(tmp, cfg)
+    kw = dict(keys=list(CAMS), image_size=(224, 224))
     small = synthetic_cache(tmp / "cam-s3", template, cfg["s3_episodes"], cfg["cam_steps"],
                             pool)
     uri = f"s3://{s3.bucket()}/cam"
@@ -341,21 +355,19 @@ def camera_cases(tmp: Path, cfg: dict, report, s3=None) -> None:
     name = f"{name}-{cfg['s3_episodes']}ep"
     local = RobotDataset(small, **kw)
     evict(small, local.served.path)
-    disk = record(name, "disk-cold", _serve_batches(local, cfg, device), small)
+    disk = record(report, name, "disk-cold", _serve_batches(local, cfg, device), small)
     remote = RobotDataset(uri, storage_options=s3.options(), **kw)
     got = _serve_batches(remote, cfg, device)
-    rec = record(name, "s3", got, small, {"publish_s": up, "vs_disk": None})
-    rec["vs_disk"] = rec["samples_per_s"] / disk["samples_per_s"]
-    report(H.case(FAMILY, name, "s3-raw-get", H.summarize([0.0]),
-                  **_raw_s3(s3, uri, got["read"] or 1)))
+    record(report, name, "s3", got, small, {
+        "publish_s": up, "vs_disk": got["samples"] / got["seconds"] / disk["samples_per_s"]})
+    report(H.case(FAMILY, name, "s3-raw-get", H.summarize([0.0]), **_raw_s3(s3, uri)))
+    shutil.rmtree(small)
 
 
-def _raw_s3(s3, uri: str, nbytes: int) -> dict:
+def _raw_s3(s3, uri: str) -> dict:
     """The S3 server's own rate: the frame table's data files read whole, 16 at once, over
     the same connection settings (the ceiling of what a reader can get from this server)."""
     from concurrent.futures import ThreadPoolExecutor
-
-    import pyarrow.fs as pafs
 
     from robocache.data.location import Location
 
@@ -371,7 +383,6 @@ def _raw_s3(s3, uri: str, nbytes: int) -> dict:
     with ThreadPoolExecutor(16) as pool:
         total = sum(pool.map(read, files))
     seconds = time.perf_counter() - t0
-    del pafs
     return {"MB_per_s": total / seconds / 1e6, "bytes": total,
             "note": f"{total / seconds / 1e6:,.0f} MB/s: the server's whole-file GET rate"}
 
@@ -411,11 +422,19 @@ def numeric_cases(tmp: Path, cfg: dict, report) -> None:
 
 # ── memory ───────────────────────────────────────────────────────────
 
+def _rollup(pid: int, *fields: str) -> int:
+    """The sum of ``fields`` of ``/proc/<pid>/smaps_rollup``, in bytes."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return sum(int(line.split()[1]) * 1024 for line in f if line.startswith(fields))
+
+
 def _pss(pid: int) -> int:
-    for line in open(f"/proc/{pid}/smaps_rollup"):
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return _rollup(pid, "Pss:")
+
+
+def _uss(pid: int) -> int:
+    """Bytes only this process maps (its private pages)."""
+    return _rollup(pid, "Private_Clean:", "Private_Dirty:")
 
 
 def _cgroup(limit: int) -> Path | None:
@@ -465,6 +484,8 @@ def pss():
             return int(line.split()[1]) * 1024
 base = pss()
 ds = RobotDataset(sys.argv[1], history=2, horizon=16)
+for t in (ds.data, ds.episode_index, ds.step, ds.timestamp, ds.task_id):
+    t.sum()  # every page read once, as an epoch of windows over the whole dataset reads them
 g = torch.Generator().manual_seed(int(sys.argv[2]))
 for _ in range(int(sys.argv[3])):
     ds[torch.randint(len(ds), (256,), generator=g)]
@@ -476,7 +497,7 @@ time.sleep(float(sys.argv[4]))  # alive while the others measure: their shared p
 def memory_cases(tmp: Path, cfg: dict, report) -> None:
     pool = jpeg_pool(cfg["pool"], cfg["hw"])
     template = _template(tmp, cfg["hw"], cameras=True)
-    cache = synthetic_cache(tmp / "mem", template, cfg["cam_episodes"], cfg["cam_steps"], pool)
+    cache = synthetic_cache(tmp / "mem", template, cfg["mem_episodes"], cfg["cam_steps"], pool)
     frames = tree_bytes(cache, "frames")
     serve = tmp / "serve-mem"
     _open_once(cache, serve)  # the served index, made before the limited run
@@ -508,28 +529,39 @@ def memory_cases(tmp: Path, cfg: dict, report) -> None:
     if group:
         group.rmdir()
     shutil.rmtree(cache)
-    # ranks: 1 then N processes serving numeric windows of one cache (its index shared)
+
+
+def ranks_cases(tmp: Path, cfg: dict, report) -> None:
+    """1, then N processes (DDP ranks: each its own interpreter) serving one cache: each maps
+    the served index, reads all of it once (what an epoch of windows spread over the whole
+    dataset comes to) and serves random batches; the sum of their PSS growth against one's."""
+    serve = tmp / "serve-ranks"
     num = synthetic_cache(tmp / "ranks", _template(tmp, cfg["hw"], cameras=False),
                           cfg["rank_episodes"], cfg["rank_steps"], None)
     _open_once(num, serve)
-    growth = {}
+    growth, private = {}, {}
     for n in (1, cfg["ranks"]):
         procs = [subprocess.Popen([sys.executable, "-c", RANK, str(num), str(r), "40",
                                    str(4 + n)], env=_env(serve), stdout=subprocess.PIPE,
                                   text=True) for r in range(n)]
         lines = [p.stdout.readline() for p in procs]
-        time.sleep(2)  # every rank has read its batches: its shared pages are split now
+        time.sleep(2)  # every rank has read the index: its shared pages are split now
         pss_now = [_pss(p.pid) for p in procs]
+        uss = [_uss(p.pid) for p in procs]
         for p in procs:
-            p.wait(timeout=120)
+            p.wait(timeout=300)
         before = [json.loads(line)["before"] for line in lines]
         growth[n] = sum(a - b for a, b in zip(pss_now, before, strict=True))
+        private[n] = sum(uss) / n
     ratio = growth[cfg["ranks"]] / max(growth[1], 1)
+    index = tree_bytes(serve)
     report(H.case(FAMILY, f"ranks-{cfg['rank_episodes']}x{cfg['rank_steps']}", "pss-growth",
-                  H.summarize([0.0]), index_bytes=tree_bytes(serve),
-                  one_bytes=growth[1], many_bytes=growth[cfg["ranks"]], ranks=cfg["ranks"],
-                  ratio=ratio, note=f"{cfg['ranks']} processes hold {ratio:.2f}x one's PSS "
-                                    "growth"))
+                  H.summarize([0.0]), index_bytes=index, one_bytes=growth[1],
+                  many_bytes=growth[cfg["ranks"]], ranks=cfg["ranks"], ratio=ratio,
+                  per_rank_private_bytes=(growth[cfg["ranks"]] - index) / cfg["ranks"],
+                  mean_uss_bytes=private[cfg["ranks"]],
+                  note=f"{cfg['ranks']} processes hold {ratio:.2f}x one's PSS growth "
+                       f"(index {index / 1e9:.2f} GB)"))
     shutil.rmtree(num)
 
 
@@ -559,16 +591,23 @@ def run(quick: bool = False, copy_gbps: float | None = None, report=None,
         if "open" in chosen:
             open_cases(tmp, cfg, report)
         if "camera" in chosen:
+            camera_cases(tmp, cfg, report)
+        if "s3" in chosen:
             s3 = _s3()
-            try:
-                camera_cases(tmp, cfg, report, s3)
-            finally:
-                if s3 is not None:
+            if s3 is None:
+                report(H.case(FAMILY, "s3", "skipped", H.summarize([0.0]),
+                              note="no S3 server: moto is not installed"))
+            else:
+                try:
+                    s3_cases(tmp, cfg, report, s3)
+                finally:
                     s3.stop()
         if "numeric" in chosen:
             numeric_cases(tmp, cfg, report)
         if "memory" in chosen:
             memory_cases(tmp, cfg, report)
+        if "ranks" in chosen:
+            ranks_cases(tmp, cfg, report)
     return out
 
 

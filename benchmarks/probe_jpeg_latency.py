@@ -44,8 +44,8 @@ def _decoders(device: str) -> dict:
     except ImportError as e:
         out["torchvision"] = f"not installed ({e})"
     def decode_all(bs: list[bytes]) -> list[torch.Tensor]:  # the library's, as a tick calls it
-        from robocache.data.frames import EncodedFrames
         from robocache.data.cameras import decode_all as library
+        from robocache.data.frames import EncodedFrames
 
         data = torch.cat([as_tensor(b) for b in bs])
         offsets = torch.tensor([0, *np.cumsum([len(b) for b in bs])])

@@ -279,6 +279,10 @@ class LanceFrames:
                             "again.")
         return EncodedFrames.from_table(table, self.frame_shape, self.dtype, self.codec, where)
 
+    def slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Frame ``i``'s bytes for each ``i`` of ``rows`` (int ``[F]``), read from the table."""
+        return self.take(rows.reshape(-1).cpu()).slices(torch.arange(rows.numel()))
+
     def load(self, chunk: int = 4096) -> EncodedFrames:
         """Every frame read into memory (for ``in_memory=True``), ``chunk`` frames a read."""
         parts = [self.take(torch.arange(a, min(a + chunk, len(self))))
