@@ -55,12 +55,14 @@ FAMILY = "serve"
 CAMS = ("observation.images.left", "observation.images.right")
 FULL = {"hw": (480, 640), "pool": 64, "open_sizes": (1_000, 10_000, 100_000), "open_steps": 20,
         "bytes_episodes": 10_000, "bytes_steps": 10, "bytes_frames": (2_000, 64_000),
-        "cam_episodes": 300, "cam_steps": 40, "s3_episodes": 40, "mem_episodes": 600,
+        "cam_episodes": 300, "cam_steps": 40, "s3_episodes": 12, "s3_batches": 6,
+        "mem_episodes": 600,
         "batch": 256, "batches": 30, "num_episodes": 2_000, "num_steps": 500, "workers": 8,
         "ranks": 8, "rank_episodes": 4_000, "rank_steps": 5_000}
 QUICK = {"hw": (48, 64), "pool": 4, "open_sizes": (50,), "open_steps": 10,
          "bytes_episodes": 40, "bytes_steps": 5, "bytes_frames": (200, 4_000),
-         "cam_episodes": 12, "cam_steps": 10, "s3_episodes": 6, "mem_episodes": 12,
+         "cam_episodes": 12, "cam_steps": 10, "s3_episodes": 6, "s3_batches": 2,
+         "mem_episodes": 12,
          "batch": 8, "batches": 3, "num_episodes": 20, "num_steps": 50, "workers": 2,
          "ranks": 2, "rank_episodes": 20, "rank_steps": 50}
 PARTS = ("open", "camera", "s3", "numeric", "memory", "ranks")
@@ -269,11 +271,12 @@ def _stores_io(ds) -> int:
     return total
 
 
-def _serve_batches(ds, cfg: dict, device: torch.device) -> dict:
+def _serve_batches(ds, cfg: dict, device: torch.device, read_ahead: int = 4) -> dict:
     """Samples/s of a resident RobotLoader over ``ds``, and the frame bytes served."""
     from robocache.data import RobotLoader
 
-    loader = RobotLoader(ds, cfg["batch"], device=device, normalize=None, seed=0)
+    loader = RobotLoader(ds, cfg["batch"], device=device, normalize=None, seed=0,
+                         read_ahead=read_ahead)
 
     def epochs():
         while True:
@@ -331,11 +334,17 @@ def camera_cases(tmp: Path, cfg: dict, report) -> None:
     base = record(report, name, "in-ram", _serve_batches(ram, cfg, device), big)
     del ram
     ooc = RobotDataset(big, **kw)
-    evict(big, ooc.served.path)
-    got = _serve_batches(ooc, cfg, device)
-    record(report, name, "disk-cold", got, big,
-           {"vs_in_ram": got["samples"] / got["seconds"] / base["samples_per_s"]})
+    for read_ahead in (4, 16):
+        evict(big, ooc.served.path)
+        got = _serve_batches(ooc, cfg, device, read_ahead)
+        record(report, name, "disk-cold" if read_ahead == 4 else f"disk-cold-ra{read_ahead}",
+               got, big, {"vs_in_ram": got["samples"] / got["seconds"] /
+                          base["samples_per_s"], "read_ahead": read_ahead})
     record(report, name, "disk-warm", _serve_batches(ooc, cfg, device), big)
+    # the storage's own rate: the frame files read whole, every core, past the page cache
+    evict(big)
+    H.raw_reads(FAMILY, name, sorted(p for p in (big / "frames").rglob("*.lance")
+                                     if p.is_file()), report)
     shutil.rmtree(big)
 
 
@@ -353,11 +362,12 @@ def s3_cases(tmp: Path, cfg: dict, report, s3) -> None:
     publish(small, Location(uri, s3.options()))
     up = time.perf_counter() - t0
     name = f"{name}-{cfg['s3_episodes']}ep"
+    few = {**cfg, "batches": cfg["s3_batches"]}
     local = RobotDataset(small, **kw)
     evict(small, local.served.path)
-    disk = record(report, name, "disk-cold", _serve_batches(local, cfg, device), small)
+    disk = record(report, name, "disk-cold", _serve_batches(local, few, device), small)
     remote = RobotDataset(uri, storage_options=s3.options(), **kw)
-    got = _serve_batches(remote, cfg, device)
+    got = _serve_batches(remote, few, device)
     record(report, name, "s3", got, small, {
         "publish_s": up, "vs_disk": got["samples"] / got["seconds"] / disk["samples_per_s"]})
     report(H.case(FAMILY, name, "s3-raw-get", H.summarize([0.0]), **_raw_s3(s3, uri)))

@@ -281,6 +281,13 @@ class RobotDataset(torch.utils.data.Dataset):
             self.frames[k] = frames.load() if in_memory else frames
         self.set_windows()
 
+    def __copy__(self) -> RobotDataset:
+        """A shallow copy (:meth:`to`, :meth:`normalized`): the same arrays and frame stores,
+        not a pickled round trip."""
+        out = object.__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        return out
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (DataLoader workers, ``spawn`` included): arrays still mapped from the
         served index go by name and are mapped again where unpickled (never copied); the

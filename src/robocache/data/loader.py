@@ -454,8 +454,11 @@ def _default_device(distributed: bool) -> torch.device:
 # call at a time, and the second thread's host work slowed the training thread's.
 CAMERA_PREFETCH = 3
 # Resident camera batches whose encoded frames are read from the cache ahead of their decode
-# (see RobotLoader's `read_ahead`), and the most a loader takes.
-READ_AHEAD = 4
+# (see RobotLoader's `read_ahead`), and the most a loader takes. H200 host, frames evicted from
+# the page cache, batch 256 x two 480x640 JPEG cameras (244 KB a frame): 4 ahead served 1,547
+# samples/s, 16 ahead 2,054 = 1.00 GB/s of frames, the storage's own O_DIRECT read rate (1.01
+# GB/s; benchmarks/results/serve-h200-2026-12-02.json): more reads in flight, deeper queues.
+READ_AHEAD = 16
 MAX_READ_AHEAD = 64
 
 
@@ -478,9 +481,10 @@ class RobotLoader:
         prefetch_factor: batches each worker keeps ready (workers path).
         read_ahead: resident camera batches on a GPU: batches whose camera frames are read
             from the cache ahead of their decode, each on a thread of its own (1 to
-            :data:`MAX_READ_AHEAD`; deeper hides more of an object store's latency, at the
-            memory of that many batches' encoded frames). DataLoader workers read their own
-            batches' frames (``num_workers * prefetch_factor`` batches ahead).
+            :data:`MAX_READ_AHEAD`; deeper keeps more reads in flight, which a cold disk and
+            an object store's latency need, at the memory of that many batches' encoded
+            frames: 16 x 256 samples x 2 cameras x 100 KB = 820 MB). DataLoader workers read
+            their own batches' frames (``num_workers * prefetch_factor`` batches ahead).
         cuda_graph: resident path, one source, ``drop_last``: replay each batch's gather from
             a CUDA graph (the host cost per batch drops to a copy and a replay). The batch's
             tensors are graph buffers, rewritten 3 batches later: ``clone()`` what you keep.
