@@ -31,8 +31,23 @@ from robocache.data.reader import READER
 from robocache.errors import DataError
 
 
+class FrameStore:
+    """What every store shares: ``len(store)`` frames of ``frame_shape``."""
+
+    frame_shape: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(frames, *frame_shape)``, as the decoded frames would be."""
+        return (len(self), *self.frame_shape)
+
+    @property
+    def channels(self) -> int:
+        return self.frame_shape[2] if len(self.frame_shape) == 3 else 1
+
+
 @dataclass
-class EncodedFrames:
+class EncodedFrames(FrameStore):
     """One camera's encoded frames, packed: ``data`` uint8 ``[bytes]`` and ``offsets`` int64
     ``[F + 1]`` (frame i is ``data[offsets[i]:offsets[i+1]]``), in (episode, frame) order;
     ``frame_shape`` is a decoded frame's (``[H, W, C]`` or ``[H, W]``); ``where(i)``, when
@@ -44,15 +59,6 @@ class EncodedFrames:
     dtype: str
     codec: str = "jpeg"
     where: Callable[[int], str] | None = None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """``(frames, *frame_shape)``, as the decoded frames would be."""
-        return (len(self), *self.frame_shape)
-
-    @property
-    def channels(self) -> int:
-        return self.frame_shape[2] if len(self.frame_shape) == 3 else 1
 
     def describe(self, i: int) -> str:
         """Frame ``i`` for a message."""
@@ -152,7 +158,7 @@ def _blank(like) -> torch.Tensor:
                             dtype=torch.uint8)
 
 
-class LanceFrames:
+class LanceFrames(FrameStore):
     """One camera's frames in the cache's ``frames/<camera>.lance``, read as batches ask.
 
     Args:
@@ -193,14 +199,6 @@ class LanceFrames:
 
     def __len__(self) -> int:
         return int(self.addresses.shape[0])
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (len(self), *self.frame_shape)
-
-    @property
-    def channels(self) -> int:
-        return self.frame_shape[2] if len(self.frame_shape) == 3 else 1
 
     @property
     def rel(self) -> str:
@@ -294,7 +292,7 @@ class LanceFrames:
         return out
 
 
-class StackedFrames:
+class StackedFrames(FrameStore):
     """Several frame stores one after the other, plus one all-zero frame at the end (for
     rows whose source lacks the camera): frame ``i`` of part ``p`` is row ``base[p] + i``.
 
@@ -313,14 +311,6 @@ class StackedFrames:
 
     def __len__(self) -> int:
         return int(self.base[-1]) + 1
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (len(self), *self.frame_shape)
-
-    @property
-    def channels(self) -> int:
-        return self.frame_shape[2] if len(self.frame_shape) == 3 else 1
 
     def read(self, rows: torch.Tensor) -> tuple[EncodedFrames, torch.Tensor]:
         """Each part's frames of ``rows`` read by that part, stacked (see
