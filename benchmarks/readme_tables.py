@@ -255,6 +255,9 @@ CAMX = "benchmarks/results/cameras-cpu-h200x4-2026-11-27-4b4709d.json"
 CAMXG = "benchmarks/results/cameras-gpu-h200x4-2026-11-27-4b4709d.json"
 CAMXN = "480x640-h264-prepare"
 CAMNODE = "benchmarks/results/cameras-node-h200x4-2026-11-27-055bf53.json"
+SRV = "benchmarks/results/serve-h200-2026-12-02.json"
+SRVC = "480x640-2cams-b256-to224"
+SRVN = "2000x500-h2-H16-b256-w8"
 
 
 def _lrt(r: Results, run: str, key: str) -> float:
@@ -271,6 +274,18 @@ def _fps(r: Results, name: str, impl: str) -> float:
 
 def _pre(r: Results, impl: str, key: str, name: str = PREN) -> float:
     return r.case("preprocess", name, impl)[key]
+
+
+def _srv(r: Results, name: str, impl: str, key: str = "samples_per_s") -> float:
+    return r.case("serve", name, impl)[key]
+
+
+def _open_s(r: Results, name: str, impl: str) -> float:
+    return r.ms("serve", name, impl) / 1e3
+
+
+def _opens(r: Results, name: str) -> str:
+    return f"{_open_s(r, name, 'first-open'):.2f} / {_open_s(r, name, 'open'):.2f} s"
 
 
 def _mix(r: Results, kind: str) -> float:
@@ -413,6 +428,45 @@ DATA = [
                    f"{rate(_fps(r, '480x640-hevc-prepare', 'node-nvdec'))}"],
         lambda r: [("≥ 10,000", min(_fps(r, n, "node-auto") for n in
                                     (CAMXN, "480x640-hevc-prepare")) >= 10000)]),
+    Row("open a cache of 100,000 episodes (first open on the machine, which makes the served "
+        "index / later opens); 10,000 episodes with 2 KB / 64 KB frames", SRV,
+        lambda r: [f"**{_open_s(r, '100000-episodes-x20', 'first-open'):.2f} s / "
+                   f"{_open_s(r, '100000-episodes-x20', 'open'):.2f} s**; "
+                   + " vs ".join(_opens(r, f"10000-episodes-x10-frames-{b}B")
+                                 for b in (2000, 64000)), ""],
+        lambda r: [("≤ 1 s", _open_s(r, "100000-episodes-x20", "first-open") <= 1),
+                   ("the same whatever the frame bytes (within 0.05 s)",
+                    all(abs(_open_s(r, "10000-episodes-x10-frames-64000B", i)
+                            - _open_s(r, "10000-episodes-x10-frames-2000B", i)) <= 0.05
+                        for i in ("first-open", "open")))]),
+    Row("camera batches out of core, 256 × 2 cameras × 480×640 JPEG (244 KB) → 224×224, "
+        "frames evicted from the page cache first", SRV,
+        lambda r: [f"read 4 / 16 batches ahead: {rate(_srv(r, SRVC, 'disk-cold'))} / "
+                   f"**{rate(_srv(r, SRVC, 'disk-cold-ra16'))}** samples/s = "
+                   f"{_srv(r, SRVC, 'disk-cold-ra16') * 2 * _srv(r, SRVC, 'disk-cold-ra16', 'frame_kB') / 1e6:.2f} GB/s of frames; "  # noqa: E501
+                   f"page cache warm: {rate(_srv(r, SRVC, 'disk-warm'))}",
+                   f"in RAM (`in_memory=True`): {rate(_srv(r, SRVC, 'in-ram'))} samples/s; the "
+                   f"storage's own read (O_DIRECT): "
+                   f"{r.case('serve', SRVC, 'raw-read-direct')['MB_per_s'] / 1e3:.2f} GB/s"],
+        lambda r: [("≥ 80 % of in RAM", _srv(r, SRVC, "disk-cold-ra16")
+                    >= 0.8 * _srv(r, SRVC, "in-ram"))]),
+    Row("numeric windows out of core (history 2, horizon 16, batch 256, 8 workers), served "
+        "index evicted first", SRV,
+        lambda r: [f"**{rate(_srv(r, SRVN, 'mapped-cold'))}** samples/s",
+                   f"in RAM: {rate(_srv(r, SRVN, 'in-ram'))}"],
+        lambda r: [("≥ 80 % of in RAM", _srv(r, SRVN, "mapped-cold")
+                    >= 0.8 * _srv(r, SRVN, "in-ram"))]),
+    Row("main + 8 DataLoader workers (fork) serving camera batches from 11.7 GB of frames, in a "
+        "cgroup whose memory.max is a quarter of that", SRV,
+        lambda r: [f"peak **{r.case('serve', '8-workers-frames-11.7GB', 'dataloader-fork')['peak_bytes'] / 1e9:.2f} GB** "  # noqa: E501
+                   f"of {r.case('serve', '8-workers-frames-11.7GB', 'dataloader-fork')['limit_bytes'] / 1e9:.2f} GB; "  # noqa: E501
+                   f"none killed", ""],
+        lambda r: [("within the limit", not r.case("serve", "8-workers-frames-11.7GB",
+                                                   "dataloader-fork")["killed"])]),
+    Row("8 processes (DDP ranks) serving one cache (served index 1.6 GB) vs 1", SRV,
+        lambda r: [f"PSS growth **{_srv(r, 'ranks-4000x5000', 'pss-growth', 'ratio'):.2f}×** "
+                   "one's", ""],
+        lambda r: [("≤ 1.25×", _srv(r, "ranks-4000x5000", "pss-growth", "ratio") <= 1.25)]),
     Row("loader with Prometheus metrics on vs off", LOAD,
         lambda r: [f"{r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-on') / r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-off') - 1:+.1%} time",  # noqa: E501
                    ""],
