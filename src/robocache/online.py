@@ -412,8 +412,9 @@ class Observer:
                 argument and the fix).
         """
         from robocache.data.cache import native_streams
-        from robocache.data.dataset import seconds_to_steps
+        from robocache.data.dataset import OFFSET_BYTES, seconds_to_steps
         from robocache.data.episode import StreamSpec
+        from robocache.ops._checks import check_fits
         from robocache.ops.normalize import Normalizer, Stats
 
         path = Path(path)
@@ -427,6 +428,12 @@ class Observer:
                             "ingest` with the same arguments to resume it.")
         if not (isinstance(history, int) and history >= 1):
             raise DataError(f"`history` must be an integer >= 1; got {history!r}.")
+        if not (isinstance(lookahead_s, (int, float)) and 0 <= lookahead_s < math.inf):
+            raise DataError(f"`lookahead_s` must be a finite number of seconds >= 0; got "
+                            f"{lookahead_s!r}.")
+        # before any list or buffer of that size: an offset a step, a slot a message
+        check_fits("Observer", f"a history of {history:,} steps", OFFSET_BYTES * history,
+                   torch.device("cpu"), "pass a smaller `history`.")
         if pad not in ("edge", "zero"):
             raise DataError(f"`pad` must be 'edge' or 'zero'; got {pad!r}.")
         specs = manifest["streams"]
@@ -494,6 +501,12 @@ class Observer:
                 "each" if (s["kind"] == "numeric" and method in ("previous", "nearest"))
                 or exact else "all",
                 tolerance_s if late_s is None else float(late_s)))
+        need = sum(2 * st.cap * (8 + st.dtype.itemsize * max(1, math.prod(st.shape))
+                                 + (math.prod(specs[st.name]["shape"])
+                                    if st.kind == "camera" else 0)) for st in streams)
+        check_fits("Observer", f"message buffers of {[st.cap for st in streams]} slots", need,
+                   torch.device(device), "pass a smaller `capacity` (or `lookahead_s`, "
+                   "`history`).")
         if package is not None and torch.device(device).type == "cuda":
             raise DataError("`package` is for CPU observers; on a GPU pass compile=True "
                             "(torch.compile inside the CUDA graph).")

@@ -23,6 +23,7 @@ import copy
 import io
 import json
 import math
+import numbers
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from robocache.data import snapshot, source_identity
 from robocache.data.location import Location
 from robocache.data.served import Column, Served, open_served
 from robocache.errors import DataError
+from robocache.ops._checks import check_fits
 
 Batch = dict[str, torch.Tensor]
 
@@ -175,9 +177,15 @@ class RobotDataset(torch.utils.data.Dataset):
         self.location = Location(cache, storage_options)
         self.path = self.location.path  # None for a cache in an object store
         written = self.location.manifest()
-        if history < 1 or horizon < 0:
-            raise DataError(f"`history` must be >= 1 and `horizon` >= 0; got {history}, "
-                            f"{horizon}.")
+        if not (isinstance(history, numbers.Integral) and isinstance(horizon, numbers.Integral)
+                and history >= 1 and horizon >= 0):
+            raise DataError(f"`history` must be an integer >= 1 and `horizon` an integer >= 0; "
+                            f"got {history!r}, {horizon!r}.")
+        history, horizon = int(history), int(horizon)
+        # before the offset lists: windows of that many rows would not fit either
+        check_fits("RobotDataset", f"windows of {history:,} + {horizon:,} rows",
+                   OFFSET_BYTES * (history + horizon), torch.device("cpu"),
+                   "pass a smaller `history` / `horizon` (or `delta_timestamps`).")
         if pad not in ("edge", "zero"):
             raise DataError(f"`pad` must be 'edge' or 'zero'; got {pad!r}.")
         # while another process extends the cache: its last complete version
@@ -355,13 +363,12 @@ class RobotDataset(torch.utils.data.Dataset):
         ``pad="zero"`` the padding is zero in normalized units)."""
         out = copy.copy(self)
         out.data = self.data.clone()
-        for k in self.stats:
+        for k in self.stats:  # every float dtype, in its own dtype (float64 in float64)
             key = self.layout[k]
-            if key.dtype != torch.float32:
-                continue
             cols = slice(key.col, key.col + key.words)
-            normed = normalizer({k: self.data[:, cols].view(torch.float32)})[k]
-            out.data[:, cols] = normed.to(torch.float32).view(torch.int32)
+            normed = normalizer({k: key.values(self.data[:, cols])})[k].to(key.dtype)
+            raw = normed.contiguous().view(torch.uint8).reshape(len(normed), -1)
+            out.data[:, cols].view(torch.uint8)[:, :raw.shape[1]] = raw
         return out
 
     def __len__(self) -> int:
@@ -468,6 +475,10 @@ class RobotDataset(torch.utils.data.Dataset):
                 "dims": {k: key.dim for k, key in self.layout.items()},
                 "offsets": dict(self.deltas)}
 
+
+#: Host bytes an offset of a window costs (a Python int in the offset lists, its gathered
+#: index and flag), what the size check of ``history`` / ``horizon`` counts.
+OFFSET_BYTES = 64
 
 #: The per-row arrays a dataset maps from its served index.
 _MAPPED = ("data", "episode_index", "step", "timestamp", "task_id")

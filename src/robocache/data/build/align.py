@@ -358,9 +358,10 @@ def _plan(episode: Episode, t: np.ndarray, snapped: dict[str, np.ndarray],
         elif spec.kind == "numeric" and method in ("previous", "nearest"):
             # align sample ids and gather: the values stay bit-exact in their own dtype
             inputs[name] = (method, snapped[name], np.arange(len(s), dtype=np.float64)[:, None])
-        elif spec.kind == "numeric":
-            inputs[name] = (method, snapped[name],
-                            np.asarray(s.data.reshape(len(s), -1), np.float32))
+        elif spec.kind == "numeric":  # float64 interpolated in float64, the rest in float32
+            inputs[name] = (method, snapped[name], np.asarray(
+                s.data.reshape(len(s), -1),
+                np.float64 if np.dtype(spec.dtype) == np.float64 else np.float32))
         else:
             inputs[name] = ("frame_index", snapped[name], None)
     return _Plan(t, exact, inputs)

@@ -113,16 +113,18 @@ def _episode_summary(uri: Path) -> list[dict[str, Any]]:
 
 
 def _stats_of(values: np.ndarray, dim: int, keep: np.ndarray) -> Stats | None:
-    """:func:`robocache.compute_stats` of a stream's float32 values (any shape holding rows of
-    ``dim``) at the rows ``keep`` (its steps not padded); None when none is kept."""
+    """:func:`robocache.compute_stats` of a stream's values (any shape holding rows of ``dim``)
+    at the rows ``keep`` (its steps not padded), in float32, or in float64 for float64 values
+    (their min, max and mean exact); None when none is kept."""
     import torch
 
     import robocache
 
     if not keep.any():
         return None
-    if values.dtype != np.float32 or not values.flags.writeable:  # (Arrow's are read-only)
-        values = values.astype(np.float32)
+    kind = np.float64 if values.dtype == np.float64 else np.float32
+    if values.dtype != kind or not values.flags.writeable:  # (Arrow's are read-only)
+        values = values.astype(kind)
     values = values.reshape(-1, dim)
     return robocache.compute_stats(torch.from_numpy(values if keep.all() else values[keep]),
                                    exact_quantiles=False)
