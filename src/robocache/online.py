@@ -141,6 +141,11 @@ class _StreamSpec:
         self.dim = int(np.prod(self.shape)) if self.shape else 1
 
 
+def _wide(s: _StreamSpec) -> bool:
+    """An interpolated float64 stream (aligned in float64)."""
+    return s.method in _INTERPOLATED and s.dtype == np.float64
+
+
 class _Arena:
     """Named numpy arrays laid out in one uint8 buffer (one host-to-device copy per tick)."""
 
@@ -306,11 +311,12 @@ class Observer:
             s.kind == "camera" for s in streams) and not any(
             isinstance(r, torch.Tensor) for r in self._rows.values())
         self._served: dict[str, torch.Tensor] | None = None
-        # alignment groups: one interp_ref call per (method, tolerance)
-        groups: dict[tuple[str, float | None], list[str]] = {}
+        # alignment groups: one interp_ref call per (method, tolerance), interpolated float64
+        # streams apart (in float64, as ingest interpolates them)
+        groups: dict[tuple[str, float | None, bool], list[str]] = {}
         for s in streams:
-            groups.setdefault((s.method, s.tolerance_s), []).append(s.name)
-        self._groups = [(m, tol, names) for (m, tol), names in groups.items()]
+            groups.setdefault((s.method, s.tolerance_s, _wide(s)), []).append(s.name)
+        self._groups = [(m, tol, names) for (m, tol, _), names in groups.items()]
         arena = _Arena()
         arena.add("target", np.float64, (len(offsets),))
         arena.add("pre", np.bool_, (len(offsets),))
@@ -326,7 +332,8 @@ class Observer:
             inputs += [f"g{g}.times", f"g{g}.head"]
             if method in _INTERPOLATED:
                 dim = max(self.streams[n].dim for n in names)
-                arena.add(f"g{g}.data", np.float32, (len(names), 2 * cap, dim))
+                arena.add(f"g{g}.data", np.float64 if _wide(self.streams[names[0]])
+                          else np.float32, (len(names), 2 * cap, dim))
                 inputs.append(f"g{g}.data")
         for s in streams:
             if s.kind == "numeric" and s.method in _INDEXED:
@@ -514,11 +521,15 @@ class Observer:
         norm: dict[str, Any] = {}
         if normalize is not None:
             floats = {k: Stats.from_dict(stats[k]) for k in keys if k in stats
-                      and specs[k]["kind"] == "numeric" and specs[k]["dtype"] == "float32"}
+                      and specs[k]["kind"] == "numeric"
+                      and np.dtype(specs[k]["dtype"]).kind == "f"}
             modes = normalize if isinstance(normalize, str) else \
                 {k: m for k, m in normalize.items() if k in floats}
             normalizer = Normalizer(floats, modes)
-            norm = {k: normalizer.params(k, torch.device("cpu"), torch.float32) for k in floats}
+            # every float stream, in the arithmetic training normalizes it in (float64 for
+            # float64: RobotLoader's normalizer)
+            norm = {k: normalizer.params(k, torch.device("cpu"), _TORCH[np.dtype(
+                specs[k]["dtype"])]) for k in floats}
         return cls(manifest, streams, deltas, squeezed, norm, pad=pad, image_size=image_size,
                    image_dtype=image_dtype, device=torch.device(device), stale_s=stale_s,
                    tolerance_s=float(tolerance_s), task=task, compile=compile,
@@ -815,10 +826,12 @@ class Observer:
         core, layout, u = self.core, self._arena.layout, len(self._offset_list)
         out, plans, norms = _Arena(), [], []
         for s in self.streams.values():
+            # the kernel's arithmetic is float32's: float64 streams run the core, in float64
             if s.method not in K.METHODS or s.cap > K.MAX_CAP or (
                     s.method == "linear" and (_TORCH[s.dtype] not in K.LINEAR_DTYPES
-                                              or s.dtype.kind == "b")) or \
-                    s.dim * s.dtype.itemsize > K.MAX_ROW_BYTES:
+                                              or s.dtype.kind == "b" or _wide(s))) or \
+                    s.dim * s.dtype.itemsize > K.MAX_ROW_BYTES or (
+                    s.name in core.norm_keys and s.dtype == np.float64):
                 return None
             g, ring = f"g{s.group}", 2 * s.cap
             camera = s.kind == "camera"

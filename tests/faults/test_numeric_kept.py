@@ -127,3 +127,37 @@ def test_observer_sizes_that_cannot_fit_are_refused_at_once(resampled, kwargs, m
         robocache.Observer.from_cache(cache, keys=["observation.state"], **kwargs)
     fl.record(f"Observer.from_cache({', '.join(f'{k}={v:g}' for k, v in kwargs.items())})",
               "refused before allocating, naming the argument")
+
+
+@pytest.mark.parametrize("normalize", [None, "mean_std"])
+def test_the_observer_serves_float64_streams_as_the_cache_does(resampled, normalize):
+    """A float64 stream online (interpolated, and normalized, in float64) equals the cache's
+    item of every step, bit for bit: what the policy saw in training."""
+    from robocache.ops.normalize import Normalizer
+
+    cache, src = resampled
+    key = "observation.state"
+    ds = RobotDataset(cache, history=2, keys=[key])
+    norm = Normalizer(ds.stats, normalize) if normalize else None
+    obs = robocache.Observer.from_cache(cache, history=2, keys=[key], normalize=normalize)
+    episode = 1
+    rows = torch.nonzero(ds.episode_index == episode).flatten().tolist()
+    ep = src.read(episode).streams[key]
+    obs.reset()
+    obs.start(float(ds.timestamp[rows[0]]))
+    pushed, compared = 0, 0
+    for r in rows[:-1]:  # the last step is clamped to the episode's end
+        tick = float(ds.timestamp[r])
+        # every message up to the tick and the first one after it (linear needs both sides)
+        while pushed < len(ep.times) and (pushed == 0 or ep.times[pushed - 1] <= tick):
+            obs.push(key, float(ep.times[pushed]), ep.data[pushed])
+            pushed += 1
+        got, want = obs.observation(tick), ds[r]
+        if norm is not None:
+            want = norm(want)
+        assert got[key].dtype == torch.float64
+        assert torch.equal(got[f"{key}_is_pad"], want[f"{key}_is_pad"]), r
+        assert torch.equal(got[key], want[key]), (r, got[key] - want[key])
+        compared += 1
+    fl.record(f"Observer over a resampled float64 stream (normalize={normalize})",
+              f"equal to the cache's item at all {compared} steps, in float64")
