@@ -396,6 +396,37 @@ def test_frames_not_read_skip_their_topic(tmp_path):
     assert src.read(0).streams["x.data"].data.tolist() == [0.0, 1.0, 2.0]
 
 
+def test_compressed_bytes_that_are_not_an_image_are_named(tmp_path):
+    """A CompressedImage whose bytes begin as a JPEG but are not one: its bag is quarantined
+    with a reason naming the file, topic and message (not Pillow's stream object)."""
+    from mcap_ros2.writer import Writer
+    from PIL import Image
+
+    from robocache.data.cache import build
+
+    DEFS = SCRIPT.DEFS
+    good = _io_bytes(Image.fromarray(np.zeros((4, 6, 3), np.uint8)))
+    (tmp_path / "src").mkdir()
+    for ep in range(2):
+        with open(tmp_path / "src" / f"ep{ep}.mcap", "wb") as f:
+            w = Writer(f)
+            jpeg = w.register_msgdef("sensor_msgs/msg/CompressedImage",
+                                     DEFS["sensor_msgs/msg/CompressedImage"])
+            f64 = w.register_msgdef("std_msgs/msg/Float64", DEFS["std_msgs/msg/Float64"])
+            for i in range(3):
+                head = {"stamp": {"sec": 1, "nanosec": i}, "frame_id": ""}
+                data = b"\xff\xd8" + b"junk" * 10 if ep == 1 else good
+                w.write_message("/cam", jpeg, {"header": head, "format": "jpeg", "data": data},
+                                log_time=10 + i)
+                w.write_message("/x", f64, {"data": float(i)}, log_time=10 + i)
+            w.finish()
+    m = build(tmp_path / "src", tmp_path / "c", rate_hz=10.0, progress=False, device="cpu")
+    assert m["counts"]["cached"] == 1 and [q["index"] for q in m["quarantined"]] == [1]
+    reason = m["quarantined"][0]["reason"]
+    assert "ep1.mcap" in reason and "topic /cam message 0" in reason
+    assert "not a readable image" in reason and "BytesIO" not in reason
+
+
 def _io_bytes(image) -> bytes:
     import io as _io
 

@@ -712,9 +712,11 @@ def _camera(t: _Topic, base: str, rate: float | None):
         codec = t.values[0][0] if t.values else "jpeg"
         try:
             shape = _encoded_shape(t.values[0][1]) if t.values else (0, 0, 3)
-        except DataError as e:
+        except _Unmapped as e:
             t.skipped = f"{t.type}: {e}"
             return
+        except DataError as e:
+            raise DataError(f"topic {t.topic} message 0: {e}") from None
         data = np.empty(len(t.values), dtype=object)
         data[:] = [b for _, b in t.values]
         yield name, StreamSpec(name, "image", "uint8" if len(shape) == 3 else "uint16", shape,
@@ -729,15 +731,29 @@ def _camera(t: _Topic, base: str, rate: float | None):
     yield name, StreamSpec(name, "image", data.dtype.name, tuple(data.shape[1:]), rate), data
 
 
+class _Unmapped(DataError):
+    """A readable image of a kind no stream maps (the topic is skipped, saying why)."""
+
+
 def _encoded_shape(data: bytes) -> tuple[int, ...]:
     """The frame shape of JPEG/PNG bytes, from their header: RGB ``(H, W, 3)``, 16-bit grey
-    ``(H, W)``."""
+    ``(H, W)``.
+
+    Raises:
+        DataError: the bytes are not an image Pillow reads.
+        _Unmapped: an image of another mode.
+    """
     pil = require("PIL.Image", "data", "Reading camera frames", "pillow")
-    with pil.open(io.BytesIO(data)) as im:
-        w, h = im.size
-        if im.mode in ("I;16", "I;16B", "I"):
-            return (h, w)
-        if im.mode != "RGB":
-            raise DataError(f"{im.mode} frames, not RGB (or 16-bit depth PNG): no mapping")
-        return (h, w, 3)
+    try:
+        with pil.open(io.BytesIO(data)) as im:
+            w, h, mode = *im.size, im.mode
+    except (OSError, ValueError, SyntaxError) as e:  # Pillow's errors for unreadable bytes
+        kind = "JPEG" if data[:2] == b"\xff\xd8" else "PNG"
+        raise DataError(f"{len(data)} bytes that begin as a {kind} but are not a readable "
+                        f"image ({type(e).__name__})") from None
+    if mode in ("I;16", "I;16B", "I"):
+        return (h, w)
+    if mode != "RGB":
+        raise _Unmapped(f"{mode} frames, not RGB (or 16-bit depth PNG): no mapping")
+    return (h, w, 3)
 
