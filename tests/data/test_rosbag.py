@@ -396,6 +396,21 @@ def test_frames_not_read_skip_their_topic(tmp_path):
     assert src.read(0).streams["x.data"].data.tolist() == [0.0, 1.0, 2.0]
 
 
+def test_resampled_orientations_stay_unit_quaternions(tmp_path):
+    """A PoseStamped's orientation is a quaternion stream: aligned by slerp at --rate by
+    default, each row a unit quaternion (linear interpolation shrank them to norm 0.19)."""
+    import lance
+
+    from robocache.data.cache import build
+
+    m = build(BAGS, tmp_path / "c", rate_hz=50.0, progress=False, device="cpu")
+    assert m["streams"]["ee_pose.pose.orientation"]["method"] == "slerp"
+    assert m["streams"]["ee_pose.pose.position"]["method"] == "linear"
+    table = lance.dataset(str(tmp_path / "c" / "data.lance")).to_table()
+    q = np.stack(table.column("ee_pose/pose/orientation").to_numpy(zero_copy_only=False))
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, rtol=0, atol=1e-12)
+
+
 def test_compressed_bytes_that_are_not_an_image_are_named(tmp_path):
     """A CompressedImage whose bytes begin as a JPEG but are not one: its bag is quarantined
     with a reason naming the file, topic and message (not Pillow's stream object)."""

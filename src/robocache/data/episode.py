@@ -33,6 +33,9 @@ class StreamSpec:
         encoding: image streams whose frames stay compressed: ``"jpeg"`` or ``"png"``; the
             stream's data is then an object array of ``bytes`` ``[S]`` (``shape`` is the
             decoded frame's).
+        quaternion: a numeric ``[4]`` stream of unit quaternions ``wxyz`` (a ROS message's
+            orientation): aligned by ``slerp`` unless another method is asked for, so that
+            a resampled rotation stays a unit quaternion.
     """
 
     name: str
@@ -41,6 +44,7 @@ class StreamSpec:
     shape: tuple[int, ...]
     rate_hz: float | None = None
     encoding: str | None = None
+    quaternion: bool = False
 
     @property
     def dim(self) -> int:

@@ -4,6 +4,7 @@ the names they give columns and methods.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +28,12 @@ class CacheConfig:
         methods: stream -> alignment method overriding the defaults (see the module docstring).
         tolerance_s: steps farther than this from any source sample are padded (``None``: off).
         grid_tolerance_s: seconds within which a timestamp counts as on the ``1 / rate`` grid
-            (LeRobot's ``tolerance_s``); > 0.
+            (LeRobot's ``tolerance_s``); > 0 and below half the grid's period (``0.5 /
+            rate``; for ``"native"``, of the source's fps), so that a timestamp is near one
+            grid instant at most (:func:`check_grid_tolerance`).
         episodes: source episode indices to ingest (default: all).
-        source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer.
+        source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer (``fps``
+            within (0, :data:`MAX_FPS`] Hz, :func:`check_fps`).
         overwrite: delete the cache at the destination instead of resuming it (only the files
             and tables its manifest says the cache owns are deleted, see
             :mod:`robocache.data.owned`; anything else there stays).
@@ -52,14 +56,16 @@ class CacheConfig:
             PSNR.
         camera_size: ``(height, width)`` (or ``"HEIGHTxWIDTH"``) to store RGB camera frames
             at, resized at ingest (antialiased bilinear), or ``None`` (default) for the
-            source's size. Training usually resizes to a fixed input anyway; stored at that
-            size, each batch decodes that many fewer pixels. The cache's frames are then no
+            source's size; each side at most :data:`MAX_CAMERA_SIDE` (8192) pixels. Training
+            usually resizes to a fixed input anyway; stored at that size, each batch decodes
+            that many fewer pixels. The cache's frames are then no
             longer the source's (not what LeRobot serves); depth frames keep their size.
         decode_workers: episodes read, video-decoded and JPEG-encoded at once (``None``: the
             machine's cores). On threads, their videos decoded and encoded in as many forked
             camera worker processes (none for 1: on the reading thread); or, with
             ``decode_processes``, in that many spawned processes, each decoding its videos
-            itself. The cache is the same whatever the number.
+            itself. The cache is the same whatever the number. At most
+            :func:`max_decode_workers` (4 per core): more would only add processes and memory.
         video_decoder: who decodes video streams: ``"pyav"`` (default: the CPU decode
             LeRobot's reader does, so cached frames match LeRobot's within the JPEG
             tolerance), ``"auto"`` (NVDEC through PyNvVideoCodec for H.264/HEVC when a CUDA
@@ -110,6 +116,87 @@ class CacheConfig:
     batch_bytes: int = 64 << 20
 
 
+# The largest side of a frame stored with ``camera_size``: 8192 px (an 8K frame; JPEG itself
+# stops at 65535). A 8192x8192 RGB frame is 192 MiB decoded; a batch of them already fills a
+# GPU, and 100000x100000 (28 GiB a frame) only fails later with a MemoryError.
+MAX_CAMERA_SIDE = 8192
+# Episodes prepared at once per core at most (``decode_workers``): each is a worker process
+# with its own decoder threads and frames in memory, so past a few per core more only adds
+# processes, memory and contention (100000 forked until the process limit, then hung).
+DECODE_WORKERS_PER_CORE = 4
+# The highest ``fps`` a source without timestamps may be given (Hz): a 10 us step. Faster
+# "rates" are typos of another unit (a timestamp in us read as s), and near-zero ones make
+# every episode last for ages.
+MAX_FPS = 100_000.0
+
+
+def max_decode_workers() -> int:
+    """The most episodes a build may prepare at once: :data:`DECODE_WORKERS_PER_CORE` per
+    core of this machine."""
+    return DECODE_WORKERS_PER_CORE * (os.cpu_count() or 1)
+
+
+def check_decode_workers(workers: int | None) -> None:
+    """Refuse a ``decode_workers`` that is not an integer in [1, :func:`max_decode_workers`]
+    (``None``: the machine's cores).
+
+    Raises:
+        DataError: naming the option and the range.
+    """
+    if workers is None:
+        return
+    most = max_decode_workers()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise DataError(f"`decode_workers` (--decode-workers) must be an integer >= 1 (or "
+                        f"unset: the machine's cores); got {workers!r}.")
+    if workers > most:
+        raise DataError(f"`decode_workers` (--decode-workers) is {workers}, more than "
+                        f"{most} ({DECODE_WORKERS_PER_CORE} per core of this machine's "
+                        f"{os.cpu_count() or 1}); pass {most} or fewer, or leave it unset for "
+                        "one per core.")
+
+
+def check_fps(fps: Any) -> None:
+    """Refuse an ``fps`` (of a source without timestamps) outside (0, :data:`MAX_FPS`] Hz
+    (``None``: not given).
+
+    Raises:
+        DataError: naming ``fps`` (--fps) and the range.
+    """
+    if fps is None:
+        return
+    try:
+        ok = not isinstance(fps, bool) and 0 < float(fps) <= MAX_FPS
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise DataError(f"`fps` (--fps) must be a rate in Hz within (0, {MAX_FPS:g}]; got "
+                        f"{fps!r} (e.g. --fps 10 for a 10 Hz recording).")
+
+
+def check_grid_tolerance(tolerance_s: Any, rate_hz: float | None = None) -> None:
+    """Refuse a ``grid_tolerance_s`` that is not > 0 s, or (given the grid's ``rate_hz``) not
+    below half its period: a timestamp would then be "on" two grid instants at once.
+
+    Raises:
+        DataError: naming ``grid_tolerance_s`` (--grid-tolerance) and the bound.
+    """
+    try:
+        ok = not isinstance(tolerance_s, bool) and float(tolerance_s) > 0 and \
+            math.isfinite(float(tolerance_s))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise DataError(f"`grid_tolerance_s` (--grid-tolerance) must be > 0 seconds; got "
+                        f"{tolerance_s!r} (LeRobot's default is 1e-4).")
+    if rate_hz is not None and not float(tolerance_s) < 0.5 / rate_hz:
+        raise DataError(f"`grid_tolerance_s` (--grid-tolerance) is {float(tolerance_s):g} s, "
+                        f"not below half the {1 / rate_hz:g} s period of the {rate_hz:g} Hz "
+                        f"grid ({0.5 / rate_hz:g} s): a timestamp would be on two grid "
+                        f"instants at once; pass less than {0.5 / rate_hz:g} (LeRobot's "
+                        "default is 1e-4).")
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """``"i/n"`` -> ``(i, n)`` with ``0 <= i < n``.
 
@@ -130,9 +217,14 @@ def parse_size(size: tuple[int, int] | str) -> tuple[int, int]:
             else tuple(size)
     except (TypeError, ValueError):
         hw = ()
-    if len(hw) != 2 or not all(isinstance(v, int) and v >= 1 for v in hw):
+    if len(hw) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                               for v in hw):
         raise DataError(f"`camera_size` (--camera-size) must be HEIGHTxWIDTH (or (height, "
                         f"width)), two integers >= 1, e.g. 224x224; got {size!r}.")
+    if max(hw) > MAX_CAMERA_SIDE:
+        raise DataError(f"`camera_size` (--camera-size) is {hw[0]}x{hw[1]}, but a side may be "
+                        f"at most {MAX_CAMERA_SIDE} pixels; pass a training size such as "
+                        "224x224, or leave it unset to keep the source's size.")
     return hw
 
 
@@ -146,6 +238,8 @@ def default_method(spec: StreamSpec) -> str:
         return "frame_index"
     if spec.kind == "event":
         return "previous"
+    if spec.quaternion:  # a resampled rotation stays a unit quaternion
+        return "slerp"
     return "previous" if np.dtype(spec.dtype).kind in "biu" else "linear"
 
 

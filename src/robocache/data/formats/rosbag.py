@@ -491,8 +491,8 @@ class RosbagSource:
             at = 0
             for path, attrs in fields:
                 name = _join(base, path)
-                yield name, StreamSpec(name, "numeric", "float64", (len(attrs),), rate), \
-                    values[:, at:at + len(attrs)]
+                yield name, StreamSpec(name, "numeric", "float64", (len(attrs),), rate,
+                                       quaternion=attrs == WXYZ), values[:, at:at + len(attrs)]
                 at += len(attrs)
         elif t.type in SCALARS or t.type in ARRAYS:
             name = _join(base, "data")
