@@ -18,6 +18,14 @@ declares no fill value (``"fill_value": null``) cannot have elided a chunk: a mi
 always damage. When the writer elided chunks on purpose, ``missing_chunks="fill"`` (reader
 option) reads them as the fill value, as zarr does; the default, ``"quarantine"``, never turns
 an absent chunk into data silently.
+
+Damaged chunks. A chunk whose bytes were overwritten decodes into garbage when its codec keeps
+no checksum (Blosc's does not): values of any size, NaN and infinities among them, anywhere in
+the chunk. A float array's chunks are therefore read whole and checked: a chunk holding a NaN or
+an infinity quarantines every episode it holds rows of, naming it, not only the episodes whose
+own rows show the damage (the episodes that share its boundary rows would otherwise be cached
+with the garbage). Integer and image arrays cannot show damage this way; a checksum codec
+(numcodecs' CRC32 or Fletcher32) makes any damaged chunk a read error.
 """
 
 from __future__ import annotations
@@ -163,14 +171,61 @@ class ZarrReplaySource:
             for key in sorted(self.data.array_keys()):
                 self._check_chunks(key, start, stop)
         if self.has_time:
-            times = np.asarray(self.data[TIME_KEY][start:stop], np.float64).reshape(-1)
+            times = np.asarray(self._rows(TIME_KEY, start, stop), np.float64).reshape(-1)
         else:
             times = np.arange(stop - start, dtype=np.float64) / self.fps
         streams = {}
         for name, spec in self.specs.items():
-            data = np.asarray(self.data[name][start:stop])
-            streams[name] = Stream(spec, times, data)
+            streams[name] = Stream(spec, times, self._rows(name, start, stop))
         return Episode(index, streams, {"length": stop - start})
+
+    def _rows(self, key: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of ``data/<key>``. A float array's chunks are read whole and
+        must hold finite values only: a chunk whose bytes were damaged decodes (Blosc keeps no
+        checksum) into garbage that is often non-finite somewhere, but not always in the
+        rows an episode reads; judged by its whole chunk, every episode that chunk feeds is
+        quarantined, not only the ones whose own rows show it.
+
+        Raises:
+            DataError: a chunk with a NaN or infinite value (naming it and its rows).
+        """
+        arr = self.data[key]
+        if np.dtype(arr.dtype).kind != "f":
+            return self._read(key, start, stop)
+        rows = arr.chunks[0]
+        a, b = start // rows * rows, min(-(-stop // rows) * rows, int(arr.shape[0]))
+        block = self._read(key, a, b)
+        finite = np.isfinite(block.reshape(len(block), -1)).all(axis=1)
+        if not finite.all():
+            bad = a + int(np.flatnonzero(~finite)[0])
+            c = bad // rows * rows
+            chunk = next(k for k, first in self._chunks(key, c, c + 1))
+            raise DataError(f"chunk {chunk} (rows {c}:{min(c + rows, int(arr.shape[0]))}) "
+                            f"holds NaN or infinite values (row {bad}): its bytes are damaged, "
+                            "or an episode there holds them; every episode it holds is "
+                            "quarantined (restore the chunk from a good copy).")
+        return block[start - a:stop - a]
+
+    def _read(self, key: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of ``data/<key>``; a chunk that does not decode is named.
+
+        Raises:
+            DataError: naming the first chunk that does not decode and the codec's error.
+        """
+        arr = self.data[key]
+        try:
+            return np.asarray(arr[start:stop])
+        except Exception as e:  # the codecs raise their own types on damaged bytes
+            rows = arr.chunks[0]
+            for chunk, first in self._chunks(key, start, stop):
+                try:
+                    arr[first:first + 1]
+                except Exception:  # this one: named
+                    raise DataError(f"chunk {chunk} (rows {first}:"
+                                    f"{min(first + rows, int(arr.shape[0]))}) cannot be decoded "
+                                    f"({type(e).__name__}: {e}); restore it from a good copy."
+                                    ) from e
+            raise
 
     def files(self, index: int) -> list[Path]:
         """The chunk files episode ``index`` is read from (a ``.zarr`` directory; a
