@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from robocache._memory import bound_heap
 from robocache._optional import require
 from robocache.data import snapshot, source_identity
 from robocache.data.location import Location
@@ -399,6 +400,8 @@ class RobotDataset(torch.utils.data.Dataset):
         import robocache
         from robocache.data.cameras import decode_all
 
+        if self.image_keys and torch.utils.data.get_worker_info() is not None:
+            bound_heap()  # a DataLoader worker: its batches' buffers given back when freed
         raw: Batch = {"index": indices}
         raw.update(robocache.key_windows(self.data, self.offsets, indices, self._columns,
                                          self._offsets, pad=self.pad))
