@@ -47,7 +47,8 @@ it):
 * ``cache_bytes``: bytes of the files the library adds to serve the dataset (RoboCache: its
   cache folder; its served index, written at first open, is counted apart as
   ``served_index_bytes``; lerobot-lancedb: the converted folder, which holds a copy of
-  ``meta/``; LeRobot: none, it reads the source), ``ratio_to_source``: over the source
+  ``meta/``; LeRobot: it reads the source, and its first open writes the Hugging Face
+  ``datasets`` cache of the parquet rows under ``$HF_HOME``), ``ratio_to_source``: over the source
   dataset's bytes. ``s3_bytes``: bytes of the objects under the library's S3 prefix.
 * ``build_s``: wall time of the build / conversion in a fresh process (RoboCache: the first
   ``LeRobotDataset(...)`` construction, which builds the cache and opens it; lerobot-lancedb:
@@ -67,7 +68,10 @@ it):
   ``forkserver`` where the library asks for it: lerobot-lancedb's ``lance_mp_context()``).
   ``first_batch_s``: from ``iter()`` to the first batch (workers starting, the cache or
   tables opened in them); ``rss_sum`` / ``pss_sum``: main process + its 2 workers after the
-  first batch (``tree_rss_sum`` / ``tree_pss_sum``: every descendant too, e.g. a forkserver);
+  first batch (``tree_rss_sum`` / ``tree_pss_sum``, the table's ``tree_pss_sum_MB`` over
+  ``tree_procs`` processes: every descendant too: a forkserver, and RoboCache's reader
+  processes, which a ``fork`` worker of a process that has called Lance starts to make its
+  Lance calls, see ``robocache.data.reader``);
   ``samples_per_s``: 40 batches after that first one, timed together (1 280 samples; every
   library gets the same sampler order). The OS page cache is **not** dropped between runs
   (everything read locally is in memory after the build): these are warm-cache numbers.
@@ -96,6 +100,7 @@ between runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -201,7 +206,7 @@ def role_write_dataset(spec: dict) -> dict:
     for e in range(n_ep):
         state = np.cumsum(rng.normal(scale=0.05, size=(n_fr + 1, 6)), 0).astype(np.float32)
         textures, velocity, grads = [], [], []
-        for c in range(len(CAMERAS)):
+        for _ in CAMERAS:
             tex = rng.integers(0, 256, size=(h + pad, w + pad, 3)).astype(np.float32)
             # a 3x3 box blur: mid-frequency texture, not white noise
             tex = sum(np.roll(np.roll(tex, dy, 0), dx, 1) for dy in (-1, 0, 1)
@@ -498,10 +503,8 @@ def role_versions(spec: dict) -> dict:
              "moto", "boto3", "simplejpeg", "pillow", "pandas", "flask", "werkzeug"]
     out = {"python": platform.python_version(), "executable": sys.executable}
     for n in names:
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             out[n] = metadata.version(n)
-        except metadata.PackageNotFoundError:
-            pass
     return out
 
 
@@ -515,15 +518,32 @@ ROLES = {"write-dataset": role_write_dataset, "build": role_build, "open": role_
 
 class CountingProxy:
     """A reverse proxy on 127.0.0.1 in front of the S3 server that counts the bytes it
-    returns (``GET /__sbs_stats`` answers the counters as JSON)."""
+    returns (``GET /__sbs_stats`` answers the counters as JSON).
 
-    def __init__(self, upstream_port: int):
+    With ``range_cache=True`` it answers ranged GETs of an object itself, from a copy of the
+    whole object fetched from the server once: moto reads (and copies) a whole object for
+    every ranged GET, under a per-object lock, so a ranged read there costs the object's size,
+    not the range's (objects of 100 MB make every 100 KB read a 100 MB copy). A real object
+    store costs the range. The bytes counted are those sent to the client either way."""
+
+    def __init__(self, upstream_port: int, range_cache: bool = False):
         import http.client
+        import re
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        stats = {"get_bytes": 0, "put_bytes": 0, "requests": 0}
+        stats = {"get_bytes": 0, "put_bytes": 0, "requests": 0, "served_from_copy": 0}
         lock = threading.Lock()
-        self.stats = stats
+        copies: dict[str, tuple[bytes, list[tuple[str, str]]]] = {}
+        self.stats, self.copies = stats, copies
+
+        def upstream(method, path, body, headers):
+            conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=300)
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                resp = conn.getresponse()
+                return resp.status, resp.reason, resp.getheaders(), resp.read()
+            finally:
+                conn.close()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -545,45 +565,67 @@ class CountingProxy:
                 n = int(self.headers.get("Content-Length") or 0)
                 return self.rfile.read(n) if n else None
 
+            def _reply(self, status, reason, headers, data, length=None):
+                self.send_response(status, reason)
+                for k, v in headers:
+                    if k.lower() not in ("transfer-encoding", "connection", "server", "date",
+                                         "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", length if self.command == "HEAD"
+                                 else str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            def _from_copy(self, headers) -> bool:
+                m = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", "").strip())
+                if not m or "?" in self.path or m.group(1) == "":
+                    return False
+                copy = copies.get(self.path)
+                if copy is None:
+                    h = {k: v for k, v in headers.items() if k.lower() != "range"}
+                    status, _, rh, data = upstream("GET", self.path, None, h)
+                    if status != 200:
+                        return False
+                    copy = (data, [(k, v) for k, v in rh if k.lower() in
+                                   ("etag", "last-modified", "content-type",
+                                    "x-amz-version-id")])
+                    with lock:
+                        copies[self.path] = copy
+                data, keep = copy
+                first = int(m.group(1))
+                last = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
+                if first > last:
+                    return False
+                part = data[first:last + 1]
+                self._reply(206, "Partial Content", [
+                    *keep, ("Accept-Ranges", "bytes"),
+                    ("Content-Range", f"bytes {first}-{last}/{len(data)}")], part)
+                with lock:
+                    stats["requests"] += 1
+                    stats["get_bytes"] += len(part)
+                    stats["served_from_copy"] += 1
+                return True
+
             def _any(self):
                 if self.path == "/__sbs_stats":
                     with lock:
                         data = json.dumps(stats).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    self._reply(200, "OK", [("Content-Type", "application/json")], data)
                     return
                 body = self._body()
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in ("transfer-encoding", "connection")}
                 if body is not None:
                     headers["Content-Length"] = str(len(body))
-                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=300)
-                try:
-                    conn.request(self.command, self.path, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                finally:
-                    conn.close()
-                self.send_response(resp.status, resp.reason)
-                length = None
-                for k, v in resp.getheaders():
-                    kl = k.lower()
-                    if kl in ("transfer-encoding", "connection", "server", "date"):
-                        continue
-                    if kl == "content-length":
-                        length = v
-                        continue
-                    self.send_header(k, v)
-                if self.command == "HEAD":
-                    self.send_header("Content-Length", length or "0")
-                else:
-                    self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
+                if self.command not in ("GET", "HEAD"):
+                    with lock:
+                        copies.clear()
+                elif range_cache and self.command == "GET" and self._from_copy(headers):
+                    return
+                status, reason, rh, data = upstream(self.command, self.path, body, headers)
+                length = next((v for k, v in rh if k.lower() == "content-length"), "0")
+                self._reply(status, reason, rh, data, length)
                 with lock:
                     stats["requests"] += 1
                     if self.command == "GET":
@@ -652,10 +694,8 @@ class Runner:
                     peak = max(peak, sum(rss_of(q) for q in [p.pid, *descendants(p.pid)]))
                 if time.perf_counter() - t0 > timeout:
                     for q in [*descendants(p.pid), p.pid]:
-                        try:
+                        with contextlib.suppress(OSError):
                             os.kill(q, 9)
-                        except OSError:
-                            pass
                     p.wait()
                     error = f"timed out after {timeout} s (killed)"
                     break
@@ -684,9 +724,9 @@ def start_moto(work: Path, python: str) -> tuple[subprocess.Popen, int]:
     import urllib.request
 
     port = free_port()
-    log = open(work / "logs" / "moto.log", "wb")
-    proc = subprocess.Popen([python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    with open(work / "logs" / "moto.log", "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([python, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                                 str(port)], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -698,17 +738,18 @@ def start_moto(work: Path, python: str) -> tuple[subprocess.Popen, int]:
             time.sleep(0.1)
 
 
-def s3_prefix_bytes(options: dict, uri: str) -> int:
+def s3_objects(options: dict, uri: str) -> dict:
+    """Bytes, count and the largest size of the objects under ``uri``."""
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=options["aws_endpoint"],
                       aws_access_key_id="testing", aws_secret_access_key="testing",
                       region_name="us-east-1")
     bucket, prefix = uri[len("s3://"):].split("/", 1)
-    total = 0
+    sizes = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
-        total += sum(o["Size"] for o in page.get("Contents", []))
-    return total
+        sizes += [o["Size"] for o in page.get("Contents", [])]
+    return {"bytes": sum(sizes), "objects": len(sizes), "largest": max(sizes, default=0)}
 
 
 def machine_facts() -> dict:
@@ -791,7 +832,8 @@ def main_driver(args) -> dict:
     res["dataset"]["lerobot_video_backend"] = ref and ref.get("video_backend")
 
     # fresh caches each run
-    for d in ("rc_cache", "lance", "rc_staging", "robocache_home", "hf_lerobot_home"):
+    for d in ("rc_cache", "lance", "rc_staging", "robocache_home", "hf_lerobot_home",
+              "hf_home"):
         shutil.rmtree(work / d, ignore_errors=True)
 
     libs = {"robocache": {}, "lerobot_lancedb": {}, "lerobot": {}}
@@ -820,8 +862,11 @@ def main_driver(args) -> dict:
             "cache_bytes": lb, "ratio_to_source": lb / src_bytes,
             "parts": {p.name: du(p) if p.is_dir() else p.stat().st_size
                       for p in sorted((work / "lance").iterdir())}}
-    libs["lerobot"]["cache"] = {"cache_bytes": 0, "ratio_to_source": 0.0,
-                                "reason": "reads the source (source bytes: %d)" % src_bytes}
+    hf = du(work / "hf_home") if (work / "hf_home").exists() else 0
+    libs["lerobot"]["cache"] = {"cache_bytes": hf, "ratio_to_source": hf / src_bytes,
+                                "reason": "reads the source as written; the bytes are the "
+                                "Hugging Face datasets cache its first open writes under "
+                                "$HF_HOME (the parquet rows as Arrow)"}
 
     # 3. second opens (local)
     for lib, key, py in (("robocache-lerobot", "robocache", rc_py),
@@ -859,6 +904,7 @@ def main_driver(args) -> dict:
     if not args.skip_s3:
         moto, port = start_moto(work, args.moto_python or rc_py)
         proxy = CountingProxy(port)
+        fast = CountingProxy(port, range_cache=True)
         try:
             import boto3
 
@@ -876,19 +922,24 @@ def main_driver(args) -> dict:
                   f"s3://{bucket}/lance", "direct_options": opts(port),
                   "storage_options": opts(proxy.port),
                   "stats_url": f"http://127.0.0.1:{proxy.port}/__sbs_stats"}
-            res["s3"] = {"server": "moto (server mode, %s) on 127.0.0.1; reads through a "
-                         "counting reverse proxy in the driver" % (res["versions"]["robocache_env"]
-                                                                  or {}).get("moto"),
-                         "bucket": bucket}
+            s3c = {**s3, "storage_options": opts(fast.port),
+                   "stats_url": f"http://127.0.0.1:{fast.port}/__sbs_stats"}
+            moto_version = (res["versions"]["robocache_env"] or {}).get("moto")
+            res["s3"] = {"server": f"moto {moto_version} (server mode) on 127.0.0.1; reads "
+                         "through a counting reverse proxy in the driver",
+                         "range_copy": "the *_copy runs read through a second proxy that "
+                         "answers ranged GETs from a copy of the whole object fetched once "
+                         "(moto copies a whole object for every ranged GET; see "
+                         "CountingProxy)", "bucket": bucket}
             b, err = r.run(rc_py, "build", {**s3, "lib": "robocache-s3"}, "build-robocache-s3",
                            sample_rss=True)
             libs["robocache"]["s3_build"] = b or {"error": err}
             b, err = r.run(peer_py, "build", {**s3, "lib": "lancedb-s3"}, "upload-lancedb-s3",
                            sample_rss=True)
             libs["lerobot_lancedb"]["s3_build"] = b or {"error": err}
-            libs["robocache"]["s3_bytes"] = s3_prefix_bytes(s3["direct_options"], s3["rc_uri"])
-            libs["lerobot_lancedb"]["s3_bytes"] = s3_prefix_bytes(s3["direct_options"],
-                                                                  s3["lance_uri"])
+            libs["robocache"]["s3_objects"] = s3_objects(s3["direct_options"], s3["rc_uri"])
+            libs["lerobot_lancedb"]["s3_objects"] = s3_objects(s3["direct_options"],
+                                                               s3["lance_uri"])
             s3runs = [("robocache-robot", "robocache", rc_py, "fork"),
                       ("lancedb", "lerobot_lancedb", peer_py, "forkserver")]
             for lib, key, py, ctx in s3runs:
@@ -897,9 +948,15 @@ def main_driver(args) -> dict:
                 libs[key].setdefault("loader_s3", {})[f"{lib}/{ctx}"] = o or {"error": err}
                 o, err = r.run(py, "open", {**s3, "lib": lib, "where": "s3"}, f"open-{lib}-s3")
                 libs[key].setdefault("open_s3", {})[lib] = o or {"error": err}
+                o, err = r.run(py, "loader", {**s3c, "lib": lib, "where": "s3", "context": ctx},
+                               f"loader-{lib}-{ctx}-s3-copy")
+                libs[key].setdefault("loader_s3_copy", {})[f"{lib}/{ctx}"] = o or {"error": err}
+                fast.copies.clear()
             res["s3"]["proxy_totals"] = dict(proxy.stats)
+            res["s3"]["copy_proxy_totals"] = dict(fast.stats)
         finally:
             proxy.stop()
+            fast.stop()
             moto.terminate()
             moto.wait(30)
     res["not_measured"] += [
@@ -937,6 +994,7 @@ def table(res: dict, src_bytes: int, frames: int) -> list[dict]:
         o = (lib_.get("open") or {}).get(lib) or {}
         lo = loader(key, "loader_local", loc_name)
         s3 = loader(key, "loader_s3", s3_name) if s3_name else {}
+        s3c = loader(key, "loader_s3_copy", s3_name) if s3_name else {}
         f = (lib_.get("fidelity") or {}).get(fid or lib) or {}
         c = lib_.get("cache") or {}
         rows.append({
@@ -955,10 +1013,14 @@ def table(res: dict, src_bytes: int, frames: int) -> list[dict]:
             "loader": loc_name.split("/")[-1],
             "loader_rss_sum_MB": _mb(lo.get("rss_sum")),
             "loader_pss_sum_MB": _mb(lo.get("pss_sum")),
+            "tree_procs": lo.get("tree_processes"),
+            "tree_pss_sum_MB": _mb(lo.get("tree_pss_sum")),
             "local_samples_s": None if lo.get("samples_per_s") is None else round(
                 lo["samples_per_s"], 1),
             "s3_samples_s": None if s3.get("samples_per_s") is None else round(
                 s3["samples_per_s"], 1),
+            "s3_copy_samples_s": None if s3c.get("samples_per_s") is None else round(
+                s3c["samples_per_s"], 1),
             "s3_KB_per_sample": None if s3.get("bytes_per_sample") is None else round(
                 s3["bytes_per_sample"] / 1e3, 1),
             "psnr_min_mean": None if f.get("psnr_min_db") is None else

@@ -118,13 +118,19 @@ READER = Reader()
 
 def _serve() -> None:
     """The reader process: answer requests on stdin until it closes."""
+    inp, out = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed goes to stderr, never into the answers
+    with out:
+        _answer(inp, out)
+
+
+def _answer(inp, out) -> None:
+    """Answer the requests on ``inp`` until it closes (see :func:`_serve`)."""
     import pyarrow as pa
 
     from robocache.data.location import Location, open_version
     from robocache.data.served import Column, open_served
 
-    inp, out = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything printed goes to stderr, never into the answers
     tables: dict[tuple, Any] = {}
     while True:
         try:
