@@ -258,6 +258,7 @@ CAMNODE = "benchmarks/results/cameras-node-h200x4-2026-11-27-055bf53.json"
 SRV = "benchmarks/results/serve-h200-2026-12-02.json"
 SRVC = "480x640-2cams-b256-to224"
 SRVN = "2000x500-h2-H16-b256-w8"
+SBS = "benchmarks/results/serve-lancedb-cpu-2026-12-02.json"
 
 
 def _lrt(r: Results, run: str, key: str) -> float:
@@ -282,6 +283,19 @@ def _srv(r: Results, name: str, impl: str, key: str = "samples_per_s") -> float:
 
 def _open_s(r: Results, name: str, impl: str) -> float:
     return r.ms("serve", name, impl) / 1e3
+
+
+def _sbs(r: Results, path: str, key: str):
+    """A value of the side-by-side run's table row whose path starts with ``path``."""
+    return next(row for row in r.doc["table"] if row["path"].startswith(path))[key]
+
+
+def _sbs_cells(r: Results, path: str) -> str:
+    return (f"{rate(_sbs(r, path, 'local_samples_s'))} samples/s from disk, "
+            f"{rate(_sbs(r, path, 's3_copy_samples_s'))} from S3 "
+            f"({_sbs(r, path, 's3_KB_per_sample'):.0f} KB a sample fetched); main + 2 workers "
+            f"{_sbs(r, path, 'loader_pss_sum_MB'):,.0f} MB PSS; open "
+            f"{_sbs(r, path, 'open_s'):.2f} s; cache {_sbs(r, path, 'x_source'):.1f}× the source")
 
 
 def _opens(r: Results, name: str) -> str:
@@ -467,6 +481,24 @@ DATA = [
         lambda r: [f"PSS growth **{_srv(r, 'ranks-4000x5000', 'pss-growth', 'ratio'):.2f}×** "
                    "one's", ""],
         lambda r: [("≤ 1.25×", _srv(r, "ranks-4000x5000", "pss-growth", "ratio") <= 1.25)]),
+    Row("one LeRobot-written dataset (30 × 300 frames, two textured 240×320 AV1 cameras), "
+        "batch 32, 2 workers (fork), 2-core CPU; S3: moto on 127.0.0.1 behind a proxy "
+        "serving whole-object copies (moto reads a whole object for each ranged GET)", SBS,
+        lambda r: [_sbs_cells(r, "RoboCache RobotDataset"),
+                   "lerobot-lancedb 0.3.1 (forkserver): "
+                   + _sbs_cells(r, "lerobot-lancedb LanceDBDataset (forkserver)")
+                   + f"; LeRobot 0.6.1: {rate(_sbs(r, 'LeRobot', 'local_samples_s'))} "
+                   "samples/s (the peers' torch is the CUDA build: about 285 MB more a "
+                   "process)"],
+        lambda r: [(f"ahead of lerobot-lancedb on each (cache bytes {_sbs(r, 'RoboCache Robot', 'x_source'):.1f}× "  # noqa: E501
+                    f"vs {_sbs(r, 'lerobot-lancedb LanceDBDataset (forkserver)', 'x_source'):.1f}×, "  # noqa: E501
+                    "open: behind)",
+                    all(_sbs(r, "RoboCache Robot", k) >= _sbs(r, "lerobot-lancedb LanceDBDataset "
+                                                               "(forkserver)", k)
+                        for k in ("local_samples_s", "s3_copy_samples_s"))
+                    and _sbs(r, "RoboCache Robot", "x_source") <= 1.1
+                    and _sbs(r, "RoboCache Robot", "open_s")
+                    <= _sbs(r, "lerobot-lancedb LanceDBDataset (forkserver)", "open_s"))]),
     Row("loader with Prometheus metrics on vs off", LOAD,
         lambda r: [f"{r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-on') / r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-off') - 1:+.1%} time",  # noqa: E501
                    ""],
