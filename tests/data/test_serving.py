@@ -297,3 +297,18 @@ def test_workers_give_their_batches_buffers_back(big):
     # with it
     assert all(b - a < 3 * batch_bytes for a, b in zip(first, last, strict=True)), \
         (first, last, batch_bytes)
+
+
+def test_served_indexes_unused_for_a_week_are_pruned(tmp_path, monkeypatch):
+    """Making a served index removes the same cache's ones no process opened for a week (an
+    older version's), and keeps the recent ones."""
+    monkeypatch.setenv("ROBOCACHE_SERVE_DIR", str(tmp_path / "serve"))
+    write_lerobot(tmp_path / "src", episodes(3, 10), SPECS, fps=30.0, version="v3.0")
+    build(tmp_path / "src", tmp_path / "cache", rate_hz="native", progress=False, device="cpu")
+    old = RobotDataset(tmp_path / "cache", keys=["action"]).served.path
+    recent = RobotDataset(tmp_path / "cache", keys=["observation.state"]).served.path
+    week = 8 * 24 * 3600
+    os.utime(old / "meta.json", (os.path.getatime(old / "meta.json") - week,
+                                 os.path.getmtime(old / "meta.json") - week))
+    new = RobotDataset(tmp_path / "cache", history=2).served.path  # other keys: a new index
+    assert new.exists() and recent.exists() and not old.exists()

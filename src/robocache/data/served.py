@@ -15,7 +15,8 @@ or compacted later gets a new folder; a dataset keeps the one it opened (and so 
 version it opened). Making one streams the cache's numeric columns once, in batches (memory
 bounded by the batch, whatever the cache's size); the first process on the machine makes it
 under a lock, the others wait and map it. The folders are RoboCache's own: any that no
-process has open can be deleted at any time (the next open makes it again).
+process has open can be deleted at any time (the next open makes it again); making a new one
+removes the same cache's folders that no process has opened for a week.
 
 Files of a folder: ``data.npy`` (int32 ``[rows, words]``: every key's values as raw
 little-endian words, then one 0/1 alignment-pad column per key that has padded steps),
@@ -28,12 +29,14 @@ task names, table versions; written last, with the folder renamed into place).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +56,9 @@ SCAN_ROWS = 1 << 16
 # there, rewritten into the newer version, so the tables are opened again at their newest
 # version, at most this many times in all. Any other error is raised as is.
 ATTEMPTS = 3
+# A served index no process has opened for this long is removed when another index of the
+# same cache is made (a week: a job that pauses a weekend still finds its own).
+PRUNE_AFTER_S = 7 * 24 * 3600.0
 
 
 def serve_dir() -> Path:
@@ -147,7 +153,7 @@ def _open(location, manifest: dict[str, Any], columns: Sequence[Column],
     root = serve_dir()
     final = root / f"{location.name or 'cache'}-{digest}"
     if (final / "meta.json").exists():
-        return Served(final)
+        return _used(final)
     try:
         root.mkdir(parents=True, exist_ok=True)
         lock = os.open(root / f".{final.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -156,9 +162,10 @@ def _open(location, manifest: dict[str, Any], columns: Sequence[Column],
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one maker per machine; the others wait, then map
         if (final / "meta.json").exists():
-            return Served(final)
+            return _used(final)
         for stale in root.glob(f".{final.name}.tmp-*"):  # a maker killed before its rename
             shutil.rmtree(stale, ignore_errors=True)
+        _prune(root, location.name or "cache")
         tmp = root / f".{final.name}.tmp-{os.getpid()}"
         try:
             tmp.mkdir()
@@ -172,7 +179,30 @@ def _open(location, manifest: dict[str, Any], columns: Sequence[Column],
             raise
     finally:
         os.close(lock)
-    return Served(final)
+    return _used(final)
+
+
+def _used(folder: Path) -> Served:
+    """``folder``'s served index, its ``meta.json`` touched: the last time a process opened it
+    (what :func:`_prune` goes by)."""
+    with contextlib.suppress(OSError):  # a read-only serve folder: nothing is pruned there
+        os.utime(folder / "meta.json")
+    return Served(folder)
+
+
+def _prune(root: Path, name: str) -> None:
+    """Remove the served indexes of caches named ``name`` that no process has opened for
+    :data:`PRUNE_AFTER_S` (older versions of the cache, other keys or episodes), so that the
+    serve folder does not grow with every version served; a process still mapping one keeps
+    its mappings (the files go when the last one closes)."""
+    cutoff = time.time() - PRUNE_AFTER_S
+    for folder in root.glob(f"{name}-*"):
+        meta = folder / "meta.json"
+        try:
+            if folder.is_dir() and meta.stat().st_mtime < cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def _serve_dir_error(root: Path, e: OSError) -> DataError:
