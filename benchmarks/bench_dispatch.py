@@ -2,7 +2,7 @@
 op on a tiny CUDA input against the bare Triton launch of the same kernel, in one run.
 
     $ robocache bench dispatch --json benchmarks/results/dispatch.json
-    $ python benchmarks/bench_dispatch.py --quick      # no CUDA: no rows (skips cleanly)
+    $ python benchmarks/bench_dispatch.py --quick      # no CUDA: one "skipped" row saying why
 
 Each op gives two rows of the same name: ``robocache host overhead`` (host us per eager call:
 validation, cached plan, dispatch, allocation, launch) and ``bare Triton launch host overhead``
@@ -75,8 +75,11 @@ def _interleaved(call, bare, *, calls: int, repeats: int = 7):
 
 
 def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
-    if not torch.cuda.is_available():
-        return []  # host cost against a bare launch means CUDA launches
+    if not torch.cuda.is_available():  # host cost against a bare launch means CUDA launches
+        return [H.case(FAMILY, "all-ops", "skipped", H.summarize([0.0]), unit="us",
+                       skipped=True, note="skipped: no CUDA device; the host cost of an eager "
+                                          "call is measured against a bare Triton launch on "
+                                          "CUDA: run on a GPU")]
     from robocache.bench.launch import bare_launch
 
     out: list[dict] = []

@@ -73,9 +73,15 @@ def assert_same_cache(a: Path, b: Path) -> None:
 
 
 def test_preprocess_equals_ingest_and_resumes(tmp_path, source, local_ray):
+    """The same cache as ingest, resumed, with ingest's metrics; ``progress`` as a callable
+    gets ``(description, episodes)`` as episodes finish, every episode of the source once
+    (cached, skipped, or quarantined singly), in ingest and in preprocess (checked here, on
+    the runs the rest needs: a run of its own cost a Ray Data execution, 12 s)."""
     from robocache.distributed import preprocess
 
-    ingested = build(source, tmp_path / "ingest", rate_hz=RATE, device="cpu", progress=False)
+    seen: dict[str, list] = {"ingest": [], "ray": []}
+    ingested = build(source, tmp_path / "ingest", rate_hz=RATE, device="cpu",
+                     progress=lambda desc, n: seen["ingest"].append((desc, n)))
     assert ingested["counts"]["quarantined"] == len(DEFECTS)
     # a worker died after writing episode 0's files: never committed, so never seen twice
     first = build(source, tmp_path / "ray", rate_hz=RATE, device="cpu", progress=False,
@@ -94,9 +100,16 @@ def test_preprocess_equals_ingest_and_resumes(tmp_path, source, local_ray):
     before = {k: count(k) for k in ("episodes_cached", "episodes_skipped", "steps_written")}
     bad = count("episodes_quarantined", reason="DataError")
     try:
-        m = preprocess(source, tmp_path / "ray", rate_hz=RATE, progress=False)
+        m = preprocess(source, tmp_path / "ray", rate_hz=RATE,
+                       progress=lambda desc, n: seen["ray"].append((desc, n)))
     finally:
         metrics.disable()
+    for calls in seen.values():
+        assert sum(n for _, n in calls) == 7 and all(isinstance(d, str) for d, _ in calls)
+        assert sorted(d for d, _ in calls if "quarantined" in d) == [
+            f"episode {i} quarantined" for i in sorted(DEFECTS)]
+    assert sorted(d for d, _ in seen["ray"] if "cached)" in d) == [
+        "episode 2 (cached)", "episode 3 (cached)"]
     assert (m["counts"]["skipped"], m["counts"]["new"]) == (2, 3)
     # the metrics of ingest, reported by the driver (sizes measured in the actors)
     assert count("episodes_cached") - before["episodes_cached"] == 3
@@ -151,22 +164,6 @@ def test_v3_files_are_read_once_per_group_and_equal_ingest(tmp_path, local_ray, 
     m = preprocess(root, tmp_path / "ray", rate_hz=RATE, progress=False)
     assert m["counts"]["cached"] == 7
     assert_same_cache(tmp_path / "ingest", tmp_path / "ray")
-
-
-def test_progress_callable_counts_every_episode(tmp_path, source, local_ray):
-    """``progress`` as a callable: ``(description, episodes)`` as episodes finish, every
-    episode of the source once (cached, or quarantined singly), in ingest and in preprocess."""
-    from robocache.distributed import preprocess
-
-    seen: dict[str, list] = {"ingest": [], "ray": []}
-    build(source, tmp_path / "ingest", rate_hz=RATE, device="cpu",
-          progress=lambda desc, n: seen["ingest"].append((desc, n)))
-    preprocess(source, tmp_path / "ray", rate_hz=RATE,
-               progress=lambda desc, n: seen["ray"].append((desc, n)))
-    for calls in seen.values():
-        assert sum(n for _, n in calls) == 7 and all(isinstance(d, str) for d, _ in calls)
-        assert sorted(d for d, _ in calls if "quarantined" in d) == [
-            f"episode {i} quarantined" for i in sorted(DEFECTS)]
 
 
 @pytest.mark.gpu

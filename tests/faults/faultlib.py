@@ -255,6 +255,30 @@ def slow_writer(src: Path, dest: Path, delay: float) -> subprocess.Popen:
     return proc
 
 
+# each episode read slowly and committed as soon as it is written (a build of a few small
+# episodes otherwise commits once, at its end, and a signal sent when the first commit shows
+# could land after the command is done)
+SLOW_CLI = """
+import sys, time
+import robocache.cli
+import robocache.data.build.run as run
+import robocache.data.formats as formats
+run.COMMIT_SECONDS = 0.0
+opened = formats.open_source
+def slow_open(*args, **kwargs):
+    src = opened(*args, **kwargs)
+    read = src.read
+    def slow(i):
+        time.sleep(0.3)
+        return read(i)
+    src.read = slow
+    return src
+formats.open_source = slow_open
+sys.argv = ["robocache", *sys.argv[1:]]
+robocache.cli.main()
+"""
+
+
 def table_markdown(rows: list[Row]) -> str:
     lines = ["| fault or bad input | what happens | data lost or silently wrong | raw traceback |",
              "|---|---|---|---|"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,9 +33,17 @@ def refused(r: fl.Result, *named: str) -> bool:
 
 @pytest.mark.parametrize(("option", "named"), [
     (("--tolerance", "-1"), "--tolerance"), (("--tolerance", "nan"), "--tolerance"),
-    (("--rate", "1e9"), "GiB of aligned columns"), (("--rate", "1e-9"), "--rate"),
+    (("--rate", "1e9", "--grid-tolerance", "1e-10"), "GiB of aligned columns"),
+    (("--rate", "1e-9"), "--rate"), (("--rate", "1e9"), "or a lower --rate"),
     (("--split", "val"), "(--split) is an option of rlds"),
-], ids=["tolerance-1", "tolerance-nan", "rate-1e9", "rate-1e-9", "split-lerobot"])
+    (("--decode-workers", "100000"), "--decode-workers"),
+    (("--camera-size", "100000x100000"), "at most 8192 pixels"),
+    (("--grid-tolerance", "1e9"), "--grid-tolerance"),
+    (("--rate", "10", "--grid-tolerance", "0.06"), "half the 0.1 s period"),
+], ids=["tolerance-1", "tolerance-nan", "rate-1e9", "rate-1e-9", "rate-1e9-grid",
+        "split-lerobot",
+        "decode-workers-1e5", "camera-size-1e5", "grid-tolerance-1e9-native",
+        "grid-tolerance-past-half-a-step"])
 def test_ingest_refuses_before_any_work(pristine, tmp_path, option, named):
     src = pristine["lerobot-v3.0"][0]
     before = fl.tree_hash(src)
@@ -43,6 +52,72 @@ def test_ingest_refuses_before_any_work(pristine, tmp_path, option, named):
     fl.record(f"ingest (LeRobot source) {' '.join(option)}",
               f"refused before any work, exit {r.code}, DEST not created",
               lost=dest.exists() or fl.tree_hash(src) != before, traceback=r.traceback)
+    assert refused(r, named), r.stderr
+    assert not dest.exists()
+
+
+@pytest.mark.parametrize("fps", ["1e-12", "1e6", "0"])
+def test_fps_out_of_range_is_refused_by_ingest_inspect_and_view(pristine, tmp_path, fps):
+    """--fps of a source without timestamps within [0.001, 100000] Hz: 1e-12 Hz (a 30-frame
+    episode a million years long) or 1e6 Hz is a unit mistake, refused in one line."""
+    src = pristine["zarr"][0]
+    dest = tmp_path / "cache"
+    r = fl.cli("ingest", src, dest, "--rate", fl.RATE, "--device", "cpu", "--no-progress",
+               "--fps", fps)
+    seen = fl.cli("inspect", src, "--fps", fps)
+    shown = fl.cli("view", src, "--fps", fps, "--save", tmp_path / "v.rrd")
+    fl.record(f"ingest, inspect and view (zarr source) --fps {fps}",
+              f"refused naming --fps and its range, exit {r.code}, {seen.code}, {shown.code}; "
+              "DEST not created", lost=dest.exists(),
+              traceback=r.traceback or seen.traceback or shown.traceback)
+    for one in (r, seen, shown):
+        assert refused(one, "--fps", "[0.001, 100000]"), one.stderr
+    assert not dest.exists() and not (tmp_path / "v.rrd").exists()
+
+
+def test_the_library_refuses_the_same_options_before_any_work(pristine, tmp_path):
+    src = pristine["lerobot-v3.0"][0]
+    dest = tmp_path / "cache"
+    from robocache._forkserver import max_workers
+    from robocache.errors import DataError
+
+    for options, named in (({"decode_workers": 100000}, "`decode_workers`"),
+                           ({"decode_workers": max_workers() + 1}, f"pass {max_workers()}"),
+                           ({"camera_size": (100000, 100000)}, "at most 8192"),
+                           ({"grid_tolerance_s": 0.05, "rate_hz": 10.0}, "`grid_tolerance_s`"),
+                           ({"source_options": {"fps": 1e-12}}, "`fps`")):
+        with pytest.raises(DataError, match=re.escape(named)):
+            cache.build(src, dest, device="cpu", progress=False, **options)
+        assert not dest.exists(), options
+    fl.record("cache.build(decode_workers=100000 or 4 per core + 1, camera_size=(1e5, 1e5), "
+              "grid_tolerance_s=0.05 at 10 Hz, fps=1e-12)",
+              "DataError naming the option and the bound, before DEST is created")
+
+
+@pytest.mark.parametrize(("option", "named"), [
+    (("--workers", "100000"), "has 2 CPU(s)"), (("--num-gpus", "4"), "has 0 GPU(s)"),
+    (("--address", "127.0.0.1:9"), "no Ray cluster answers"),
+    (("--grid-tolerance", "1e9"), "--grid-tolerance")],
+    ids=["workers-1e5", "num-gpus-4", "no-cluster", "grid-tolerance-1e9"])
+def test_preprocess_refuses_before_creating_dest(pristine, tmp_path, monkeypatch, option,
+                                                 named):
+    """Refused by the cluster it joins (too many CPU actors, whose surplus Ray would wait for
+    for ever; more GPUs than it has; no cluster at --address) or by the options: before DEST
+    is created, where a refusal used to leave a cache `inspect` calls interrupted. The
+    cluster here: 2 CPUs, no GPU (no Ray is started)."""
+    import importlib
+
+    ray = pytest.importorskip("ray")
+    preprocess = importlib.import_module("robocache.distributed.preprocess")
+    connect = preprocess.connect
+    monkeypatch.setattr(preprocess, "connect",
+                        lambda address: connect(address) if address else None)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(ray.data, "from_items", lambda *a, **k: pytest.fail("work started"))
+    src, dest = pristine["lerobot-v3.0"][0], tmp_path / "cache"
+    r = fl.cli("preprocess", src, dest, "--rate", fl.RATE, "--no-progress", *option)
+    fl.record(f"preprocess {' '.join(option)}", f"refused before DEST is created, exit "
+              f"{r.code}", lost=dest.exists(), traceback=r.traceback)
     assert refused(r, named), r.stderr
     assert not dest.exists()
 
@@ -75,7 +150,8 @@ def test_an_episode_whose_grid_is_too_big_is_quarantined_with_the_bytes(pristine
 
 
 @pytest.mark.parametrize("option", [("--batches", "-1"), ("--batch-size", "0"),
-                                    ("--camera-batches", "-2")])
+                                    ("--camera-batches", "-2"),
+                                    ("--batch-size", "1000000000")])
 def test_demo_refuses_before_the_ingest(tmp_path, monkeypatch, option):
     import tempfile
 
@@ -87,6 +163,39 @@ def test_demo_refuses_before_the_ingest(tmp_path, monkeypatch, option):
     fl.record(f"demo {' '.join(option)}", f"refused before the ingest, exit {r.code}",
               lost=any(tmp_path.iterdir()), traceback=r.traceback)
     assert refused(r, option[0]) and not any(tmp_path.iterdir())
+
+
+def test_demo_serving_stops_at_an_epoch_without_a_batch():
+    """A batch larger than the cache (past the estimate the demo checks first) stops with
+    the sizes, where it served nothing for ever."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from robocache.cli.demo import _serve
+    from robocache.errors import DataError
+
+    class Empty(list):
+        device = torch.device("cpu")
+        sampler = SimpleNamespace(batch_size=3000, num_samples=2342)
+
+    with pytest.raises(DataError, match=r"--batch-size\) 3000 is more than the 2342 samples"):
+        _serve(Empty(), 10)
+
+
+def test_the_demo_estimate_bounds_the_samples_of_its_cache(tmp_path):
+    """The estimate the demo refuses --batch-size by is no less than the cache's samples."""
+    from robocache.cli.demo import RATE, samples_at_most
+    from robocache.data import RobotDataset
+    from robocache.data.sample import sample_path
+
+    src = fl.write_camera_source(tmp_path / "src")
+    cache.build(src, tmp_path / "c", rate_hz=RATE, device="cpu", progress=False)
+    samples = len(RobotDataset(tmp_path / "c", history=2, horizon=16, keys=["state"]))
+    most = samples_at_most(src)
+    assert samples <= most <= samples + 2 * fl.EPISODES
+    assert samples_at_most(tmp_path / "nothing") is None
+    assert 2000 < samples_at_most(sample_path()) < 2500  # the bundled sample: 2342 at 50 Hz
 
 
 @pytest.mark.parametrize("fails", [False, True], ids=["ok", "failing"])
@@ -167,36 +276,12 @@ def test_decreasing_timestamps_read_as_plain_numbers():
     assert "(0.2 > 0.1)" in str(e.value)
 
 
-# each episode read slowly and committed as soon as it is written (a build of a few small
-# episodes otherwise commits once, at its end, and a signal sent when the first commit shows
-# could land after the command is done)
-SLOW_CLI = """
-import sys, time
-import robocache.cli
-import robocache.data.build.run as run
-import robocache.data.formats as formats
-run.COMMIT_SECONDS = 0.0
-opened = formats.open_source
-def slow_open(*args, **kwargs):
-    src = opened(*args, **kwargs)
-    read = src.read
-    def slow(i):
-        time.sleep(0.3)
-        return read(i)
-    src.read = slow
-    return src
-formats.open_source = slow_open
-sys.argv = ["robocache", *sys.argv[1:]]
-robocache.cli.main()
-"""
-
-
 def test_sigterm_stops_like_ctrl_c_and_the_run_resumes(pristine, tmp_path):
     src, clean = pristine["lerobot-v3.0"]
     dest = tmp_path / "cache"
     args = ["ingest", src, dest, "--rate", fl.RATE, "--device", "cpu", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_CLI, *map(str, args)], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", fl.SLOW_CLI, *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not list((dest / "data.lance" / "_versions").glob("*.manifest")):

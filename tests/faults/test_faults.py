@@ -217,6 +217,8 @@ def adding(batch, i, tables):  # episodes 0-2 committed, 3 in the batch
     add(batch, i, tables)
 def committing(dest, episodes, written):
     calls.append(episodes)
+    if len(calls) == 1 and point == "before the first commit":
+        die()
     if len(calls) == 2 and point == "between a batch's write and its commit":
         die()
     if len(calls) == 2 and point == "between its frames commit and its rows commit":
@@ -272,6 +274,44 @@ def test_kill_inside_a_batch_then_resume(tmp_path, point):
         assert not any(_alive(w) for w in workers), workers
     first = [0, 1, 2, 3] if "processes" in point else [0, 1, 2]
     assert partial == first and resumed.code == 0 and ok
+
+
+@pytest.mark.parametrize("versions", ["absent", "empty"])
+def test_killed_in_the_first_batch_then_inspect_view_and_resume(tmp_path, versions):
+    """Killed (or out of disk, Ctrl-C) before its first commit, a build leaves tables with
+    data files and no ``_versions`` (or, killed inside Lance's commit, an empty one): inspect
+    and view say the cache is unfinished and to re-run the ingest, which resumes."""
+    src = fl.write_camera_source(tmp_path / "src")
+    clean, dest = tmp_path / "clean", tmp_path / "cache"
+    assert ingest(src, clean).code == 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run([sys.executable, "-c", KILL_BUILD, str(src), str(dest),
+                             "before the first commit", str(fl.RATE)], env=env, timeout=120)
+    tables = [dest / "data.lance", *(dest / "frames").glob("*.lance")]
+    assert killed.returncode == -signal.SIGKILL and all(list(t.rglob("*.lance")) for t in tables)
+    assert not any((t / "_versions").exists() for t in tables)
+    if versions == "empty":
+        for t in tables:
+            (t / "_versions").mkdir()
+    seen = fl.cli("inspect", dest)
+    shown = fl.cli("view", dest, "--save", tmp_path / "v.rrd")
+    plotted = fl.cli("inspect", dest, "--plot", tmp_path / "p.png")
+    resumed = ingest(src, dest)
+    ok = fl.same_as_clean(dest, clean, ALL) and fl.same_frames(dest, clean)
+    fl.record(f"kill -9 before the first commit (tables with data files, `_versions` "
+              f"{versions}), then inspect, view and re-run",
+              f"inspect says unfinished, re-run the ingest (exit {seen.code}); view and "
+              f"inspect --plot say so in one line (exit {shown.code}, {plotted.code}); re-run "
+              f"resumes, exit {resumed.code}", lost=not ok,
+              traceback=seen.traceback or shown.traceback or plotted.traceback
+              or resumed.traceback)
+    assert seen.code == 0 and not seen.traceback
+    assert "unfinished" in seen.stdout and "re-run the same ingest" in seen.stdout
+    for r in (shown, plotted):
+        assert failed_cleanly(r, 2), r.stderr
+        assert "unfinished cache" in r.stderr and "re-run the same `robocache ingest`" in r.stderr
+    assert not (tmp_path / "v.rrd").exists() and not (tmp_path / "p.png").exists()
+    assert resumed.code == 0 and ok
 
 
 def test_disk_full_then_resume(pristine, tmp_path):

@@ -18,6 +18,13 @@ Exit codes shared by the data commands (``ingest``, ``inspect`` and the commands
 Commands wrap their body in :func:`cli_errors`; expected failures (:class:`RoboCacheError`,
 ``OSError``) become the one line, anything else is reported as an internal error. ``--verbose``
 prints the traceback before the line.
+
+Ctrl-C and SIGTERM (sent to a whole process group by a terminal or a scheduler) stop a command
+with its one line whatever its worker processes are doing: a process the command forked that
+still runs the command's handlers ends as the signal's default would (no traceback; workers set
+the defaults at start-up, :func:`robocache.data.cameras.die_with_parent`), and a signal that
+comes while the command forks is acted on once the fork is done (raised inside an at-fork hook,
+Python would drop it).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import errno
 import re
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -121,16 +129,97 @@ class Terminated(KeyboardInterrupt):
 # raises inside its own call and raise another (Lance: ``ArrowInvalid: External error:
 # Terminated``), and the signal must still decide the exit code
 _received: list[int] = []
+# A handler that raises while this process forks runs inside an at-fork hook (logging's,
+# Lance's), where Python prints "Exception ignored" and drops the exception: the Ctrl-C is
+# lost, or a worker prints a traceback. While a fork is under way a signal is only noted,
+# and sent again once the fork is done (``_forking``: this process is forking).
+_forking: list[bool] = [False]
+_deferred: list[int] = []
+_hooked: list[bool] = [False]
+# whether a command body runs with these handlers (a deferred signal is sent again only then:
+# afterwards the default handler would kill the process), and the lock that orders a resend
+# before the handlers are restored
+_active: list[bool] = [False]
+_resending = threading.Lock()
+# the process whose command body runs with these handlers (a process it forks inherits them
+# until its own start-up sets its own)
+_owner: list[int] = [0]
 
 
 def _on_sigterm(signum, frame):
+    if _inherited(signum):
+        return
     _received.append(signum)
+    if _forking[0]:
+        _deferred.append(signum)
+        return
     raise Terminated()
 
 
 def _on_sigint(signum, frame):
+    if _inherited(signum):
+        return
     _received.append(signum)
+    if _forking[0]:
+        _deferred.append(signum)
+        return
     raise KeyboardInterrupt()
+
+
+def _inherited(signum: int) -> bool:
+    """Whether this is a process the command forked, running the command's handler it
+    inherited (a worker before its start-up set its own): there the signal ends the process
+    as its default does, without the traceback the handler's exception would print."""
+    import os
+    import signal
+
+    if os.getpid() == _owner[0]:
+        return False
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return True
+
+
+def _fork_begins() -> None:
+    _forking[0] = True
+
+
+def _fork_done_parent() -> None:
+    """After a fork, in this process: send again the signals that came during it, from a
+    thread a moment later (a handler run inside this hook would raise into the void)."""
+    import os
+
+    _forking[0] = False
+    if _deferred:
+        sig = _deferred[-1]
+        _deferred.clear()
+        threading.Timer(0.05, _resend, (os.getpid(), sig)).start()
+
+
+def _resend(pid: int, sig: int) -> None:
+    import os
+
+    with _resending:
+        if _active[0]:  # else the command is done: its exit already says the signal
+            os.kill(pid, sig)
+
+
+def _fork_done_child() -> None:
+    """After a fork, in the child: the signals the parent deferred are the parent's (a
+    worker's own handlers are set by its start-up)."""
+    _forking[0] = False
+    _deferred.clear()
+
+
+def _hook_forks() -> None:
+    """Register the at-fork hooks of :data:`_forking` once per process (registered last, the
+    ``before`` hook runs first and the ``after`` hooks last: every other hook runs inside)."""
+    import os
+
+    if not _hooked[0] and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_fork_begins, after_in_parent=_fork_done_parent,
+                            after_in_child=_fork_done_child)
+        _hooked[0] = True
 
 
 def _stopped(sig: int, verbose: bool) -> typer.Exit:
@@ -173,20 +262,28 @@ def cli_errors(verbose: bool = False) -> Iterator[None]:
     reported as an internal error.
     """
     import signal
-    import threading
 
     from robocache.errors import RoboCacheError
 
     main = threading.current_thread() is threading.main_thread()
     if main:  # a handler installed outside Python reads as None: restore the default then
+        _hook_forks()
         previous = {sig: signal.getsignal(sig) or signal.SIG_DFL
                     for sig in (signal.SIGTERM, signal.SIGINT)}
         signal.signal(signal.SIGTERM, _on_sigterm)
         if previous[signal.SIGINT] is signal.default_int_handler:
             signal.signal(signal.SIGINT, _on_sigint)
     _received.clear()
+    _active[0] = main
+    if main:
+        import os
+
+        _owner[0] = os.getpid()
     try:
         yield
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if sig in _received:  # its exception was dropped (a library's callback): stop
+                raise _stopped(sig, verbose)
     except (typer.Exit, typer.Abort):
         raise
     except CommandError as e:
@@ -208,8 +305,10 @@ def cli_errors(verbose: bool = False) -> Iterator[None]:
                    "report the traceback", EXIT_INTERNAL, verbose=verbose) from e
     finally:
         if main:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            with _resending:
+                _active[0] = False
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
 
 def exit_code(counts: dict) -> int:

@@ -16,6 +16,7 @@ import json
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import typer
@@ -39,7 +40,11 @@ def _serve(loader, batches: int, warm: int = 3) -> tuple[float, int, dict]:
 
     served, nbytes, start, batch = 0, 0, None, {}
     while served < batches + warm:
-        for batch in loader:
+        before = served
+        with warnings.catch_warnings():  # an epoch without a batch is refused below
+            warnings.filterwarnings("ignore", "RobotLoader: this epoch has no batch")
+            epoch = iter(loader)
+        for batch in epoch:
             if served == warm:
                 sync()
                 start = time.perf_counter()
@@ -48,12 +53,44 @@ def _serve(loader, batches: int, warm: int = 3) -> tuple[float, int, dict]:
             served += 1
             if served >= batches + warm:
                 break
+        if served == before:  # an epoch without a batch: every later one is too
+            from robocache.errors import DataError
+
+            raise DataError(f"`batch_size` (--batch-size) {loader.sampler.batch_size} is more "
+                            f"than the {loader.sampler.num_samples} samples of the cache: no "
+                            "batch fills; pass a smaller --batch-size, e.g. 256.")
     sync()
     return time.perf_counter() - start, nbytes, batch
 
 
+# the demo's rate (Hz)
+RATE = 50.0
+
+
+def samples_at_most(source: Path, rate: float = RATE) -> int | None:
+    """About how many samples (one per aligned step) the demo's cache of the LeRobot
+    ``source`` holds at ``rate``: each episode's span of row timestamps x ``rate`` + 1 (the
+    grid's end may fall a step short). ``None`` when the source is not at hand."""
+    import numpy as np
+
+    from robocache._optional import require
+
+    pq = require("pyarrow.parquet", "data", "Parquet files")
+    files = sorted((source / "data").glob("*/*.parquet"))
+    if not files:
+        return None
+    table = pq.read_table(files, columns=["episode_index", "timestamp"])
+    episodes = table.column("episode_index").to_numpy()
+    t = table.column("timestamp").to_numpy().astype(np.float64)
+    order = np.argsort(episodes, kind="stable")
+    episodes, t = episodes[order], t[order]
+    starts = np.flatnonzero(np.r_[True, episodes[1:] != episodes[:-1]])
+    span = np.maximum.reduceat(t, starts) - np.minimum.reduceat(t, starts)
+    return int(np.sum(np.floor(span * rate + 1e-6) + 1))
+
+
 def run_demo(dest: Path, *, batches: int = 100, batch_size: int = 256, device: str | None = None,
-             workers: int = 0, rate: float = 50.0, progress: bool = True,
+             workers: int = 0, rate: float = RATE, progress: bool = True,
              camera_batches: int = 10) -> dict:
     """Ingest the sample, serve ``batches`` batches of its numeric streams and
     ``camera_batches`` batches of its cameras, return the summary."""
@@ -97,7 +134,8 @@ def demo(
     dest: Path = typer.Option(None, help="Where the cache goes (default: a temp directory)."),
     batches: int = typer.Option(100, help="Batches to serve after 3 warm-up batches."),
     camera_batches: int = typer.Option(10, help="Camera batches to serve (0: none)."),
-    batch_size: int = typer.Option(256, help="Samples per batch."),
+    batch_size: int = typer.Option(256, help="Samples per batch (at most the sample's "
+                                   "samples, about 2,300 at 50 Hz)."),
     device: str = typer.Option(None, help="cuda or cpu (default: cuda when available)."),
     workers: int = typer.Option(0, help="DataLoader workers (0 on CUDA: GPU-resident cache)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -126,6 +164,13 @@ def demo(
             if value < least:  # before the ingest: refused at once, nothing written
                 raise CommandError(f"{flag} must be >= {least}; got {value}",
                                    f"pass e.g. {flag} {default}")
+        from robocache.data.sample import sample_path
+
+        most = samples_at_most(sample_path())  # None: regenerated, checked as batches come
+        if most is not None and batch_size > most:  # no batch would ever fill
+            raise CommandError(f"--batch-size {batch_size} is more than the {most} samples of "
+                               f"the bundled sample at {RATE:g} Hz",
+                               f"pass at most --batch-size {most}, e.g. --batch-size 256")
     temporary = dest is None
     dest = dest or Path(tempfile.mkdtemp(prefix="robocache-demo-"))
     try:

@@ -52,6 +52,9 @@ def export(
 ):
     """Write a cache, at its rate, as a dataset another library loads.
 
+    Quarantined episodes of the cache are not exported (the summary says how many and which);
+    the partial folder a killed export to OUT left (.OUT.partial-PID) is removed first.
+
     Exit codes: 0 written; 2 bad usage or input (one line on stderr: the problem and the fix;
     nothing is written); 1 internal error (--verbose shows the traceback).
     """
@@ -71,6 +74,8 @@ def export(
         summary = export_lerobot(cache_argument(cache), out, cameras=cameras, rename=pairs,
                                  vcodec=vcodec, robot_type=robot_type,
                                  storage_options=storage_options(storage_option))
+    for path in summary["cleaned"]:
+        typer.echo(f"note: removed {path}, left by an export to {out} that was killed", err=True)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
@@ -79,3 +84,9 @@ def export(
                f"{', '.join(summary['features'])}")
     for name, why in summary["not_exported"].items():
         typer.echo(f"not exported: {name} ({why})")
+    if summary["quarantined"]:
+        q = summary["quarantined"]
+        shown = ", ".join(map(str, q[:20])) + (f" and {len(q) - 20} more" if len(q) > 20 else "")
+        typer.echo(f"not exported: {len(q)} quarantined episode{'s' * (len(q) != 1)} of the "
+                   f"cache ({shown}; a quarantined episode has no rows, `robocache inspect "
+                   "CACHE` says why)")

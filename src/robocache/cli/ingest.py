@@ -48,10 +48,11 @@ StagingOpt = Annotated[Path, typer.Option(
 RateOpt = Annotated[str, typer.Option("--rate", help="Target rate in Hz, or 'native': the "
                                                    "source's fps, every frame stored exactly.")]
 GridToleranceOpt = Annotated[float, typer.Option(
-    help="Seconds within which a timestamp is on the 1/rate grid (LeRobot's tolerance_s).")]
+    help="Seconds within which a timestamp is on the 1/rate grid (LeRobot's tolerance_s; > 0 "
+         "and below half the grid's period).")]
 KeysOpt = Annotated[list[str], typer.Option("--key", help="Stream to cache (repeat; default all).")]
 FpsOpt = Annotated[float, typer.Option(help="Rate of sources without timestamps (zarr, HDF5, "
-                                             "RLDS).")]
+                                             "RLDS), in [0.001, 100000] Hz.")]
 SplitOpt = Annotated[str, typer.Option(help="RLDS split: train, val, train[:95%], "
                                             "train[:10]+val.")]
 TopicOpt = Annotated[list[str], typer.Option(
@@ -151,7 +152,16 @@ def cache_command(fn: Callable) -> Callable:
 def source_options(topic=None, exclude_topic=None, task_topic=None, log_time=False,
                    allow_truncated=False, **options) -> dict:
     """The reader options given on the command line (unset ones left to the reader); the
-    ROS 2 bag flags as :class:`~robocache.data.formats.rosbag.RosbagSource` options."""
+    ROS 2 bag flags as :class:`~robocache.data.formats.rosbag.RosbagSource` options.
+
+    Raises:
+        DataError: ``--fps`` outside [0.001, 100000] Hz
+            (:func:`~robocache.data.build.config.check_fps`).
+    """
+    if options.get("fps") is not None:  # inspect and view read sources with it too
+        from robocache.data.build.config import check_fps
+
+        check_fps(options["fps"])
     options.update(topics=topic or None, exclude_topics=exclude_topic or None,
                    task_topic=task_topic, time_source="log" if log_time else None,
                    allow_truncated=allow_truncated or None)
@@ -205,14 +215,14 @@ def ingest(
     camera_quality: CameraQualityOpt = 95,
     camera_chroma: CameraChromaOpt = "444",
     camera_size: Annotated[str, typer.Option(
-        help="Store RGB camera frames resized to HEIGHTxWIDTH (e.g. 224x224; default: the "
-             "source's size). Each batch then decodes that many fewer pixels; the frames are "
-             "no longer the source's.")] = None,
+        help="Store RGB camera frames resized to HEIGHTxWIDTH (e.g. 224x224; each side at "
+             "most 8192; default: the source's size). Each batch then decodes that many "
+             "fewer pixels; the frames are no longer the source's.")] = None,
     decode_workers: Annotated[int, typer.Option(
         help="Episodes read, video-decoded and JPEG-encoded at once (default: the machine's "
              "cores): read on threads, videos decoded and encoded in as many worker "
-             "processes; from 256 episodes (PyAV), whole episodes in as many processes. The "
-             "cache is the same whatever the number.")] = None,
+             "processes; from 256 episodes (PyAV), whole episodes in as many processes. At "
+             "most 4 per core. The cache is the same whatever the number.")] = None,
     video_decoder: Annotated[str, typer.Option(
         help="Who decodes camera videos: pyav (CPU, as LeRobot's reader), auto (NVDEC for "
              "H.264/HEVC when a CUDA GPU and PyNvVideoCodec are present, else PyAV; from 256 "
@@ -228,12 +238,13 @@ def ingest(
     1 internal error (--verbose shows the traceback); 130 interrupted (Ctrl-C), 143
     terminated (SIGTERM): re-running resumes.
     """
-    if decode_workers is None or decode_workers > 1:
+    from robocache._forkserver import max_workers, start_worker_server
+
+    if decode_workers is None or 1 < decode_workers <= max_workers():
         # the build's worker processes (and, with NVDEC, its GPU lanes) come from a fork
         # server: started before this process imports torch and the readers, its own import
-        # of them runs beside that one
-        from robocache._forkserver import start_worker_server
-
+        # of them runs beside that one (a --decode-workers out of range starts nothing: the
+        # build refuses it before any work)
         start_worker_server()
     from robocache.data.cache import build
 

@@ -193,6 +193,11 @@ def _plot(path: str | Path, out: Path, episode: int | None, rate: str | None,
     opened = open_view(path, rate=rate, storage_options=storage_options,
                        **source_options(fps=fps, split=split))
     index = episode if episode is not None else (opened.episodes or [None])[0]
+    if index is None and opened.unfinished:
+        from robocache.view.episodes import RESUME
+
+        raise CommandError(f"{path} is an unfinished cache: its ingest stopped (or is still "
+                           "running) before any episode was committed", RESUME)
     if index is None:
         raise CommandError(f"{path} has no episode to plot", "ingest or fix the dataset")
     return str(plot_episode(opened, opened.episode(index), out, window=zoom))

@@ -34,8 +34,8 @@ def preprocess(
     num_gpus: Annotated[int, typer.Option(help="GPUs aligning episodes (default: every GPU of "
                                                "the cluster; 0: CPU actors).")] = None,
     workers: Annotated[int, typer.Option(help="CPU actors when --num-gpus is 0, each reading, "
-                                              "aligning and writing (default: one per CPU of "
-                                              "the cluster).")] = None,
+                                              "aligning and writing (default and most: one "
+                                              "per CPU of the cluster).")] = None,
     actors_per_gpu: Annotated[int, typer.Option(help="Actors sharing each GPU, one CPU each "
                                                      "(default 1).")] = None,
     camera_quality: CameraQualityOpt = 95,
@@ -45,8 +45,9 @@ def preprocess(
     """Build the ingest cache with a Ray Data pipeline (local, on a cluster, in a RayJob).
 
     Exit codes: 0 all cached; 3 completed with quarantined episodes; 4 nothing cached;
-    2 bad usage or input (no Ray, no cluster at --address, more GPUs than the cluster has, a
-    bad --shard...: one line on stderr); 1 internal error (--verbose shows the traceback);
+    2 bad usage or input (no Ray, no cluster at --address, more GPUs or --workers than the
+    cluster has GPUs or CPUs, a bad --shard...: one line on stderr, refused before DEST is
+    created); 1 internal error (--verbose shows the traceback);
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM): re-running resumes.
     """
     from robocache.distributed.preprocess import preprocess as job

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -111,6 +112,10 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt()
+
+
 def view(
     path: str = typer.Argument(..., help="A RoboCache cache (a directory, or s3://BUCKET/PREFIX, "
                                "gs://, az://), or a dataset (LeRobot, zarr, robomimic, "
@@ -122,7 +127,8 @@ def view(
     save: Path = typer.Option(None, "--save", help="Write the recording to this .rrd file "
                               "(no display needed)."),
     serve: bool = typer.Option(False, "--serve", help="Serve the web viewer on 127.0.0.1 "
-                               "(this machine only) until Ctrl-C."),
+                               "(this machine only) until Ctrl-C or SIGTERM (kill), which stop "
+                               "the server."),
     port: int = typer.Option(9090, "--port", min=1, max=65534,
                              help="--serve: the web viewer's port (its data server takes the "
                              "next one)."),
@@ -137,17 +143,22 @@ def view(
     """Show episodes in Rerun: every stream at its own times and, for a cache (or with
     --rate), as aligned on the grid; cameras, events, _is_pad, hold age, quarantined episodes.
 
-    Exit codes: 0 success;
+    Exit codes: 0 success (--serve: stopped by Ctrl-C, SIGTERM or SIGHUP, the server with it);
     2 bad usage or input (one line on stderr: the problem and the fix);
     1 internal error (--verbose shows the traceback).
     """
     from robocache.cli.ingest import source_options
 
     partial = proc = None
+    # --serve: SIGTERM (`kill PID`) and SIGHUP (the terminal closed) stop the server as Ctrl-C
+    # does; their default would end this process alone and leave the server, in a session of
+    # its own, holding both ports (while a command body runs, cli_errors has SIGTERM)
+    held = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)} \
+        if serve and threading.current_thread() is threading.main_thread() else {}
     try:
         with cli_errors(verbose):
             rr = require("rerun", "view", "Viewing episodes in Rerun", "rerun-sdk")
-            from robocache.view.episodes import open_view
+            from robocache.view.episodes import RESUME, open_view
             from robocache.view.record import entity, record
 
             path = cache_argument(path)
@@ -161,6 +172,9 @@ def view(
             opened = open_view(path, streams=stream or None, rate=rate,
                                storage_options=options, **source_options(fps=fps, split=split))
             indices = list(dict.fromkeys(episode)) if episode else opened.episodes[:1]
+            if not indices and opened.unfinished:
+                raise CommandError(f"{path} is an unfinished cache: its ingest stopped (or is "
+                                   "still running) before any episode was committed", RESUME)
             if not indices:
                 raise CommandError(f"{path} has no episode to show",
                                    "ingest or fix the dataset")
@@ -209,3 +223,5 @@ def view(
             partial.unlink(missing_ok=True)
         if proc is not None:
             _stop(proc)
+        for sig, handler in held.items():
+            signal.signal(sig, handler)

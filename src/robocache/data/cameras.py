@@ -810,12 +810,17 @@ class CameraWorkers:
                 # started before the fork, so the workers register their shared-memory
                 # results (:func:`_ship`) with this process's tracker, which outlives a kill
                 resource_tracker.ensure_running()
-                self._pool = ProcessPoolExecutor(
+                pool = ProcessPoolExecutor(
                     self.processes, mp_context=multiprocessing.get_context("fork"),
                     initializer=die_with_parent, initargs=(os.getpid(),))
-                with warnings.catch_warnings():  # the workers never call Lance
-                    warnings.filterwarnings("ignore", "lance is not fork-safe")
-                    self._pool.submit(int).result()  # the first task forks every process
+                try:
+                    with warnings.catch_warnings():  # the workers never call Lance
+                        warnings.filterwarnings("ignore", "lance is not fork-safe")
+                        pool.submit(int).result()  # the first task forks every process
+                except BaseException:
+                    _kill(pool)
+                    raise
+                self._pool = pool
             return self._pool
 
     def _run(self, fn, args):
@@ -930,15 +935,35 @@ class CameraWorkers:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _kill(pool: ProcessPoolExecutor) -> None:
+    """Stop a pool that failed to start: a Ctrl-C while it forked its processes (the first
+    task forks them all, before the thread that would stop them starts) left processes no one
+    stops, which the interpreter's exit then waits for (Python 3.14 has
+    ``terminate_workers``)."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def die_with_parent(parent: int) -> None:
     """Worker start-up (camera and build workers): be killed when the process that started
     this one dies (Linux ``PR_SET_PDEATHSIG``), so that a killed ingest leaves no worker
     holding the files it had open, the cache's lock among them, or its memory (tested with
     kill -9). ``parent``: that process; a fork server's child is killed when the server
-    dies, which it does when ``parent`` does."""
+    dies, which it does when ``parent`` does.
+
+    Ctrl-C (SIGINT, sent to the whole foreground process group) and SIGTERM (a job's stop,
+    sent to its process group) end a worker quietly, as their defaults do: a forked worker
+    inherits the command's handlers, which raise (a traceback per worker on every stop); the
+    command itself stops with one line. (Ignoring them instead would leave a worker the
+    command never got to stop waiting for work, and the command's exit waiting for it.)"""
     import ctypes
     import signal
 
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # a fork server's child inherits the server's mask, SIGINT blocked while it started
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: workers end when their queue closes
@@ -1188,7 +1213,9 @@ def write_video(path, frames, fps: float, codec: str = "libsvtav1",
 
     av = require("av", "video", "Writing video streams")
     chunks = [frames] if isinstance(frames, np.ndarray) else frames
+    quiet()
     opts = {"g": "2", "crf": "30", **({"preset": "12"} if codec == "libsvtav1" else {}),
+            **({"x265-params": "log-level=error"} if codec == "libx265" else {}),
             **(options or {})}
     counts = []
     with av.open(str(path), "w") as out:
@@ -1206,6 +1233,26 @@ def write_video(path, frames, fps: float, codec: str = "libsvtav1",
         if stream is not None:
             out.mux(stream.encode())
     return counts
+
+
+def quiet() -> None:
+    """Keep the encoders' banners off stderr: SVT-AV1 prints 24 lines of settings and
+    warnings per video it encodes, from the library itself (``SVT_LOG``: 1, errors only, read
+    when the process's first encoder starts; a value set by the user stays). x265's are
+    turned off by :func:`write_video`'s ``x265-params``; x264 and FFmpeg print nothing through
+    PyAV."""
+    os.environ.setdefault("SVT_LOG", "1")
+
+
+def lerobot_codec(codec: str) -> str:
+    """The codec name LeRobot writes in ``info.json`` (``video.codec``) for the encoder
+    ``codec``: FFmpeg's name of the format, ``av1`` for ``libsvtav1``, ``h264`` for
+    ``libx264``, ``hevc`` for ``libx265``."""
+    av = require("av", "video", "Writing video streams")
+    try:
+        return av.codec.Codec(codec, "w").canonical_name
+    except Exception:  # not an encoder here: write_video has said so already
+        return codec.removeprefix("lib")
 
 
 def add_video_feature(root, key: str, frames, *, fps: float | None = None,
@@ -1252,7 +1299,7 @@ def add_video_features(root, cameras: dict, *, fps: float | None = None,
         info["features"][key] = {
             "dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
             "info": {"video.height": h, "video.width": w,
-                     "video.codec": codec.removeprefix("lib"), "video.pix_fmt": "yuv420p",
+                     "video.codec": lerobot_codec(codec), "video.pix_fmt": "yuv420p",
                      "video.is_depth_map": False, "video.fps": fps, "video.channels": 3,
                      "has_audio": False}}
         bounds = np.cumsum([0] + lengths) / fps

@@ -19,7 +19,10 @@
 Not exported: event streams (strings other than the task) and the ``_is_pad`` masks (LeRobot
 computes its own padding from episode bounds). ``rename`` maps stream names to LeRobot keys
 (``{"joint_states.position": "observation.state"}``). The dataset is written beside ``out``
-and moved into place when complete, so a failed export leaves nothing behind.
+(``.OUT.partial-PID``) and moved into place when complete, so a failed export leaves nothing
+behind; the partial folder of a killed one is removed by the next export to ``out``.
+Quarantined episodes of the cache have no rows, so they are not exported (the summary lists
+them).
 
 The cache may be local or in an object store (``s3://``, ``gs://``, ``az://``:
 :class:`~robocache.data.location.Location`); ``out`` is a local directory. Memory stays bounded
@@ -35,7 +38,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -174,7 +179,9 @@ def export_lerobot(cache: str | Path, out: str | Path, *, cameras: str = "video"
 
     Returns:
         A summary: ``out``, ``fps``, ``episodes``, ``frames``, ``features`` (key -> dtype),
-        ``not_exported`` (stream -> why).
+        ``not_exported`` (stream -> why), ``quarantined`` (the cache's quarantined episodes,
+        which have no rows to export), ``cleaned`` (partial folders of killed exports to
+        ``out`` removed first, see :func:`clean_partials`).
 
     Raises:
         FileNotFoundError: no cache at ``cache``.
@@ -209,10 +216,15 @@ def export_lerobot(cache: str | Path, out: str | Path, *, cameras: str = "video"
         _check_codec(vcodec)
     made = [p for p in reversed(out.parents) if not p.exists()]  # removed again on failure
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    cleaned = clean_partials(out)  # earlier exports to ``out`` killed midway
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        (tmp / PARTIAL_MARK).write_text(json.dumps({"host": socket.gethostname(),
+                                                    "pid": os.getpid()}))
         summary = _write(location, tmp, manifest, cameras, rename, vcodec, robot_type)
+        (tmp / PARTIAL_MARK).unlink()
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)
@@ -222,7 +234,58 @@ def export_lerobot(cache: str | Path, out: str | Path, *, cameras: str = "video"
             if p.exists() and not any(p.iterdir()):
                 p.rmdir()
         raise
-    return {"out": str(out), **summary}
+    quarantined = sorted(int(q["index"]) for q in manifest.get("quarantined", []))
+    return {"out": str(out), **summary, "quarantined": quarantined,
+            "cleaned": [str(p) for p in cleaned]}
+
+
+# The file that marks an export's partial folder (``.OUT.partial-PID``) as RoboCache's: the
+# host and pid of the export writing it, so that a later export to OUT removes it once that
+# process is gone (a kill -9 leaves it behind).
+PARTIAL_MARK = ".robocache-export.json"
+# what an export writes at the top of its folder (a partial folder of an older version, from
+# before the mark, holds nothing else)
+_LAYOUT = {"data", "meta", "videos", PARTIAL_MARK}
+
+
+def clean_partials(out: Path) -> list[Path]:
+    """Remove the partial folders (``.OUT.partial-PID`` beside ``out``) that earlier exports to
+    ``out`` left when they were killed: only RoboCache's own (marked with
+    :data:`PARTIAL_MARK`, or holding nothing but an export's layout), of this host, and only
+    when their process is gone. Returns those removed."""
+    found = re.compile(rf"\.{re.escape(out.name)}\.partial-(\d+)")
+    removed = []
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:  # no parent yet: nothing left there
+        return removed
+    for p in entries:
+        match = found.fullmatch(p.name)
+        if match is None or p.is_symlink() or not p.is_dir():
+            continue
+        pid = int(match.group(1))
+        try:
+            mark = json.loads((p / PARTIAL_MARK).read_text())
+            ours = mark.get("pid") == pid and mark.get("host") == socket.gethostname()
+        except (OSError, ValueError, AttributeError):
+            ours = {c.name for c in p.iterdir()} <= _LAYOUT
+        if ours and not _alive(pid):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (another user's counts as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
 
 
 def _write(location: Location, root: Path, manifest: dict, cameras: str,

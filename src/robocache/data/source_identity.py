@@ -271,8 +271,10 @@ def drop(dest: Path, indices: list[int]) -> None:
         return
     forget(dest)
     where = f"episode_index IN ({', '.join(map(str, indices))})"
+    from robocache.data.build.commit import _committed
+
     for uri in [dest / "data.lance", *sorted((dest / "frames").glob("*.lance"))]:
-        if (uri / "_versions").is_dir():
+        if _committed(uri):
             lance.dataset(str(uri)).delete(where)
 
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from robocache._optional import require
 from robocache.data.build.align import align_batch
-from robocache.data.build.config import CacheConfig
+from robocache.data.build.config import CacheConfig, validate
 from robocache.data.build.read import open_specs, prepare_episode, retain_heap, single_core
 from robocache.data.build.run import Progress, _progress, _reason, locked_run
 from robocache.data.build.stats import Tally
@@ -95,22 +95,51 @@ def connect(address: str | None) -> None:
                                "a cluster node, or leave it out to run locally.") from e
     if ray.is_initialized():
         return
+    import signal
+    import threading
+    import warnings
+
+    # A local Ray says its (secure) default of token authentication on every start: noise on
+    # a one-line command (a warning that it is off still shows). Ray Data's "E ...
+    # core_worker.cc: Actor ... has constructor arguments in the object store" line, logged
+    # for every actor pool whatever its arguments (ray-project/ray#57733), stays: its C++ log
+    # level (RAY_BACKEND_LOG_LEVEL) prints a line of its own and hides Ray's real errors, and
+    # max_restarts=0 would give up the actors' restarts.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+        _quiet_auth)
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        ray.init(address=address, include_dashboard=False, logging_level="WARNING",
-                 log_to_driver=False)
+        with warnings.catch_warnings():  # Ray starts its processes (fork + exec), not Lance
+            warnings.filterwarnings("ignore", "lance is not fork-safe")
+            ray.init(address=address, include_dashboard=False, logging_level="WARNING",
+                     log_to_driver=False)
     except ConnectionError as e:
         raise ClusterError(f"no Ray cluster answers at --address {address!r} ({e}); start one "
                            "with `ray start --head` or leave --address out to run "
                            "locally.") from e
+    finally:
+        if sigterm is not None:
+            # Ray's failure signal handler takes SIGTERM over (a 50-line stack, then abort):
+            # SIGTERM stops this process as it did before, one line and exit 143 from the CLI
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _quiet_auth(record: logging.LogRecord) -> bool:
+    return "Token authentication is enabled" not in record.getMessage()
 
 
 @functools.lru_cache(maxsize=4)
-def _source(path: str, options: str, keys: tuple[str, ...] | None):
+def _source(path: str, options: str, keys: tuple[str, ...] | None,
+            rate_hz: float | str = "native", grid_tolerance_s: float = 1e-4):
     """The opened source and its specs, once per worker process (then set up as a build's
     worker process, :func:`~robocache.data.build.read.retain_heap` and
-    :func:`~robocache.data.build.read.single_core`: each Ray task and actor holds one CPU)."""
+    :func:`~robocache.data.build.read.single_core`: each Ray task and actor holds one CPU).
+    ``rate_hz`` and ``grid_tolerance_s``: the build's, which the driver checked against the
+    source."""
     config = CacheConfig(source_options=json.loads(options),
-                         keys=list(keys) if keys is not None else None)
+                         keys=list(keys) if keys is not None else None, rate_hz=rate_hz,
+                         grid_tolerance_s=grid_tolerance_s)
     retain_heap()
     opened = open_specs(path, config)
     single_core()
@@ -162,7 +191,7 @@ def _read(batch: dict[str, np.ndarray], *, path: str, options: str, keys,
     """Ray task: read, check and encode the frames of groups of consecutive episodes
     (:func:`read_groups`: a source file read once for each); per episode its pickled
     :class:`~robocache.data.build.read.Prepared` (``reason``: why it is quarantined)."""
-    src, specs = _source(path, options, keys)
+    src, specs = _source(path, options, keys, config.rate_hz, config.grid_tolerance_s)
     config = dataclasses.replace(config, video_decoder="pyav")  # CPU tasks decode on the CPU
     rows = {"index": [], "payload": [], "reason": []}
     for index in [int(i) for group in batch["indices"] for i in group]:
@@ -189,7 +218,8 @@ class _AlignWrite:
         import torch
 
         self.dest, self.config, self.fps, self.tally = Path(dest), config, fps, tally
-        self.src, self.specs = _source(path, options, keys)
+        self.src, self.specs = _source(path, options, keys, config.rate_hz,
+                                       config.grid_tolerance_s)
         self.device = torch.device(device)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -233,6 +263,42 @@ def _commit_group(run, pending: list[tuple[list[int], list, Tally | None]], adva
     advance(f"episodes {min(indices)}..{max(indices)}", len(indices))
 
 
+def _actors(resources: dict[str, float], num_gpus: int | None, workers: int | None,
+            actors_per_gpu: int | None) -> tuple[int, int, str, dict[str, Any], int]:
+    """The align-and-write actors the cluster's ``resources`` (``ray.cluster_resources()``)
+    hold: (GPUs used, actors, their device, each actor's resources, the cluster's CPUs).
+
+    Raises:
+        DeviceError: more GPUs than the cluster has, GPU actors that leave no CPU to read, or
+            more CPU actors (``workers``) than the cluster has CPUs (each holds one: the
+            surplus would never be scheduled, and the job would wait for them forever).
+    """
+    have = int(resources.get("GPU", 0))
+    if num_gpus is None:
+        num_gpus = have
+    if num_gpus < 0 or num_gpus > have:
+        raise DeviceError(f"`num_gpus` (--num-gpus) is {num_gpus} but the Ray cluster has "
+                          f"{have} GPU(s); pass --num-gpus between 0 (CPU) and {have}.")
+    cpus = max(1, int(resources.get("CPU", 1)))
+    if num_gpus:
+        per_gpu = actors_per_gpu or 1
+        if num_gpus * per_gpu >= cpus:
+            most = (cpus - 1) // num_gpus
+            raise DeviceError(
+                f"{num_gpus} GPU(s) x {per_gpu} actors (--actors-per-gpu) take one CPU each "
+                f"and the Ray cluster has {cpus}: no CPU left to read episodes; pass "
+                + (f"--actors-per-gpu {most} or fewer." if most else
+                   f"--num-gpus {cpus - 1} or fewer." if cpus > 1 else
+                   "--num-gpus 0 on a cluster with more CPUs."))
+        return num_gpus, num_gpus * per_gpu, "cuda", {"num_gpus": 1 / per_gpu, "num_cpus": 1}, \
+            cpus
+    if workers is not None and workers > cpus:
+        raise DeviceError(f"`workers` (--workers) is {workers} but the Ray cluster has {cpus} "
+                          f"CPU(s), one per CPU actor; pass --workers {cpus} or fewer, or leave "
+                          "it out for one per CPU.")
+    return 0, workers or cpus, "cpu", {"num_cpus": 1}, cpus
+
+
 def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None = None, *,
                address: str | None = None, num_gpus: int | None = None,
                workers: int | None = None, actors_per_gpu: int | None = None,
@@ -270,8 +336,9 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
     Raises:
         MissingDependencyError: Ray is not installed.
         ClusterError: nothing answers at ``address``.
-        DeviceError: ``num_gpus`` exceeds the GPUs of the cluster, or ``workers`` or
-            ``actors_per_gpu`` is below 1.
+        DeviceError: ``num_gpus`` exceeds the GPUs of the cluster, ``workers`` its CPUs, or
+            ``workers`` or ``actors_per_gpu`` is below 1 (each refused before ``dest`` is
+            created).
         DataError, CacheBusyError, FileNotFoundError: as ``build``.
 
     Example:
@@ -283,35 +350,17 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
         if value is not None and value < 1:
             raise DeviceError(f"`{name}` (--{name.replace('_', '-')}) is {value}; pass a whole "
                               "number of at least 1, or leave it out.")
+    # refused before Ray starts: the options (as locked_run checks them again), then the
+    # cluster (its address, GPUs and CPUs) before the destination is created or locked
+    validate(CacheConfig(**{**dataclasses.asdict(config or CacheConfig()), **overrides}))
     ray = _ray()
     target = Target(dest, storage_options, staging)
     target.prepare(bool(overrides.get("overwrite", (config or CacheConfig()).overwrite)),
                    log or logging.getLogger(__name__).warning)
+    connect(address)
+    num_gpus, actors, device, per_actor, cpus = _actors(ray.cluster_resources(), num_gpus,
+                                                        workers, actors_per_gpu)
     with locked_run(source, target.local, config, log=log, **overrides) as run:
-        connect(address)
-        resources = ray.cluster_resources()
-        have = int(resources.get("GPU", 0))
-        if num_gpus is None:
-            num_gpus = have
-        if num_gpus < 0 or num_gpus > have:
-            raise DeviceError(f"`num_gpus` (--num-gpus) is {num_gpus} but the Ray cluster has "
-                              f"{have} GPU(s); pass --num-gpus between 0 (CPU) and {have}.")
-        cpus = max(1, int(resources.get("CPU", 1)))
-        if num_gpus:
-            per_gpu = actors_per_gpu or 1
-            if num_gpus * per_gpu >= cpus:
-                most = (cpus - 1) // num_gpus
-                raise DeviceError(
-                    f"{num_gpus} GPU(s) x {per_gpu} actors (--actors-per-gpu) take one CPU each "
-                    f"and the Ray cluster has {cpus}: no CPU left to read episodes; pass "
-                    + (f"--actors-per-gpu {most} or fewer." if most else
-                       f"--num-gpus {cpus - 1} or fewer." if cpus > 1 else
-                       "--num-gpus 0 on a cluster with more CPUs."))
-            actors, device = num_gpus * per_gpu, "cuda"
-            per_actor = {"num_gpus": 1 / per_gpu, "num_cpus": 1}
-        else:
-            actors = workers or cpus
-            device, per_actor = "cpu", {"num_cpus": 1}
         ray.data.DataContext.get_current().enable_progress_bars = False
         logging.getLogger("ray.data").setLevel(logging.ERROR)  # our bar and summary say it
         todo = run.todo
@@ -326,13 +375,16 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                     advance(f"episode {index} ({why})")
             if todo:
                 groups = read_groups(run.src, todo, cpus)
+                # no more actors than groups to give them (the others would wait idle, and
+                # Ray Data warns of a pool larger than its input)
+                pool = min(actors, len(groups))
                 ds = ray.data.from_items([{"indices": g} for g in groups],
                                          override_num_blocks=min(len(groups), 4000))
                 ds = ds.map_batches(_read, batch_size=1, num_cpus=1,
                                     fn_kwargs={**where, "config": run.config})
                 ds = ds.map_batches(
                     _AlignWrite, batch_size=ALIGN_EPISODES,
-                    compute=ray.data.ActorPoolStrategy(size=actors), **per_actor,
+                    compute=ray.data.ActorPoolStrategy(size=pool), **per_actor,
                     fn_constructor_kwargs={"dest": str(run.dest.resolve()),
                                            "config": run.config, "fps": run.fps,
                                            "device": device, **where,

@@ -174,6 +174,11 @@ def _video_times(s: Stream) -> np.ndarray:
                        start + float(s.times[-1])) - start
 
 
+# what to do about an unfinished cache
+RESUME = ("re-run the same `robocache ingest` to resume it (or wait for the build that is "
+          "writing it)")
+
+
 @dataclass
 class Opened:
     """A cache or a source, opened for viewing (:func:`open_view`).
@@ -190,6 +195,8 @@ class Opened:
         notices: things the person looking should know (a cache's source moved...).
         names: numeric stream -> its dimensions' names, where the source declares them
             (LeRobot's ``names``).
+        unfinished: a cache whose build has not completed (interrupted, or running): it
+            shows the episodes committed so far.
     """
 
     path: Path | str
@@ -202,6 +209,7 @@ class Opened:
     notices: list[str]
     names: dict[str, list[str]] = field(default_factory=dict)
     _read: Callable[[int], EpisodeView] = field(repr=False, default=None)
+    unfinished: bool = False
 
     def episode(self, index: int) -> EpisodeView:
         """The view of episode ``index``.
@@ -212,6 +220,10 @@ class Opened:
         if index not in self.episodes:
             shown = ", ".join(map(str, self.episodes[:20])) + (
                 ", ..." if len(self.episodes) > 20 else "")
+            if self.unfinished:
+                raise DataError(f"`episode` (--episode) {index} is not in {self.path}, an "
+                                f"unfinished cache (episodes committed so far: "
+                                f"{shown or 'none'}); {RESUME}.")
             raise DataError(f"`episode` (--episode) {index} is not in {self.path}; its episodes "
                             f"are {shown or 'none'}.")
         return self._read(index)
@@ -432,7 +444,8 @@ def _open_cache(location: Location, shown: Path | str, options: dict[str, Any],
 
     fmt = manifest.get("source", {}).get("format", "unknown")
     return Opened(shown, "cache", fmt, source, specs, sorted(set(cached) | set(reasons)),
-                  quarantined, notices, _names(src, specs), read)
+                  quarantined, notices, _names(src, specs), read,
+                  unfinished=manifest.get("status") != "complete")
 
 
 def open_view(path: str | Path, *, streams: list[str] | None = None,

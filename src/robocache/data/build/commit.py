@@ -5,6 +5,7 @@ committed.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from pathlib import Path
 from typing import Any
 
@@ -134,9 +135,18 @@ class Committer:
             self.tidy(rel, 2)
 
 
+# a committed version's manifest (Lance's names: ``<n>.manifest``, n decimal)
+_VERSION = re.compile(r"\d+\.manifest")
+
+
 def _committed(uri: Path) -> bool:
-    """Whether a Lance dataset has a version at ``uri`` (uncommitted files may precede one)."""
-    return (uri / "_versions").is_dir()
+    """Whether a Lance dataset has a version at ``uri``: a ``_versions/<n>.manifest``.
+    Uncommitted files may precede one, and a first commit that was killed or ran out of disk
+    may leave ``_versions`` without any (or with only its temporary file)."""
+    try:
+        return any(_VERSION.fullmatch(p.name) for p in (uri / "_versions").iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def _done_episodes(uri: Path) -> set[int]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from robocache._forkserver import WORKERS_PER_CORE, max_workers
 from robocache.data.cameras import DEFAULT_CHROMA, DEFAULT_QUALITY
 from robocache.data.episode import StreamSpec
 from robocache.errors import DataError
@@ -33,7 +34,7 @@ class CacheConfig:
             grid instant at most (:func:`check_grid_tolerance`).
         episodes: source episode indices to ingest (default: all).
         source_options: reader options, e.g. ``{"fps": 10.0}`` for a ReplayBuffer (``fps``
-            within (0, :data:`MAX_FPS`] Hz, :func:`check_fps`).
+            within [0.001, 100000] Hz, :func:`check_fps`).
         overwrite: delete the cache at the destination instead of resuming it (only the files
             and tables its manifest says the cache owns are deleted, see
             :mod:`robocache.data.owned`; anything else there stays).
@@ -64,8 +65,8 @@ class CacheConfig:
             machine's cores). On threads, their videos decoded and encoded in as many forked
             camera worker processes (none for 1: on the reading thread); or, with
             ``decode_processes``, in that many spawned processes, each decoding its videos
-            itself. The cache is the same whatever the number. At most
-            :func:`max_decode_workers` (4 per core): more would only add processes and memory.
+            itself. The cache is the same whatever the number. At most 4 per core
+            (:func:`robocache._forkserver.max_workers`): more only adds processes and memory.
         video_decoder: who decodes video streams: ``"pyav"`` (default: the CPU decode
             LeRobot's reader does, so cached frames match LeRobot's within the JPEG
             tolerance), ``"auto"`` (NVDEC through PyNvVideoCodec for H.264/HEVC when a CUDA
@@ -117,48 +118,93 @@ class CacheConfig:
 
 
 # The largest side of a frame stored with ``camera_size``: 8192 px (an 8K frame; JPEG itself
-# stops at 65535). A 8192x8192 RGB frame is 192 MiB decoded; a batch of them already fills a
+# stops at 65535). An 8192x8192 RGB frame is 192 MiB decoded; a batch of them already fills a
 # GPU, and 100000x100000 (28 GiB a frame) only fails later with a MemoryError.
 MAX_CAMERA_SIDE = 8192
-# Episodes prepared at once per core at most (``decode_workers``): each is a worker process
-# with its own decoder threads and frames in memory, so past a few per core more only adds
-# processes, memory and contention (100000 forked until the process limit, then hung).
-DECODE_WORKERS_PER_CORE = 4
-# The highest ``fps`` a source without timestamps may be given (Hz): a 10 us step. Faster
-# "rates" are typos of another unit (a timestamp in us read as s), and near-zero ones make
-# every episode last for ages.
-MAX_FPS = 100_000.0
+# The ``fps`` a source without timestamps may be given (Hz): from one frame every 1000 s (the
+# slowest target rate a build takes, align.MIN_RATE_HZ) to one every 10 us. Beyond are unit
+# mistakes: 1e-12 Hz makes a 30-frame episode last a million years, 1e6 Hz reads a kHz
+# recording as a MHz one.
+MIN_FPS, MAX_FPS = 1e-3, 100_000.0
 
 
-def max_decode_workers() -> int:
-    """The most episodes a build may prepare at once: :data:`DECODE_WORKERS_PER_CORE` per
-    core of this machine."""
-    return DECODE_WORKERS_PER_CORE * (os.cpu_count() or 1)
+def validate(config: CacheConfig) -> CacheConfig:
+    """Refuse bad options before anything is opened or created (every check names the option,
+    the value and the fix); returns ``config`` with ``camera_size`` and ``shard`` parsed.
+    :func:`~robocache.data.build.run.locked_run` calls it first; a driver that must refuse
+    before its own set-up (``preprocess``: before Ray starts) calls it too. A native grid's
+    ``grid_tolerance_s`` needs the source's fps: checked where the source is opened
+    (:func:`~robocache.data.build.read.open_specs`).
+
+    Raises:
+        DataError: a bad option; DeviceError: ``video_decoder="nvdec"`` without NVDEC.
+    """
+    from robocache.data import cameras, jpeg
+
+    native = config.rate_hz == "native"
+    if not native and not (isinstance(config.rate_hz, (int, float))
+                           and not isinstance(config.rate_hz, bool)
+                           and config.rate_hz > 0 and math.isfinite(config.rate_hz)):
+        raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz or 'native'; got "
+                        f"{config.rate_hz!r}.")
+    if config.tolerance_s is not None and not (config.tolerance_s >= 0
+                                               and math.isfinite(config.tolerance_s)):
+        raise DataError(f"`tolerance_s` (--tolerance) must be >= 0 seconds; got "
+                        f"{config.tolerance_s!r} (leave it unset to pad no frame).")
+    check_grid_tolerance(config.grid_tolerance_s, None if native else float(config.rate_hz))
+    check_decode_workers(config.decode_workers)
+    check_fps((config.source_options or {}).get("fps"))
+    if config.decode_processes not in (None, True, False):
+        raise DataError(f"`decode_processes` must be True, False or None (automatic); got "
+                        f"{config.decode_processes!r}.")
+    for name in ("batch_rows", "batch_bytes"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DataError(f"`{name}` must be an integer >= 1; got {value!r}.")
+    if config.video_decoder not in cameras.VIDEO_DECODERS:
+        raise DataError(f"`video_decoder` (--video-decoder) must be one of "
+                        f"{cameras.VIDEO_DECODERS}; got {config.video_decoder!r}.")
+    if config.video_decoder == "nvdec" and not cameras.nvdec_available():
+        from robocache.errors import DeviceError
+
+        raise DeviceError("`video_decoder` (--video-decoder) is 'nvdec' but NVDEC is not "
+                          "available: it needs a CUDA GPU and PyNvVideoCodec (`pip install "
+                          "PyNvVideoCodec`); pass auto or pyav to decode on the CPU.")
+    if config.camera_codec not in cameras.CODECS:
+        raise DataError(f"`camera_codec` (--camera-codec) must be one of {cameras.CODECS}; "
+                        f"got {config.camera_codec!r}.")
+    jpeg.check(config.camera_quality, config.camera_chroma)
+    if config.camera_size is not None:
+        config.camera_size = parse_size(config.camera_size)
+    if config.shard is not None:
+        config.shard = parse_shard(config.shard if isinstance(config.shard, str)
+                                   else "/".join(map(str, config.shard)))
+    return config
 
 
 def check_decode_workers(workers: int | None) -> None:
-    """Refuse a ``decode_workers`` that is not an integer in [1, :func:`max_decode_workers`]
-    (``None``: the machine's cores).
+    """Refuse a ``decode_workers`` that is not an integer in [1, ``max_workers()``]
+    (``None``: the machine's cores): :func:`robocache._forkserver.max_workers`, 4 per core.
 
     Raises:
         DataError: naming the option and the range.
     """
     if workers is None:
         return
-    most = max_decode_workers()
+    most = max_workers()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise DataError(f"`decode_workers` (--decode-workers) must be an integer >= 1 (or "
                         f"unset: the machine's cores); got {workers!r}.")
     if workers > most:
         raise DataError(f"`decode_workers` (--decode-workers) is {workers}, more than "
-                        f"{most} ({DECODE_WORKERS_PER_CORE} per core of this machine's "
-                        f"{os.cpu_count() or 1}); pass {most} or fewer, or leave it unset for "
-                        "one per core.")
+                        f"{most} ({WORKERS_PER_CORE} per core; this machine has "
+                        f"{os.cpu_count() or 1} cores); pass {most} or fewer, or leave it unset "
+                        "for one per core.")
 
 
 def check_fps(fps: Any) -> None:
-    """Refuse an ``fps`` (of a source without timestamps) outside (0, :data:`MAX_FPS`] Hz
-    (``None``: not given).
+    """Refuse an ``fps`` (of a source without timestamps) outside [:data:`MIN_FPS`,
+    :data:`MAX_FPS`] Hz (``None``: not given).
 
     Raises:
         DataError: naming ``fps`` (--fps) and the range.
@@ -166,12 +212,12 @@ def check_fps(fps: Any) -> None:
     if fps is None:
         return
     try:
-        ok = not isinstance(fps, bool) and 0 < float(fps) <= MAX_FPS
+        ok = not isinstance(fps, bool) and MIN_FPS <= float(fps) <= MAX_FPS
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise DataError(f"`fps` (--fps) must be a rate in Hz within (0, {MAX_FPS:g}]; got "
-                        f"{fps!r} (e.g. --fps 10 for a 10 Hz recording).")
+        raise DataError(f"`fps` (--fps) must be a rate in Hz within [{MIN_FPS:g}, "
+                        f"{MAX_FPS:g}]; got {fps!r} (e.g. --fps 10 for a 10 Hz recording).")
 
 
 def check_grid_tolerance(tolerance_s: Any, rate_hz: float | None = None) -> None:
@@ -193,8 +239,8 @@ def check_grid_tolerance(tolerance_s: Any, rate_hz: float | None = None) -> None
         raise DataError(f"`grid_tolerance_s` (--grid-tolerance) is {float(tolerance_s):g} s, "
                         f"not below half the {1 / rate_hz:g} s period of the {rate_hz:g} Hz "
                         f"grid ({0.5 / rate_hz:g} s): a timestamp would be on two grid "
-                        f"instants at once; pass less than {0.5 / rate_hz:g} (LeRobot's "
-                        "default is 1e-4).")
+                        f"instants at once; pass a --grid-tolerance below {0.5 / rate_hz:g} s "
+                        "(LeRobot's default is 1e-4), or a lower --rate.")
 
 
 def parse_shard(text: str) -> tuple[int, int]:

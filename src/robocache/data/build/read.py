@@ -20,7 +20,7 @@ from typing import Any
 from robocache._forkserver import worker_context
 from robocache._optional import require
 from robocache.data import source_identity
-from robocache.data.build.config import CacheConfig, decode_workers
+from robocache.data.build.config import CacheConfig, check_grid_tolerance, decode_workers
 from robocache.data.build.encode import frame_format, stored_size
 from robocache.data.cameras import (
     CameraWorkers,
@@ -35,12 +35,17 @@ from robocache.errors import DataError, picklable
 
 
 def open_specs(source: str | Path | Source, config: CacheConfig) -> tuple[Source, dict]:
-    """Open ``source`` (unless already open) and pick the streams ``config.keys`` names."""
+    """Open ``source`` (unless already open) and pick the streams ``config.keys`` names; for
+    ``rate_hz="native"``, refuse a ``grid_tolerance_s`` not below half the source's frame
+    period (:func:`~robocache.data.build.config.check_grid_tolerance`)."""
     from robocache.data.formats import open_source
 
     src = source if hasattr(source, "read") else open_source(source, **config.source_options)
     if getattr(src, "rate_error", None):  # a source that cannot time its episodes
         raise DataError(src.rate_error)
+    fps = getattr(src, "fps", None)
+    if config.rate_hz == "native" and isinstance(fps, (int, float)) and fps > 0:
+        check_grid_tolerance(config.grid_tolerance_s, float(fps))
     specs = dict(src.specs)
     if config.keys is not None:
         missing = sorted(set(config.keys) - set(specs))

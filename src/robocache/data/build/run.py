@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import math
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -31,8 +30,7 @@ from robocache.data.build.config import (
     column_name,
     decode_workers,
     default_method,
-    parse_shard,
-    parse_size,
+    validate,
 )
 from robocache.data.build.encode import _camera_entry
 from robocache.data.build.manifest import (
@@ -52,12 +50,10 @@ from robocache.data.build.read import (
 )
 from robocache.data.build.stats import Tally, _compute_stats, _episode_summary
 from robocache.data.build.write import Batch, episode_tables
-from robocache.data.cameras import CODECS, VIDEO_DECODERS, nvdec_available
 from robocache.data.episode import Source, StreamSpec
 from robocache.data.lock import CacheLock
 from robocache.data.publish import Target
 from robocache.data.snapshot import kept
-from robocache.errors import DataError
 from robocache.observability import metrics
 
 
@@ -67,48 +63,9 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     """Validate the options, open the source, lock and claim ``dest``: the first half of
     :func:`build`, shared by the drivers that build the same cache another way (Ray). Yields
     the :class:`Run`; the lock is held until the block exits."""
-    config = CacheConfig(**{**asdict(config or CacheConfig()), **overrides})
+    # every option checked before anything is opened or created (config.validate)
+    config = validate(CacheConfig(**{**asdict(config or CacheConfig()), **overrides}))
     native = config.rate_hz == "native"
-    if not native and not (isinstance(config.rate_hz, (int, float))
-                           and config.rate_hz > 0 and math.isfinite(config.rate_hz)):
-        raise DataError(f"`rate_hz` (--rate) must be a finite rate > 0 Hz or 'native'; got "
-                        f"{config.rate_hz!r}.")
-    if config.tolerance_s is not None and not (config.tolerance_s >= 0
-                                               and math.isfinite(config.tolerance_s)):
-        raise DataError(f"`tolerance_s` (--tolerance) must be >= 0 seconds; got "
-                        f"{config.tolerance_s!r} (leave it unset to pad no frame).")
-    if not (config.grid_tolerance_s > 0 and math.isfinite(config.grid_tolerance_s)):
-        raise DataError(f"`grid_tolerance_s` (--grid-tolerance) must be > 0 seconds; got "
-                        f"{config.grid_tolerance_s!r} (LeRobot's default is 1e-4).")
-    if config.decode_workers is not None and not (
-            isinstance(config.decode_workers, int) and config.decode_workers >= 1):
-        raise DataError(f"`decode_workers` (--decode-workers) must be an integer >= 1 (or "
-                        f"unset: the machine's cores); got {config.decode_workers!r}.")
-    if config.decode_processes not in (None, True, False):
-        raise DataError(f"`decode_processes` must be True, False or None (automatic); got "
-                        f"{config.decode_processes!r}.")
-    for name in ("batch_rows", "batch_bytes"):
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise DataError(f"`{name}` must be an integer >= 1; got {value!r}.")
-    if config.video_decoder not in VIDEO_DECODERS:
-        raise DataError(f"`video_decoder` (--video-decoder) must be one of {VIDEO_DECODERS}; "
-                        f"got {config.video_decoder!r}.")
-    if config.video_decoder == "nvdec" and not nvdec_available():
-        from robocache.errors import DeviceError
-
-        raise DeviceError("`video_decoder` (--video-decoder) is 'nvdec' but NVDEC is not "
-                          "available: it needs a CUDA GPU and PyNvVideoCodec (`pip install "
-                          "PyNvVideoCodec`); pass auto or pyav to decode on the CPU.")
-    if config.camera_codec not in CODECS:
-        raise DataError(f"`camera_codec` (--camera-codec) must be one of {CODECS}; got "
-                        f"{config.camera_codec!r}.")
-    jpeg.check(config.camera_quality, config.camera_chroma)
-    if config.camera_size is not None:
-        config.camera_size = parse_size(config.camera_size)
-    if config.shard is not None:
-        config.shard = parse_shard(config.shard if isinstance(config.shard, str)
-                                   else "/".join(map(str, config.shard)))
     device = _device(config.device)
     src, specs = open_specs(source, config)
     videos = any(spec.kind == "video" for spec in specs.values())
