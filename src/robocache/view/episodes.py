@@ -316,7 +316,7 @@ def _open_source(path: Path, options: dict[str, Any], streams: list[str] | None,
             config = CacheConfig(rate_hz="native" if fps is not None else grid, device="cpu")
             aligned = align_episode(episode, specs, config, "cpu", fps)
         view = EpisodeView(index, specs, episode, aligned, grid if aligned else None,
-                           {n: default_method(s) for n, s in specs.items()},
+                           {n: default_method(s, grid) for n, s in specs.items()},
                            _where(src, index, str(path)), _tasks(episode), problem)
         if episode is not None:
             for name, spec in specs.items():

@@ -11,15 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from robocache.data.build.config import CacheConfig, column_name, default_method
+from robocache.data.build.config import CacheConfig, column_name, default_method, sparse
 from robocache.data.episode import Episode, StreamSpec
 from robocache.errors import DataError
 
 
-def _timed(specs: dict[str, StreamSpec]) -> list[str]:
-    timed = [n for n, s in specs.items() if s.kind == "numeric"] or \
-            [n for n, s in specs.items() if s.kind != "event"]
-    return timed
+def _timed(specs: dict[str, StreamSpec], rate_hz: float) -> list[str]:
+    """The streams whose common span is an episode's: the numeric ones that are not sparse
+    (:func:`~robocache.data.build.config.sparse`), else every numeric one, else every one
+    that is not an event."""
+    numeric = [n for n, s in specs.items() if s.kind == "numeric"]
+    return [n for n in numeric if not sparse(specs[n], rate_hz)] or numeric or \
+        [n for n, s in specs.items() if s.kind != "event"]
 
 
 def native_streams(specs: dict[str, StreamSpec], rate_hz: float) -> list[str]:
@@ -108,7 +111,7 @@ def target_times(episode: Episode, specs: dict[str, StreamSpec], rate_hz: float,
         steps = max(int(_grid_steps(episode, n, t0, rate_hz, tolerance_s)[-1]) for n in native)
         _check_grid(episode, specs, steps + 1, rate_hz)
         return t0 + np.arange(steps + 1, dtype=np.float64) / rate_hz
-    timed = _timed(specs)
+    timed = _timed(specs, rate_hz)
     if not timed:
         raise DataError(f"episode {episode.index}: no timed (non-event) stream to align.")
     start = max(float(episode.streams[n].times[0]) for n in timed)
@@ -263,7 +266,7 @@ def align_batch(episodes: list[Episode], specs: dict[str, StreamSpec], config: C
                 raise
             except Exception as e:  # quarantined with the reason
                 grids.append(e)
-        snapped = _snapped(episodes, grids, specs, config, native)
+        snapped = _snapped(episodes, grids, specs, config, native, rate)
         for i, episode in enumerate(episodes):
             if isinstance(grids[i], Exception):
                 plans.append(grids[i])
@@ -316,14 +319,15 @@ def _exact(name: str, spec: StreamSpec, method: str, native: set[str]) -> bool:
 
 
 def _snapped(episodes: list[Episode], grids: list, specs: dict[str, StreamSpec],
-             config: CacheConfig, native: set[str]) -> dict[str, dict[int, np.ndarray]]:
+             config: CacheConfig, native: set[str], rate: float
+             ) -> dict[str, dict[int, np.ndarray]]:
     """Per stream aligned by the op, its times in each episode with a grid (``grids[i]``, an
     exception for the others) snapped onto it (:func:`snap_many`, one call per stream):
     stream -> episode position -> times."""
     rows = [i for i, g in enumerate(grids) if not isinstance(g, Exception)]
     out = {}
     for name, spec in specs.items():
-        method = config.methods.get(name, default_method(spec))
+        method = config.methods.get(name, default_method(spec, rate))
         if _exact(name, spec, method, native):
             continue
         # numeric previous/nearest streams snap every sample near an instant; the others only
@@ -345,7 +349,7 @@ def _plan(episode: Episode, t: np.ndarray, snapped: dict[str, np.ndarray],
     exact, inputs = {}, {}
     for name, spec in specs.items():
         s = episode.streams[name]
-        method = config.methods.get(name, default_method(spec))
+        method = config.methods.get(name, default_method(spec, rate))
         if _exact(name, spec, method, native):
             k = _grid_steps(episode, name, float(t[0]), rate, tol)
             exact[name] = _place(s.data.reshape(len(s), -1) if spec.kind == "numeric"
@@ -454,8 +458,10 @@ def _columns(episode: Episode, plan: _Plan, aligned: dict, specs: dict[str, Stre
             continue
         values, pad, aux = aligned[name]
         if spec.kind == "numeric":
-            cols[col] = _numeric_column(episode.streams[name].data, values,
-                                        plan.inputs[name][0], spec)
+            method = plan.inputs[name][0]
+            cols[col] = _numeric_column(episode.streams[name].data, values, method, spec)
+            if method == "previous":  # held after its last sample, as an event (and online)
+                pad = t < episode.streams[name].times[0]
         elif spec.kind == "event":
             # an event holds until the next one: only steps before the first are padding
             pad = t < episode.streams[name].times[0]

@@ -279,10 +279,26 @@ def column_name(stream: str) -> str:
     return stream.replace(".", "/")
 
 
-def default_method(spec: StreamSpec) -> str:
+# A numeric stream slower than this fraction of the grid's rate is sparse (a command, or a
+# state published on change: a gripper command seen 3-6 times in a 15 s episode).
+SPARSE_FRACTION = 0.1
+
+
+def sparse(spec: StreamSpec, rate_hz: float | None) -> bool:
+    """Whether ``spec`` is a sparse numeric stream on a grid of ``rate_hz``: its nominal rate
+    unknown or below :data:`SPARSE_FRACTION` of the grid's. A sparse stream is held between
+    its messages (``previous``: padded before its first one, its latest value after) and
+    leaves an episode's span to the other streams (interpolating a command between its
+    messages, and cutting every episode to its first-to-last message, are both wrong)."""
+    return spec.kind == "numeric" and rate_hz is not None and (
+        spec.rate_hz is None or spec.rate_hz < SPARSE_FRACTION * rate_hz)
+
+
+def default_method(spec: StreamSpec, rate_hz: float | None = None) -> str:
+    """How ``spec`` is aligned to a grid of ``rate_hz`` unless the build names a method."""
     if spec.kind in ("image", "video"):
         return "frame_index"
-    if spec.kind == "event":
+    if spec.kind == "event" or sparse(spec, rate_hz):
         return "previous"
     if spec.quaternion:  # a resampled rotation stays a unit quaternion
         return "slerp"

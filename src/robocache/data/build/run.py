@@ -25,11 +25,13 @@ from robocache.data.build.commit import (
     drop_orphan_frames,
 )
 from robocache.data.build.config import (
+    SPARSE_FRACTION,
     CacheConfig,
     _device,
     column_name,
     decode_workers,
     default_method,
+    sparse,
     validate,
 )
 from robocache.data.build.encode import _camera_entry
@@ -76,9 +78,15 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     if not native:
         check_rate(float(config.rate_hz), specs)
     dest = Path(dest)
+    grid = fps or float(config.rate_hz)
+    held = [n for n, s in specs.items() if sparse(s, grid) and n not in config.methods]
+    if held:
+        (log or logging.getLogger(__name__).warning)(
+            f"held between their messages (sparse: below {SPARSE_FRACTION:.0%} of the "
+            f"{grid:g} Hz grid): {', '.join(held)}; each episode spans its other streams.")
     streams = {name: {"column": column_name(name), "kind": s.kind, "dtype": s.dtype,
                       "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
-                      "method": config.methods.get(name, default_method(s)),
+                      "method": config.methods.get(name, default_method(s, grid)),
                       **({"encoding": s.encoding} if s.encoding else {}),
                       **_camera_entry(s, config)}
                for name, s in specs.items()}
