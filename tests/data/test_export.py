@@ -241,3 +241,61 @@ def test_a_failed_export_leaves_nothing(cache, tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space"):
         export_lerobot(cache, tmp_path / "new" / "deep" / "out")
     assert list(tmp_path.iterdir()) == []
+
+
+def _episode_frames(cache: Path, key: str) -> list[np.ndarray]:
+    """Camera ``key``'s frame at every step of the cache, one array per episode."""
+    import lance
+    from PIL import Image
+
+    col = json.loads((cache / "manifest.json").read_text())["streams"][key]["column"]
+    rows = lance.dataset(str(cache / "data.lance")).to_table(
+        columns=["episode_index", "step", f"{col}/frame"])
+    ep, step, frame = (rows.column(c).to_numpy() for c in ("episode_index", "step", f"{col}/frame"))
+    table = lance.dataset(str(cache / "frames" / f"{key}.lance")).to_table()
+    decoded = {(e, f): np.asarray(Image.open(io.BytesIO(b)).convert("RGB")) for e, f, b in zip(
+        table.column("episode_index").to_pylist(), table.column("frame").to_pylist(),
+        table.column("encoded").to_pylist(), strict=True)}
+    order = np.lexsort((step, ep))
+    return [np.stack([decoded[(e, max(int(f), 0))] for f in frame[order][ep[order] == e]])
+            for e in np.unique(ep)]
+
+
+def test_every_exported_frame_is_its_own_steps_within_the_budget(tmp_path):
+    """AV1 at LeRobot's CRF 30 copies blocks of neighbouring frames into the RLDS fixture's
+    frames (random textures); the export lowers the CRF until each frame, decoded, is within
+    30 dB of its cached frame in yuv420p and nearer it than any other frame 4 steps about."""
+    import av
+
+    from robocache.data.cache import build
+    from robocache.data.formats import open_source
+
+    src = open_source(ROOT / "tests" / "fixtures" / "rlds" / "toy_rlds" / "jpeg", fps=10.0)
+    build(src, tmp_path / "cache", rate_hz="native", progress=False, device="cpu")
+    summary = export_lerobot(tmp_path / "cache", tmp_path / "out")
+    assert summary["video_quality"]["observation.image"]["crf"] < 30
+    for key in ("observation.image", "observation.wrist_image"):
+        clips = _episode_frames(tmp_path / "cache", key)
+        with av.open(str(tmp_path / "out" / "videos" / key / "chunk-000" / "file-000.mp4")) as c:
+            got = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+        assert len(got) == sum(map(len, clips))
+        at = 0
+        for clip in clips:
+            # the frame as yuv420p holds it: what no codec setting changes
+            own = [av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format="yuv420p")
+                   .to_ndarray(format="rgb24") for f in clip]
+            for t in range(len(clip)):
+                assert psnr(got[at + t], own[t]) >= 30.0, (key, at + t)
+                for u in range(max(t - 4, 0), min(t + 5, len(clip))):
+                    if not np.array_equal(clip[u], clip[t]):
+                        assert psnr(got[at + t], own[t]) > psnr(got[at + t], own[u]), (key, t, u)
+            at += len(clip)
+
+
+def test_a_budget_no_crf_meets_is_refused(cache, tmp_path, monkeypatch):
+    import robocache.data.cameras as cameras
+
+    monkeypatch.setattr(cameras, "VIDEO_BUDGET_DB", 99.0)
+    with pytest.raises(DataError, match=r"CRF 2 cannot keep the frame of episode \d+, step \d+"):
+        export_lerobot(cache, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []

@@ -82,6 +82,9 @@ def export(
     typer.echo(f"wrote {summary['out']}: LeRobot v3.0, {summary['episodes']} episodes, "
                f"{summary['frames']} frames at {summary['fps']} Hz; features: "
                f"{', '.join(summary['features'])}")
+    for name, q in summary["video_quality"].items():
+        typer.echo(f"video {name}: CRF {q['crf']}, every frame >= {q['min_psnr_db']:.1f} dB "
+                   "against the cached frame in yuv420p and nearest its own step")
     for name, why in summary["not_exported"].items():
         typer.echo(f"not exported: {name} ({why})")
     if summary["quarantined"]:

@@ -427,12 +427,15 @@ def encode(frame: np.ndarray, codec: str, quality: int = DEFAULT_QUALITY,
            chroma: str = DEFAULT_CHROMA) -> bytes:
     """One frame (uint8 ``[H, W, 3]`` or ``[H, W]``, uint16 ``[H, W]``/``[H, W, 1]``) as
     JPEG (libjpeg-turbo, ``quality``, ``chroma`` subsampling) or PNG bytes (uint16 always PNG,
-    lossless)."""
-    if frame.dtype != np.uint16 and codec == "jpeg":
+    lossless); with ``codec="tiff"`` (or a float32 ``[H, W, 1]`` depth map) as raw TIFF."""
+    if frame.dtype == np.uint8 and codec == "jpeg":
         return jpeg.encode(frame, quality, chroma)
     Image = _pil()
     buf = io.BytesIO()
-    if frame.dtype == np.uint16:
+    if codec == "tiff" or frame.dtype == np.float32:  # a LeRobot depth map's own format
+        Image.fromarray(np.ascontiguousarray(frame.reshape(frame.shape[:2]))).save(
+            buf, "TIFF", compression="raw")
+    elif frame.dtype == np.uint16:
         Image.fromarray(np.ascontiguousarray(frame.reshape(frame.shape[:2]))).save(buf, "PNG")
     else:
         Image.fromarray(np.ascontiguousarray(frame.squeeze())).save(buf, "PNG", compress_level=1)
@@ -1032,9 +1035,9 @@ def node_workers(workers: int, decoder: str) -> tuple[int, tuple[int, ...]]:
 
 
 def decode(frames, rows: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Decode the frames at ``rows`` (int ``[...]``): uint8 ``[..., C, H, W]`` (uint16 for
-    depth) on ``device``: one nvJPEG batch on CUDA (``torchvision.io.decode_jpeg``; without
-    torchvision, or for PNG, Pillow then a copy), Pillow on a thread pool on the CPU."""
+    """Decode the frames at ``rows`` (int ``[...]``): uint8 ``[..., C, H, W]`` (uint16 or
+    float32 for depth) on ``device``: one nvJPEG batch on CUDA (``torchvision.io.decode_jpeg``;
+    without torchvision, or for PNG, Pillow then a copy), Pillow on a thread pool on the CPU."""
     return decode_all([(frames, rows)], device)[0]
 
 
@@ -1104,7 +1107,7 @@ def _decode_cpu(frames: EncodedFrames, rows: torch.Tensor, device: torch.device
     refuses, by Pillow; on a thread pool."""
     parts = frames.slices(rows)
     h, w, c = frames.frame_shape[0], frames.frame_shape[1], frames.channels
-    out = np.empty((len(parts), h, w, c), np.uint16 if frames.dtype == "uint16" else np.uint8)
+    out = np.empty((len(parts), h, w, c), np.dtype(frames.dtype))
     sj = _simplejpeg() if frames.codec == "jpeg" and c == 3 and frames.dtype == "uint8" \
         else None
 
@@ -1203,6 +1206,10 @@ def serve(frames: torch.Tensor, size: tuple[int, int] | None, params, dtype: tor
     return image_transform(flat, (h, w), params, dtype=dtype).reshape(b, t, 3, h, w)
 
 
+# LeRobot's recording settings: a keyframe every 2 frames, CRF 30
+VIDEO_OPTIONS = {"g": "2", "crf": "30"}
+
+
 def write_video(path, frames, fps: float, codec: str = "libsvtav1",
                 options: dict[str, str] | None = None) -> list[int]:
     """Encode uint8 ``[F, H, W, 3]`` frames (or an iterable of such arrays, written one after
@@ -1214,7 +1221,7 @@ def write_video(path, frames, fps: float, codec: str = "libsvtav1",
     av = require("av", "video", "Writing video streams")
     chunks = [frames] if isinstance(frames, np.ndarray) else frames
     quiet()
-    opts = {"g": "2", "crf": "30", **({"preset": "12"} if codec == "libsvtav1" else {}),
+    opts = {**VIDEO_OPTIONS, **({"preset": "12"} if codec == "libsvtav1" else {}),
             **({"x265-params": "log-level=error"} if codec == "libx265" else {}),
             **(options or {})}
     counts = []
@@ -1266,11 +1273,75 @@ def add_video_feature(root, key: str, frames, *, fps: float | None = None,
     add_video_features(root, {key: frames}, fps=fps, codec=codec, options=options)
 
 
+# What a written video keeps of each frame: PSNR at least this against the frame as yuv420p
+# can hold it (its chroma halved: the loss of the pixel format, which no codec setting changes).
+VIDEO_BUDGET_DB = 30.0
+# CRF steps tried, after the requested CRF, until every frame is within the budget
+CRF_STEP, CRF_FLOOR = 7, 2
+
+
+@dataclass
+class VideoCheck:
+    """How a written video's frames compare with the frames it was given: the lowest PSNR
+    (dB, against each frame in yuv420p) and where (episode position, step); ``nearer``: a
+    step whose frame the decoded one is nearer than its own (None: every frame nearest its
+    own)."""
+    min_psnr_db: float
+    episode: int
+    step: int
+    nearer: int | None
+
+    def within(self, budget_db: float) -> bool:
+        return self.nearer is None and self.min_psnr_db >= budget_db
+
+
+def _yuv420(frames: np.ndarray) -> np.ndarray:
+    """uint8 ``[F, H, W, 3]`` frames as an RGB encoder sees them in yuv420p (and a decoder
+    gives them back without codec loss), through FFmpeg's own conversion."""
+    av = require("av", "video", "Writing video streams")
+    return np.stack([av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")
+                     .reformat(format="yuv420p").to_ndarray(format="rgb24") for f in frames])
+
+
+def check_video(path, frames, window: int = 4) -> VideoCheck:
+    """Decode the video at ``path`` and compare every frame with the one it was written from
+    (``frames``: its episodes' uint8 ``[F_e, H, W, 3]`` arrays, in order): the PSNR against
+    the frame in yuv420p, and whether the decoded frame is nearer (mean squared error) any
+    other different frame of its episode within ``window`` steps than its own."""
+    av = require("av", "video", "Reading video streams")
+    worst = VideoCheck(float("inf"), -1, -1, None)
+    with av.open(str(path)) as container:
+        decoded = container.decode(video=0)
+        for e, clip in enumerate(frames):
+            want = _yuv420(clip).astype(np.float32)
+            got = np.stack([next(decoded).to_ndarray(format="rgb24") for _ in clip]
+                           ).astype(np.float32)
+            mse = ((got - want) ** 2).mean(axis=(1, 2, 3))
+            psnr = np.where(mse > 0, 10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-12)), np.inf)
+            for t in range(len(clip)):
+                for u in range(max(t - window, 0), min(t + window + 1, len(clip))):
+                    if u != t and not np.array_equal(clip[u], clip[t]) and \
+                            ((got[t] - want[u]) ** 2).mean() < mse[t]:
+                        return VideoCheck(float(psnr[t]), e, t, u)
+            t = int(np.argmin(psnr))
+            if psnr[t] < worst.min_psnr_db:
+                worst = VideoCheck(float(psnr[t]), e, t, None)
+    return worst
+
+
 def add_video_features(root, cameras: dict, *, fps: float | None = None,
-                       codec: str = "libsvtav1", options: dict[str, str] | None = None) -> None:
+                       codec: str = "libsvtav1", options: dict[str, str] | None = None,
+                       budget_db: float | None = None) -> dict[str, dict]:
     """:func:`add_video_feature` of several cameras (key -> its episodes' frames), their
     videos encoded at once on threads (PyAV encodes without the GIL), the metadata written
-    once they are all done."""
+    once they are all done.
+
+    With ``budget_db`` (e.g. :data:`VIDEO_BUDGET_DB`), each camera's value is a callable
+    giving its episodes' frames afresh, and every written video is decoded and checked with
+    :func:`check_video`: a frame below the budget, or nearer another step's frame than its
+    own, re-encodes the camera at a CRF lower by 7 (down to 2), and failing that raises
+    :class:`DataError` naming the camera, episode and step. Returns per camera the CRF used
+    and the check (``{}`` without a budget)."""
     import json
     from pathlib import Path
 
@@ -1282,14 +1353,32 @@ def add_video_features(root, cameras: dict, *, fps: float | None = None,
     if info.get("codebase_version") != "v3.0":
         raise DataError(f"{root}: add_video_feature writes LeRobot v3.0 datasets only.")
     fps = float(fps or info["fps"])
+    checks: dict[str, dict] = {}
 
     def one(key: str):
         rel = info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shape = []
-        lengths = write_video(root / rel, (shape.append(f.shape[1:3]) or f
-                                           for f in cameras[key]), fps, codec, options)
-        return shape[0], lengths
+        opts = {**VIDEO_OPTIONS, **(options or {})}
+        crf = int(opts["crf"])
+        while True:
+            shape = []
+            frames = cameras[key]() if budget_db is not None else cameras[key]
+            lengths = write_video(root / rel, (shape.append(f.shape[1:3]) or f for f in frames),
+                                  fps, codec, {**opts, "crf": str(crf)})
+            if budget_db is None:
+                return shape[0], lengths
+            got = check_video(root / rel, cameras[key](), window=2 * int(opts["g"]))
+            checks[key] = {"crf": crf, "min_psnr_db": got.min_psnr_db}
+            if got.within(budget_db):
+                return shape[0], lengths
+            if crf <= CRF_FLOOR:
+                why = (f"nearer step {got.nearer}'s frame than its own" if got.nearer is not None
+                       else f"{got.min_psnr_db:.1f} dB, below {budget_db:g} dB")
+                raise DataError(
+                    f"{key}: {codec} at CRF {crf} cannot keep the frame of episode "
+                    f"{got.episode}, step {got.step} ({why}); pass another --vcodec, or "
+                    "--cameras image (lossless).")
+            crf = max(crf - CRF_STEP, CRF_FLOOR)
 
     with ThreadPoolExecutor(len(cameras)) as pool:
         written = dict(zip(cameras, pool.map(one, cameras), strict=True))
@@ -1309,3 +1398,4 @@ def add_video_features(root, cameras: dict, *, fps: float | None = None,
             table = table.append_column(f"videos/{key}/{name}", pa.array(values))
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
     pq.write_table(table, meta)
+    return checks

@@ -9,8 +9,12 @@
 - RGB cameras (uint8 ``[H, W, 3]`` image and video streams): each step's cached frame, decoded,
   as mp4 through PyAV (``cameras="video"``: LeRobot's recording settings, AV1 by default, one
   file per camera) or as PNG in the parquet (``cameras="image"``: lossless from the cached
-  frames). A step before a camera's first frame shows that first frame (LeRobot has no
-  per-stream padding). Depth cameras (uint16) are not exported.
+  frames). Each video is decoded again and checked frame by frame: every frame within
+  :data:`~robocache.data.cameras.VIDEO_BUDGET_DB` of the cached frame in yuv420p and nearer
+  its own step's frame than its neighbours'; otherwise the camera is encoded again at a lower
+  CRF (the summary's ``video_quality`` says which CRF and the lowest PSNR). A step before a
+  camera's first frame shows that first frame (LeRobot has no per-stream padding). Depth
+  cameras (uint16) are not exported.
 - ``meta/info.json``, ``meta/episodes/chunk-000/file-000.parquet`` (each episode's tasks,
   length, rows and video span), ``meta/tasks.parquet`` and ``meta/stats.json`` (min, max, mean,
   std, count and the 1/10/50/90/99 % quantiles of every feature; cameras per channel in [0, 1],
@@ -35,6 +39,7 @@ is the index (a few int64 per step and per frame) and the numeric values for the
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -295,7 +300,7 @@ def _write(location: Location, root: Path, manifest: dict, cameras: str,
     pa = require("pyarrow", "data", "Arrow tables")
     pq = require("pyarrow.parquet", "data", "Parquet files")
     pd = require("pandas", "lerobot", "Writing LeRobot datasets")
-    from robocache.data.cameras import add_video_features
+    from robocache.data.cameras import VIDEO_BUDGET_DB, add_video_features
 
     streams = manifest["streams"]
     rate = float(manifest["rate_hz"])
@@ -337,6 +342,7 @@ def _write(location: Location, root: Path, manifest: dict, cameras: str,
 
     def clips(name: str):
         """Camera ``name``'s frames, one episode at a time (a sample kept for its stats)."""
+        samples[name] = []
         for e, (a, b) in enumerate(spans):
             f = decoders[name](int(ids[e]), frames[name][a:b])
             samples[name].append(f[::every])
@@ -417,8 +423,8 @@ def _write(location: Location, root: Path, manifest: dict, cameras: str,
     pd.DataFrame({"task_index": list(tasks.values())},
                  index=pd.Index(list(tasks), name="task")).to_parquet(
         root / "meta" / "tasks.parquet")
-    videos = {rename.get(name, name): clips(name) for name in camera} if cameras == "video" \
-        else {}
+    videos = {rename.get(name, name): functools.partial(clips, name) for name in camera} \
+        if cameras == "video" else {}
     info = {"codebase_version": "v3.0", "fps": fps, "features": features,
             "total_episodes": ne, "total_frames": n, "total_tasks": len(tasks),
             "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200,
@@ -427,12 +433,12 @@ def _write(location: Location, root: Path, manifest: dict, cameras: str,
                            if videos else None),
             "robot_type": robot_type, "splits": {"train": f"0:{ne}"}}
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=4) + "\n")
-    if videos:
-        add_video_features(root, videos, fps=rate, codec=vcodec)
+    quality = add_video_features(root, videos, fps=rate, codec=vcodec,
+                                 budget_db=VIDEO_BUDGET_DB) if videos else {}
     for name in camera:
         stats[rename.get(name, name)] = _frame_stats(samples[name])
     (root / "meta" / "stats.json").write_text(json.dumps(stats, indent=4) + "\n")
     info = json.loads((root / "meta" / "info.json").read_text())
     return {"fps": fps, "episodes": ne, "frames": n, "cameras": cameras,
             "features": {k: f["dtype"] for k, f in info["features"].items()},
-            "not_exported": skipped}
+            "not_exported": skipped, "video_quality": quality}
