@@ -299,3 +299,14 @@ def test_a_budget_no_crf_meets_is_refused(cache, tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"CRF 2 cannot keep the frame of episode \d+, step \d+"):
         export_lerobot(cache, tmp_path / "out")
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("codec", "hw"), [("libx265", (8, 8)), ("libx264", (15, 17))])
+def test_a_size_the_encoder_refuses_is_named(tmp_path, codec, hw):
+    """x265 opens no frame under 16 pixels a side, x264 none of an odd size in yuv420p: one
+    DataError naming the encoder, the size and the ways out, not FFmpeg's ArgumentError."""
+    from robocache.data.cameras import write_video
+
+    with pytest.raises(DataError, match=rf"{codec} cannot encode {hw[0]}x{hw[1]} frames .*"
+                                        "--vcodec libsvtav1"):
+        write_video(tmp_path / "v.mp4", np.zeros((3, *hw, 3), np.uint8), 10.0, codec)

@@ -1234,8 +1234,17 @@ def write_video(path, frames, fps: float, codec: str = "libsvtav1",
                 stream.pix_fmt = "yuv420p"
                 stream.height, stream.width = chunk.shape[1:3]
             for f in chunk:
-                out.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f),
-                                                                 format="rgb24")))
+                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")
+                if stream.codec_context.is_open:
+                    out.mux(stream.encode(frame))
+                    continue
+                try:  # the encoder opens on its first frame
+                    out.mux(stream.encode(frame))
+                except av.error.FFmpegError as e:
+                    h, w = chunk.shape[1:3]
+                    raise DataError(
+                        f"{codec} cannot encode {h}x{w} frames in yuv420p ({e.strerror}); "
+                        "pass --vcodec libsvtav1 (any size), or --cameras image.") from e
             counts.append(len(chunk))
         if stream is not None:
             out.mux(stream.encode())
@@ -1363,8 +1372,12 @@ def add_video_features(root, cameras: dict, *, fps: float | None = None,
         while True:
             shape = []
             frames = cameras[key]() if budget_db is not None else cameras[key]
-            lengths = write_video(root / rel, (shape.append(f.shape[1:3]) or f for f in frames),
-                                  fps, codec, {**opts, "crf": str(crf)})
+            try:
+                lengths = write_video(root / rel, (shape.append(f.shape[1:3]) or f
+                                                   for f in frames), fps, codec,
+                                      {**opts, "crf": str(crf)})
+            except DataError as e:
+                raise DataError(f"{key}: {e}") from e
             if budget_db is None:
                 return shape[0], lengths
             got = check_video(root / rel, cameras[key](), window=2 * int(opts["g"]))
