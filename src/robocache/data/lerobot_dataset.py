@@ -142,8 +142,10 @@ class LeRobotDataset(torch.utils.data.Dataset):
         force_cache_sync: rebuild the RoboCache cache.
         return_uint8: serve video features as uint8 ``[C, H, W]`` (LeRobot's fast path; image
             features stay float32, as LeRobot).
-        depth_output_unit: ``"mm"`` or ``"m"``, as LeRobot; depth features are served in the
-            unit stored (said once when a dataset has depth features).
+        depth_output_unit: ``"mm"`` or ``"m"``: depth features (LeRobot's depth images,
+            uint16 or float32 TIFF) are served as LeRobot serves them, float32 ``[1, H, W]``
+            in this unit (converted from the ``depth_unit`` recorded in their
+            ``info``; as stored where none is), their ``meta.stats`` rescaled to it.
         download_videos, video_backend, token: LeRobot's download and decode arguments:
             nothing is downloaded, and videos are decoded by PyAV once when the cache is built
             (LeRobot's ``"pyav"`` and ``"torchcodec"`` give the same frames; any other value,
@@ -226,6 +228,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
             self.meta.stats = {k: {s: np.array(d[s]) for s in ("min", "max", "mean", "std",
                                                                "count", "q01", "q99")}
                                for k, d in stats.items()}
+        self.meta.rescale_depth_stats(depth_output_unit)  # as the frames are served
         # served: numeric and camera features (sparse string events of the multi-rate
         # extension are not item keys in LeRobot)
         self.feature_keys = [k for k in self.meta.features if k in streams
@@ -251,10 +254,6 @@ class LeRobotDataset(torch.utils.data.Dataset):
         if not download_videos or token is not None:
             _say_once("download", "robocache.LeRobotDataset: download_videos / token are not "
                       "used: RoboCache reads local datasets only and downloads nothing.")
-        if self.meta.depth_keys:
-            _say_once("depth", f"robocache.LeRobotDataset: depth features "
-                      f"{self.meta.depth_keys} are served in the unit stored, not converted to "
-                      f"depth_output_unit={self.depth_output_unit!r}.")
 
     def _ensure_cache(self, force: bool, timeout_s: float) -> dict[str, Any]:
         """Build (or extend) the cache with the served episodes, once for all the processes
@@ -265,6 +264,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         manifest_path = self.cache / "manifest.json"
         wanted = self.episodes if self.episodes is not None else \
             list(self.meta.episodes["episode_index"])
+        force = force or self._read_otherwise(manifest_path)
         if force or not self._reusable(manifest_path, wanted):
             grid = self.tolerance_s if self.tolerance_s > 0 else 1e-4
 
@@ -293,6 +293,19 @@ class LeRobotDataset(torch.utils.data.Dataset):
                             f"episode {bad[0]['index']}: {bad[0]['reason']}; repair them, or "
                             "pass `episodes` naming the others to serve those.")
         return m
+
+    def _read_otherwise(self, manifest: Path) -> bool:
+        """Whether the cache at ``manifest`` holds a camera stream read otherwise than the
+        dataset's reader reads it now (another dtype or shape: a cache made before depth
+        maps were read as such): it is then built again."""
+        try:
+            streams = json.loads(manifest.read_text())["streams"]
+        except (OSError, ValueError, KeyError):
+            return False
+        return any(k in streams and (streams[k]["dtype"], list(streams[k]["shape"])) !=
+                   (spec.dtype, list(spec.shape))
+                   for k, spec in self.meta.stream_specs.items()
+                   if spec.kind in ("image", "video"))
 
     def _reusable(self, manifest: Path, wanted: list[int]) -> bool:
         """The cache at ``manifest`` is a finished native-rate cache of this dataset that read
@@ -496,13 +509,17 @@ class LeRobotDataset(torch.utils.data.Dataset):
             f = self.meta.features[k]
             v = batch[k]
             if k in self._cameras:
-                if v.dtype == torch.uint8 and not (self.return_uint8 and k in video):
+                if k in self._depth:
+                    v = self._depth_map(k, v)
+                elif v.dtype == torch.uint8 and not (self.return_uint8 and k in video):
                     # x / 255 as LeRobot computes it (a tensor divisor: CUDA would multiply by
                     # the reciprocal of a Python number, one ulp off), into contiguous
                     # [..., C, H, W] as LeRobot's (decoded frames are channels-last views;
                     # converting and reordering in one copy costs no more than converting)
                     v = v.to(torch.float32, memory_format=torch.contiguous_format).div_(
                         v.new_tensor(255.0, dtype=torch.float32))
+                elif v.dtype != torch.uint8:  # 16-bit frames: float32 in their own values
+                    v = v.to(torch.float32, memory_format=torch.contiguous_format)
             else:
                 lead = v.shape[:-1]
                 shape = () if tuple(f["shape"]) == (1,) else tuple(f["shape"])
@@ -522,6 +539,24 @@ class LeRobotDataset(torch.utils.data.Dataset):
                 out[k], out[f"{k}_is_pad"] = self._frame_window(k, rows, offsets)
         out["task"] = [self.meta.task_names[int(i)] for i in self._task_index[rows].tolist()]
         return out
+
+    @property
+    def _depth(self) -> dict[str, str | None]:
+        """Depth camera keys served -> the unit their frames are stored in (``info``'s
+        ``depth_unit``; None: unknown, served as stored)."""
+        return {k: (self.meta.features[k].get("info") or {}).get("depth_unit")
+                for k in self.meta.depth_keys if k in self._cameras}
+
+    def _depth_map(self, key: str, v: torch.Tensor) -> torch.Tensor:
+        """A depth camera's frames as LeRobot serves them: float32 ``[..., 1, H, W]`` in
+        ``depth_output_unit`` (converted from the unit stored as LeRobot converts: metres
+        times 1000, millimetres over 1000; as stored where the unit is not recorded)."""
+        v = v.to(torch.float32, memory_format=torch.contiguous_format)
+        stored = self._depth[key]
+        if stored is None or stored == self.depth_output_unit:
+            return v
+        factor = v.new_tensor(1000.0)  # a tensor: CUDA divides by a number as a multiply
+        return v.mul_(factor) if stored == "m" else v.div_(factor)
 
     def _frame_window(self, key: str, rows: torch.Tensor, offsets: list[int]
                       ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -188,6 +188,7 @@ class LeRobotDatasetMetadata:
         self.revision = revision or CODEBASE_VERSION
         self.root = find_root(repo_id, root, revision)
         source = LeRobotSource(self.root)  # checks the version and meta/info.json's fps
+        self.stream_specs = source.specs  # how RoboCache reads each feature
         self.info = DatasetInfo(source.info)
         self.info["features"] = {k: {**f, "shape": tuple(f["shape"])}
                                  for k, f in source.info["features"].items()}
@@ -263,6 +264,19 @@ class LeRobotDatasetMetadata:
                         or video.get("video.is_depth_map"))
 
         return [k for k, f in self.features.items() if depth(f)]
+
+    def rescale_depth_stats(self, output_unit: str) -> None:
+        """Rescale the depth features' :attr:`stats` in place from the unit their frames are
+        stored in (``info``'s ``depth_unit``) to ``output_unit`` (``"mm"`` or ``"m"``), as
+        LeRobot does for the frames it serves in that unit (``count`` kept; a feature without
+        a recorded unit kept as stored)."""
+        for key in self.depth_keys:
+            stored = (self.features[key].get("info") or {}).get("depth_unit")
+            if stored is None or stored == output_unit or key not in self.stats:
+                continue
+            factor = 1000.0 if stored == "m" else 1.0 / 1000.0
+            self.stats[key] = {s: v if s == "count" else v * factor
+                               for s, v in self.stats[key].items()}
 
     @property
     def names(self) -> dict[str, Any]:

@@ -11,14 +11,17 @@ Layout read (https://github.com/huggingface/lerobot, ``lerobot/datasets``):
 Every feature becomes a stream timed by the ``timestamp`` column. Multi-rate extension (what the
 bundled sample uses): a feature may declare its own ``"fps"`` in ``info.json`` and be null in the
 rows where it has no sample; the stream then holds only its non-null rows. ``dtype: "string"``
-features are sparse events. ``dtype: "image"`` features keep their PNG bytes (never re-encoded);
-camera shapes declared channel-first (``[C, H, W]``, older datasets) are read as ``[H, W, C]``.
+features are sparse events. ``dtype: "image"`` features keep their PNG bytes (never re-encoded;
+depth maps: LeRobot's uint16 or float32 TIFF), with the dtype and channels of the stored frames
+(read from the first one); camera shapes declared channel-first (``[C, H, W]``, older
+datasets) are read as ``[H, W, C]``.
 Video features are referenced by file and timestamp and decoded
 only on request (:func:`robocache.data.formats.video.decode_frames`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -54,15 +57,41 @@ def _frame_shape(feature: dict) -> tuple[int, ...]:
     return shape
 
 
-def _spec(name: str, feature: dict, fps: float) -> StreamSpec:
+# Pillow modes of a stored image frame -> the decoded sample's dtype and channels: what
+# LeRobot's decode gives (uint16 and float32 TIFF depth maps in their native values)
+_MODES = {"L": ("uint8", 1), "RGB": ("uint8", 3), "RGBA": ("uint8", 4), "I;16": ("uint16", 1),
+          "I;16L": ("uint16", 1), "I;16B": ("uint16", 1), "F": ("float32", 1)}
+
+
+def _stored_format(data: bytes) -> tuple[str, str, int] | None:
+    """A stored image frame's ``(encoding, dtype, channels)``, or None where Pillow does not
+    read it or its mode is not one of :data:`_MODES`."""
+    Image = require("PIL.Image", "data", "Reading LeRobot image features", "pillow")
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            mode, kind = im.mode, (im.format or "png").lower()
+    except (OSError, ValueError, SyntaxError):
+        return None
+    if mode not in _MODES:
+        return None
+    return ("tiff" if kind == "tiff" else "png"), *_MODES[mode]
+
+
+def _spec(name: str, feature: dict, fps: float,
+          stored: tuple[str, str, int] | None = None) -> StreamSpec:
     dtype = feature["dtype"]
     shape = tuple(int(s) for s in feature.get("shape", ()))
     rate = float(feature.get("fps", fps)) if dtype != "string" else feature.get("fps")
     if dtype == "video":
         rate = float(feature.get("info", {}).get("video.fps", rate))
         return StreamSpec(name, "video", "uint8", _frame_shape(feature), rate)
-    if dtype == "image":  # PNG bytes in the parquet: kept as they are (decoded when served)
-        return StreamSpec(name, "image", "uint8", _frame_shape(feature), rate, encoding="png")
+    if dtype == "image":  # PNG (TIFF: depth) bytes in the parquet: kept, decoded when served
+        shape = _frame_shape(feature)
+        if stored is None:
+            return StreamSpec(name, "image", "uint8", shape, rate, encoding="png")
+        encoding, sample, channels = stored  # as the frames are stored, whatever is declared
+        return StreamSpec(name, "image", sample, (*shape[:2], channels), rate,
+                          encoding=encoding)
     if dtype == "string":
         return StreamSpec(name, "event", "str", (), rate)
     kind = "image" if dtype == "uint8" and len(shape) == 3 else "numeric"
@@ -253,13 +282,6 @@ class LeRobotSource:
         self.format = f"lerobot-{self.version}"
         self.fps = float(self.info["fps"])
         self.timing = "timestamps from the 'timestamp' column"
-        try:
-            self.specs = {k: _spec(k, f, self.fps) for k, f in self.info["features"].items()
-                          if k not in INDEX_COLUMNS}
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise DataError(f"{self.path / 'meta' / 'info.json'}: a feature lacks a valid "
-                            f"dtype/shape/fps ({type(e).__name__}: {e}); fix its 'features'.") \
-                from e
         # v3.0 data files read (decoded, episode -> rows in it), the latest last
         self._files: dict[Path, tuple[_Rows, dict[int, int], pa.Table]] = {}
         self._bad_files: dict[Path, str] = {}
@@ -268,6 +290,40 @@ class LeRobotSource:
         self._episodes = self._read_episodes()
         self._tasks = self._read_tasks()
         self._first_rows = self._file_starts()
+        features = self.info["features"]
+        try:
+            images = [k for k, f in features.items() if f.get("dtype") == "image"]
+            stored = self._stored_formats(images)
+            self.specs = {k: _spec(k, f, self.fps, stored.get(k)) for k, f in features.items()
+                          if k not in INDEX_COLUMNS}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DataError(f"{self.path / 'meta' / 'info.json'}: a feature lacks a valid "
+                            f"dtype/shape/fps ({type(e).__name__}: {e}); fix its 'features'.") \
+                from e
+
+    def _stored_formats(self, keys: list[str]) -> dict[str, tuple[str, str, int]]:
+        """How the image features ``keys`` are stored, from the first frame of each in the
+        first data file (LeRobot stores depth maps as uint16 or float32 TIFF, and serves a
+        frame with the channels it was stored with, whatever ``shape`` declares); a key not
+        found there is read as declared."""
+        if not keys or not self._episodes:
+            return {}
+        try:
+            file = pq.ParquetFile(self._data_path(min(self._episodes)))
+            have = [k for k in keys if k in file.schema_arrow.names]
+            out: dict[str, tuple[str, str, int]] = {}
+            for batch in file.iter_batches(batch_size=64, columns=have):
+                for k in [k for k in have if k not in out]:
+                    col = batch.column(k)
+                    first = next((v for v in col.field("bytes").to_pylist() if v), None) \
+                        if pa.types.is_struct(col.type) else None
+                    if first is not None and (got := _stored_format(first)) is not None:
+                        out[k] = got
+                if len(out) == len(have):
+                    break
+            return out
+        except (pa.ArrowException, OSError, KeyError, TypeError, ValueError):
+            return {}  # read as declared; a bad file is reported by the episodes in it
 
     def _read_episodes(self) -> dict[int, dict]:
         meta = self.path / "meta"

@@ -1,0 +1,57 @@
+"""robocache.LeRobotDataset on what LeRobot 0.6.1's own dataset tests exercise beyond the main
+fixtures: items equal to LeRobot's (values bit for bit, dtypes, shapes, masks, tasks) on small
+datasets recorded by LeRobot's writer, with LeRobot's items stored beside them
+(tests/fixtures/lerobot/compat/make_compat.py); LeRobot itself is not needed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_lerobot import assert_same_items
+
+import robocache
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / "compat"
+META = json.loads((FIXTURES / "meta.json").read_text())
+CASES = [(name, case) for name, cases in META["datasets"].items() for case in cases]
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory):
+    return tmp_path_factory.mktemp("lerobot_compat")
+
+
+def open_case(caches: Path, name: str, case: str, **kw) -> robocache.LeRobotDataset:
+    settings = {k: v for k, v in META["datasets"][name][case].items()
+                if k not in ("keys", "depth_stats")}
+    return robocache.LeRobotDataset(f"robocache/{name}", root=FIXTURES / name,
+                                    cache=caches / name, **settings, **kw)
+
+
+@pytest.mark.parametrize(("name", "case"), CASES, ids=[f"{n}-{c}" for n, c in CASES])
+def test_items_equal_lerobot(caches, name, case):
+    ours = open_case(caches, name, case)
+    assert_same_items(ours, dict(np.load(FIXTURES / f"items_{name}_{case}.npz")))
+
+
+@pytest.mark.parametrize("case", sorted(META["datasets"]["depth"]))
+def test_depth_as_lerobot(caches, case):
+    """Depth images (uint16 millimetres, float32 metres, stored as TIFF) in the unit asked
+    for, their statistics rescaled to it, the image transform not applied to them."""
+    seen = []
+    ours = open_case(caches, "depth", case, image_transforms=lambda x: seen.append(x) or x)
+    item = ours[0]
+    unit = ours.depth_output_unit
+    for key in ours.meta.depth_keys:
+        assert item[key].dtype == torch.float32 and item[key].shape[-3:] == (1, 4, 6)
+        want = META["datasets"]["depth"][case]["depth_stats"][key]
+        for stat, value in want.items():
+            assert np.allclose(ours.meta.stats[key][stat], value, rtol=1e-12), (key, stat)
+    assert len(seen) == 1  # the RGB camera only
+    metres = item["observation.images.depth_m"] if unit == "m" else \
+        item["observation.images.depth_m"] / 1000
+    assert float(metres.min()) >= 0.05 and float(metres.max()) <= 9
