@@ -81,7 +81,7 @@ def jpeg_pool(n: int, hw: tuple[int, int], seed: int = 0) -> list[bytes]:
                      100 + 50 * np.sin((x + y) / 31)], -1)
     out = []
     for i in range(n):
-        img = base + rng.normal(0, 6, (h, w, 3)).astype(np.float32)
+        img = base + rng.normal(0, 2, (h, w, 3)).astype(np.float32)
         cy, cx = int(h * (0.2 + 0.6 * i / n)), int(w * (0.7 - 0.5 * i / n))
         img[max(cy - h // 10, 0):cy + h // 10, max(cx - w // 10, 0):cx + w // 10] = (200, 60, 40)
         out.append(encode(img.clip(0, 255).astype(np.uint8), "jpeg", 95, "444"))
