@@ -28,8 +28,9 @@ def caches(tmp_path_factory):
 def open_case(caches: Path, name: str, case: str, **kw) -> robocache.LeRobotDataset:
     settings = {k: v for k, v in META["datasets"][name][case].items()
                 if k not in ("keys", "depth_stats")}
+    # video frames stored losslessly: the frames LeRobot decodes, bit for bit
     return robocache.LeRobotDataset(f"robocache/{name}", root=FIXTURES / name,
-                                    cache=caches / name, **settings, **kw)
+                                    cache=caches / name, camera_codec="png", **settings, **kw)
 
 
 @pytest.mark.parametrize(("name", "case"), CASES, ids=[f"{n}-{c}" for n, c in CASES])
@@ -55,3 +56,18 @@ def test_depth_as_lerobot(caches, case):
     metres = item["observation.images.depth_m"] if unit == "m" else \
         item["observation.images.depth_m"] / 1000
     assert float(metres.min()) >= 0.05 and float(metres.max()) <= 9
+
+
+def test_one_offset_video_window_as_lerobot(caches):
+    """A video key's window of one offset is the frame itself, ``[C, H, W]``, in the item and
+    in what ``image_transforms`` is given (its ``_is_pad`` stays ``[1]``); an image key's
+    stays ``[1, C, H, W]``, as LeRobot's."""
+    shapes = []
+    ours = open_case(caches, "video", "one_offset",
+                     image_transforms=lambda x: shapes.append(tuple(x.shape)) or x)
+    item = ours[3]
+    assert item["observation.images.front"].shape == (3, 32, 48)
+    assert item["observation.images.front_is_pad"].shape == (1,)
+    assert item["observation.images.wrist"].shape == (1, 3, 6, 8)
+    assert sorted(shapes) == [(1, 3, 6, 8), (3, 32, 48)]
+    assert ours.get_batch([0, 1])["observation.images.front"].shape == (2, 3, 32, 48)

@@ -136,6 +136,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
         delta_timestamps: per key offsets in seconds, checked as LeRobot checks them
             (:func:`delta_indices`); any served feature and LeRobot's per-frame columns
             (``timestamp``, ``frame_index``, ``episode_index``, ``index``, ``task_index``).
+            A video key's window of one offset is served as the frame itself, ``[C, H, W]``,
+            as LeRobot serves it.
         tolerance_s: LeRobot's tolerance: for ``delta_timestamps`` and, when > 0, for the
             frames' timestamps when the cache is built (else the cache's default, 1e-4 s).
         revision: the Hub revision whose snapshot to read when ``root`` is None.
@@ -520,6 +522,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
                         v.new_tensor(255.0, dtype=torch.float32))
                 elif v.dtype != torch.uint8:  # 16-bit frames: float32 in their own values
                     v = v.to(torch.float32, memory_format=torch.contiguous_format)
+                if k in video and len((self.delta_indices or {}).get(k, ())) == 1:
+                    v = v[:, 0]  # LeRobot's video windows of one offset: the frame itself
             else:
                 lead = v.shape[:-1]
                 shape = () if tuple(f["shape"]) == (1,) else tuple(f["shape"])
