@@ -1,9 +1,11 @@
-"""ROS 2 bags: every message read equals what mcap-ros2-support's writer wrote
-(tests/fixtures/rosbag/make_fixtures.py), the options, and the bad bags quarantined with the
-topic, message index and reason."""
+"""ROS bags: every message read equals what mcap-ros2-support's writer wrote
+(tests/fixtures/rosbag/make_fixtures.py), and the same messages rewritten as sqlite3 and ROS 1
+bags by rosbags' writers; the options; the bad bags quarantined with the file, topic, message
+index and reason."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import shutil
@@ -188,7 +190,7 @@ def test_no_bag(tmp_path):
     (tmp_path / "x.txt").write_text("x")
     with pytest.raises(DataError, match="unknown dataset format"):
         open_source(tmp_path)
-    with pytest.raises(DataError, match="no ROS 2 bag"):
+    with pytest.raises(DataError, match="no ROS bag"):
         RosbagSource(tmp_path)
 
 
@@ -485,3 +487,281 @@ def test_file_compressed_bags(tmp_path):
     kept = RosbagSource(cut, allow_truncated=True).read(0)
     assert 0 < len(kept.streams["joint_states.position"]) < \
         len(want.streams["joint_states.position"])
+
+
+# --- sqlite3 (.db3) and ROS 1 (.bag) storage: the fixtures' messages rewritten by rosbags'
+# own writers, read back equal to what was written and to rosbags' own decode
+
+def _mcap_messages(files: list[Path]) -> list[tuple[str, str, str, int, bytes]]:
+    """``(topic, type, ros2msg text, log ns, CDR bytes)`` of every message of MCAP files."""
+    from mcap.stream_reader import StreamReader
+
+    out = []
+    for file in files:
+        schemas, channels = {}, {}
+        with open(file, "rb") as f:
+            for r in StreamReader(f).records:
+                kind = type(r).__name__
+                if kind == "Schema":
+                    schemas[r.id] = r
+                elif kind == "Channel":
+                    channels[r.id] = r
+                elif kind == "Message":
+                    c = channels[r.channel_id]
+                    s = schemas[c.schema_id]
+                    out.append((c.topic, s.name, s.data.decode(), r.log_time, r.data))
+    return out
+
+
+FIXTURE_EPISODES = {"0": sorted((BAGS / "ep0").glob("*.mcap")), "1": [BAGS / "ep1.mcap"]}
+
+
+def write_db3(bag: Path, messages, *, compress: str | None = None) -> None:
+    """A rosbag2 sqlite3 bag of ``messages`` (their CDR bytes as they are) with its
+    ``metadata.yaml`` and message definitions (rosbag2 Iron's storage); ``compress``:
+    ``"message"`` or ``"file"`` (zstd)."""
+    from rosbags.rosbag2 import Writer
+    from rosbags.rosbag2.enums import CompressionFormat, CompressionMode
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    store = get_typestore(Stores.EMPTY)
+    for type_, text in {m[1]: m[2] for m in messages}.items():
+        store.register(get_types_from_msg(text, type_))
+    writer = Writer(bag, version=8)
+    if compress:
+        writer.set_compression(getattr(CompressionMode, compress.upper()),
+                               CompressionFormat.ZSTD)
+    with writer as w:
+        conns = {}
+        for topic, type_, _, log, data in messages:
+            if topic not in conns:
+                conns[topic] = w.add_connection(topic, type_, typestore=store)
+            w.write(conns[topic], log, data)
+
+
+def write_ros1(path: Path, messages, *, compression: str = "lz4") -> None:
+    """A ROS 1 bag of the ``messages`` whose types ROS 1 Noetic has (definitions and md5 as
+    Noetic's, the header's ``seq`` counting), in ``compression`` chunks."""
+    import struct
+
+    from rosbags.rosbag1 import Writer
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    noetic = get_typestore(Stores.ROS1_NOETIC)
+    ros2 = get_typestore(Stores.EMPTY)
+    for type_, text in {m[1]: m[2] for m in messages}.items():
+        ros2.register(get_types_from_msg(text, type_))
+    writer = Writer(path)
+    writer.set_compression(getattr(Writer.CompressionFormat, compression.upper()))
+    with writer as w:
+        conns, seq = {}, {}
+        for topic, type_, _, log, data in messages:
+            if type_ not in noetic.fielddefs:
+                continue
+            if topic not in conns:
+                conns[topic] = w.add_connection(topic, type_, typestore=noetic)
+            raw = bytearray(ros2.cdr_to_ros1(data, type_))
+            if noetic.fielddefs[type_][1][:1] and noetic.fielddefs[type_][1][0][0] == "header":
+                seq[topic] = seq.get(topic, 0) + 1
+                struct.pack_into("<I", raw, 0, seq[topic])
+            w.write(conns[topic], log, bytes(raw))
+
+
+@pytest.fixture(scope="module")
+def storages(tmp_path_factory):
+    """The two fixture episodes as a folder of sqlite3 bags (zstd-compressed: ep0 per file,
+    ep1 per message) and as a folder of ROS 1 bags (lz4 and bz2 chunks)."""
+    pytest.importorskip("rosbags")
+    root = tmp_path_factory.mktemp("storages")
+    for ep, files in FIXTURE_EPISODES.items():
+        messages = _mcap_messages(files)
+        write_db3(root / "db3" / f"ep{ep}", messages, compress="file" if ep == "0" else
+                  "message")
+        (root / "ros1").mkdir(exist_ok=True)
+        write_ros1(root / "ros1" / f"ep{ep}.bag", messages,
+                   compression="lz4" if ep == "0" else "bz2")
+    return root
+
+
+ROS1_TOPICS = [t for t in STREAMS]  # every fixture topic has a ROS 1 Noetic type
+
+
+@pytest.mark.parametrize("kind", ["db3", "ros1"])
+def test_storage_reads_every_message_as_written(storages, kind):
+    src = open_source(storages / kind, task_topic="/task")
+    assert src.format == "rosbag" and src.episode_indices() == [0, 1]
+    for index, prefix in ((0, "0"), (1, "1")):
+        ep = src.read(index)
+        for topic, streams in STREAMS.items():
+            for name, field in streams:
+                assert_stream(ep, prefix, topic, name, field)
+        assert ep.meta["tasks"] == [["pick up the red cube"], ["stack the blocks"]][index]
+        assert ep.meta["joint_names"] == {"joint_states": ["shoulder", "elbow", "wrist"]}
+    if kind == "db3":
+        assert "/rosout (rcl_interfaces/msg/Log: no mapping)" in src.timing
+    ep = open_source(storages / kind, time_source="log").read(0)
+    assert_stream(ep, "0", "/joint_states", "joint_states.position", "position",
+                  time_source="log")
+
+
+@pytest.mark.parametrize("kind", ["db3", "ros1"])
+def test_storage_equals_rosbags_own_decode(storages, kind):
+    """Each mapped stream against rosbags' AnyReader (ROS 1 decoded from its own
+    serialization, not through the CDR the reader converts it to)."""
+    from rosbags.highlevel import AnyReader
+
+    bag = storages / kind / ("ep1" if kind == "db3" else "ep1.bag")
+    ep = open_source(bag).read(0)
+    with AnyReader([bag]) as r:
+        got: dict[str, list] = {}
+        for conn, log, raw in r.messages():
+            if conn.topic in ("/ee_pose", "/joint_states", "/cmd_vel", "/gripper"):
+                got.setdefault(conn.topic, []).append((log, r.deserialize(raw, conn.msgtype)))
+    pose = ep.streams["ee_pose.pose.orientation"].data
+    want = np.array([[m.pose.orientation.w, m.pose.orientation.x, m.pose.orientation.y,
+                      m.pose.orientation.z] for _, m in got["/ee_pose"]])
+    assert np.array_equal(pose, want)
+    assert ep.meta["stamps_ns"]["ee_pose.pose.position"].tolist() == [
+        m.header.stamp.sec * 10**9 + m.header.stamp.nanosec for _, m in got["/ee_pose"]]
+    assert np.array_equal(ep.streams["joint_states.velocity"].data[0],
+                          _by_name(got["/joint_states"][0][1], "velocity"))
+    assert ep.meta["stamps_ns"]["gripper.data"].tolist() == [log for log, _ in got["/gripper"]]
+    assert ep.streams["gripper.data"].data.tolist() == [m.data for _, m in got["/gripper"]]
+    assert np.array_equal(ep.streams["cmd_vel.angular"].data, np.array(
+        [[m.angular.x, m.angular.y, m.angular.z] for _, m in got["/cmd_vel"]]))
+
+
+def _by_name(msg, field: str) -> np.ndarray:
+    """A JointState field in the fixtures' joint order."""
+    return np.asarray(getattr(msg, field))[[list(msg.name).index(n) for n in
+                                            ("shoulder", "elbow", "wrist")]]
+
+
+def test_folder_mixing_storages_reads_every_bag(storages, tmp_path):
+    """MCAP, sqlite3 and ROS 1 bags side by side: each one episode, ordered by start time."""
+    root = tmp_path / "mixed"
+    shutil.copytree(BAGS / "ep0", root / "a_ep0")
+    shutil.copytree(storages / "db3" / "ep1", root / "b_ep1")
+    shutil.copy(storages / "ros1" / "ep0.bag", root / "c_ep0.bag")
+    src = open_source(root)
+    assert [Path(src.locate(i)).name for i in src.episode_indices()] == \
+        ["a_ep0", "c_ep0.bag", "b_ep1"]
+    for i, prefix in ((0, "0"), (1, "0"), (2, "1")):
+        assert_stream(src.read(i), prefix, "/ee_pose", "ee_pose.pose.position", "pose.position")
+
+
+def _db3(storages: Path, tmp_path: Path, name: str = "ep1") -> Path:
+    bag = tmp_path / "src" / name
+    shutil.copytree(storages / "db3" / "ep1", bag)
+    return bag
+
+
+def _damage_db3(bag: Path, how: str) -> None:
+    db = next(bag.glob("*.db3"))
+    if how == "no_metadata":
+        (bag / "metadata.yaml").unlink()
+    elif how == "foreign_metadata":
+        (bag / "metadata.yaml").write_text("name: my robot\nfiles: [a, b]\n")
+    elif how == "mcap_metadata":
+        (bag / "metadata.yaml").write_text((BAGS / "ep0" / "metadata.yaml").read_text())
+    elif how == "unlisted":
+        shutil.copy(db, bag / "extra.db3")
+    elif how == "truncated":
+        data = db.read_bytes()
+        db.write_bytes(data[:len(data) // 2])
+    elif how == "mixed":
+        shutil.copy(BAGS / "ep1.mcap", bag / "ep1.mcap")
+    elif how == "wal":
+        (bag / (db.name + "-wal")).write_bytes(b"\0" * 4096)
+
+
+@pytest.mark.parametrize("how,reason", [
+    ("no_metadata", r"ep1\.db3: a sqlite3 bag file without its rosbag2 metadata\.yaml"),
+    ("foreign_metadata", r"metadata\.yaml: not a rosbag2 metadata\.yaml \(KeyError"),
+    ("mcap_metadata", r"metadata\.yaml: says storage 'mcap', but the bag holds ep1\.db3"),
+    ("unlisted", r"metadata\.yaml: does not list \['extra\.db3'\]"),
+    ("truncated", r"ep1(\.db3)?: (unreadable after \d+ messages|not a readable sqlite3)"),
+    ("mixed", r"z_ep1: one bag mixes mcap and sqlite3 files \(ep1\.db3, ep1\.mcap\)"),
+    ("wal", r"ep1\.db3: its write-ahead log ep1\.db3-wal holds messages not yet"),
+])
+def test_damaged_db3_fails_its_episode_only(storages, tmp_path, how, reason):
+    bag = _db3(storages, tmp_path, "z_ep1")
+    _damage_db3(bag, how)
+    shutil.copytree(BAGS / "ep0", tmp_path / "src" / "a_ep0")
+    src = open_source(tmp_path / "src")
+    assert len(src.episode_indices()) == 2
+    bad = next(i for i in src.episode_indices() if "z_ep1" in src.locate(i))
+    with pytest.raises(DataError, match=reason) as e:
+        src.read(bad)
+    assert "\n" not in str(e.value)
+    assert len(src.read(1 - bad).streams) == len(src.specs)
+
+
+def test_locked_db3_is_refused_by_name(storages, tmp_path):
+    import sqlite3
+
+    bag = _db3(storages, tmp_path)
+    db = sqlite3.connect(next(bag.glob("*.db3")))
+    db.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(DataError, match=r"ep1\.db3 is locked by another process"):
+            RosbagSource(bag)
+    finally:
+        db.rollback()
+        db.close()
+    assert len(RosbagSource(bag).read(0).streams) > 0
+
+
+def _unindex(bag: Path) -> None:
+    """What a killed ``rosbag record`` leaves: chunks, but ``index_pos`` 0 and no index."""
+    data = bytearray(bag.read_bytes())
+    at = data.index(b"index_pos=") + len(b"index_pos=")
+    data[at:at + 8] = bytes(8)
+    bag.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name", ["z.bag", "z.bag.active"])
+def test_unindexed_ros1_bag_fails_its_episode_only(storages, tmp_path, name):
+    root = tmp_path / "src"
+    root.mkdir()
+    shutil.copy(storages / "ros1" / "ep0.bag", root / "a.bag")
+    shutil.copy(storages / "ros1" / "ep1.bag", root / name)
+    _unindex(root / name)
+    src = open_source(root)
+    assert src.episode_indices() == [0, 1]
+    want = (r"z\.bag: not indexed: a recording that did not close .*`rosbag reindex`"
+            if name == "z.bag" else r"z\.bag\.active: a ROS 1 recording that never closed")
+    with pytest.raises(DataError, match=want):
+        src.read(1)
+    assert len(src.read(0).streams) == len(src.specs)
+
+
+def test_db3_without_message_definitions(storages, tmp_path):
+    """rosbag2 before Iron stores no message definitions: standard types are read with the
+    definitions of the bag's ROS 2 distribution, and equal what was written."""
+    import sqlite3
+
+    bag = _db3(storages, tmp_path)
+    with contextlib.closing(sqlite3.connect(next(bag.glob("*.db3")))) as db:
+        db.execute("DELETE FROM message_definitions")
+        db.commit()
+    ep = RosbagSource(bag).read(0)
+    for topic in ("/joint_states", "/ee_pose", "/camera/color", "/depth"):
+        name, field = STREAMS[topic][0]
+        assert_stream(ep, "1", topic, name, field)
+
+
+@pytest.mark.slow
+def test_ingest_of_mixed_storages_quarantines_the_damaged(storages, tmp_path):
+    root = tmp_path / "src"
+    shutil.copytree(storages / "db3" / "ep0", root / "ep0")
+    shutil.copy(storages / "ros1" / "ep1.bag", root / "ep1.bag")
+    shutil.copytree(storages / "db3" / "ep1", root / "ep2")
+    (root / "ep2" / "metadata.yaml").unlink()
+    run = cli("ingest", str(root), str(tmp_path / "cache"), "--rate", "20", "--device", "cpu",
+              "--no-progress", "--json")
+    assert run.returncode == 3, run.stderr
+    manifest = json.loads(run.stdout)
+    assert manifest["counts"]["cached"] == 2 and manifest["counts"]["quarantined"] == 1
+    assert "ep1.db3: a sqlite3 bag file without its rosbag2 metadata.yaml" in \
+        manifest["quarantined"][0]["reason"]

@@ -23,8 +23,8 @@ FORMATS = {
     "rlds": ("rlds", "RldsSource",
              "RLDS / TFDS builder folder (features.json, *.tfrecord-XXXXX-of-YYYYY shards)"),
     "rosbag": ("rosbag", "RosbagSource",
-               "ROS 2 bags (MCAP): a folder of rosbag2 directories or .mcap files, one per "
-               "episode"),
+               "ROS bags: a folder of rosbag2 directories (MCAP or sqlite3 .db3), .mcap files "
+               "or ROS 1 .bag files, one per episode"),
 }
 
 

@@ -1,13 +1,19 @@
-"""ROS 2 bags (rosbag2 with the MCAP storage), read without a ROS install.
+"""ROS bags (rosbag2 with the MCAP or sqlite3 storage, ROS 1 ``.bag``), read without a ROS
+install.
 
 A source is a folder of episodes, one bag per episode: each a rosbag2 directory
-(``metadata.yaml`` and one or more ``.mcap`` files, read in start-time order as one recording)
-or a bare ``.mcap`` file (``.mcap.zstd``: a file compressed whole, read as it decompresses); a
-single bag directory or ``.mcap`` file is a one-episode source. Episodes are numbered in the
-order of their first message's log time; ``Episode.meta`` holds the bag's ``path`` and
-``files``. Messages are decoded from the schemas stored in the file by
-the MCAP project's own packages (``mcap`` and ``mcap-ros2-support``, the ``rosbag`` extra),
-one sequential pass per file with every chunk's CRC checked.
+(``metadata.yaml`` and one or more ``.mcap`` or ``.db3`` files, read in start-time order as one
+recording), a bare ``.mcap`` file (``.mcap.zstd``: a file compressed whole, read as it
+decompresses) or a ROS 1 ``.bag`` file; a single bag directory or file is a one-episode source.
+Storages may sit side by side in one folder. Episodes are numbered in the order of their first
+message's log time; ``Episode.meta`` holds the bag's ``path`` and ``files``. MCAP messages are
+decoded from the schemas stored in the file by the MCAP project's own packages (``mcap`` and
+``mcap-ros2-support``, the ``rosbag`` extra), one sequential pass per file with every chunk's
+CRC checked. sqlite3 and ROS 1 bags are read by ``rosbags``' readers (the same extra), their
+messages decoded by its type store from the definitions the bag holds (a sqlite3 bag of ROS 2
+before Iron holds none: standard types come from its distribution's definitions); a ROS 1
+message becomes the CDR bytes of its ROS 2 form (the header's ``seq`` dropped), so every
+storage goes through one decode path.
 
 Streams are named by the topic without its leading slash, slashes as dots, then the field
 path: ``/joint_states`` ``position`` → ``joint_states.position``, ``/ee_pose``
@@ -48,12 +54,17 @@ whose CRC fails or that does not parse, a schema that does not parse, a message 
 decode or does not fit its stream, time going backwards within a topic. A truncated file (a
 recorder killed mid-write: no summary, the last chunk cut off) quarantines it too, or with
 ``allow_truncated=True`` (``--allow-truncated``) the episode keeps every message up to the last
-complete chunk, and ``Episode.meta["truncated"]`` says what was cut.
+complete chunk, and ``Episode.meta["truncated"]`` says what was cut. A ``.db3`` without its
+``metadata.yaml`` (or with one that is not rosbag2's, names another storage or lacks a file),
+locked by another process, with a write-ahead log of messages not yet in the database, or
+damaged; a ROS 1 bag without its index (a recording that did not close, ``.bag.active``): each
+quarantines its episode with the file and reason.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,14 +142,24 @@ def stream_base(topic: str) -> str:
 
 
 MCAP_SUFFIXES = (".mcap", ".mcap.zstd")  # .zstd: rosbag2's --compression-mode file
+SQLITE_SUFFIXES = (".db3", ".db3.zstd")
+# .bag.active: a ROS 1 recording that never closed (listed, so that it is refused by name)
+ROS1_SUFFIXES = (".bag", ".bag.active")
+STORAGES = {"mcap": MCAP_SUFFIXES, "sqlite3": SQLITE_SUFFIXES, "ros1": ROS1_SUFFIXES}
 
 
-def _is_mcap(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(MCAP_SUFFIXES)
+def storage(file: Path) -> str | None:
+    """The storage of a bag file by its name: ``"mcap"``, ``"sqlite3"``, ``"ros1"`` or
+    ``None``."""
+    return next((k for k, suffixes in STORAGES.items() if file.name.endswith(suffixes)), None)
 
 
-def _mcaps(path: Path) -> list[Path]:
-    return sorted(p for p in path.iterdir() if _is_mcap(p))
+def _is_bag_file(path: Path) -> bool:
+    return path.is_file() and storage(path) is not None
+
+
+def _bag_files(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if _is_bag_file(p))
 
 
 @contextlib.contextmanager
@@ -155,20 +176,28 @@ def _open(file: Path):
 
 
 def bags(path: Path) -> list[tuple[Path, list[Path]]]:
-    """The bags of a source: ``(bag path, its .mcap files)``, in directory order."""
+    """The bags of a source: ``(bag path, its files)``, in directory order. A bag is a
+    rosbag2 directory (``metadata.yaml`` beside its ``.mcap`` / ``.db3`` files) or one file
+    (``.mcap``, ``.db3``, ROS 1 ``.bag``); a ``.db3`` or ``.bag`` that cannot be read is still
+    a bag, whose episode says why."""
     if path.is_file():
-        return [(path, [path])] if _is_mcap(path) else []
+        return [(path, [path])] if _is_bag_file(path) else []
     if not path.is_dir():
         return []
-    own = _mcaps(path)
+    own = _bag_files(path)
     if own and (path / "metadata.yaml").exists():
-        return [(path, own)]
+        return [(path, [f for f in own if storage(f) != "ros1"])] + \
+            [(f, [f]) for f in own if storage(f) == "ros1"]
     out = [(p, [p]) for p in own]
     for sub in sorted(p for p in path.iterdir() if p.is_dir()):
-        files = _mcaps(sub)
-        if files:
-            out.append((sub, files))
-    return sorted(out, key=lambda b: str(b[0]))
+        files = _bag_files(sub)
+        if not files:
+            continue
+        if (sub / "metadata.yaml").exists() or all(storage(f) != "ros1" for f in files):
+            out.append((sub, [f for f in files if storage(f) != "ros1"]))
+            files = [f for f in files if storage(f) == "ros1"]
+        out += [(f, [f]) for f in files]
+    return sorted((b for b in out if b[1]), key=lambda b: str(b[0]))
 
 
 def detect(path: Path) -> bool:
@@ -237,10 +266,15 @@ class RosbagSource:
         self.time_source, self.allow_truncated = time_source, allow_truncated
         found = bags(self.path)
         if not found:
-            raise DataError(f"{self.path}: no ROS 2 bag (a rosbag2 directory with .mcap files, "
-                            "or .mcap files).")
+            raise DataError(f"{self.path}: no ROS bag (a rosbag2 directory with .mcap or .db3 "
+                            "files, .mcap files, or ROS 1 .bag files).")
         # episodes in the order of their first message (a bag that cannot tell goes last)
-        self._starts = {f: _start_ns(f) for _, files in found for f in files}
+        self._starts = {}
+        for bag, files in found:
+            if all(storage(f) == "mcap" for f in files):
+                self._starts.update((f, _start_ns(f)) for f in files)
+            else:
+                self._starts.update(dict.fromkeys(files, _rosbags_start_ns(bag, files)))
         starts = [min((self._starts[f] for f in files if self._starts[f] is not None),
                       default=None) for _, files in found]
         order = sorted(range(len(found)), key=lambda i: (starts[i] is None, starts[i] or 0, i))
@@ -268,7 +302,7 @@ class RosbagSource:
         self.fps = None  # bags have no frame rate: ingest at an explicit --rate
         how = ("log times" if time_source == "log" else
                "header.stamp where a message has one, else log times")
-        self.timing = f"ROS 2 bags: {how}"
+        self.timing = f"ROS bags: {how}"
         if self.skipped:
             self.timing += "; not read: " + ", ".join(f"{t} ({why})" for t, why in
                                                       sorted(self.skipped.items()))
@@ -303,11 +337,14 @@ class RosbagSource:
         bag, files = self.bags[index]
         topics: dict[str, _Topic] = {}
         truncated = None
-        for file in sorted(files, key=lambda f: (self._starts[f] or 0, f.name)):
-            cut = self._pass(file, topics)
-            if cut:
-                truncated = cut
-                break  # later files of the bag would leave a gap
+        if _storage_of(files) == "mcap":
+            for file in sorted(files, key=lambda f: (self._starts[f] or 0, f.name)):
+                cut = self._pass(file, topics)
+                if cut:
+                    truncated = cut
+                    break  # later files of the bag would leave a gap
+        else:
+            self._pass_rosbags(bag, files, topics)
         for t in topics.values():
             if not t.skipped:
                 self._bulk(t, bag.name)
@@ -389,40 +426,75 @@ class RosbagSource:
                             "channel record declares.")
         t = topics.get(channel.topic)
         if t is None:
-            type_ = _type_name(schema.name) if schema else "(no schema)"
-            t = topics[channel.topic] = _Topic(channel.topic, type_)
-            t.skipped = self._wanted(channel.topic, type_)
-            if t.skipped is None:
-                try:  # the schema parser prints its complaints: the reason says them once
-                    with contextlib.redirect_stderr(io.StringIO()), \
-                            contextlib.redirect_stdout(io.StringIO()):
-                        t.decode = factory.decoder_for(channel.message_encoding, schema)
-                except Exception as e:  # the schema text does not parse
-                    raise DataError(f"{file.name}: topic {channel.topic} message 0: its schema "
-                                    f"{schema.name} does not parse ({type(e).__name__}: "
-                                    f"{e}).") from e
-                if t.decode is None:
-                    raise DataError(f"{file.name}: topic {channel.topic}: messages encoded as "
-                                    f"{channel.message_encoding!r} with a "
-                                    f"{schema.encoding if schema else 'missing'} schema; only "
-                                    "ROS 2 CDR with ros2msg schemas is read.")
-        if t.skipped:
-            return
-        t.log_ns.append(record.log_time)
+            t = self._new_topic(topics, channel.topic,
+                                _type_name(schema.name) if schema else "(no schema)",
+                                lambda: _mcap_decoder(factory, channel, schema, file))
+        if not t.skipped:
+            self._collect(t, record.log_time, record.data, file.name)
+
+    def _new_topic(self, topics: dict[str, _Topic], topic: str, type_: str, decoder) -> _Topic:
+        """Declare a topic at its first message; ``decoder()`` makes its decode function
+        (raising :class:`_Unmapped` where the topic cannot be decoded but the bag is sound)."""
+        t = topics[topic] = _Topic(topic, type_)
+        t.skipped = self._wanted(topic, type_)
+        if t.skipped is None:
+            try:
+                t.decode = decoder()
+            except _Unmapped as e:
+                t.skipped = f"{type_}: {e}"
+        return t
+
+    def _collect(self, t: _Topic, log_ns: int, data: bytes, file: str) -> None:
+        """One message of a read topic: kept as CDR bytes or decoded now."""
+        t.log_ns.append(log_ns)
         if t.raw is not None:
-            t.raw.append(record.data)
+            t.raw.append(data)
             return
         if t.type == IMAGE and not t.values:  # an encoding not read skips the topic
             try:
-                encoding = t.decode(record.data).encoding
+                encoding = t.decode(data).encoding
             except Exception:  # undecodable: _decode below names the message
                 encoding = None
             if encoding is not None and encoding not in RAW_ENCODINGS:
                 t.skipped = f"{t.type} {encoding}: no mapping"
+                t.log_ns.clear()
                 return
-        stamp, value = _decode(t, record.data, len(t.values), file.name)
+        stamp, value = _decode(t, data, len(t.values), file)
         t.stamp_ns.append(stamp)
         t.values.append(value)
+
+    def _pass_rosbags(self, bag: Path, files: list[Path], topics: dict[str, _Topic]) -> None:
+        """Read a sqlite3 rosbag2 directory or a ROS 1 bag into ``topics`` through
+        ``rosbags``' readers: ROS 1 messages become the CDR bytes of their ROS 2 form (the
+        header's ``seq`` dropped), so one decode path serves every storage."""
+        kind = _storage_of(files)
+        opener = _rosbags_reader(bag, files, kind)
+        name = bag.name
+        count = 0
+        try:
+            with opener as reader:
+                store, unread = _typestore(reader, kind)
+                for conn, log_ns, data in reader.messages():
+                    t = topics.get(conn.topic)
+                    if t is None:
+                        t = self._new_topic(topics, conn.topic, conn.msgtype, functools.partial(
+                            _rosbags_decoder, store, conn, unread))
+                    count += 1
+                    if t.skipped:
+                        continue
+                    if kind == "ros1":
+                        try:
+                            data = bytes(store.ros1_to_cdr(data, t.type))
+                        except Exception as e:  # bytes that do not fit their definition
+                            raise DataError(f"{name}: topic {t.topic} message {len(t.log_ns)} "
+                                            f"does not decode as {t.type} ({type(e).__name__}: "
+                                            f"{e}).") from e
+                    self._collect(t, log_ns, data, name)
+        except DataError:
+            raise
+        except Exception as e:  # the storage fails in its own ways on damaged files
+            what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise DataError(f"{name}: unreadable after {count} messages ({what}).") from e
 
     def _bulk(self, t: _Topic, file: str) -> None:
         """Decode the messages a topic kept as CDR bytes: together where the layout allows
@@ -601,6 +673,204 @@ def _start_ns(file: Path) -> int | None:
     except Exception:  # unreadable from the start: read() says why
         return None
     return None
+
+
+def _storage_of(files: list[Path]) -> str:
+    """The one storage of a bag's files.
+
+    Raises:
+        DataError: the files mix storages.
+    """
+    kinds = sorted({storage(f) for f in files})
+    if len(kinds) != 1:
+        raise DataError(f"{files[0].parent}: one bag mixes {' and '.join(kinds)} files "
+                        f"({', '.join(f.name for f in files)}); move each recording to a "
+                        "folder of its own.")
+    return kinds[0]
+
+
+def _mcap_decoder(factory, channel, schema, file: Path):
+    """mcap-ros2-support's decode function for a channel's messages."""
+    try:  # the schema parser prints its complaints: the reason says them once
+        with contextlib.redirect_stderr(io.StringIO()), \
+                contextlib.redirect_stdout(io.StringIO()):
+            decode = factory.decoder_for(channel.message_encoding, schema)
+    except Exception as e:  # the schema text does not parse
+        raise DataError(f"{file.name}: topic {channel.topic} message 0: its schema "
+                        f"{schema.name} does not parse ({type(e).__name__}: {e}).") from e
+    if decode is None:
+        raise DataError(f"{file.name}: topic {channel.topic}: messages encoded as "
+                        f"{channel.message_encoding!r} with a "
+                        f"{schema.encoding if schema else 'missing'} schema; only "
+                        "ROS 2 CDR with ros2msg schemas is read.")
+    return decode
+
+
+def _rosbags():
+    return require("rosbags.typesys", "rosbag", "Reading sqlite3 (.db3) and ROS 1 bags",
+                   "rosbags")
+
+
+def _sqlite_check(file: Path) -> None:
+    """Refuse a ``.db3`` that another process holds locked or whose write-ahead log holds
+    messages the database does not (a recording still running, or killed before it closed:
+    reading the database alone would drop them without a word)."""
+    import sqlite3
+
+    wal = file.with_name(file.name + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise DataError(f"{file.name}: its write-ahead log {wal.name} holds messages not yet "
+                        "in the database (a recording still running, or killed before it "
+                        "closed); once no recorder writes it, fold them in with `sqlite3 "
+                        f"{file.name} 'PRAGMA wal_checkpoint'`.")
+    if file.name.endswith(".zstd"):
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{file}?mode=ro", uri=True,
+                                                timeout=0)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e):
+            raise DataError(f"{file.name} is locked by another process (a recorder still "
+                            "writing it?); read it once the recording has ended.") from e
+        raise DataError(f"{file.name}: not a readable sqlite3 database ({e}).") from e
+    except sqlite3.DatabaseError as e:
+        raise DataError(f"{file.name}: not a readable sqlite3 database ({e}).") from e
+
+
+def _rosbags_reader(bag: Path, files: list[Path], kind: str):
+    """An unopened ``rosbags`` reader of a sqlite3 rosbag2 directory or a ROS 1 bag, after the
+    checks whose failure its own errors would not name.
+
+    Raises:
+        DataError: no or a foreign ``metadata.yaml``, a ``.db3`` it does not list, a locked or
+            unfinished database, an unindexed ROS 1 bag.
+    """
+    _rosbags()
+    if kind == "ros1":
+        from rosbags.rosbag1 import Reader
+
+        if bag.name.endswith(".active"):
+            raise DataError(f"{bag.name}: a ROS 1 recording that never closed (.active: its "
+                            "index was never written); `rosbag reindex` it, then rename it "
+                            "to .bag.")
+        return _Ros1Reader(Reader(bag), bag)
+    from rosbags.rosbag2 import Reader
+
+    meta = bag / "metadata.yaml" if bag.is_dir() else bag.parent / "metadata.yaml"
+    if not bag.is_dir() or not meta.exists():
+        raise DataError(f"{files[0].name}: a sqlite3 bag file without its rosbag2 "
+                        "metadata.yaml (it says how the file is split and compressed); put "
+                        "the .db3 in its bag directory, or rebuild the file with `ros2 bag "
+                        "reindex DIR`.")
+    try:
+        info = _yaml(meta)["rosbag2_bagfile_information"]
+        listed = [Path(str(p)).name for p in info["relative_file_paths"]]
+        ident = info["storage_identifier"]
+    except Exception as e:  # not YAML, or not rosbag2's keys
+        raise DataError(f"{meta}: not a rosbag2 metadata.yaml ({type(e).__name__}: {e}); "
+                        "rebuild it with `ros2 bag reindex DIR`.") from None
+    if ident != "sqlite3":
+        raise DataError(f"{meta}: says storage {ident!r}, but the bag holds "
+                        f"{', '.join(f.name for f in files)}; rebuild it with `ros2 bag "
+                        "reindex DIR`.")
+    unlisted = [f.name for f in files if f.name not in listed]
+    if unlisted:
+        raise DataError(f"{meta}: does not list {unlisted} (it lists {listed}); rebuild it "
+                        "with `ros2 bag reindex DIR`, or move the other files out.")
+    for f in files:
+        _sqlite_check(f)
+    return _Ros2Reader(Reader(bag), meta)
+
+
+def _yaml(path: Path) -> dict:
+    from ruamel.yaml import YAML
+
+    return YAML(typ="safe").load(path.read_text())
+
+
+class _Ros1Reader:
+    """``rosbags``' ROS 1 reader whose opening errors name the bag and the fix."""
+
+    def __init__(self, reader, path: Path):
+        self.reader, self.path = reader, path
+
+    def __enter__(self):
+        try:
+            self.reader.open()
+        except Exception as e:
+            what = str(e) or type(e).__name__
+            fix = ("; `rosbag reindex` rebuilds its index" if "index" in what else "")
+            if "not indexed" in what:
+                what = ("not indexed: a recording that did not close (its index, written "
+                        "last, is missing)")
+            raise DataError(f"{self.path.name}: {what}{fix}.") from None
+        return self.reader
+
+    def __exit__(self, *exc):
+        with contextlib.suppress(Exception):
+            self.reader.close()
+
+
+class _Ros2Reader(_Ros1Reader):
+    def __enter__(self):
+        try:
+            self.reader.open()
+        except Exception as e:
+            raise DataError(f"{self.path}: {str(e) or type(e).__name__}") from None
+        return self.reader
+
+
+def _rosbags_start_ns(bag: Path, files: list[Path]) -> int | None:
+    """The log time of a sqlite3 or ROS 1 bag's first message (``None``: unreadable; reading
+    says why)."""
+    try:
+        with _rosbags_reader(bag, files, _storage_of(files)) as reader:
+            return int(reader.start_time) if reader.message_count else None
+    except Exception:
+        return None
+
+
+def _typestore(reader, kind: str):
+    """A ``rosbags`` type store with every topic's type, from the definitions in the bag (ROS
+    1: the connection's; sqlite3: the ``message_definitions`` table of ROS 2 Iron and later);
+    a sqlite3 bag of an older ROS 2 holds none, so a standard type comes from the store of its
+    ``ros_distro`` (Humble where it names none). Returns ``(store, {topic: why not})``."""
+    from rosbags.typesys import Stores, get_types_from_idl, get_types_from_msg, get_typestore
+
+    store, unread, base = get_typestore(Stores.EMPTY), {}, None
+    for conn in reader.connections:
+        try:
+            text, fmt = conn.msgdef.data, getattr(conn.msgdef.format, "name", "")
+            if kind == "sqlite3" and not text:
+                if base is None:
+                    distro = f"ROS2_{(reader.ros_distro or 'humble').upper()}"
+                    base = get_typestore(getattr(Stores, distro, Stores.ROS2_HUMBLE))
+                if conn.msgtype not in base.fielddefs:
+                    unread[conn.topic] = ("no message definition in the bag (rosbag2 before "
+                                          "Iron stores none) and not a standard ROS 2 type")
+                    continue
+                text, fmt = base.generate_msgdef(conn.msgtype, ros_version=2)[0], "MSG"
+            types = (get_types_from_idl(text) if fmt == "IDL" else
+                     get_types_from_msg(text, conn.msgtype))
+            header = types.get("std_msgs/msg/Header")
+            if header is not None:  # ROS 1's seq: dropped with the bytes by ros1_to_cdr
+                types["std_msgs/msg/Header"] = (header[0], [f for f in header[1]
+                                                            if f[0] != "seq"])
+            store.register(types)
+        except Exception as e:  # a definition that does not parse or clashes with another
+            unread[conn.topic] = (f"its message definition does not parse "
+                                  f"({type(e).__name__}: {e})")
+    return store, unread
+
+
+def _rosbags_decoder(store, conn, unread: dict[str, str]):
+    """``rosbags``' CDR decode function for a connection's messages."""
+    if conn.topic in unread:
+        raise _Unmapped(unread[conn.topic])
+    if conn.msgtype not in store.fielddefs:
+        raise _Unmapped("no message definition in the bag")
+    return functools.partial(store.deserialize_cdr, typename=conn.msgtype)
 
 
 def _decode(t: _Topic, data: bytes, i: int, file: str) -> tuple[int, Any]:
