@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from robocache.cli import (
+    audit,
     bench,
     demo,
     doctor,
@@ -42,6 +43,7 @@ app.command("merge")(merge.merge)
 app.command("export")(export.export)
 app.command("demo")(demo.demo)
 app.command("view")(view.view)
+app.command("audit")(audit.audit)
 
 
 def main() -> None:

@@ -1,0 +1,581 @@
+"""Audit a cache: per-episode checks of its numeric streams, timing, length and tasks.
+
+    >>> report = audit("/data/droid.cache")                  # AuditConfig() thresholds
+    >>> [e["index"] for e in report["episodes"] if e["flags"]]
+    >>> ds = RobotDataset("/data/droid.cache", audit=report)  # serve the unflagged episodes
+
+The cache is read, never written: one streaming scan of ``data.lance`` (the index columns,
+each numeric stream and every stream's pad column, :data:`SCAN_ROWS` rows a batch), episodes
+gathered as their rows arrive and checked :data:`CHUNK_ROWS` rows at a time with the
+vectorised checks of :mod:`robocache.ops.audit`, on the GPU when there is one. Memory is
+bounded by a chunk plus, per episode, a few numbers and its trajectory signature
+(``signature_points`` x the dimensions of the signature streams, float32) for the
+near-duplicate search. Camera frames are not decoded: a camera's timing is checked from the
+offset of the frame served at each step.
+
+Every threshold is a field of :class:`AuditConfig` (a CLI option of ``robocache audit``);
+ranges are in units of the dataset's q01..q99 range per dimension (``stats.json``), so one
+setting fits joints in radians and grippers in metres alike. The report is a JSON-ready dict
+(schema in docs/curation.md); :func:`flagged` reads the episodes to drop from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from robocache.errors import DataError
+
+#: The report's format (``"format"`` field); a reader refuses any other.
+REPORT_FORMAT = "robocache-audit/1"
+#: Rows per batch of the scan of ``data.lance``.
+SCAN_ROWS = 1 << 16
+#: Rows of whole episodes checked at once (the last chunk holds what is left).
+CHUNK_ROWS = 1 << 20
+#: Episodes compared at once by the near-duplicate search (a block of distances
+#: ``[NEAR_BLOCK, E]`` float32).
+NEAR_BLOCK = 2048
+
+#: Every flag an episode can carry, in the order the report lists them.
+FLAGS = ("short", "timestamp_gap", "timestamp_jitter", "stream_gap", "nonfinite",
+         "out_of_range", "jump", "frozen", "idle", "gripper_unused", "duplicate",
+         "near_duplicate", "task_empty", "task_unknown")
+
+#: Task strings that say no task was recorded (compared lower-case, stripped).
+PLACEHOLDER_TASKS = ("unknown", "none", "null", "n/a", "na", "nan", "task", "default",
+                     "undefined", "todo", "tbd", "<unknown>", "-")
+
+
+@dataclass
+class AuditConfig:
+    """The thresholds of :func:`audit` (each a ``robocache audit`` option of the same name).
+
+    Ranges are per dimension, in units of the dataset's ``q99 - q01`` (``stats.json``);
+    a dimension whose range is 0 (constant in the whole dataset) never jumps and is never out
+    of range.
+
+    Attributes:
+        gap_periods: a gap is a step between timestamps longer than this many grid periods;
+            a stream's gap is a run of steps without its sample (padded) longer than this
+            many of the stream's own periods (``1 / source_rate_hz``); a camera's gap is a
+            served frame older or newer than this many of its periods.
+        jitter: timestamp jitter flagged above this root mean square deviation of the steps
+            from the grid's period, as a fraction of the period.
+        jump: a step of a numeric stream that changes some dimension by more than this
+            fraction of its range is a jump (0.5: half the range in one step).
+        range_margin: a value below ``q01 - m * range`` or above ``q99 + m * range`` is out
+            of range.
+        frozen_s: a stream that repeats its value exactly (every dimension) for longer than
+            this is frozen, seconds.
+        idle_s: an episode whose idle streams are all still for longer than this is idle,
+            seconds.
+        idle_tolerance: still: no dimension changes by more than this fraction of its range
+            in a step.
+        idle_keys: the streams that must be still (default: ``observation.state*`` and
+            ``action*`` streams, else every numeric float stream).
+        gripper_keys: gripper streams (default: numeric streams whose name holds
+            ``gripper``); a stream given as ``name:DIM`` checks that dimension only.
+        gripper_span: a gripper is unused in an episode whose values span less than this
+            fraction of its range.
+        min_steps: episodes with fewer steps are short (16: a usual action chunk).
+        near_duplicate: two episodes are near-duplicates when their signatures (the
+            signature streams resampled to ``signature_points`` points from first to last
+            step, in units of the range) differ by less than this root mean square.
+        signature_points: points of a signature.
+        signature_keys: the signature's streams (default: as ``idle_keys``).
+        known_tasks: tasks an episode may carry (default: any non-empty task that is not a
+            placeholder such as ``unknown`` or ``n/a``, :data:`PLACEHOLDER_TASKS`).
+    """
+
+    gap_periods: float = 2.0
+    jitter: float = 0.1
+    jump: float = 0.5
+    range_margin: float = 0.5
+    frozen_s: float = 1.0
+    idle_s: float = 3.0
+    idle_tolerance: float = 1e-3
+    idle_keys: Sequence[str] | None = None
+    gripper_keys: Sequence[str] | None = None
+    gripper_span: float = 0.05
+    min_steps: int = 16
+    near_duplicate: float = 0.01
+    signature_points: int = 32
+    signature_keys: Sequence[str] | None = None
+    known_tasks: Sequence[str] | None = None
+
+    def check(self) -> None:
+        """Raise :class:`DataError` naming the first field out of its domain."""
+        for name in ("gap_periods", "jitter", "jump", "range_margin", "frozen_s", "idle_s",
+                     "idle_tolerance", "gripper_span", "near_duplicate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float))
+                                               and math.isfinite(value) and value >= 0):
+                raise DataError(f"audit threshold `{name}` must be a finite number >= 0; got "
+                                f"{value!r}.")
+        for name, low in (("min_steps", 0), ("signature_points", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise DataError(f"audit setting `{name}` must be an integer >= {low}; got "
+                                f"{value!r}.")
+
+    def thresholds(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, (list, tuple)) else v)
+                for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass
+class _Stream:
+    """A numeric stream's audit plan: its columns and per-dimension bounds."""
+
+    name: str
+    column: str
+    dim: int
+    dtype: np.dtype
+    lo: np.ndarray
+    hi: np.ndarray
+    jump: np.ndarray
+    still: np.ndarray
+    scale: np.ndarray  # 1 / range (0 where the range is 0)
+    q01: np.ndarray
+    moving: bool  # some dimension varies in the dataset
+    period: float  # the stream's own period, seconds
+
+
+@dataclass
+class _Episodes:
+    """Per-episode results gathered chunk after chunk."""
+
+    index: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    signatures: list[np.ndarray] = field(default_factory=list)
+
+
+def _pick_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _select(names: Sequence[str], given: Sequence[str] | None, what: str,
+            default: Callable[[str], bool]) -> list[str]:
+    if given is None:
+        return [n for n in names if default(n)]
+    bad = [g for g in given if g.split(":")[0] not in names]
+    if bad:
+        raise DataError(f"`{what}` names {bad}, which are not numeric float streams of the "
+                        f"cache; those are: {list(names)}.")
+    return list(given)
+
+
+def _plans(manifest: Mapping[str, Any], stats: Mapping[str, Any], config: AuditConfig,
+           rate: float) -> dict[str, _Stream]:
+    out = {}
+    for name, s in manifest["streams"].items():
+        if s["kind"] != "numeric" or np.dtype(s["dtype"]).kind != "f" or name not in stats:
+            continue
+        st = stats[name]
+        q01, q99 = (np.asarray(st[k], np.float64).reshape(-1) for k in ("q01", "q99"))
+        lo_all, hi_all = (np.asarray(st[k], np.float64).reshape(-1) for k in ("min", "max"))
+        width = q99 - q01
+        ok = width > 0
+        scale = np.where(ok, 1.0 / np.where(ok, width, 1.0), 0.0)
+        src = s.get("source_rate_hz") or rate
+        out[name] = _Stream(
+            name, s["column"], int(np.prod(s["shape"])) if s["shape"] else 1,
+            np.dtype(s["dtype"]),
+            np.where(ok, q01 - config.range_margin * width, -np.inf),
+            np.where(ok, q99 + config.range_margin * width, np.inf),
+            np.where(ok & (config.jump > 0), config.jump * width, np.inf),
+            config.idle_tolerance * np.where(ok, width, 0.0), scale, q01,
+            bool((hi_all > lo_all).any()), 1.0 / min(float(src), rate))
+    return out
+
+
+def _episode_rows(manifest: Mapping[str, Any]) -> dict[int, int]:
+    return {int(e["index"]): int(e["rows"]) for e in manifest["episodes"]}
+
+
+def audit(cache: str | Path, config: AuditConfig | None = None, *,
+          storage_options: Mapping[str, Any] | None = None,
+          device: str | torch.device | None = None,
+          progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Check every episode of the cache at ``cache`` and return the report.
+
+    Args:
+        cache: a cache directory or URI (``s3://bucket/prefix``...).
+        config: the thresholds (default :class:`AuditConfig`).
+        storage_options: object-store settings of a URI (Lance's names).
+        device: where the checks run (default: CUDA when available, else the CPU).
+        progress: called with (rows checked, rows in all) after each chunk.
+
+    Returns:
+        The report (docs/curation.md): ``format``, ``cache``, ``version`` (``data.lance``'s
+        Lance version read), ``rate_hz``, ``thresholds``, ``episodes_checked``,
+        ``flagged`` (episodes with a flag), ``counts`` (episodes per flag), ``streams``
+        (the streams each check read) and ``episodes`` (one record per episode:
+        ``index``, ``rows``, ``duration_s``, ``task``, ``flags``, ``why`` (one line per
+        flag), ``metrics``).
+
+    Raises:
+        FileNotFoundError: no cache there.
+        DataError: a threshold out of its domain, a key the cache lacks, a cache without a
+            complete version, an object store that fails.
+    """
+    from robocache.data import snapshot
+    from robocache.data.location import LANCE, Location
+
+    config = config or AuditConfig()
+    config.check()
+    location = Location(cache, storage_options)
+    manifest = snapshot.servable(location, location.manifest())
+    stats = manifest["stats"] if "stats" in manifest else \
+        json.loads(location.read_text(manifest.get("stats_path", "stats.json")))
+    rate = float(manifest["rate_hz"])
+    plans = _plans(manifest, stats, config, rate)
+    names = list(plans)
+    default_motion = [n for n in names if n.startswith(("observation.state", "action"))] \
+        or names
+    idle = _select(names, config.idle_keys, "idle_keys", lambda n: n in default_motion)
+    signature = _select(names, config.signature_keys, "signature_keys",
+                        lambda n: n in default_motion)
+    grippers = _select(names, config.gripper_keys, "gripper_keys",
+                       lambda n: "gripper" in n.lower())
+    expected = _episode_rows(manifest)
+    wanted = np.fromiter(expected, np.int64, len(expected))
+    streams = manifest["streams"]
+    pads = {name: f"{s['column']}_is_pad" for name, s in streams.items()
+            if s["kind"] in ("numeric", "image", "video")}
+    cameras = {name: s for name, s in streams.items() if s["kind"] in ("image", "video")}
+    columns = list(dict.fromkeys(
+        ["episode_index", "step", "timestamp"] + [plans[n].column for n in names]
+        + list(pads.values()) + [f"{s['column']}/offset" for s in cameras.values()]))
+    dev = _pick_device(device)
+    found = _Episodes()
+    total = sum(expected.values())
+    done = 0
+    with LANCE.call(), location.reading("data.lance"):
+        table = location.lance("data.lance")
+        version = table.version
+        pending: dict[str, list[np.ndarray]] = {c: [] for c in columns}
+        ready: list[tuple[int, dict[str, np.ndarray]]] = []
+        ready_rows = 0
+        for batch in table.to_batches(columns=columns, batch_size=SCAN_ROWS):
+            arrays = _numpy(batch, columns)
+            listed = np.isin(arrays["episode_index"], wanted)  # a build's newer rows: not yet
+            for c in columns:
+                pending[c].append(arrays[c] if listed.all() else arrays[c][listed])
+            merged = {c: np.concatenate(v) if len(v) > 1 else v[0] for c, v in pending.items()}
+            ep = merged["episode_index"]
+            ids, counts = np.unique(ep, return_counts=True)
+            complete = [int(i) for i, n in zip(ids, counts, strict=True)
+                        if expected.get(int(i), -1) <= n]
+            if complete:
+                take = np.isin(ep, complete)
+                for c in columns:
+                    pending[c] = [merged[c][~take]]
+                rows = {c: merged[c][take] for c in columns}
+                ready.append((len(complete), rows))
+                ready_rows += int(take.sum())
+            else:
+                pending = {c: [merged[c]] for c in columns}
+            if ready_rows >= CHUNK_ROWS:
+                done += _check_chunk(ready, plans, pads, cameras, idle, signature, grippers,
+                                     config, rate, expected, dev, found)
+                ready, ready_rows = [], 0
+                if progress:
+                    progress(done, total)
+        left = {c: np.concatenate(v) if len(v) > 1 else v[0] for c, v in pending.items()}
+        if len(left["episode_index"]):
+            ready.append((0, left))  # episodes whose rows differ from the manifest's count
+        done += _check_chunk(ready, plans, pads, cameras, idle, signature, grippers, config,
+                             rate, expected, dev, found)
+        if progress:
+            progress(done, total)
+    return _report(location, manifest, version, config, plans, idle, signature, grippers,
+                   found, dev)
+
+
+def _numpy(batch, columns: Sequence[str]) -> dict[str, np.ndarray]:
+    from robocache._optional import require
+
+    pc = require("pyarrow.compute", "data", "Arrow tables")
+    out = {}
+    for c in columns:
+        col = batch.column(c)
+        if hasattr(col.type, "list_size"):
+            values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+            out[c] = values.reshape(len(col), col.type.list_size)
+        else:
+            out[c] = col.to_numpy(zero_copy_only=False)
+    return out
+
+
+def _check_chunk(ready, plans: dict[str, _Stream], pads: dict[str, str],
+                 cameras: dict[str, Any], idle: list[str], signature: list[str],
+                 grippers: list[str], config: AuditConfig, rate: float,
+                 expected: dict[int, int], dev: torch.device, found: _Episodes) -> int:
+    """Check the episodes whose rows are in ``ready``; append their results to ``found``;
+    return the rows checked."""
+    from robocache.ops.audit import downsample, longest_runs, stream_checks, timing_checks
+
+    if not ready:
+        return 0
+    cols = ready[0][1].keys()
+    rows = {c: np.concatenate([r[c] for _, r in ready]) if len(ready) > 1 else ready[0][1][c]
+            for c in cols}
+    order = np.lexsort((rows["step"], rows["episode_index"]))  # each episode's steps in order
+    rows = {c: v[order] for c, v in rows.items()}
+    ids, counts = np.unique(rows["episode_index"], return_counts=True)
+    offsets_np = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    offsets = torch.from_numpy(offsets_np).to(dev)
+    n = int(offsets_np[-1])
+    period = 1.0 / rate
+    times = torch.from_numpy(np.ascontiguousarray(rows["timestamp"], np.float64)).to(dev)
+    gap, jitter = timing_checks(times, offsets, period)
+    per: dict[str, dict[str, np.ndarray]] = {}
+    still = torch.ones(n, dtype=torch.bool, device=dev)
+    sig_parts = []
+    for name, p in plans.items():
+        values = torch.from_numpy(np.ascontiguousarray(rows[p.column])).to(dev)
+        pad = torch.from_numpy(np.ascontiguousarray(rows[pads[name]], bool)).to(dev)
+        c = stream_checks(values, offsets, pad, lo=torch.from_numpy(p.lo),
+                          hi=torch.from_numpy(p.hi), jump=torch.from_numpy(p.jump),
+                          still=torch.from_numpy(p.still))
+        per[name] = {"nonfinite": c.nonfinite.cpu().numpy(),
+                     "out_of_range": c.out_of_range.cpu().numpy(),
+                     "jumps": c.jumps.cpu().numpy(), "max_step": c.max_step.cpu().numpy(),
+                     "frozen_s": c.frozen.cpu().numpy() * period,
+                     "gap_s": c.pad_run.cpu().numpy() * period,
+                     "span": (c.span.cpu().double().numpy() * p.scale)}
+        if name in idle:
+            still &= c.still
+        if name in signature:
+            normed = (values.to(torch.float32) - torch.from_numpy(p.q01).to(dev, torch.float32)
+                      ) * torch.from_numpy(p.scale).to(dev, torch.float32)
+            sig = downsample(normed, offsets, config.signature_points)
+            sig_parts.append(torch.nan_to_num(sig, nan=0.0, posinf=0.0, neginf=0.0))
+    idle_steps = longest_runs(still, offsets).cpu().numpy() if idle else np.zeros(len(ids))
+    sig = torch.cat(sig_parts, 2).reshape(len(ids), -1).cpu().numpy() if sig_parts else None
+    camera = {}
+    for name, s in cameras.items():
+        off = rows[f"{s['column']}/offset"].astype(np.float64)
+        pad = rows[pads[name]].astype(bool)
+        cam_period = 1.0 / float(s.get("source_rate_hz") or rate)
+        stale = np.where(pad, 0.0, np.abs(np.nan_to_num(off, nan=np.inf))) / cam_period
+        worst = np.zeros(len(ids))
+        np.maximum.at(worst, np.repeat(np.arange(len(ids)), counts), stale)
+        runs = longest_runs(torch.from_numpy(pad), torch.from_numpy(offsets_np)).numpy()
+        camera[name] = {"offset_periods": worst, "gap_s": runs * period}
+    gap, jitter = gap.cpu().numpy(), jitter.cpu().numpy()
+    value_cols = [plans[nm].column for nm in plans]
+    for e, index in enumerate(ids.tolist()):
+        a, b = offsets_np[e], offsets_np[e + 1]
+        m: dict[str, Any] = {"timestamp_gap": float(gap[e]), "timestamp_jitter": float(jitter[e]),
+                             "idle_s": float(idle_steps[e] * period),
+                             "steps_expected": expected.get(index)}
+        m["streams"] = {name: {k: (v[e].tolist() if k == "span" else float(v[e])
+                                   if k in ("max_step", "frozen_s", "gap_s") else int(v[e]))
+                               for k, v in d.items()} for name, d in per.items()}
+        m["cameras"] = {name: {k: float(v[e]) for k, v in d.items()}
+                        for name, d in camera.items()}
+        found.index.append(index)
+        found.rows.append(int(b - a))
+        found.metrics.append(m)
+        h = hashlib.sha256()
+        for col in value_cols:
+            h.update(np.ascontiguousarray(rows[col][a:b]).tobytes())
+        found.digests.append(h.hexdigest()[:32] if value_cols else "")
+        if sig is not None:
+            found.signatures.append(sig[e])
+    return n
+
+
+def _near_pairs(signatures: np.ndarray, threshold: float,
+                dev: torch.device) -> list[tuple[int, int, float]]:
+    """Pairs ``(i, j, distance)``, i < j, of signatures ``[E, F]`` whose root mean square
+    difference is at most ``threshold``: blocks of :data:`NEAR_BLOCK` rows against all."""
+    e, f = signatures.shape
+    if e < 2 or f == 0:
+        return []
+    x = torch.from_numpy(np.ascontiguousarray(signatures, np.float32)).to(dev)
+    out = []
+    limit = threshold * math.sqrt(f)
+    for start in range(0, e, NEAR_BLOCK):
+        block = x[start:start + NEAR_BLOCK]
+        d = torch.cdist(block, x, compute_mode="donot_use_mm_for_euclid_dist")
+        i, j = torch.nonzero(d <= limit, as_tuple=True)
+        i = i + start
+        keep = j > i
+        for a, b, dist in zip(i[keep].tolist(), j[keep].tolist(),
+                              (d[i[keep] - start, j[keep]] / math.sqrt(f)).tolist(),
+                              strict=True):
+            out.append((a, b, dist))
+    return out
+
+
+def _report(location, manifest, version: int, config: AuditConfig, plans, idle, signature,
+            grippers, found: _Episodes, dev: torch.device) -> dict[str, Any]:
+    rate = float(manifest["rate_hz"])
+    meta = {int(e["index"]): e for e in manifest["episodes"]}
+    known = None if config.known_tasks is None else set(config.known_tasks)
+    placeholders = set(PLACEHOLDER_TASKS)
+    # duplicates: the same digest as an earlier episode (by index)
+    order = sorted(range(len(found.index)), key=lambda k: found.index[k])
+    first_of: dict[str, int] = {}
+    duplicate_of: dict[int, int] = {}
+    for k in order:
+        d = found.digests[k]
+        if d and d in first_of:
+            duplicate_of[k] = found.index[first_of[d]]
+        else:
+            first_of.setdefault(d, k)
+    near: dict[int, list[tuple[int, float]]] = {}
+    if found.signatures and config.near_duplicate > 0:
+        for a, b, dist in _near_pairs(np.stack(found.signatures), config.near_duplicate, dev):
+            if found.digests[a] == found.digests[b]:
+                continue  # exact copies are duplicates
+            near.setdefault(a, []).append((found.index[b], dist))
+            near.setdefault(b, []).append((found.index[a], dist))
+    records = []
+    for k in order:
+        index, rows, m = found.index[k], found.rows[k], found.metrics[k]
+        task = meta.get(index, {}).get("task")
+        why: dict[str, str] = {}
+        if rows < config.min_steps:
+            why["short"] = f"{rows} steps, fewer than {config.min_steps}"
+        if m["timestamp_gap"] > config.gap_periods:
+            why["timestamp_gap"] = (f"a step of {m['timestamp_gap']:.3g} periods between "
+                                    f"timestamps (more than {config.gap_periods:g})")
+        if m["timestamp_jitter"] > config.jitter:
+            why["timestamp_jitter"] = (f"timestamp steps off the period by "
+                                       f"{m['timestamp_jitter']:.3g} of it (rms)")
+        gaps, nonfinite, ranges, jumps, frozen, unused = [], [], [], [], [], []
+        for name, s in m["streams"].items():
+            p = plans[name]
+            if s["gap_s"] > config.gap_periods * p.period:
+                gaps.append(f"{name} without samples for {s['gap_s']:.3g} s")
+            if s["nonfinite"]:
+                nonfinite.append(f"{name}: {s['nonfinite']} NaN/inf values")
+            if s["out_of_range"]:
+                ranges.append(f"{name}: {s['out_of_range']} steps beyond q01/q99 "
+                              f"+- {config.range_margin:g} range")
+            if s["jumps"]:
+                jumps.append(f"{name}: {s['jumps']} steps, the largest {s['max_step']:.3g}x "
+                             "the bound")
+            if p.moving and s["frozen_s"] > config.frozen_s:
+                frozen.append(f"{name} repeats one value for {s['frozen_s']:.3g} s")
+        for name, c in m["cameras"].items():
+            cam_period = 1.0 / float(manifest["streams"][name].get("source_rate_hz") or rate)
+            if c["offset_periods"] > config.gap_periods:
+                gaps.append(f"{name} serves a frame {c['offset_periods']:.3g} periods away")
+            elif c["gap_s"] > config.gap_periods * max(cam_period, 1.0 / rate):
+                gaps.append(f"{name} without frames for {c['gap_s']:.3g} s")
+        for g in grippers:
+            name, _, dim = g.partition(":")
+            span = m["streams"][name]["span"]
+            spans = [span[int(dim)]] if dim else span
+            if max(spans, default=0.0) < config.gripper_span:
+                unused.append(f"{g} spans {max(spans, default=0.0):.3g} of its range")
+        for flag, items in (("stream_gap", gaps), ("nonfinite", nonfinite),
+                            ("out_of_range", ranges), ("jump", jumps), ("frozen", frozen),
+                            ("gripper_unused", unused)):
+            if items:
+                why[flag] = "; ".join(items)
+        if idle and m["idle_s"] > config.idle_s:
+            why["idle"] = f"{', '.join(idle)} still for {m['idle_s']:.3g} s"
+        if k in duplicate_of:
+            why["duplicate"] = f"the same values as episode {duplicate_of[k]}"
+        if k in near:
+            other, dist = min(near[k], key=lambda t: t[1])
+            why["near_duplicate"] = (f"within {dist:.3g} (rms, range units) of episode {other}"
+                                     + (f" and {len(near[k]) - 1} more" if len(near[k]) > 1
+                                        else ""))
+        text = (task or "").strip()
+        if not text:
+            why["task_empty"] = "no task"
+        elif (known is not None and text not in known) or (known is None
+                                                            and text.lower() in placeholders):
+            why["task_unknown"] = f"task {text!r} is " + (
+                "not a known task" if known is not None else "a placeholder")
+        flags = [f for f in FLAGS if f in why]
+        metrics = {"timestamp_gap": m["timestamp_gap"], "timestamp_jitter": m["timestamp_jitter"],
+                   "idle_s": m["idle_s"],
+                   "max_step": max((s["max_step"] for s in m["streams"].values()), default=0.0),
+                   "frozen_s": max((s["frozen_s"] for s in m["streams"].values()), default=0.0),
+                   "nonfinite": sum(s["nonfinite"] for s in m["streams"].values()),
+                   "out_of_range": sum(s["out_of_range"] for s in m["streams"].values()),
+                   "digest": found.digests[k]}
+        if k in near:
+            metrics["near"] = sorted(i for i, _ in near[k])
+        record = {"index": index, "rows": rows, "duration_s": rows / rate, "task": task,
+                  "flags": flags, "why": why, "metrics": metrics}
+        if flags:  # the per-stream numbers of flagged episodes, for a closer look
+            record["streams"] = m["streams"]
+            if m["cameras"]:
+                record["cameras"] = m["cameras"]
+        records.append(record)
+    counts = {f: sum(f in r["flags"] for r in records) for f in FLAGS}
+    return {"format": REPORT_FORMAT, "cache": location.uri, "created": manifest.get("created"),
+            "version": version, "rate_hz": rate, "device": str(dev),
+            "thresholds": config.thresholds(),
+            "streams": {"checked": list(plans), "idle": idle, "signature": signature,
+                        "grippers": grippers},
+            "episodes_checked": len(records),
+            "flagged": sum(bool(r["flags"]) for r in records), "counts": counts,
+            "episodes": records}
+
+
+def score(record: Mapping[str, Any]) -> float:
+    """How bad an episode of a report looks (what ``--plot`` and the table sort by): its
+    flags first, then how far its worst measure is beyond its bound."""
+    m = record["metrics"]
+    return len(record["flags"]) * 1000.0 + min(999.0, m["max_step"] + m["nonfinite"]
+                                               + m["out_of_range"] + m["idle_s"])
+
+
+def read_report(report: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """An audit report: given as a dict, or read from a JSON file.
+
+    Raises:
+        DataError: not a JSON file of :data:`REPORT_FORMAT`.
+    """
+    if isinstance(report, Mapping):
+        data = dict(report)
+    else:
+        try:
+            data = json.loads(Path(report).read_text())
+        except (OSError, ValueError) as e:
+            raise DataError(f"{report}: not a readable audit report ({e}); write one with "
+                            "`robocache audit CACHE --json > report.json`.") from e
+    if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
+        raise DataError(f"{report if not isinstance(report, Mapping) else 'the report'}: not "
+                        f"an audit report (format {REPORT_FORMAT!r}); write one with "
+                        "`robocache audit CACHE --json > report.json`.")
+    return data
+
+
+def flagged(report: str | Path | Mapping[str, Any],
+            flags: Iterable[str] | None = None) -> set[int]:
+    """The episodes of an audit report that carry any of ``flags`` (default: any flag).
+
+    Raises:
+        DataError: not a report, or a flag that is not one of :data:`FLAGS`.
+    """
+    data = read_report(report)
+    wanted = None if flags is None else set(flags)
+    if wanted is not None and wanted - set(FLAGS):
+        raise DataError(f"unknown audit flags {sorted(wanted - set(FLAGS))}; the flags are "
+                        f"{list(FLAGS)}.")
+    return {int(r["index"]) for r in data["episodes"]
+            if r["flags"] and (wanted is None or wanted & set(r["flags"]))}

@@ -1,0 +1,149 @@
+"""robocache audit: every planted defect flagged on its episode and nothing else; the report
+the same whatever the scan's batches; thresholds as options; the cache never written; the
+CLI's table, JSON, plots and exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from audit_episodes import EPISODES, PLANTED, RATE, SPECS, planted_episodes
+from typer.testing import CliRunner
+
+import robocache.data.audit as A
+from robocache.cli import app
+from robocache.data.cache import build
+from robocache.data.formats.lerobot import write_lerobot
+from robocache.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("audit")
+    write_lerobot(root / "src", planted_episodes(), SPECS, fps=RATE)
+    # at the source's rate (the default): a stream's missing samples are padded steps
+    build(root / "src", root / "cache", tolerance_s=0.06, progress=False, device="cpu",
+          camera_codec="png")
+    return root / "cache"
+
+
+def _files(path):
+    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_each_planted_defect_is_flagged_on_its_episode_only(planted):
+    before = _files(planted)
+    report = A.audit(planted, device="cpu")
+    assert _files(planted) == before  # read only
+    got = {r["index"]: set(r["flags"]) for r in report["episodes"]}
+    assert sorted(got) == list(range(EPISODES))
+    for index in range(EPISODES):
+        assert got[index] == PLANTED.get(index, set()), (index, report["episodes"][index])
+    assert report["flagged"] == len(PLANTED)
+    assert report["counts"]["near_duplicate"] == 3 and report["counts"]["duplicate"] == 1
+    why = {r["index"]: r["why"] for r in report["episodes"]}
+    assert "episode 0" in why[6]["duplicate"]
+    assert "observation.state" in why[13]["stream_gap"]
+    assert "observation.images.cam" in why[14]["stream_gap"]
+    assert report["streams"]["grippers"] == ["observation.gripper"]
+    assert json.loads(json.dumps(report)) == report  # JSON as it is
+    assert report["format"] == A.REPORT_FORMAT and report["version"] >= 1
+
+
+def test_report_does_not_depend_on_batches(planted, monkeypatch):
+    want = A.audit(planted, device="cpu")
+    monkeypatch.setattr(A, "SCAN_ROWS", 97)
+    monkeypatch.setattr(A, "CHUNK_ROWS", 250)
+    monkeypatch.setattr(A, "NEAR_BLOCK", 3)
+    got = A.audit(planted, device="cpu")
+    assert got["episodes"] == want["episodes"]
+
+
+def test_thresholds_are_options(planted):
+    base = A.audit(planted, device="cpu")
+    loose = A.audit(planted, A.AuditConfig(jump=2.0, range_margin=3.0, idle_s=10.0,
+                                           frozen_s=5.0, min_steps=5, near_duplicate=0.0,
+                                           known_tasks=[f"pick the cube {k}" for k in range(3)]
+                                           + ["unknown"]),
+                    device="cpu")
+    flags = {r["index"]: set(r["flags"]) for r in loose["episodes"]}
+    assert not flags[3] and not flags[4] and not flags[5] and not flags[9] and not flags[12]
+    assert flags[0] == set() and flags[6] == {"duplicate"}
+    assert flags[11] == set()
+    strict = A.audit(planted, A.AuditConfig(known_tasks=["pick the cube 0"]), device="cpu")
+    assert "task_unknown" in strict["episodes"][1]["flags"]  # not a known task
+    assert loose["thresholds"]["jump"] == 2.0 and base["thresholds"]["jump"] == 0.5
+    with pytest.raises(DataError, match="jump"):
+        A.audit(planted, A.AuditConfig(jump=-1.0))
+    with pytest.raises(DataError, match="min_steps"):
+        A.audit(planted, A.AuditConfig(min_steps=2.5))
+    with pytest.raises(DataError, match="idle_keys"):
+        A.audit(planted, A.AuditConfig(idle_keys=["nope"]))
+
+
+def test_nonfinite_values_are_flagged(planted, tmp_path):
+    """A build quarantines NaN; a cache written otherwise (or damaged) may still hold one."""
+    import lance
+    import pyarrow as pa
+
+    cache = tmp_path / "cache"
+    shutil.copytree(planted, cache)
+    table = lance.dataset(str(cache / "data.lance")).to_table()
+    col = table.column("action").combine_chunks()
+    values = col.flatten().to_numpy().copy()
+    ep = table.column("episode_index").to_numpy()
+    row = int(np.flatnonzero(ep == 2)[10])
+    values[row * 2] = np.nan
+    fixed = pa.FixedSizeListArray.from_arrays(pa.array(values, pa.float32()), 2)
+    table = table.set_column(table.schema.get_field_index("action"), "action", fixed)
+    lance.write_dataset(table, str(cache / "data.lance"), mode="overwrite")
+    report = A.audit(cache, device="cpu")
+    r = report["episodes"][2]
+    assert "nonfinite" in r["flags"] and r["streams"]["action"]["nonfinite"] == 1
+    assert report["version"] == 2
+
+
+def test_flagged_reads_a_report(planted, tmp_path):
+    report = A.audit(planted, device="cpu")
+    path = tmp_path / "audit.json"
+    path.write_text(json.dumps(report))
+    assert A.flagged(path) == set(PLANTED)
+    assert A.flagged(report, ["short", "idle"]) == {5, 9}
+    with pytest.raises(DataError, match="unknown audit flags"):
+        A.flagged(report, ["wobbly"])
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(DataError, match="not an audit report"):
+        A.flagged(tmp_path / "bad.json")
+
+
+def test_cli_table_json_plot_and_exit_codes(planted, tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["audit", str(planted), "--device", "cpu"])
+    assert res.exit_code == 3, res.output
+    assert f"{EPISODES} episodes checked" in res.output and "gripper_unused" in res.output
+    out = tmp_path / "report.json"
+    res = runner.invoke(app, ["audit", str(planted), "--json", "--out", str(out),
+                              "--plot", str(tmp_path / "plots"), "--plot-count", "2",
+                              "--min-steps", "3"])
+    assert res.exit_code == 3, res.output
+    report = json.loads(res.output)
+    assert json.loads(out.read_text())["episodes"] == report["episodes"]
+    assert report["counts"]["short"] == 0
+    assert len(report["plots"]) == 2 and all(p.endswith(".png") for p in report["plots"])
+    assert all(p.stat().st_size > 1000 for p in (tmp_path / "plots").glob("episode-*.png"))
+    clean = runner.invoke(app, ["audit", str(planted), "--idle-key", "action", "--jump", "9",
+                                "--range-margin", "9", "--frozen-s", "9", "--idle-s", "9",
+                                "--gripper-span", "0", "--min-steps", "1",
+                                "--near-duplicate", "0", "--gap-periods", "99", "--json"])
+    assert json.loads(clean.output)["counts"]["jump"] == 0
+    # refusals: one line, exit 2
+    for args, words in ([str(tmp_path), "--jump", "1"], "not a RoboCache cache"), \
+            ([str(planted), "--jump", "-1"], "jump"), \
+            ([str(planted), "--plot", str(planted / "p")], "never written"), \
+            ([str(planted), "--idle-key", "nope"], "idle_keys"):
+        res = runner.invoke(app, ["audit", *args])
+        assert res.exit_code == 2 and words in res.output, (args, res.output)
+        assert res.output.count("\n") == 1
