@@ -33,10 +33,37 @@ def open_case(caches: Path, name: str, case: str, **kw) -> robocache.LeRobotData
                                     cache=caches / name, camera_codec="png", **settings, **kw)
 
 
+class _Without:
+    """A dataset's items and batches without ``keys``."""
+
+    def __init__(self, ds, keys):
+        self.ds, self.keys = ds, set(keys)
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return {k: v for k, v in self.ds[i].items() if k not in self.keys}
+
+    def get_batch(self, indices):
+        return {k: v for k, v in self.ds.get_batch(indices).items() if k not in self.keys}
+
+
+def assert_items(ours: robocache.LeRobotDataset, want: dict[str, np.ndarray]) -> None:
+    """:func:`assert_same_items`, the language columns (stored as JSON) compared as such,
+    in the items and in a batch (a list per key)."""
+    language = [k for k, f in ours.meta.features.items() if f["dtype"] == "language"]
+    batch = ours.get_batch(torch.arange(len(ours)))
+    for k in language:
+        got = [json.dumps(ours[i][k]) for i in range(len(ours))]
+        assert got == want.pop(k).tolist() == [json.dumps(v) for v in batch[k]], k
+    assert_same_items(_Without(ours, language), want)
+
+
 @pytest.mark.parametrize(("name", "case"), CASES, ids=[f"{n}-{c}" for n, c in CASES])
 def test_items_equal_lerobot(caches, name, case):
     ours = open_case(caches, name, case)
-    assert_same_items(ours, dict(np.load(FIXTURES / f"items_{name}_{case}.npz")))
+    assert_items(ours, dict(np.load(FIXTURES / f"items_{name}_{case}.npz")))
 
 
 @pytest.mark.parametrize("case", sorted(META["datasets"]["depth"]))
@@ -71,3 +98,19 @@ def test_one_offset_video_window_as_lerobot(caches):
     assert item["observation.images.wrist"].shape == (1, 3, 6, 8)
     assert sorted(shapes) == [(1, 3, 6, 8), (3, 32, 48)]
     assert ours.get_batch([0, 1])["observation.images.front"].shape == (2, 3, 32, 48)
+
+
+def test_unknown_feature_dtype_is_left_out(caches, tmp_path, caplog):
+    """A feature of a dtype RoboCache does not know: one line naming it and its dtype, the
+    other features served."""
+    import shutil
+
+    root = Path(shutil.copytree(FIXTURES / "channels", tmp_path / "unknown"))
+    info = json.loads((root / "meta" / "info.json").read_text())
+    info["features"]["observation.audio"] = {"dtype": "audio", "shape": [1], "names": None}
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    with caplog.at_level("WARNING"):
+        ours = robocache.LeRobotDataset("robocache/unknown", root=root, cache=tmp_path / "c")
+    said = [r.getMessage() for r in caplog.records if "observation.audio" in r.getMessage()]
+    assert len(said) == 1 and "'audio'" in said[0]
+    assert "observation.audio" not in ours[0] and ours[0]["observation.state"].shape == (2,)

@@ -346,10 +346,38 @@ class LeRobotDataset(torch.utils.data.Dataset):
         dev = ds.device
         self._ds, self._from_index, self._task_index = ds, from_index.to(dev), lut[ds.task_id]
         self._task_index = self._task_index.to(dev)
+        self._language = self._read_language()
+
+    @property
+    def _language_keys(self) -> list[str]:
+        """LeRobot's language columns of the dataset (``dtype: "language"``)."""
+        return [k for k, f in self.meta.features.items() if f.get("dtype") == "language"]
+
+    def _read_language(self) -> dict[str, dict[int, list]]:
+        """The served episodes' language columns from the dataset's data files: per column,
+        LeRobot's ``index`` -> the frame's list of message rows, as LeRobot serves them (a
+        ``timestamp`` as the float32 its schema stores, ``tool_calls`` parsed from JSON)."""
+        keys = self._language_keys
+        if not keys:
+            return {}
+        pq = require("pyarrow.parquet", "data", "Parquet files")
+        from robocache.data.formats.lerobot import LeRobotSource
+
+        source = LeRobotSource(self.root)
+        wanted = self.episodes if self.episodes is not None else source.episode_indices()
+        out: dict[str, dict[int, list]] = {k: {} for k in keys}
+        for path in dict.fromkeys(source._data_path(e) for e in wanted):
+            have = set(pq.read_schema(path).names)
+            table = pq.read_table(path, columns=["index", *[k for k in keys if k in have]])
+            index = table.column("index").to_pylist()
+            for k in keys:
+                rows = table.column(k).to_pylist() if k in have else [None] * len(index)
+                out[k].update(zip(index, map(_language_rows, rows), strict=True))
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_ds", "_from_index", "_task_index"):
+        for name in ("_ds", "_from_index", "_task_index", "_language"):
             state.pop(name, None)
         state["_ds"] = None
         return state
@@ -542,6 +570,10 @@ class LeRobotDataset(torch.utils.data.Dataset):
             if k in FRAME_KEYS:
                 out[k], out[f"{k}_is_pad"] = self._frame_window(k, rows, offsets)
         out["task"] = [self.meta.task_names[int(i)] for i in self._task_index[rows].tolist()]
+        if self._language:
+            index = out["index"].tolist()
+            for k, values in self._language.items():
+                out[k] = [values.get(i, []) for i in index]
         return out
 
     @property
@@ -583,6 +615,21 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return (f"{type(self).__name__}(repo_id={self.repo_id!r}, root={str(self.root)!r}, "
                 f"frames={len(self)}, episodes={self.num_episodes}, fps={self.fps}, "
                 f"cache={str(self.cache)!r})")
+
+
+def _language_rows(rows: list[dict] | None) -> list[dict]:
+    """One frame's language message rows as LeRobot's items carry them: LeRobot's schema
+    stores ``timestamp`` as float32 and ``tool_calls`` as JSON, decoded."""
+    out = []
+    for row in rows or []:
+        row = dict(row)
+        if isinstance(row.get("timestamp"), float):
+            row["timestamp"] = float(np.float32(row["timestamp"]))
+        if isinstance(row.get("tool_calls"), list):
+            row["tool_calls"] = [json.loads(c) if isinstance(c, str) else c
+                                 for c in row["tool_calls"]]
+        out.append(row)
+    return out
 
 
 def _item_dtype(dtype: str) -> torch.dtype:

@@ -288,9 +288,9 @@ class LeRobotDatasetMetadata:
 
     @property
     def has_language_columns(self) -> bool:
-        """Whether the dataset declares LeRobot's language columns (served as LeRobot's
-        ``lerobot_collate_fn`` expects only by LeRobot itself; RoboCache serves none)."""
-        return any(k.startswith("language") for k in self.features)
+        """Whether the dataset declares LeRobot's language columns (``language_persistent``,
+        ``language_events``)."""
+        return any(k in ("language_persistent", "language_events") for k in self.features)
 
     def get_task_index(self, task: str) -> int | None:
         """The index of ``task`` (a task string of the dataset), else None."""

@@ -14,7 +14,9 @@ rows where it has no sample; the stream then holds only its non-null rows. ``dty
 features are sparse events. ``dtype: "image"`` features keep their PNG bytes (never re-encoded;
 depth maps: LeRobot's uint16 or float32 TIFF), with the dtype and channels of the stored frames
 (read from the first one); camera shapes declared channel-first (``[C, H, W]``, older
-datasets) are read as ``[H, W, C]``.
+datasets) are read as ``[H, W, C]``. LeRobot's language columns (``dtype: "language"``) are not
+streams (:class:`robocache.LeRobotDataset` serves them from the data files); a feature of a
+dtype not known here is left out, said once in one line, and the rest read.
 Video features are referenced by file and timestamp and decoded
 only on request (:func:`robocache.data.formats.video.decode_frames`).
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -75,6 +78,21 @@ def _stored_format(data: bytes) -> tuple[str, str, int] | None:
     if mode not in _MODES:
         return None
     return ("tiff" if kind == "tiff" else "png"), *_MODES[mode]
+
+
+# (dataset, feature) pairs of unknown dtype already said, in this process
+_SAID: set[tuple[Path, str]] = set()
+
+
+def _known(dtype) -> bool:
+    """Whether a feature ``dtype`` of ``meta/info.json`` is one this reader reads: a camera
+    (``image``, ``video``), ``string`` events, or a bool or numeric NumPy dtype."""
+    if dtype in ("image", "video", "string"):
+        return True
+    try:
+        return isinstance(dtype, str) and np.dtype(dtype).kind in "biuf"
+    except TypeError:
+        return False
 
 
 def _spec(name: str, feature: dict, fps: float,
@@ -291,11 +309,22 @@ class LeRobotSource:
         self._tasks = self._read_tasks()
         self._first_rows = self._file_starts()
         features = self.info["features"]
+        # features that are not streams: LeRobot's language columns (lists of message rows per
+        # frame, served by robocache.LeRobotDataset from the data files) and dtypes unknown
+        # here (said once, the rest of the dataset read)
+        self.unread = {k: f.get("dtype") for k, f in features.items() if isinstance(f, dict)
+                       and k not in INDEX_COLUMNS and not _known(f.get("dtype"))}
+        for k, dtype in self.unread.items():
+            if dtype != "language" and (self.path, k) not in _SAID:
+                _SAID.add((self.path, k))
+                logging.getLogger(__name__).warning(
+                    "%s: feature %r has dtype %r, which RoboCache does not read; it is left "
+                    "out, the other features are read.", self.path, k, dtype)
         try:
             images = [k for k, f in features.items() if f.get("dtype") == "image"]
             stored = self._stored_formats(images)
             self.specs = {k: _spec(k, f, self.fps, stored.get(k)) for k, f in features.items()
-                          if k not in INDEX_COLUMNS}
+                          if k not in INDEX_COLUMNS and k not in self.unread}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise DataError(f"{self.path / 'meta' / 'info.json'}: a feature lacks a valid "
                             f"dtype/shape/fps ({type(e).__name__}: {e}); fix its 'features'.") \
