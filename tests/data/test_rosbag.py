@@ -541,7 +541,7 @@ def write_db3(bag: Path, messages, *, compress: str | None = None) -> None:
 
 def write_ros1(path: Path, messages, *, compression: str = "lz4") -> None:
     """A ROS 1 bag of the ``messages`` whose types ROS 1 Noetic has (definitions and md5 as
-    Noetic's, the header's ``seq`` counting), in ``compression`` chunks."""
+    Noetic's, tf2_msgs added; the header's ``seq`` counting), in ``compression`` chunks."""
     import struct
 
     from rosbags.rosbag1 import Writer
@@ -550,7 +550,10 @@ def write_ros1(path: Path, messages, *, compression: str = "lz4") -> None:
     noetic = get_typestore(Stores.ROS1_NOETIC)
     ros2 = get_typestore(Stores.EMPTY)
     for type_, text in {m[1]: m[2] for m in messages}.items():
-        ros2.register(get_types_from_msg(text, type_))
+        types = get_types_from_msg(text, type_)
+        ros2.register(types)
+        if type_.startswith("tf2_msgs/"):  # not in the store: ROS 1's own tf2_msgs
+            noetic.register({type_: types[type_]})
     writer = Writer(path)
     writer.set_compression(getattr(Writer.CompressionFormat, compression.upper()))
     with writer as w:
@@ -765,3 +768,214 @@ def test_ingest_of_mixed_storages_quarantines_the_damaged(storages, tmp_path):
     assert manifest["counts"]["cached"] == 2 and manifest["counts"]["quarantined"] == 1
     assert "ep1.db3: a sqlite3 bag file without its rosbag2 metadata.yaml" in \
         manifest["quarantined"][0]["reason"]
+
+
+# --- TF: pose streams per frame pair, chains composed over time
+
+def _tf_msgdef() -> str:
+    H, POINT, QUAT, msgdef = (getattr(SCRIPT, k) for k in ("H", "POINT", "QUAT", "msgdef"))
+    return msgdef("geometry_msgs/TransformStamped[] transforms\n",
+                  ("geometry_msgs/TransformStamped", "std_msgs/Header header\n"
+                   "string child_frame_id\ngeometry_msgs/Transform transform\n"), *H,
+                  ("geometry_msgs/Transform", "geometry_msgs/Vector3 translation\n"
+                   "geometry_msgs/Quaternion rotation\n"),
+                  ("geometry_msgs/Vector3", POINT), ("geometry_msgs/Quaternion", QUAT))
+
+
+def _unit(rng, n: int = 1) -> np.ndarray:
+    q = rng.normal(size=(n, 4))
+    return q / np.linalg.norm(q, axis=1, keepdims=True)
+
+
+def write_tf_bag(path: Path, transforms: dict | None = None, seed: int = 3) -> dict:
+    """An MCAP bag of /tf (world → base_link at 50 Hz, base_link → /link1 at 100 Hz, header
+    stamps behind the log times), /tf_static (link1 → tool0, base_link → camera) and a Float64
+    topic; ``transforms``: extra (parent, child) pairs of /tf at 100 Hz. Returns what was
+    written: pair -> (stamp ns [S], float64 [S, 7] xyz wxyz)."""
+    from mcap_ros2.writer import Writer
+
+    rng = np.random.default_rng(seed)
+    t0 = 1_764_000_000 * 10**9
+    moving = {("world", "base_link"): 20_000_000, ("base_link", "/link1"): 10_000_000,
+              **dict.fromkeys(transforms or (), 10_000_000)}
+    written: dict = {}
+    events = []  # (log ns, topic, transforms)
+    for (parent, child), step in moving.items():
+        for i in range(int(0.5e9 // step)):
+            log = t0 + 3_000_000 + i * step + int(rng.integers(0, 500_000))
+            stamp = log - int(rng.integers(0, 1_000_000))
+            value = np.concatenate([rng.normal(size=3), _unit(rng)[0]])
+            events.append((log, "/tf", [(parent, child, stamp, value)]))
+            written.setdefault((parent, child.lstrip("/")), []).append((stamp, value))
+    static = [("link1", "tool0", t0, np.concatenate([rng.normal(size=3), _unit(rng)[0]])),
+              ("base_link", "camera", 0, np.concatenate([rng.normal(size=3), _unit(rng)[0]]))]
+    events.append((t0 + 1_000_000, "/tf_static", static))
+    for parent, child, stamp, value in static:
+        written[(parent, child)] = [(stamp, value)]
+    events.sort(key=lambda e: e[0])
+    with open(path, "wb") as f:
+        w = Writer(f)
+        schema = w.register_msgdef("tf2_msgs/msg/TFMessage", _tf_msgdef())
+        f64 = w.register_msgdef("std_msgs/msg/Float64", SCRIPT.DEFS["std_msgs/msg/Float64"])
+        for i in range(11):
+            w.write_message("/x", f64, {"data": float(i)}, log_time=t0 + i * 50_000_000)
+        for log, topic, trs in events:
+            msg = {"transforms": [{
+                "header": {"stamp": {"sec": st // 10**9, "nanosec": st % 10**9},
+                           "frame_id": p},
+                "child_frame_id": c,
+                "transform": {"translation": dict(zip("xyz", v[:3].tolist(), strict=True)),
+                              "rotation": dict(zip("wxyz", v[3:].tolist(), strict=True))}}
+                for p, c, st, v in trs]}
+            w.write_message(topic, schema, msg, log_time=log)
+        w.finish()
+    return {k: (np.array([s for s, _ in v], np.int64), np.array([x for _, x in v]))
+            for k, v in written.items()}
+
+
+def _pose(values: np.ndarray):
+    from scipy.spatial.transform import Rotation
+
+    return values[:, :3], Rotation.from_quat(values[:, [4, 5, 6, 3]])  # scipy: xyzw
+
+
+def _at(ns: np.ndarray, values: np.ndarray, want_ns: np.ndarray) -> np.ndarray:
+    """A pair's poses at ``want_ns``: positions linear, rotations slerp (scipy's)."""
+    from scipy.spatial.transform import Rotation, Slerp
+
+    t = (ns - ns[0]) / 1e9
+    x = (want_ns - ns[0]) / 1e9
+    pos = np.stack([np.interp(x, t, values[:, k]) for k in range(3)], 1)
+    rot = Slerp(t, Rotation.from_quat(values[:, [4, 5, 6, 3]]))(x)
+    q = rot.as_quat()
+    return np.concatenate([pos, q[:, [3, 0, 1, 2]]], 1)
+
+
+def _compose(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    pa, ra = _pose(a)
+    pb, rb = _pose(b)
+    q = (ra * rb).as_quat()
+    return np.concatenate([pa + ra.apply(pb), q[:, [3, 0, 1, 2]]], 1)
+
+
+def _inverse(a: np.ndarray) -> np.ndarray:
+    p, r = _pose(a)
+    q = r.inv().as_quat()
+    return np.concatenate([-r.inv().apply(p), q[:, [3, 0, 1, 2]]], 1)
+
+
+def _same_pose(got: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(got[:, :3], want[:, :3], rtol=0, atol=1e-12)
+    sign = np.sign(np.sum(got[:, 3:] * want[:, 3:], axis=1, keepdims=True))  # q and -q
+    np.testing.assert_allclose(got[:, 3:], sign * want[:, 3:], rtol=0, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def tf_bag(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tf") / "tf.mcap"
+    return path, write_tf_bag(path)
+
+
+def test_tf_pairs_are_pose_streams(tf_bag):
+    path, written = tf_bag
+    src = RosbagSource(path)
+    ep = src.read(0)
+    for pair in (("world", "base_link"), ("base_link", "link1")):
+        name = "tf." + ".".join(pair)
+        ns, values = written[pair]
+        assert ep.meta["stamps_ns"][name + ".position"].tolist() == ns.tolist()
+        assert np.array_equal(ep.streams[name + ".position"].times, nearest_seconds(ns))
+        assert np.array_equal(ep.streams[name + ".position"].data, values[:, :3])
+        assert np.array_equal(ep.streams[name + ".orientation"].data, values[:, 3:])
+        assert src.specs[name + ".orientation"].quaternion
+        assert src.specs[name + ".position"].rate_hz == pytest.approx(1e9 / (
+            20_000_000 if pair[0] == "world" else 10_000_000), rel=0.1)
+    # static pairs: constant over the span of every other stream
+    span = [min(int(v[0]) for v in ep.meta["stamps_ns"].values()),
+            max(int(v[-1]) for v in ep.meta["stamps_ns"].values())]
+    for pair in (("link1", "tool0"), ("base_link", "camera")):
+        name = "tf." + ".".join(pair)
+        assert ep.meta["stamps_ns"][name + ".position"].tolist() == span
+        assert np.array_equal(ep.streams[name + ".orientation"].data,
+                              np.repeat(written[pair][1][:, 3:], 2, axis=0))
+    assert ("base_link", "camera", "static") in ep.meta["tf_frames"]
+
+
+def test_tf_chain_composed_over_time(tf_bag):
+    path, written = tf_bag
+    ep = RosbagSource(path, tf_chains=["base_link:tool0", ("tool0", "camera"),
+                                       "/world:tool0"]).read(0)
+    bl_l1 = written[("base_link", "link1")]
+    l1_t0 = np.repeat(written[("link1", "tool0")][1], len(bl_l1[0]), axis=0)
+    cam = np.repeat(written[("base_link", "camera")][1], len(bl_l1[0]), axis=0)
+    # one moving link: its own times, composed with the static one
+    got = np.concatenate([ep.streams["tf.base_link.tool0.position"].data,
+                          ep.streams["tf.base_link.tool0.orientation"].data], 1)
+    assert ep.meta["stamps_ns"]["tf.base_link.tool0.position"].tolist() == bl_l1[0].tolist()
+    want = _compose(bl_l1[1], l1_t0)
+    _same_pose(got, want)
+    # up to the common frame (inverted), then down
+    got = np.concatenate([ep.streams["tf.tool0.camera.position"].data,
+                          ep.streams["tf.tool0.camera.orientation"].data], 1)
+    _same_pose(got, _compose(_inverse(want), cam))
+    # two moving links at their own rates: every sample time inside their common span, each
+    # link aligned there (linear / slerp)
+    w_bl = written[("world", "base_link")]
+    ns = np.unique(np.concatenate([w_bl[0], bl_l1[0]]))
+    ns = ns[(ns >= max(w_bl[0][0], bl_l1[0][0])) & (ns <= min(w_bl[0][-1], bl_l1[0][-1]))]
+    assert ep.meta["stamps_ns"]["tf.world.tool0.position"].tolist() == ns.tolist()
+    got = np.concatenate([ep.streams["tf.world.tool0.position"].data,
+                          ep.streams["tf.world.tool0.orientation"].data], 1)
+    want = _compose(_compose(_at(*w_bl, ns), _at(*bl_l1, ns)),
+                    np.repeat(written[("link1", "tool0")][1], len(ns), axis=0))
+    np.testing.assert_allclose(got[:, :3], want[:, :3], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.abs(np.sum(got[:, 3:] * want[:, 3:], axis=1)), 1, atol=1e-9)
+
+
+@pytest.mark.parametrize("chain,extra,reason", [
+    ("base_link:nowhere", None, r"TF chain base_link → nowhere: frame nowhere is in no "
+                                r"transform of the bag \(frames: \["),
+    ("base_link:odom", [("map", "odom")], r"TF chain base_link → odom: no transforms link "
+                                          r"them \(base_link's tree has root world, odom's "
+                                          r"has root map\)"),
+    ("world:tool0", [("tool0", "world")], r"TF frames .* form a loop"),
+    ("world:tool0", [("camera", "link1")], r"TF frame link1 has two parents, base_link and "
+                                           r"camera"),
+])
+def test_tf_chain_gap_or_loop_one_line(tmp_path, chain, extra, reason):
+    write_tf_bag(tmp_path / "b.mcap", extra)
+    with pytest.raises(DataError, match=reason) as e:
+        RosbagSource(tmp_path / "b.mcap", tf_chains=[chain])
+    assert "\n" not in str(e.value)
+    with pytest.raises(DataError, match="SOURCE:TARGET"):
+        RosbagSource(tmp_path / "b.mcap", tf_chains=["base_link"])
+
+
+def test_tf_from_ros1_and_db3_equals_mcap(tf_bag, tmp_path):
+    path, _ = tf_bag
+    messages = _mcap_messages([path])
+    write_ros1(tmp_path / "tf.bag", messages)
+    write_db3(tmp_path / "tf_db3", messages)
+    want = RosbagSource(path, tf_chains=["world:tool0"]).read(0)
+    for other in (tmp_path / "tf.bag", tmp_path / "tf_db3"):
+        got = RosbagSource(other, tf_chains=["world:tool0"]).read(0)
+        assert got.streams.keys() == want.streams.keys()
+        for name, s in want.streams.items():
+            assert np.array_equal(got.streams[name].data, s.data), (other, name)
+            assert np.array_equal(got.meta["stamps_ns"][name], want.meta["stamps_ns"][name])
+
+
+@pytest.mark.slow
+def test_ingest_tf_chain(tf_bag, tmp_path):
+    path, _ = tf_bag
+    run = cli("ingest", str(path), str(tmp_path / "c"), "--rate", "50", "--device", "cpu",
+              "--no-progress", "--json", "--tf-chain", "base_link:tool0")
+    assert run.returncode == 0, run.stderr
+    streams = json.loads(run.stdout)["streams"]
+    assert streams["tf.base_link.tool0.orientation"]["method"] == "slerp"
+    assert streams["tf.base_link.camera.position"]["method"] == "previous"  # held
+    run = cli("ingest", str(path), str(tmp_path / "d"), "--rate", "50", "--no-progress",
+              "--tf-chain", "tool0")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "--tf-chain" in run.stderr and "SOURCE:TARGET" in run.stderr
+    assert not (tmp_path / "d").exists()

@@ -66,6 +66,10 @@ LogTimeOpt = Annotated[bool, typer.Option(
 AllowTruncatedOpt = Annotated[bool, typer.Option(
     "--allow-truncated", help="ROS 2 bags: keep a truncated bag's messages up to its last "
                               "complete chunk instead of quarantining it.")]
+TfChainOpt = Annotated[list[str], typer.Option(
+    "--tf-chain", help="ROS bags: also compose the TF pose of TARGET in SOURCE's frame over "
+                       "time, as stream tf.SOURCE.TARGET.* (SOURCE:TARGET, e.g. "
+                       "base_link:tool0; repeat).")]
 ToleranceOpt = Annotated[float, typer.Option(help="Camera (frame-index) streams: pad steps "
                                                  "farther than this (s, >= 0) from every frame "
                                                  "(default: never). Part of the cache's "
@@ -120,7 +124,7 @@ def print_summary(manifest: dict) -> None:
 SHARED = {"keys": (KeysOpt, None), "fps": (FpsOpt, None), "split": (SplitOpt, None),
           "topic": (TopicOpt, None), "exclude_topic": (ExcludeTopicOpt, None),
           "task_topic": (TaskTopicOpt, None), "log_time": (LogTimeOpt, False),
-          "allow_truncated": (AllowTruncatedOpt, False),
+          "allow_truncated": (AllowTruncatedOpt, False), "tf_chain": (TfChainOpt, None),
           "tolerance": (ToleranceOpt, None), "grid_tolerance": (GridToleranceOpt, 1e-4),
           "shard": (ShardOpt, None), "as_json": (JsonOpt, False), "progress": (ProgressOpt, True),
           "overwrite": (OverwriteOpt, False), "retry_quarantined": (RetryOpt, False),
@@ -150,7 +154,7 @@ def cache_command(fn: Callable) -> Callable:
 
 
 def source_options(topic=None, exclude_topic=None, task_topic=None, log_time=False,
-                   allow_truncated=False, **options) -> dict:
+                   allow_truncated=False, tf_chain=None, **options) -> dict:
     """The reader options given on the command line (unset ones left to the reader); the
     ROS 2 bag flags as :class:`~robocache.data.formats.rosbag.RosbagSource` options.
 
@@ -164,13 +168,13 @@ def source_options(topic=None, exclude_topic=None, task_topic=None, log_time=Fal
         check_fps(options["fps"])
     options.update(topics=topic or None, exclude_topics=exclude_topic or None,
                    task_topic=task_topic, time_source="log" if log_time else None,
-                   allow_truncated=allow_truncated or None)
+                   allow_truncated=allow_truncated or None, tf_chains=tf_chain or None)
     return {k: v for k, v in options.items() if v is not None}
 
 
 def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, topic, exclude_topic,
-        task_topic, log_time, allow_truncated, tolerance, grid_tolerance, shard, as_json,
-        progress, overwrite, retry_quarantined, wait, verbose, metrics_port, pushgateway,
+        task_topic, log_time, allow_truncated, tf_chain, tolerance, grid_tolerance, shard,
+        as_json, progress, overwrite, retry_quarantined, wait, verbose, metrics_port, pushgateway,
         log_format, dest, staging, storage_option, **kwargs) -> None:
     """Run a cache job with the shared flags, observed as ``name`` (metrics, pushgateway,
     logs); print its manifest (``--json``) or summary; exit with the shared codes (bad input:
@@ -186,7 +190,7 @@ def run(job: Callable[..., dict], name: str, *, rate, keys, fps, split, topic, e
                        source_options=source_options(
                            fps=fps, split=split, topic=topic, exclude_topic=exclude_topic,
                            task_topic=task_topic, log_time=log_time,
-                           allow_truncated=allow_truncated), shard=shard,
+                           allow_truncated=allow_truncated, tf_chain=tf_chain), shard=shard,
                        overwrite=overwrite, retry_quarantined=retry_quarantined, wait=wait,
                        progress=progress and not as_json,
                        log=lambda msg: typer.echo(msg, err=True), **kwargs)

@@ -99,7 +99,7 @@ def open_source(path: str | Path, format: str | None = None, **options: Any) -> 
 
 
 # the command-line flag of a reader option whose name is not the option's own (repeated flags)
-_FLAGS = {"topics": "--topic", "exclude_topics": "--exclude-topic"}
+_FLAGS = {"topics": "--topic", "exclude_topics": "--exclude-topic", "tf_chains": "--tf-chain"}
 
 
 def _detect(path: Path) -> str | None:

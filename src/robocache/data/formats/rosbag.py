@@ -74,7 +74,7 @@ import numpy as np
 
 from robocache._optional import require
 from robocache.data.episode import Episode, Stream, StreamSpec
-from robocache.data.formats import cdr
+from robocache.data.formats import cdr, tf
 from robocache.errors import DataError
 
 XYZ = ("x", "y", "z")
@@ -254,9 +254,11 @@ class RosbagSource:
 
     def __init__(self, path: str | Path, *, topics: list[str] | None = None,
                  exclude_topics: list[str] | None = None, task_topic: str | None = None,
-                 time_source: str = "header", allow_truncated: bool = False):
+                 time_source: str = "header", allow_truncated: bool = False,
+                 tf_chains: list[str | tuple[str, str]] | None = None):
         self.path = Path(path)
         _mcap()
+        self.tf_chains = [_tf_chain(c) for c in tf_chains or ()]
         if time_source not in TIME_SOURCES:
             raise DataError(f"`time_source` must be one of {TIME_SOURCES}; got "
                             f"{time_source!r} (--log-time sets 'log').")
@@ -328,7 +330,7 @@ class RosbagSource:
                                      and topic != self.task_topic):
             return "not selected"
         if type_ in VECTORS or type_ in SCALARS or type_ in ARRAYS or type_ in (
-                JOINT_STATE, COMPRESSED, IMAGE, STRING):
+                JOINT_STATE, COMPRESSED, IMAGE, STRING, tf.TF):
             return None
         return f"{type_}: no mapping"
 
@@ -355,10 +357,24 @@ class RosbagSource:
                                 "tasks": [], "stamps_ns": {}, "joint_names": {}}
         if truncated:
             meta["truncated"] = truncated
+
+        def add(name: str, spec: StreamSpec, ns: np.ndarray, data) -> None:
+            if discover:
+                self.specs[name] = spec
+                self._check_new(name)
+            elif name not in self.specs:
+                return  # a topic the first bag lacked: not a stream of this source
+            streams[name] = Stream(self.specs[name], _seconds(ns), data)
+            meta["stamps_ns"][name] = ns
+
+        tf_topics = []
         for t in topics.values():
             if t.skipped:
                 if discover and t.skipped != "not selected":
                     self.skipped[t.topic] = t.skipped
+                continue
+            if t.type == tf.TF:
+                tf_topics.append((t.topic, t.log_ns, t.values))
                 continue
             ns = self._times(t)
             if t.topic == self.task_topic:
@@ -373,17 +389,43 @@ class RosbagSource:
                     self.skipped[t.topic] = t.skipped
                 continue
             for name, spec, data in produced:
-                if discover:
-                    self.specs[name] = spec
-                    self._check_new(name)
-                elif name not in self.specs:
-                    continue  # a topic the first bag lacked: not a stream of this source
-                streams[name] = Stream(self.specs[name], _seconds(ns), data)
-                meta["stamps_ns"][name] = ns
+                add(name, spec, ns, data)
+        if tf_topics or self.tf_chains:
+            for name, spec, ns, data in self._tf_streams(tf_topics, meta["stamps_ns"], meta):
+                add(name, spec, ns, data)
         meta["joint_names"] = {k: v for k, v in self.joint_names.items()
                                if any(n.startswith(k + ".") for n in streams)}
         meta["length"] = sum(len(s) for s in streams.values())
         return Episode(index, streams, meta)
+
+    def _tf_streams(self, tf_topics, stamps: dict[str, np.ndarray], meta: dict):
+        """``(name, spec, ns, data)`` of every TF pair and requested chain
+        (:mod:`~robocache.data.formats.tf`); static pairs held over the span of the other
+        streams (``stamps``) and the moving pairs."""
+        links = tf.links(tf_topics, self.time_source == "log")
+        moving = [link.ns for link in links if not link.static]
+        ends = [(int(ns[0]), int(ns[-1])) for ns in [*stamps.values(), *moving] if len(ns)]
+        if not ends:
+            ends = [(int(link.log_ns[0]), int(link.log_ns[-1])) for link in links]
+        start, end = min(a for a, _ in ends), max(b for _, b in ends)
+        links = [tf.hold_static(link, start, end) if link.static else link for link in links]
+        meta["tf_frames"] = [(link.parent, link.child, "static" if link.static else "moving")
+                             for link in links]
+        out = {(link.parent, link.child): (link.ns, link.values, _rate(link.log_ns)
+                                           if not link.static else None) for link in links}
+        for source, target in self.tf_chains:
+            if (source, target) not in out:
+                path = tf.chain(links, source, target)
+                ns, values = tf.compose(path)
+                rates = [_rate(link.log_ns) for link, _ in path if not link.static]
+                out[(source, target)] = (ns, values, max((r for r in rates if r), default=None))
+        for (parent, child), (ns, values, rate) in out.items():
+            base = tf.stream_base(parent, child)
+            yield (f"{base}.position", StreamSpec(f"{base}.position", "numeric", "float64",
+                                                  (3,), rate), ns, values[:, :3])
+            yield (f"{base}.orientation", StreamSpec(f"{base}.orientation", "numeric",
+                                                     "float64", (4,), rate, quaternion=True),
+                   ns, values[:, 3:])
 
     def _check_new(self, name: str) -> None:
         clash = [n for n in self.specs if n != name and n.startswith(name + ".")]
@@ -636,6 +678,15 @@ def iter_messages(f):
         elif kind == "Message":
             channel = channels.get(record.channel_id)
             yield channel, schemas.get(channel.schema_id) if channel else None, record
+
+
+def _tf_chain(chain: str | tuple[str, str]) -> tuple[str, str]:
+    """``"source:target"`` or ``(source, target)`` → the two frame names."""
+    parts = chain.split(":") if isinstance(chain, str) else list(chain)
+    if len(parts) != 2 or not all(isinstance(p, str) and p.strip("/") for p in parts):
+        raise DataError(f"`tf_chains` (--tf-chain) takes SOURCE:TARGET frame pairs, e.g. "
+                        f"base_link:tool0; got {chain!r}.")
+    return tf.frame(parts[0]), tf.frame(parts[1])
 
 
 def _topic(name: str) -> str:
@@ -935,6 +986,8 @@ def _extract(type_: str, msg) -> Any:
         return (tuple(msg.name), msg.position, msg.velocity, msg.effort)
     if type_ == STRING or type_ in SCALARS or type_ in ARRAYS:
         return msg.data
+    if type_ == tf.TF:
+        return tf.extract(msg)
     if type_ == COMPRESSED:
         return _image_bytes(bytes(msg.data), msg.format)
     return _raw_image(msg)
