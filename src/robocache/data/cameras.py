@@ -62,7 +62,7 @@ from robocache.observability import metrics
 if TYPE_CHECKING:
     from robocache.data.lanes import Lane
 
-CODECS = ("jpeg", "png")
+CODECS = ("jpeg", "png", "video")
 DEFAULT_QUALITY = jpeg.DEFAULT_QUALITY
 DEFAULT_CHROMA = jpeg.DEFAULT_CHROMA
 VIDEO_DECODERS = ("auto", "pyav", "nvdec")
@@ -113,14 +113,15 @@ def decode_video(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
 
 
 def decode_video_with(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
-                      decoder: str = "pyav", gpu: int = 0):
+                      decoder: str = "pyav", gpu: int = 0, gray: bool = False):
     """:func:`decode_video`, and the decoder that decoded the frames (``"pyav"`` or
-    ``"nvdec"``) as a fourth element."""
+    ``"nvdec"``) as a fourth element. ``gray``: a 12-bit grey video (LeRobot's depth videos),
+    decoded by PyAV as uint16 ``[F, H, W, 1]`` codes."""
     _check_decoder(decoder)
-    got = _nvdec_attempt(path, start_s, end_s, tolerance_s, decoder, gpu)
+    got = None if gray else _nvdec_attempt(path, start_s, end_s, tolerance_s, decoder, gpu)
     if got is not None:
         return np.stack(got[0]), got[1], got[2], "nvdec"
-    frames, t, index = _decode_pyav(path, start_s, end_s, tolerance_s)
+    frames, t, index = _decode_pyav(path, start_s, end_s, tolerance_s, gray=gray)
     return np.stack(frames), t, index, "pyav"
 
 
@@ -173,7 +174,8 @@ def _frame_numbers(t: np.ndarray, rate: float | None) -> np.ndarray:
 
 def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
                  info: dict | None = None, threads: int = 0,
-                 size: tuple[int, int] | None = None) -> Iterator[tuple[np.ndarray, float]]:
+                 size: tuple[int, int] | None = None,
+                 gray: bool = False) -> Iterator[tuple[np.ndarray, float]]:
     """Decode the frames of ``path`` shown in ``[start_s, end_s]`` (file seconds) with PyAV,
     one at a time: yields (uint8 ``[H, W, 3]`` frame, file timestamp), so a caller holds only
     the frames it keeps. ``info``: when given, ``info["rate"]`` is set to the stream's average
@@ -183,7 +185,9 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
     are converted to in the same swscale pass as the colour conversion (bilinear, antialiased
     when shrinking, as Pillow's resize: 40.9-41.4 dB of it at 224x224 on the benchmark's
     frames, 0.46-0.49 against 1.83-1.88 ms a 480x640 frame for the conversion then Pillow's
-    resize; benchmarks/results/cameras-profile-cpu-2026-11-27.json).
+    resize; benchmarks/results/cameras-profile-cpu-2026-11-27.json). ``gray``: the frames
+    as 12-bit grey codes, uint16 ``[H, W, 1]`` (LeRobot's depth videos, as LeRobot decodes
+    them; ``size`` not applied).
 
     Raises:
         DataError: the file is missing, unreadable or in a codec this FFmpeg build cannot
@@ -221,7 +225,10 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
                         break
                     times.append(t)
                     if info is not None:
-                        info["shape"] = (frame.height, frame.width, 3)
+                        info["shape"] = (frame.height, frame.width, 1 if gray else 3)
+                    if gray:
+                        yield frame.to_ndarray(format="gray12le")[..., None], t
+                        continue
                     yield rgb.reformat(frame, format="rgb24", **scale).to_ndarray(), t
             except (av.error.FFmpegError, OSError) as e:
                 # a corrupt packet after the span's last frame (a truncated file's next
@@ -235,13 +242,14 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
 
 def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float, each=None,
                  threads: int = 0, size: tuple[int, int] | None = None,
-                 info: dict | None = None):
-    """The span's frames decoded by PyAV (:func:`video_frames`, its ``info``, ``threads`` and
-    ``size``): (``each(frame)`` of every rgb24 frame as it is decoded, the frame itself by
-    default; file seconds; frame numbers)."""
+                 info: dict | None = None, gray: bool = False):
+    """The span's frames decoded by PyAV (:func:`video_frames`, its ``info``, ``threads``,
+    ``size`` and ``gray``): (``each(frame)`` of every rgb24 frame (grey codes with ``gray``)
+    as it is decoded, the frame itself by default; file seconds; frame numbers)."""
     info = {} if info is None else info
     kept, times = [], []
-    for image, t in video_frames(path, start_s, end_s, tolerance_s, info, threads, size):
+    for image, t in video_frames(path, start_s, end_s, tolerance_s, info, threads, size,
+                                 gray):
         kept.append(image if each is None else each(image))
         times.append(t)
     rate = info.get("rate")
@@ -417,7 +425,7 @@ def decode_videos(episode: Episode, specs: dict[str, StreamSpec],
         start = s.video.from_timestamp
         frames, t, index, used = decode_video_with(
             s.video.path, start + float(s.times[0]), start + float(s.times[-1]), tolerance_s,
-            decoder, gpu)
+            decoder, gpu, gray=_gray(spec))
         episode.streams[name] = Stream(spec, t - start, frames, s.video)
         episode.meta.setdefault("source_frame", {})[name] = index
         episode.meta.setdefault("video_decoder", {})[name] = used
@@ -624,8 +632,14 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
             decode, a stream without samples, or frames of another shape than ``specs`` says
             (the message is the episode's quarantine reason).
     """
+    from robocache.data.build.encode import kept_as_video
+    from robocache.data.video_store import packet_table
+
     sizes = sizes or {}
     tables, pending = {}, {}
+    video = fmt.codec == "video"
+    if video:  # the cameras that are not kept as video are stored as JPEG
+        fmt = FrameFormat("jpeg", fmt.quality, fmt.chroma)
     for name, spec in specs.items():
         s = episode.streams.get(name)
         if spec.kind not in ("image", "video") or s is None:
@@ -638,10 +652,15 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
         start = s.video.from_timestamp
         task = (s.video.path, start + float(s.times[0]), start + float(s.times[-1]), 1e-4, fmt,
                 sizes.get(name), spec.shape, f"episode {episode.index}: stream {name!r}")
-        if workers is not None and workers.lanes and decoder != "pyav":
+        if video and kept_as_video(spec, "video"):  # its packets, demuxed here: no decode
+            table, t, index = packet_table(episode.index, *task[:4], spec.shape, task[7])
+            _keep_times(episode, name, "copy", t, index)
+            tables[name] = table
+            continue
+        if workers is not None and workers.lanes and decoder != "pyav" and not _gray(spec):
             pending[name] = (workers.submit_stream(task, decoder), "lane")
             continue
-        got = _nvdec_stream(*task, decoder, gpu)
+        got = None if _gray(spec) else _nvdec_stream(*task, decoder, gpu)
         if got is not None:
             pending[name] = (got, "nvdec")
         elif workers is None:
@@ -671,11 +690,24 @@ def _add_table(episode: Episode, name: str, used: str, data, t: np.ndarray, inde
                tables: dict) -> None:
     """Leave a decoded video stream in ``episode`` as :func:`camera_tables` says and add its
     frames' table to ``tables``."""
+    _keep_times(episode, name, used, t, index)
+    tables[name] = _table(episode.index, index, episode.streams[name].times, data)
+
+
+def _keep_times(episode: Episode, name: str, used: str, t: np.ndarray, index: np.ndarray
+                ) -> None:
+    """Leave video stream ``name`` of ``episode`` as its frames' timestamps (``t``: file
+    seconds), frame numbers ``index`` and decoder ``used`` (:func:`camera_tables`)."""
     s = episode.streams[name]
     episode.streams[name] = Stream(s.spec, t - s.video.from_timestamp, None, s.video)
     episode.meta.setdefault("source_frame", {})[name] = index
     episode.meta.setdefault("video_decoder", {})[name] = used
-    tables[name] = _table(episode.index, index, episode.streams[name].times, data)
+
+
+def _gray(spec: StreamSpec) -> bool:
+    """Whether a video stream's frames are 12-bit grey codes (uint16 ``[H, W, 1]``: LeRobot's
+    depth videos), which PyAV decodes."""
+    return spec.dtype == "uint16" and len(spec.shape) == 3 and spec.shape[2] == 1
 
 
 def _check_shape(got: tuple[int, ...], shape: tuple[int, ...], where: str) -> None:
@@ -697,7 +729,8 @@ def _pyav_stream(path, start_s: float, end_s: float, tolerance_s: float, fmt: Fr
 
     if size is not None and tuple(size) == tuple(shape[:2]):
         size = None
-    return _decode_pyav(path, start_s, end_s, tolerance_s, each, threads, size, info)
+    gray = len(shape) == 3 and shape[2] == 1  # a depth video's grey codes (see _gray)
+    return _decode_pyav(path, start_s, end_s, tolerance_s, each, threads, size, info, gray)
 
 
 def _pyav_shipped(*task, threads: int = 0):
@@ -1091,7 +1124,10 @@ def decode_all(cameras: list[tuple[Any, torch.Tensor]],
             del frames[:n]
     for i, (f, _) in enumerate(cameras):
         if out[i] is None:
-            out[i] = _decode_cpu(f, distinct[i][0], device)
+            if f.codec == "video":  # the GOPs' packets, read: decoded GOP by GOP
+                out[i] = f.decode(distinct[i][0], device)
+            else:
+                out[i] = _decode_cpu(f, distinct[i][0], device)
             metrics.count_frames("cpu", distinct[i][0].numel())
     return [(o if inv is None else o[inv]).reshape(*rows.shape, *o.shape[1:])
             for o, inv, (_, rows) in zip(out, inverse, cameras, strict=True)]

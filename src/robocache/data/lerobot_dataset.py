@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -145,8 +146,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return_uint8: serve video features as uint8 ``[C, H, W]`` (LeRobot's fast path; image
             features stay float32, as LeRobot).
         depth_output_unit: ``"mm"`` or ``"m"``: depth features (LeRobot's depth images,
-            uint16 or float32 TIFF) are served as LeRobot serves them, float32 ``[1, H, W]``
-            in this unit (converted from the ``depth_unit`` recorded in their
+            uint16 or float32 TIFF, and depth videos, 12-bit codes dequantized as LeRobot
+            does: :func:`dequantize_depth`) are served as LeRobot serves them, float32
+            ``[1, H, W]`` in this unit (converted from the ``depth_unit`` recorded in their
             ``info``; as stored where none is), their ``meta.stats`` rescaled to it.
         download_videos, video_backend, token: LeRobot's download and decode arguments:
             nothing is downloaded, and videos are decoded by PyAV once when the cache is built
@@ -585,8 +587,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     def _depth_map(self, key: str, v: torch.Tensor) -> torch.Tensor:
         """A depth camera's frames as LeRobot serves them: float32 ``[..., 1, H, W]`` in
-        ``depth_output_unit`` (converted from the unit stored as LeRobot converts: metres
-        times 1000, millimetres over 1000; as stored where the unit is not recorded)."""
+        ``depth_output_unit``: a depth video's 12-bit codes dequantized
+        (:func:`dequantize_depth`), a depth image converted from the unit stored as LeRobot
+        converts (metres times 1000, millimetres over 1000; as stored where the unit is not
+        recorded)."""
+        if key in self.meta.video_keys:
+            return dequantize_depth(v, self.meta.features[key].get("info") or {},
+                                    self.depth_output_unit)
         v = v.to(torch.float32, memory_format=torch.contiguous_format)
         stored = self._depth[key]
         if stored is None or stored == self.depth_output_unit:
@@ -615,6 +622,38 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return (f"{type(self).__name__}(repo_id={self.repo_id!r}, root={str(self.root)!r}, "
                 f"frames={len(self)}, episodes={self.num_episodes}, fps={self.fps}, "
                 f"cache={str(self.cache)!r})")
+
+
+# LeRobot's depth video quantizer: 12-bit codes, and its defaults where a feature's ``info``
+# records no ``video.depth_min`` / ``video.depth_max`` / ``video.shift`` / ``video.use_log``
+DEPTH_QMAX = 4095
+DEPTH_DEFAULTS = {"depth_min": 0.01, "depth_max": 10.0, "shift": 3.5, "use_log": True}
+
+
+def dequantize_depth(codes: torch.Tensor, info: dict, unit: str) -> torch.Tensor:
+    """A depth video's 12-bit codes (``[..., 1, H, W]``) as depth, float32 ``[..., 1, H, W]``
+    in ``unit`` (``"m"``; ``"mm"``: rounded, within [0, 65535]), with the quantizer settings
+    its ``info`` records, computed in the order LeRobot 0.6.1 computes them (the same float32
+    operations: bit for bit on the CPU): codes times the step plus the lower end (in log
+    space, then ``exp`` minus the shift, when logarithmic), clamped to the range."""
+    q = {k: info.get(f"video.{k}", d) for k, d in DEPTH_DEFAULTS.items()}
+    lo, hi, shift = float(q["depth_min"]), float(q["depth_max"]), float(q["shift"])
+    if q["use_log"]:
+        if lo + shift <= 0:
+            raise DataError(f"depth video quantizer: depth_min + shift must be > 0 for its "
+                            f"logarithmic codes; got {lo} + {shift}.")
+        offset = math.log(lo + shift)
+        scale = (math.log(hi + shift) - offset) / DEPTH_QMAX
+    else:
+        offset, scale = lo, (hi - lo) / DEPTH_QMAX
+    out = codes.to(dtype=torch.float32, copy=True)
+    out.mul_(scale).add_(offset)
+    if q["use_log"]:
+        out.exp_().sub_(shift)
+    out.clamp_(lo, hi)
+    if unit == "mm":
+        out.mul_(1000.0).round_().clamp_(0.0, 65535.0)
+    return out
 
 
 def _language_rows(rows: list[dict] | None) -> list[dict]:

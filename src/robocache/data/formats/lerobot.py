@@ -18,7 +18,8 @@ datasets) are read as ``[H, W, C]``. LeRobot's language columns (``dtype: "langu
 streams (:class:`robocache.LeRobotDataset` serves them from the data files); a feature of a
 dtype not known here is left out, said once in one line, and the rest read.
 Video features are referenced by file and timestamp and decoded
-only on request (:func:`robocache.data.formats.video.decode_frames`).
+only on request (:func:`robocache.data.formats.video.decode_frames`): as RGB, or, for a depth
+video (``is_depth_map``), as its 12-bit grey codes (uint16 ``[H, W, 1]``).
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ def _stored_format(data: bytes) -> tuple[str, str, int] | None:
 _SAID: set[tuple[Path, str]] = set()
 
 
+def _is_depth(feature: dict) -> bool:
+    """Whether a camera feature is a depth map (``info``'s ``is_depth_map``, or the legacy
+    ``video.is_depth_map`` in ``info`` or ``video_info``), as LeRobot tells."""
+    info, video = feature.get("info") or {}, feature.get("video_info") or {}
+    return bool(info.get("is_depth_map") or info.get("video.is_depth_map")
+                or video.get("video.is_depth_map"))
+
+
 def _known(dtype) -> bool:
     """Whether a feature ``dtype`` of ``meta/info.json`` is one this reader reads: a camera
     (``image``, ``video``), ``string`` events, or a bool or numeric NumPy dtype."""
@@ -102,7 +111,10 @@ def _spec(name: str, feature: dict, fps: float,
     rate = float(feature.get("fps", fps)) if dtype != "string" else feature.get("fps")
     if dtype == "video":
         rate = float(feature.get("info", {}).get("video.fps", rate))
-        return StreamSpec(name, "video", "uint8", _frame_shape(feature), rate)
+        h, w = _frame_shape(feature)[:2]
+        if _is_depth(feature):  # 12-bit quantized depth: the codes, dequantized when served
+            return StreamSpec(name, "video", "uint16", (h, w, 1), rate)
+        return StreamSpec(name, "video", "uint8", (h, w, 3), rate)  # decoded as RGB
     if dtype == "image":  # PNG (TIFF: depth) bytes in the parquet: kept, decoded when served
         shape = _frame_shape(feature)
         if stored is None:
