@@ -44,9 +44,80 @@ FULL = {"episodes": 400, "length": 500, "steps": 200, "warmup": 20, "d_model": 5
 QUICK = {"episodes": 8, "length": 120, "steps": 4, "warmup": 1, "d_model": 32, "layers": 1}
 
 
+def init_rank(backend: str | None = None) -> tuple[int, int, torch.device]:
+    """This rank's process group and device (started by torchrun): (rank, world, device).
+
+    NCCL on GPUs and gloo on the CPU by default; ``backend="gloo"`` on GPUs lets more ranks
+    than GPUs share them (rank ``LOCAL_RANK`` on GPU ``LOCAL_RANK % GPUs``: a dry run of the
+    multi-rank path on one GPU, not a measurement of scaling)."""
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    local = int(os.environ["LOCAL_RANK"])
+    if cuda:
+        torch.cuda.set_device(local % torch.cuda.device_count())
+    dist.init_process_group(backend or ("nccl" if cuda else "gloo"))
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def time_steps(step, source, device: torch.device, warmup: int, steps: int) -> dict:
+    """``warmup`` untimed then ``steps`` timed calls of ``step(next(source))`` after a barrier
+    of every rank: wall time, GPU busy fraction (CUDA events bracketing each step, over the
+    span of all steps), the median step period (start to next start) and the mean step (wall
+    / steps), the SM clock after the steps."""
+    import torch.distributed as dist
+
+    cuda = device.type == "cuda"
+    for _ in range(warmup):
+        step(next(source))
+    marks = []
+    if cuda:
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        batch = next(source)  # the host waits here for the feed
+        if cuda:
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            step(batch)
+            end.record()
+            marks.append((start, end))
+        else:
+            step(batch)
+    if cuda:
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - t0
+    busy = (sum(s.elapsed_time(e) for s, e in marks) / marks[0][0].elapsed_time(marks[-1][1])
+            if marks else None)
+    # the step period: from one step's start to the next's, median over the timed steps
+    starts = [a for a, _ in marks]
+    periods = sorted(a.elapsed_time(b) for a, b in zip(starts[:-1], starts[1:], strict=True))
+    step_ms = periods[len(periods) // 2] if periods else wall * 1e3 / steps
+    try:
+        clock = torch.cuda.clock_rate(device) if cuda else None
+    except Exception:  # NVML (nvidia-ml-py) missing: the clock is not reported
+        clock = None
+    return {"wall_s": wall, "busy": busy, "step_ms": step_ms,
+            "wall_step_ms": wall * 1e3 / steps, "sm_clock_mhz": clock, "device": str(device)}
+
+
+def finish_rank(out: str, numbers: dict) -> None:
+    """Gather every rank's ``numbers`` (with its rank) on rank 0, which writes them to ``out``
+    as a JSON list in rank order; end the process group."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"rank": rank, **numbers})
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
 def worker(cache: str, out: str, cfg: dict) -> None:
     """One rank (started by torchrun): train ``cfg['steps']`` steps, write its numbers."""
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,19 +126,14 @@ def worker(cache: str, out: str, cfg: dict) -> None:
 
     from robocache.data import RobotDataset, RobotLoader
 
-    cuda = torch.cuda.is_available()
-    local = int(os.environ["LOCAL_RANK"])
-    if cuda:
-        torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    _, _, device = init_rank()
+    cuda = device.type == "cuda"
     loader = RobotLoader(RobotDataset(cache, history=L.HISTORY, horizon=L.HORIZON), L.BATCH)
     assert loader.device == device, (loader.device, device)
     torch.manual_seed(0)
     model = Policy(L.OBS_DIM, L.ACT_DIM, L.HISTORY, L.HORIZON, cfg["d_model"],
                    cfg["layers"]).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[local] if cuda else None)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
 
     def batches():
@@ -85,44 +151,36 @@ def worker(cache: str, out: str, cfg: dict) -> None:
         ((err * (~batch["action_is_pad"])[..., None]).mean()).backward()
         opt.step()
 
-    source = batches()
-    for _ in range(cfg["warmup"]):
-        step(next(source))
-    marks = []
-    if cuda:
-        torch.cuda.synchronize(device)
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(cfg["steps"]):
-        batch = next(source)
-        if cuda:
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            step(batch)
-            end.record()
-            marks.append((start, end))
-        else:
-            step(batch)
-    if cuda:
-        torch.cuda.synchronize(device)
-    wall = time.perf_counter() - t0
-    busy = (sum(s.elapsed_time(e) for s, e in marks) / marks[0][0].elapsed_time(marks[-1][1])
-            if marks else None)
-    # the step period: from one step's start to the next's, median over the timed steps
-    starts = [a for a, _ in marks]
-    periods = sorted(a.elapsed_time(b) for a, b in zip(starts[:-1], starts[1:], strict=True))
-    step_ms = periods[len(periods) // 2] if periods else wall * 1e3 / cfg["steps"]
-    try:
-        clock = torch.cuda.clock_rate(device) if cuda else None
-    except Exception:  # NVML (nvidia-ml-py) missing: the clock is not reported
-        clock = None
-    numbers = [None] * world
-    dist.all_gather_object(numbers, {"rank": rank, "wall_s": wall, "busy": busy,
-                                     "step_ms": step_ms, "sm_clock_mhz": clock,
-                                     "device": str(device)})
-    if rank == 0:
-        Path(out).write_text(json.dumps(numbers))
-    dist.destroy_process_group()
+    finish_rank(out, time_steps(step, batches(), device, cfg["warmup"], cfg["steps"]))
+
+
+def launch(script: str, world: int, out: Path, args: list[str], env: dict | None = None,
+           preexec_fn=None) -> list[dict]:
+    """``torchrun --standalone --nproc-per-node world script --worker *args``, whose rank 0
+    writes every rank's numbers to ``out`` (see :func:`finish_rank`): those numbers. The
+    ranks get this process's environment (``NCCL_*`` included), our ``sys.path`` and
+    ``env``; ``preexec_fn`` runs in torchrun's process before it starts (a cgroup, say)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+           **(env or {})}
+    Path(out).unlink(missing_ok=True)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc-per-node={world}", script, "--worker", *args],
+                   check=True, env=env, preexec_fn=preexec_fn)
+    return json.loads(Path(out).read_text())
+
+
+def sweep(launch_one, sizes: list[int], rounds: int, warm: bool = True
+          ) -> dict[int, list[list[dict]]]:
+    """Every world size's runs (per round, every rank's numbers from ``launch_one(world)``):
+    first, when ``warm``, one unmeasured run at the largest size (kernels compiled and cached,
+    every GPU awake), then ``rounds`` rounds of alternating order."""
+    runs: dict[int, list[list[dict]]] = {w: [] for w in sizes}
+    if warm:
+        launch_one(max(sizes))
+    for order in round_orders(sizes, rounds):
+        for world in order:
+            runs[world].append(launch_one(world))
+    return runs
 
 
 def world_sizes(gpus: int) -> list[int]:
@@ -138,12 +196,14 @@ def round_orders(sizes: list[int], rounds: int) -> list[list[int]]:
     return [sizes if r % 2 == 0 else sizes[::-1] for r in range(rounds)]
 
 
-def rates(runs: dict[int, list[list[dict]]], batch: int) -> dict[int, float]:
+def rates(runs: dict[int, list[list[dict]]], batch: int, key: str = "step_ms"
+          ) -> dict[int, float]:
     """samples/s of each world size from its runs (per round, every rank's numbers): world x
-    batch / the slowest rank's median step, the median over the rounds."""
+    batch / the slowest rank's step (``key``: its median step period, or ``wall_step_ms``, its
+    wall time over its steps), the median over the rounds."""
     import statistics
 
-    return {w: statistics.median(w * batch / (max(r["step_ms"] for r in ranks) / 1e3)
+    return {w: statistics.median(w * batch / (max(r[key] for r in ranks) / 1e3)
                                  for ranks in rounds) for w, rounds in runs.items()}
 
 
@@ -160,24 +220,12 @@ def run(quick: bool = False, copy_gbps: float | None = None,
     gpus = torch.cuda.device_count()
     sizes = world_sizes(gpus)
     name = f"policy-d{cfg['d_model']}x{cfg['layers']}-b{L.BATCH}-per-rank"
-    runs: dict[int, list[list[dict]]] = {w: [] for w in sizes}
     with tempfile.TemporaryDirectory() as tmp:
         root = L.make_dataset(Path(tmp) / "lerobot", cfg["episodes"], cfg["length"])
         build(root, Path(tmp) / "cache", rate_hz=L.FPS, progress=False, device="cpu")
-
-        def launch(world: int) -> list[dict]:
-            out = Path(tmp) / f"ranks-{world}.json"
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            f"--nproc-per-node={world}", __file__, "--worker",
-                            str(Path(tmp) / "cache"), str(out), json.dumps(cfg)],
-                           check=True, env=env)
-            return json.loads(out.read_text())
-
-        launch(sizes[-1])  # unmeasured: kernels compiled and cached, every GPU awake
-        for order in round_orders(sizes, rounds):
-            for world in order:
-                runs[world].append(launch(world))
+        out = Path(tmp) / "ranks.json"
+        runs = sweep(lambda world: launch(__file__, world, out, [
+            str(Path(tmp) / "cache"), str(out), json.dumps(cfg)]), sizes, rounds)
     records, rate = [], rates(runs, L.BATCH)
     for world in sizes:
         last = runs[world][-1]

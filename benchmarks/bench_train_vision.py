@@ -132,7 +132,15 @@ class TrainSamples(C.PerSampleVideo):
         return out
 
 
-def _versions() -> dict[str, str | None]:
+def transforms():
+    """The robocache feed's camera augmentation: random crop (side 0.8-1.0) + colour jitter."""
+    from robocache import ImageTransformsConfig
+
+    return ImageTransformsConfig(max_num_transforms=4, crop_scale=(0.8, 1.0), weights={
+        "brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 1.0})
+
+
+def versions() -> dict[str, str | None]:
     out = {}
     for name in ("torchvision", "av", "PyNvVideoCodec"):
         try:
@@ -143,7 +151,6 @@ def _versions() -> dict[str, str | None]:
 
 
 def run(quick: bool = False, copy_gbps: float | None = None, **options) -> list[dict]:
-    from robocache import ImageTransformsConfig
     from robocache.bench.nvml import UtilizationSampler
     from robocache.data import RobotDataset, RobotLoader
     from robocache.data.cache import build
@@ -214,8 +221,7 @@ def run(quick: bool = False, copy_gbps: float | None = None, **options) -> list[
         return wall, steps, busy, util
 
     results: dict[str, tuple] = {}
-    jitter = ImageTransformsConfig(max_num_transforms=4, crop_scale=(0.8, 1.0), weights={
-        "brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 1.0})
+    jitter = transforms()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         root = C.make_dataset(Path(tmp) / "lerobot", cfg["episodes"], cfg["length"], cfg["hw"])
@@ -254,7 +260,7 @@ def run(quick: bool = False, copy_gbps: float | None = None, **options) -> list[
     stored = f"-stored{cfg['camera_size']}" if cfg.get("camera_size") else ""
     name = (f"{cfg['model']}-{cfg['hw'][0]}x{cfg['hw'][1]}{stored}-to{size[0]}-b{batch}-cams2"
             f"-t2-e{cfg['episodes']}")
-    versions = _versions()
+    vers = versions()
     records = []
     for impl, (wall, steps, busy, util) in results.items():
         step_s = wall / steps
@@ -272,7 +278,7 @@ def run(quick: bool = False, copy_gbps: float | None = None, **options) -> list[
             dataset_write_s=write_s, ingest_s=ingest_s,
             ingest_decoded_by=manifest["decode"]["video_frames"], model=cfg["model"],
             workers=int(impl.rsplit("w", 1)[1]) if impl.startswith("cpu-loader") else None,
-            versions=versions, note=note))
+            versions=vers, note=note))
     return records
 
 
