@@ -74,8 +74,11 @@ def test_bad_input(tmp_path, cache):
 
     with pytest.raises(DataError, match=r"'action'.*0\.05 s.*0\.0333.*0\.0666"):
         make(delta_timestamps={"action": [0.0, 0.05]})
-    with pytest.raises(DataError, match="'observation.nope'"):
-        make(delta_timestamps={"observation.nope": [0.0]})
+    unknown = make(delta_timestamps={"observation.nope": [0.0]})  # as LeRobot: at the item
+    with pytest.raises(KeyError, match="'observation.nope'"):
+        unknown[0]
+    with pytest.raises(KeyError, match="'observation.nope'"):
+        unknown.get_batch([0, 1])
     with pytest.raises(DataError, match="empty"):
         make(delta_timestamps={"action": []})
     with pytest.raises(DataError, match="tolerance_s = 0"):  # as LeRobot: exact offsets only

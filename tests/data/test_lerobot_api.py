@@ -178,7 +178,7 @@ def test_constructor_arguments(cache, tmp_path, monkeypatch):
     monkeypatch.setattr(lerobot_dataset, "_SAID", set())
     ds = tiny(cache, episode_filter=lambda e: e["length"] < 8)
     assert ds.episodes == [0, 2] and len(ds) == 7 + 5 and ds.num_episodes == 2
-    with pytest.raises(ValueError, match="episode_filter"):
+    with pytest.raises(ValueError, match="The episode filter did not match any episode"):
         tiny(cache, episode_filter=lambda e: False)
     u8 = tiny(cache, return_uint8=True)  # image (parquet) features stay float32, as LeRobot
     assert u8[0]["observation.image"].dtype == torch.float32
@@ -257,6 +257,25 @@ def test_multi_dataset(cache, tmp_path, monkeypatch):
     assert len(multi) == 2 * n and multi.repo_id_to_index == {"a": 0, "b": 1}
     assert int(multi[n + 1]["dataset_index"]) == 1
     assert torch.equal(multi[n + 1]["observation.state"], tiny(cache)[1]["observation.state"])
+    assert multi.image_transforms is None
+    half = lambda x: x[..., ::2, ::2]  # noqa: E731
+    multi.set_image_transforms(half)  # LeRobot's: every dataset's, the same callable
+    assert all(d.image_transforms is half for d in multi._datasets)
+    assert multi[n + 1]["observation.image"].shape == (3, 3, 4)
+    multi.clear_image_transforms()
+    assert multi.image_transforms is None and multi[0]["observation.image"].shape == (3, 6, 8)
+    with pytest.raises(TypeError, match="callable"):
+        multi.set_image_transforms(3)
+
+
+def test_recording_calls_on_a_read_dataset(cache):
+    """LeRobot's recording calls on a dataset opened for reading raise LeRobot's error."""
+    ds = tiny(cache)
+    assert ds.writer is None and not ds.has_pending_frames()
+    ds.finalize()  # nothing to flush
+    for call in (lambda: ds.add_frame({"task": "x"}), ds.save_episode, ds.clear_episode_buffer):
+        with pytest.raises(RuntimeError, match="on a read-only dataset"):
+            call()
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("simplejpeg"),

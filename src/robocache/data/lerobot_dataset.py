@@ -85,19 +85,19 @@ def default_cache_dir(root: Path, camera_codec: str = "jpeg",
 
 
 def delta_indices(delta_timestamps: dict[str, Sequence[float]], fps: float,
-                  tolerance_s: float, keys: Sequence[str]) -> dict[str, list[int]]:
+                  tolerance_s: float, keys: Sequence[str] | None = None) -> dict[str, list[int]]:
     """LeRobot's ``delta_timestamps`` (seconds) as frame offsets, checked as LeRobot 0.6.1
     checks them: every offset ``ts`` with ``|ts * fps - round(ts * fps)| / fps <= tolerance_s``
     (so ``tolerance_s = 0`` takes exact multiples of ``1 / fps`` only, and a negative one
     none), offsets ``round(ts * fps)``.
 
     Raises:
-        DataError: a key not in ``keys``, an empty list, or offsets off the grid (all of them
-            named, with the nearest valid offsets of the first).
+        DataError: a key not in ``keys`` (when given), an empty list, or offsets off the grid
+            (all of them named, with the nearest valid offsets of the first).
     """
     out, outside = {}, {}
     for key, offsets in delta_timestamps.items():
-        if key not in keys:
+        if keys is not None and key not in keys:
             raise DataError(f"`delta_timestamps` names {key!r}, which is not a served key; "
                             f"served keys: {list(keys)}.")
         offsets = [float(o) for o in offsets]
@@ -136,7 +136,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
             batches, per sample.
         delta_timestamps: per key offsets in seconds, checked as LeRobot checks them
             (:func:`delta_indices`); any served feature and LeRobot's per-frame columns
-            (``timestamp``, ``frame_index``, ``episode_index``, ``index``, ``task_index``).
+            (``timestamp``, ``frame_index``, ``episode_index``, ``index``, ``task_index``); a
+            key that is not served raises ``KeyError`` at the first item, as LeRobot's.
             A video key's window of one offset is served as the frame itself, ``[C, H, W]``,
             as LeRobot serves it.
         tolerance_s: LeRobot's tolerance: for ``delta_timestamps`` and, when > 0, for the
@@ -166,8 +167,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
             ``torchrun`` job constructing the same dataset), seconds to wait for it (its
             progress is logged at INFO) before failing; then the finished cache is opened.
 
-    LeRobot's write API (``create``, ``add_frame``, ``save_episode``, ``finalize``,
-    ``push_to_hub``) and ``StreamingLeRobotDataset`` stay LeRobot's.
+    LeRobot's write API (``create``, ``resume``, ``push_to_hub``) and
+    ``StreamingLeRobotDataset`` stay LeRobot's; ``add_frame``, ``save_episode`` and
+    ``clear_episode_buffer`` raise LeRobot's ``RuntimeError`` for a read-only dataset.
 
     Raises:
         FileNotFoundError: no dataset at ``root`` (or where LeRobot keeps ``repo_id``).
@@ -176,7 +178,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
             ``camera_codec``, or requested episodes (all by default) quarantined while caching
             (the reason names the row and offset).
         CacheBusyError: another process still builds the cache after ``build_timeout_s``.
-        ValueError: ``episode_filter`` matched no episode.
+        ValueError: ``episode_filter`` matched no episode (LeRobot's message).
     """
 
     def __init__(self, repo_id: str, root: str | Path | None = None,
@@ -211,8 +213,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         if episode_filter is not None:
             episodes = self.meta.filter_episodes(episode_filter, candidates=episodes)
             if not episodes:
-                raise ValueError("`episode_filter` matched no episode; check the filter against "
-                                 "`meta.episodes` (and `episodes`).")
+                raise ValueError("The episode filter did not match any episode. Make sure the "
+                                 "filter and episodes list are valid and compatible "
+                                 "(`episode_filter` is given each row of `meta.episodes`).")
         self.episodes = episodes
         self.image_transforms, self.tolerance_s = image_transforms, tolerance_s
         self.delta_timestamps, self.return_uint8 = delta_timestamps, return_uint8
@@ -220,9 +223,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.camera_codec, self.device = camera_codec, torch.device(device)
         self.camera_quality, self.camera_chroma = camera_quality, camera_chroma
         self._say_ignored(download_videos, video_backend, token)
-        self.delta_indices = None if delta_timestamps is None else delta_indices(  # before caching
-            delta_timestamps, float(self.meta.fps), tolerance_s,
-            list(dict.fromkeys([*self.meta.features, *FRAME_KEYS])))
+        # checked before caching; a key that is not served fails at the first item, as LeRobot
+        self.delta_indices = None if delta_timestamps is None else delta_indices(
+            delta_timestamps, float(self.meta.fps), tolerance_s)
         self.cache = Path(cache) if cache is not None else default_cache_dir(
             self.root, camera_codec, camera_quality, camera_chroma)
         manifest = self._ensure_cache(force_cache_sync, build_timeout_s)
@@ -238,6 +241,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.feature_keys = [k for k in self.meta.features if k in streams
                              and streams[k]["kind"] in ("numeric", "image", "video")]
         self._cameras = [k for k in self.feature_keys if streams[k]["kind"] in ("image", "video")]
+        self._unserved = [k for k in self.delta_indices or {}
+                          if k not in self.feature_keys and k not in FRAME_KEYS]
         served = set(self.episodes) if self.episodes is not None else None
         self._len = sum(e["rows"] for e in manifest["episodes"]
                         if served is None or e["index"] in served)
@@ -332,7 +337,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         """The cache, opened in this process on first use (after unpickling too)."""
         if self._ds is None:
             steps = {k: v for k, v in (self.delta_indices or {}).items()
-                     if k not in FRAME_KEYS}
+                     if k in self.feature_keys}
             ds = RobotDataset(self.cache, keys=self.feature_keys, episodes=self.episodes,
                               delta_steps=steps, image_dtype=torch.uint8)
             self._open(ds.to(self.device))
@@ -452,6 +457,37 @@ class LeRobotDataset(torch.utils.data.Dataset):
         """Remove the transform applied to camera keys."""
         self.image_transforms = None
 
+    # ── LeRobot's recording calls, on a dataset opened for reading ────
+
+    #: LeRobot's writer: None on a dataset opened for reading, as LeRobot's.
+    writer = None
+
+    def _require_writer(self, method_name: str) -> None:
+        raise RuntimeError(f"Cannot call '{method_name}()' on a read-only dataset. Use "
+                           "LeRobotDataset.create() for new recording or "
+                           "LeRobotDataset.resume() for resume recording (LeRobot's own "
+                           "class records; robocache.LeRobotDataset reads what it saved).")
+
+    def add_frame(self, frame: dict) -> None:
+        """LeRobot's recording call: raises on a dataset opened for reading, as LeRobot's."""
+        self._require_writer("add_frame")
+
+    def save_episode(self, episode_data: dict | None = None,
+                     parallel_encoding: bool = True) -> None:
+        """LeRobot's recording call: raises on a dataset opened for reading, as LeRobot's."""
+        self._require_writer("save_episode")
+
+    def clear_episode_buffer(self, delete_images: bool = True) -> None:
+        """LeRobot's recording call: raises on a dataset opened for reading, as LeRobot's."""
+        self._require_writer("clear_episode_buffer")
+
+    def has_pending_frames(self) -> bool:
+        """No frames wait to be saved on a dataset opened for reading."""
+        return False
+
+    def finalize(self) -> None:
+        """Nothing to flush on a dataset opened for reading (LeRobot's is a no-op too)."""
+
     # ── items and batches ─────────────────────────────────────────────
 
     def __len__(self) -> int:
@@ -474,6 +510,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         item's tensors are views of its batch's, one storage per key (``torch.save`` works on
         an item; one from a batch saves that key's batch storage with it), so splitting a
         batch into items costs no copy."""
+        self._check_served()
         batch = self._lerobot(self._served.fetch(torch.as_tensor(
             [int(i) for i in indices], dtype=torch.int64).to(self._served.device)))
         split = {k: v if isinstance(v, list) else v.unbind(0) for k, v in batch.items()}
@@ -494,6 +531,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         """Items ``indices`` (int ``[B]``, relative to the served episodes) as one batch: the
         item keys with a leading ``B`` (``task``: a list of ``B`` strings); ``image_transforms``
         applied per sample."""
+        self._check_served()
         idx = torch.as_tensor(indices, dtype=torch.int64).to(self._served.device)
         batch = self._lerobot(self._served.fetch(idx))
         if self.image_transforms is not None:
@@ -530,6 +568,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
         stop = n - n % batch_size if drop_last else n
         for b in range(0, stop, batch_size):
             yield self.get_batch(order[b:b + batch_size])
+
+    def _check_served(self) -> None:
+        """A ``delta_timestamps`` key that is not served fails the item, as LeRobot's."""
+        if self._unserved:
+            raise KeyError(f"`delta_timestamps` names {self._unserved[0]!r}, which is not a "
+                           f"feature served by {self.root}; served: "
+                           f"{[*self.feature_keys, *FRAME_KEYS]}.")
 
     def _lerobot(self, batch: Batch) -> Batch:
         """RobotDataset's batch in LeRobot's keys, dtypes and shapes (every tensor its own)."""
@@ -711,9 +756,22 @@ class MultiLeRobotDataset(torch.utils.data.Dataset):
                            download_videos=download_videos, video_backend=video_backend,
                            token=token, **kwargs)
             for r in self.repo_ids]
+        self.image_transforms = image_transforms
         common = set.intersection(*(set(d.features) for d in self._datasets))
         self.disabled_features = set().union(*(set(d.features) for d in self._datasets)) - common
         self._ends = np.cumsum([len(d) for d in self._datasets]).tolist()
+
+    def set_image_transforms(self, image_transforms: Callable | None) -> None:
+        """Replace the transform applied to camera keys, in every dataset."""
+        if image_transforms is not None and not callable(image_transforms):
+            raise TypeError("`image_transforms` must be callable or None.")
+        self.image_transforms = image_transforms
+        for d in self._datasets:
+            d.set_image_transforms(image_transforms)
+
+    def clear_image_transforms(self) -> None:
+        """Remove the transform applied to camera keys, in every dataset."""
+        self.set_image_transforms(None)
 
     @property
     def repo_id_to_index(self) -> dict[str, int]:
