@@ -979,3 +979,29 @@ def test_ingest_tf_chain(tf_bag, tmp_path):
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
     assert "--tf-chain" in run.stderr and "SOURCE:TARGET" in run.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_inspect_lists_topics_and_every_unreadable_file(storages, tmp_path):
+    root = tmp_path / "src"
+    shutil.copytree(storages / "db3" / "ep0", root / "ep0")
+    shutil.copy(storages / "ros1" / "ep1.bag", root / "ep1.bag")
+    shutil.copytree(storages / "db3" / "ep1", root / "ep2")
+    (root / "ep2" / "metadata.yaml").unlink()
+    (root / "notes.txt").write_text("operator notes")
+    run = cli("inspect", str(root), "--json")
+    assert run.returncode == 0, run.stderr
+    facts = json.loads(run.stdout)
+    topics = facts["topics"]
+    assert topics["/joint_states"] == {
+        "type": "sensor_msgs/msg/JointState", "messages": 400, "episodes": 2,
+        "rate_hz": topics["/joint_states"]["rate_hz"], "not_read": None,
+        "streams": ["joint_states.position", "joint_states.velocity"]}
+    assert topics["/joint_states"]["rate_hz"] == pytest.approx(200, rel=0.01)
+    assert topics["/rosout"]["not_read"] == "rcl_interfaces/msg/Log: no mapping"
+    assert topics["/ee_pose"]["messages"] == 200
+    [bad] = facts["unreadable"]
+    assert "ep1.db3: a sqlite3 bag file without its rosbag2 metadata.yaml" in bad["reason"]
+    assert facts["not_bags"] == [str(root / "notes.txt")]
+    run = cli("inspect", str(root))
+    assert "/rosout" in run.stdout and "not read: rcl_interfaces/msg/Log" in run.stdout
+    assert "not a bag (not read):" in run.stdout and "notes.txt" in run.stdout

@@ -163,6 +163,28 @@ def _print_cache(console, facts: dict) -> None:
         console.print(f"  quarantined episode {q['index']}: {q['reason']}")
 
 
+def _print_topics(console, facts: dict) -> None:
+    """ROS bags: each topic of the episodes read with its type, messages, rate and the
+    streams it maps to (or why it is not read); the folder's files that are not bags."""
+    from rich.table import Table
+
+    from robocache._console import print_table
+
+    table = Table(title=f"topics of the {facts['inspected']} episodes read")
+    for col in ("topic", "type", "messages", "Hz", "maps to"):
+        table.add_column(col, justify="right" if col in ("messages", "Hz") else "left")
+    for topic, t in sorted(facts["topics"].items()):
+        names = t["streams"]
+        maps = (", ".join(names[:4]) + (f", ... ({len(names)} streams)" if len(names) > 4
+                                         else "")) if names else \
+            f"[yellow]not read[/]: {t['not_read'] or 'no samples'}"
+        table.add_row(topic, t["type"], str(t["messages"]),
+                      "—" if t["rate_hz"] is None else f"{t['rate_hz']:.1f}", maps)
+    print_table(table, console)
+    for f in facts.get("not_bags", []):
+        console.print(f"[yellow]not a bag[/] (not read): {f}")
+
+
 def _window(text: str | None) -> tuple[float, float] | None:
     if text is None:
         return None
@@ -274,3 +296,5 @@ def inspect(
                           f"shards, {sp['bytes'] / 1e6:.1f} MB ({', '.join(sp['shards'][:3])}"
                           f"{', ...' if len(sp['shards']) > 3 else ''})")
         console.print_json(json.dumps({"features": facts["features"]}))
+    if "topics" in facts:  # ROS bags: every topic and what it became
+        _print_topics(console, facts)

@@ -200,6 +200,23 @@ def bags(path: Path) -> list[tuple[Path, list[Path]]]:
     return sorted((b for b in out if b[1]), key=lambda b: str(b[0]))
 
 
+# beside a bag's files: what rosbag2 and sqlite3 leave there
+_COMPANIONS = ("metadata.yaml", "-wal", "-shm", "-journal")
+
+
+def not_bags(path: Path) -> list[Path]:
+    """The files of a source folder (and of its bag folders) that are not part of a bag."""
+    if not path.is_dir():
+        return []
+    out = []
+    for folder in [path, *sorted(p for p in path.iterdir() if p.is_dir())]:
+        if folder is not path and not _bag_files(folder):
+            continue
+        out += [f for f in sorted(folder.iterdir()) if f.is_file() and not f.name.startswith(
+            ".") and storage(f) is None and not f.name.endswith(_COMPANIONS)]
+    return out
+
+
 def detect(path: Path) -> bool:
     return bool(bags(path))
 
@@ -222,12 +239,27 @@ class _Topic:
     values: list[Any] = None
     skipped: str | None = None  # why the topic is not read (no mapping, not selected)
     raw: list[bytes] | None = None  # messages kept as CDR bytes, decoded in bulk at the end
+    count: int = 0  # messages on the topic, read or not
+    first_ns: int | None = None  # log times of its first and last message
+    last_ns: int | None = None
 
     def __post_init__(self):
         self.log_ns, self.stamp_ns, self.values = [], [], []
         if self.type in cdr.LAYOUTS or self.type in SCALARS or self.type in (JOINT_STATE,
                                                                              COMPRESSED):
             self.raw = []
+
+    def seen(self, log_ns: int) -> None:
+        self.count += 1
+        self.last_ns = log_ns
+        if self.first_ns is None:
+            self.first_ns = log_ns
+
+    def facts(self) -> dict[str, Any]:
+        """Type, message count and mean log-time rate (Hz) of the topic."""
+        span = (self.last_ns - self.first_ns) / 1e9 if self.count > 1 else 0.0
+        return {"type": self.type, "messages": self.count,
+                "rate_hz": round((self.count - 1) / span, 3) if span > 0 else None}
 
 
 class RosbagSource:
@@ -282,6 +314,7 @@ class RosbagSource:
         order = sorted(range(len(found)), key=lambda i: (starts[i] is None, starts[i] or 0, i))
         self.bags = [found[i] for i in order]
         self._first: Episode | None = None
+        self.topic_table: dict[str, dict] = {}
         reasons = []
         for index in range(len(self.bags)):
             # what a bag that fails half-way declared is dropped with it
@@ -368,10 +401,13 @@ class RosbagSource:
             meta["stamps_ns"][name] = ns
 
         tf_topics = []
+        table = meta["topics"] = {t.topic: {**t.facts(), "streams": [], "not_read": None}
+                                  for t in topics.values()}
         for t in topics.values():
             if t.skipped:
                 if discover and t.skipped != "not selected":
                     self.skipped[t.topic] = t.skipped
+                table[t.topic]["not_read"] = t.skipped
                 continue
             if t.type == tf.TF:
                 tf_topics.append((t.topic, t.log_ns, t.values))
@@ -382,17 +418,27 @@ class RosbagSource:
                     raise DataError(f"--task-topic {t.topic} carries {t.type}, not "
                                     f"{STRING}.")
                 meta["tasks"] = list(dict.fromkeys(t.values))
+                table[t.topic]["not_read"] = "the episode's task (--task-topic)"
                 continue
             produced = list(self._streams(t, discover))
             if t.skipped:  # a frame format found unread while making its streams
                 if discover:
                     self.skipped[t.topic] = t.skipped
+                table[t.topic]["not_read"] = t.skipped
                 continue
             for name, spec, data in produced:
                 add(name, spec, ns, data)
+                table[t.topic]["streams"].append(name)
         if tf_topics or self.tf_chains:
             for name, spec, ns, data in self._tf_streams(tf_topics, meta["stamps_ns"], meta):
                 add(name, spec, ns, data)
+            static = {tf.stream_base(p, c) for p, c, kind in meta["tf_frames"]
+                      if kind == "static"}
+            for topic, *_ in tf_topics:
+                table[topic]["streams"] = [
+                    n for n in streams if n.startswith("tf.") and
+                    (n.rsplit(".", 1)[0] in static) == (topic == tf.TF_STATIC_TOPIC)]
+        self._tabulate(table)
         meta["joint_names"] = {k: v for k, v in self.joint_names.items()
                                if any(n.startswith(k + ".") for n in streams)}
         meta["length"] = sum(len(s) for s in streams.values())
@@ -471,6 +517,7 @@ class RosbagSource:
             t = self._new_topic(topics, channel.topic,
                                 _type_name(schema.name) if schema else "(no schema)",
                                 lambda: _mcap_decoder(factory, channel, schema, file))
+        t.seen(record.log_time)
         if not t.skipped:
             self._collect(t, record.log_time, record.data, file.name)
 
@@ -499,7 +546,6 @@ class RosbagSource:
                 encoding = None
             if encoding is not None and encoding not in RAW_ENCODINGS:
                 t.skipped = f"{t.type} {encoding}: no mapping"
-                t.log_ns.clear()
                 return
         stamp, value = _decode(t, data, len(t.values), file)
         t.stamp_ns.append(stamp)
@@ -522,6 +568,7 @@ class RosbagSource:
                         t = self._new_topic(topics, conn.topic, conn.msgtype, functools.partial(
                             _rosbags_decoder, store, conn, unread))
                     count += 1
+                    t.seen(log_ns)
                     if t.skipped:
                         continue
                     if kind == "ros1":
@@ -656,11 +703,22 @@ class RosbagSource:
             name = _join(base, JOINT_FIELDS[k])
             yield name, StreamSpec(name, "numeric", "float64", (width,), rate), out[k]
 
+    def _tabulate(self, table: dict[str, dict]) -> None:
+        """Add an episode's topics to the table ``describe`` gives (messages summed over the
+        episodes read; type, rate and mapping from the first that has the topic)."""
+        for topic, facts in table.items():
+            row = self.topic_table.setdefault(topic, {**facts, "messages": 0, "episodes": 0})
+            row["messages"] += facts["messages"]
+            row["episodes"] += 1
+
     def describe(self) -> dict[str, Any]:
-        """The facts ``inspect`` shows: bags, the options, topics not read."""
+        """The facts ``inspect`` shows: bags, the options, topics not read, every topic of
+        the episodes read (type, messages, rate, the streams it maps to or why not), and the
+        files of the folder that are not bags."""
         return {"bags": [str(b) for b, _ in self.bags], "time_source": self.time_source,
                 "task_topic": self.task_topic, "not_read": dict(self.skipped),
-                "joint_names": dict(self.joint_names)}
+                "joint_names": dict(self.joint_names), "topics": dict(self.topic_table),
+                "not_bags": [str(f) for f in not_bags(self.path)]}
 
 
 def iter_messages(f):
