@@ -185,6 +185,28 @@ def _print_topics(console, facts: dict) -> None:
         console.print(f"[yellow]not a bag[/] (not read): {f}")
 
 
+def _filtered(where, options, keep_ranges, episode_keys, report, drop_flags) -> dict:
+    """What RobotDataset serves of the cache at ``where`` with these filters: episodes, steps
+    and segments (each kept range of an episode is one), from the manifest and the files."""
+    from robocache.data import snapshot
+    from robocache.data.filters import keep_ranges as read_ranges
+    from robocache.data.filters import without_flagged
+    from robocache.data.location import Location
+
+    location = Location(where, options)
+    manifest = snapshot.servable(location, location.manifest())
+    rows = {int(e["index"]): int(e["rows"]) for e in manifest["episodes"]}
+    chosen, ranges = sorted(rows), {}
+    if keep_ranges is not None:
+        chosen, ranges = read_ranges(keep_ranges, manifest, episode_keys)
+    if report is not None:
+        chosen = without_flagged(chosen, report, drop_flags or None)
+    kept = {e: ranges.get(e, [(0, rows[e])]) for e in chosen}
+    return {"episodes": len(kept), "of_episodes": len(rows),
+            "steps": sum(b - a for r in kept.values() for a, b in r),
+            "of_steps": sum(rows.values()), "segments": sum(len(r) for r in kept.values())}
+
+
 def _window(text: str | None) -> tuple[float, float] | None:
     if text is None:
         return None
@@ -241,11 +263,22 @@ def inspect(
                                   "this rate (Hz, or 'native') on the CPU, as ingest would."),
     plot_window: str = typer.Option(None, "--plot-window", help="--plot: the zoom, START:END "
                                     "seconds (default: 24 grid steps around the first event)."),
+    keep_ranges: Path = typer.Option(None, "--keep-ranges", help="A cache: also say what a "
+                                     "keep-ranges file (openpi's DROID format or RoboCache's) "
+                                     "leaves to serve."),
+    episode_keys: Path = typer.Option(None, "--episode-keys", help="--keep-ranges: a JSON "
+                                      "mapping of the file's episode names to the cache's "
+                                      "episode indices."),
+    audit_report: Path = typer.Option(None, "--audit", help="A cache: also say what serving "
+                                      "without the episodes this audit report flags leaves."),
+    drop_flags: list[str] = typer.Option(None, "--drop-flag", help="--audit: drop only "
+                                         "episodes with this flag (repeat; default any)."),
     storage_option: list[str] = storage_option_flag(),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
 ):
     """Print what a dataset holds: episodes, streams, rates, shapes, durations; with --plot,
-    also draw one episode's streams, native and aligned, on one time axis.
+    also draw one episode's streams, native and aligned, on one time axis; with --keep-ranges
+    or --audit, what a RobotDataset opened with those filters serves.
 
     Exit codes: 0 success;
     2 bad usage or input (one line on stderr: the problem and the fix);
@@ -262,6 +295,16 @@ def inspect(
                                "pass the number of episodes to read, e.g. --episodes 5")
         where, options = cache_argument(path), storage_options(storage_option)
         facts = summarize(where, episodes, fps, split, options)
+        if keep_ranges is not None or audit_report is not None:
+            if "cache" not in facts:
+                raise CommandError("--keep-ranges and --audit filter a cache, and "
+                                   f"{path} is a source", "ingest it first, then inspect the "
+                                   "cache")
+            facts["filter"] = _filtered(where, options, keep_ranges, episode_keys,
+                                        audit_report, drop_flags)
+        elif episode_keys is not None or drop_flags:
+            raise CommandError("--episode-keys goes with --keep-ranges and --drop-flag with "
+                               "--audit", "pass the filter they belong to")
         if plot is not None:
             facts["plot"] = _plot(where, plot, plot_episode, plot_rate, plot_window, fps, split,
                                   options)
@@ -273,6 +316,11 @@ def inspect(
         console.print(f"plot: {facts['plot']}")
     if "cache" in facts:
         _print_cache(console, facts)
+        if "filter" in facts:
+            f = facts["filter"]
+            console.print(f"filtered: {f['episodes']} of {f['of_episodes']} episodes, "
+                          f"{f['steps']:,} of {f['of_steps']:,} steps served, in "
+                          f"{f['segments']} segments (windows never cross a cut)")
         return
     d = facts["duration_s"]
     console.print(f"[bold]{facts['path']}[/]: {facts['format']}, {facts['episodes']} episodes "

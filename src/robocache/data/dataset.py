@@ -121,6 +121,17 @@ class RobotDataset(torch.utils.data.Dataset):
         delta_steps: the same in steps (row offsets) instead of seconds.
         tolerance_s: seconds within which a ``delta_timestamps`` offset counts as on the grid.
         episodes: serve only these cached episodes (default: all).
+        keep_ranges: serve only the steps a keep-ranges file keeps (a path, or its parsed
+            JSON): openpi's DROID ``keep_ranges`` format or RoboCache's
+            (:mod:`robocache.data.filters`). Each kept range is windowed on its own: a window
+            never crosses a removed range, it is padded at the cut as at an episode's end.
+        episode_keys: the keep-ranges file's episode names to the cache's episode indices (a
+            mapping or a JSON file of one), for files keyed by names (DROID's
+            ``"<recording_folderpath>--<file_path>"``).
+        audit: an audit report (``robocache audit --json``; a path or the dict): its flagged
+            episodes are not served.
+        drop_flags: with ``audit``, drop only episodes carrying one of these flags (default:
+            any flag).
         image_size: (height, width) camera frames are resized to (default: as stored).
         image_transforms: random crop / affine / colour jitter of camera frames
             (:class:`robocache.ImageTransformsConfig`), drawn per sample and camera from
@@ -171,7 +182,11 @@ class RobotDataset(torch.utils.data.Dataset):
                  tolerance_s: float = 1e-4, episodes: Sequence[int] | None = None,
                  image_size: tuple[int, int] | None = None, image_transforms: Any = None,
                  image_dtype: torch.dtype = torch.float32, seed: int = 0,
-                 storage_options: Mapping[str, Any] | None = None, in_memory: bool = False):
+                 storage_options: Mapping[str, Any] | None = None, in_memory: bool = False,
+                 keep_ranges: str | Path | Mapping[str, Any] | None = None,
+                 episode_keys: str | Path | Mapping[str, int] | None = None,
+                 audit: str | Path | Mapping[str, Any] | None = None,
+                 drop_flags: Sequence[str] | None = None):
         from robocache.ops.normalize import Stats
 
         require("lance", "data", "The Lance cache", "pylance")
@@ -249,19 +264,23 @@ class RobotDataset(torch.utils.data.Dataset):
             if missing or not len(episodes):
                 raise DataError(f"`episodes` must name cached episodes; {missing or 'none'} "
                                 f"given are not in {self.location} (cached: {sorted(cached)}).")
+        episodes, ranges = _filtered(self.manifest, episodes, keep_ranges, episode_keys, audit,
+                                     drop_flags, self.location)
+        self.kept_ranges = ranges
         columns = []
         for k in keys:
             col = streams[k]["column"]
             camera = k if k in self.image_keys else None
             columns.append(Column(k, f"{col}/frame" if camera else col, f"{col}_is_pad",
                                   camera))
-        self._open(open_served(self.location, self.manifest, columns, episodes), in_memory)
+        self._open(open_served(self.location, self.manifest, columns, episodes, ranges),
+                   in_memory)
 
     def _open(self, served: Served, in_memory: bool = False) -> None:
         """Serve the served index ``served``: its arrays mapped (shared with this machine's
         other processes) and the camera frames read from the cache per batch, or, with
         ``in_memory``, everything copied into this process's memory."""
-        from robocache.data.frames import LanceFrames
+        from robocache.data.frames import LanceFrames, VideoFrames
 
         self.served, self.in_memory = served, in_memory
         # workers forked after this make their Lance calls through a reader process
@@ -282,11 +301,11 @@ class RobotDataset(torch.utils.data.Dataset):
         self.frames: dict[str, Any] = {}
         for k in self.image_keys:
             spec = streams[k]
-            frames = LanceFrames(self.location, k, versions[k], served,
-                                 served.camera_file(k, "addresses"),
-                                 np.array(served.array(served.camera_file(k, "offsets"))),
-                                 self.episode_ids.numpy(), spec["shape"], spec["dtype"],
-                                 spec["codec"])
+            args = (self.location, k, versions[k], served, served.camera_file(k, "addresses"),
+                    np.array(served.array(served.camera_file(k, "offsets"))),
+                    self.episode_ids.numpy(), spec["shape"], spec["dtype"], spec["codec"])
+            frames = VideoFrames(*args, configs=served.meta["video"][k]) \
+                if spec["codec"] == "video" else LanceFrames(*args)
             self.frames[k] = frames.load() if in_memory else frames
         self.set_windows()
 
@@ -477,6 +496,36 @@ class RobotDataset(torch.utils.data.Dataset):
                 "horizon": self.horizon,
                 "dims": {k: key.dim for k, key in self.layout.items()},
                 "offsets": dict(self.deltas)}
+
+
+def _filtered(manifest: Mapping[str, Any], episodes: Sequence[int] | None, keep_ranges,
+              episode_keys, audit, drop_flags, location) -> tuple[list[int] | None, dict | None]:
+    """The episodes to serve and their kept step ranges, after the keep-ranges file and the
+    audit report (``None``, ``None``: every episode of ``episodes`` whole)."""
+    from robocache.data.filters import keep_ranges as read_ranges
+    from robocache.data.filters import without_flagged
+
+    if episode_keys is not None and keep_ranges is None:
+        raise DataError("`episode_keys` names the episodes of a keep-ranges file; pass "
+                        "`keep_ranges` too.")
+    if drop_flags is not None and audit is None:
+        raise DataError("`drop_flags` selects flags of an audit report; pass `audit` too.")
+    if keep_ranges is None and audit is None:
+        return (None if episodes is None else list(episodes)), None
+    chosen = [int(e["index"]) for e in manifest["episodes"]] if episodes is None \
+        else sorted(map(int, episodes))
+    ranges = None
+    if keep_ranges is not None:
+        listed, ranges = read_ranges(keep_ranges, manifest, episode_keys)
+        chosen = sorted(set(chosen) & set(listed))
+    if audit is not None:
+        chosen = without_flagged(chosen, audit, drop_flags)
+    if not chosen:
+        raise DataError(f"no episode of {location} is left to serve after the filters "
+                        "(`episodes`, `keep_ranges`, `audit`); loosen them.")
+    if ranges is not None:
+        ranges = {e: r for e, r in ranges.items() if e in set(chosen)} or None
+    return chosen, ranges
 
 
 #: Host bytes an offset of a window costs (a Python int in the offset lists, its gathered

@@ -103,12 +103,15 @@ class Reader:
         cut = 8 * (answer["n"] + 1)
         return np.frombuffer(data[:cut], np.int64), data[cut:]
 
-    def open_served(self, location, manifest: dict[str, Any], columns, episodes) -> str:
+    def open_served(self, location, manifest: dict[str, Any], columns, episodes,
+                    ranges=None) -> str:
         """:func:`robocache.data.served.open_served` in the reader: the folder's path."""
         answer, _ = self.call("open_served", {
             "where": location.uri, "options": location.options, "manifest": manifest,
             "columns": [[c.key, c.values, c.pad, c.camera] for c in columns],
-            "episodes": None if episodes is None else [int(e) for e in episodes]})
+            "episodes": None if episodes is None else [int(e) for e in episodes],
+            "ranges": None if ranges is None else [[int(e), [list(r) for r in rs]]
+                                                   for e, rs in ranges.items()]})
         return answer["path"]
 
 
@@ -155,9 +158,11 @@ def _answer(inp, out) -> None:
                 _send(out, {"ok": True, "n": len(col)},
                       (offsets - offsets[0]).tobytes() + bytes(body))
             elif header["op"] == "open_served":
+                ranges = header.get("ranges")
                 served = open_served(location, header["manifest"],
                                      [Column(*c) for c in header["columns"]],
-                                     header["episodes"])
+                                     header["episodes"],
+                                     None if ranges is None else dict(ranges))
                 _send(out, {"ok": True, "path": str(served.path)})
             else:
                 raise ValueError(f"unknown request {header['op']!r}")

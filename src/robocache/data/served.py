@@ -21,8 +21,10 @@ removes the same cache's folders that no process has opened for a week.
 Files of a folder: ``data.npy`` (int32 ``[rows, words]``: every key's values as raw
 little-endian words, then one 0/1 alignment-pad column per key that has padded steps),
 ``episode_index.npy``, ``step.npy``, ``task_id.npy`` (int64 ``[rows]``), ``timestamp.npy``
-(float64 ``[rows]``), ``offsets.npy`` (int64 ``[E + 1]``) and ``episode_ids.npy`` (int64
-``[E]``), per camera ``frames-<i>-addresses.npy`` (int64 ``[F]``: each served frame's Lance row
+(float64 ``[rows]``), ``offsets.npy`` (int64 ``[S + 1]``: where each segment starts; a segment
+is an episode, or with keep ranges one kept range of an episode: windows never cross one) and
+``episode_ids.npy`` (int64 ``[E]``: the served episodes, each with at least one kept step), per
+camera ``frames-<i>-addresses.npy`` (int64 ``[F]``: each served frame's Lance row
 address) and ``frames-<i>-offsets.npy`` (int64 ``[E + 1]``), and ``meta.json`` (the layout,
 task names, table versions; written last, with the folder renamed into place).
 """
@@ -37,7 +39,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +50,7 @@ from robocache._optional import require
 from robocache.errors import DataError
 
 #: The served index's layout version (part of every folder's digest).
-FORMAT = 1
+FORMAT = 2
 #: Rows per batch of the streaming scans that make a served index.
 SCAN_ROWS = 1 << 16
 # A build extending the cache compacts the small fragments it wrote and removes old versions as
@@ -111,11 +113,17 @@ class Served:
 
 
 def open_served(location, manifest: dict[str, Any], columns: Sequence[Column],
-                episodes: Sequence[int] | None) -> Served:
+                episodes: Sequence[int] | None,
+                ranges: Mapping[int, Sequence[tuple[int, int]]] | None = None) -> Served:
     """The served index of ``columns`` over ``episodes`` (None: every cached episode) of the
     cache at ``location`` whose manifest is ``manifest``: mapped if this machine has it, else
     made (once for every process asking at once). A scan that finds a file of the tables gone
     (a writer's compaction) starts again at the tables' newer versions.
+
+    ``ranges`` keeps only these steps of the episodes it names (episode -> sorted,
+    non-overlapping half-open ``(start, stop)`` step ranges; the others whole): each kept range
+    is a segment of its own (``offsets.npy``), so a window stops at a cut and is padded there;
+    an episode left without a kept step is not served.
 
     Raises:
         DataError: the serve folder cannot be written (naming it and
@@ -125,12 +133,14 @@ def open_served(location, manifest: dict[str, Any], columns: Sequence[Column],
     from robocache.data.location import LANCE
     from robocache.data.reader import READER
 
+    if ranges is not None:
+        ranges = {int(e): [(int(a), int(b)) for a, b in r] for e, r in ranges.items()}
     if LANCE.forked_after_use:  # Lance's runtime did not survive the fork
-        return Served(Path(READER.open_served(location, manifest, columns, episodes)))
+        return Served(Path(READER.open_served(location, manifest, columns, episodes, ranges)))
     for attempt in range(ATTEMPTS):
         try:
             with LANCE.call():  # a fork waits for the scans to end
-                return _open(location, manifest, columns, episodes)
+                return _open(location, manifest, columns, episodes, ranges)
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             if attempt == ATTEMPTS - 1 or isinstance(e, DataError) or \
                     "not found" not in str(e).lower():
@@ -139,7 +149,8 @@ def open_served(location, manifest: dict[str, Any], columns: Sequence[Column],
 
 
 def _open(location, manifest: dict[str, Any], columns: Sequence[Column],
-          episodes: Sequence[int] | None) -> Served:
+          episodes: Sequence[int] | None,
+          ranges: dict[int, list[tuple[int, int]]] | None = None) -> Served:
     """One attempt of :func:`open_served`, at the tables' latest versions."""
     tables = {"data": location.lance("data.lance")}
     cameras = sorted({c.camera for c in columns if c.camera is not None})
@@ -149,6 +160,8 @@ def _open(location, manifest: dict[str, Any], columns: Sequence[Column],
              "versions": {k: t.version for k, t in tables.items()},
              "columns": [[c.key, c.values, c.pad, c.camera] for c in columns],
              "episodes": None if episodes is None else sorted(map(int, episodes))}
+    if ranges is not None:  # (absent otherwise: the folders of unfiltered caches keep their name)
+        ident["ranges"] = sorted([e, [list(r) for r in rs]] for e, rs in ranges.items())
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
     root = serve_dir()
     final = root / f"{location.name or 'cache'}-{digest}"
@@ -169,7 +182,7 @@ def _open(location, manifest: dict[str, Any], columns: Sequence[Column],
         tmp = root / f".{final.name}.tmp-{os.getpid()}"
         try:
             tmp.mkdir()
-            _make(tmp, tables, columns, cameras, episodes, ident)
+            _make(tmp, tables, columns, cameras, episodes, ident, ranges)
             os.rename(tmp, final)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -213,8 +226,26 @@ def _serve_dir_error(root: Path, e: OSError) -> DataError:
                      "or set ROBOCACHE_SERVE_DIR to a writable local folder with room.")
 
 
+def _segments(ids: np.ndarray, counts: dict[int, int],
+              ranges: dict[int, list[tuple[int, int]]] | None):
+    """The kept segments of the episodes ``ids`` (each ``counts[e]`` steps): arrays of each
+    segment's episode position in ``ids``, first step and one past its last step, in (episode,
+    step) order; every episode whole when ``ranges`` is None."""
+    pos, start, stop = [], [], []
+    for i, e in enumerate(ids.tolist()):
+        n = counts[e]
+        for a, b in (ranges.get(e, [(0, n)]) if ranges is not None else [(0, n)]):
+            a, b = max(0, a), min(n, b)
+            if b > a:
+                pos.append(i)
+                start.append(a)
+                stop.append(b)
+    return (np.array(pos, np.int64), np.array(start, np.int64), np.array(stop, np.int64))
+
+
 def _make(dest: Path, tables: dict[str, Any], columns: Sequence[Column], cameras: list[str],
-          episodes: Sequence[int] | None, ident: dict[str, Any]) -> None:
+          episodes: Sequence[int] | None, ident: dict[str, Any],
+          ranges: dict[int, list[tuple[int, int]]] | None = None) -> None:
     """Write a served index into the empty folder ``dest`` (see the module docstring)."""
     pa = require("pyarrow", "data", "Arrow tables")
     pc = require("pyarrow.compute", "data", "Arrow tables")
@@ -234,9 +265,17 @@ def _make(dest: Path, tables: dict[str, Any], columns: Sequence[Column], cameras
             if not padded[c.key]:
                 pad = batch.column(c.pad).to_numpy(zero_copy_only=False)[keep]
                 padded[c.key] = bool(pad.any())
-    ids = np.array(sorted(counts), np.int64)
-    offsets = np.r_[0, np.cumsum([counts[int(e)] for e in ids])].astype(np.int64)
+    all_ids = np.array(sorted(counts), np.int64)
+    seg_pos, seg_start, seg_stop = _segments(all_ids, counts, ranges)
+    ids = all_ids[np.unique(seg_pos)]  # the episodes with a kept step
+    # each episode's full step count (rows are checked against it), and its kept segments
+    full = np.array([counts[int(e)] for e in ids], np.int64)
+    seg_pos = np.searchsorted(ids, all_ids[seg_pos])
+    offsets = np.r_[0, np.cumsum(seg_stop - seg_start)].astype(np.int64)
     rows = int(offsets[-1])
+    # a row (episode position p, step k) lies in the last segment starting at or before it
+    key_scale = int(full.max()) + 1 if len(full) else 1
+    seg_key = seg_pos * key_scale + seg_start
     # the word layout: each key's values, then a pad column per key with padded steps
     schema = data.schema
     layout, at = {}, 0
@@ -256,9 +295,11 @@ def _make(dest: Path, tables: dict[str, Any], columns: Sequence[Column], cameras
             at += 1
     width = at
     # every camera's frames: each served frame's row address, in (episode, frame) order
-    frame_base = {}
+    frame_base, video = {}, {}
     for i, cam in enumerate(cameras):
-        frame_base[cam] = _frames(dest, i, cam, tables[cam], ids)
+        frame_base[cam], configs = _frames(dest, i, cam, tables[cam], ids)
+        if configs is not None:
+            video[cam] = configs
     out = {name: _allocate(dest / f"{name}.npy", dtype, shape)
            for name, dtype, shape in [("data", np.int32, (rows, width)),
                                       ("episode_index", np.int64, (rows,)),
@@ -276,11 +317,23 @@ def _make(dest: Path, tables: dict[str, Any], columns: Sequence[Column], cameras
             continue
         ep, step = ep[keep], batch.column(1).to_numpy()[keep]
         pos = np.searchsorted(ids, ep)
-        n = offsets[pos + 1] - offsets[pos]
-        if ((step < 0) | (step >= n)).any():
-            bad = int(ep[(step < 0) | (step >= n)][0])
+        served = (pos < len(ids)) & (ids[np.minimum(pos, max(len(ids) - 1, 0))] == ep) \
+            if len(ids) else np.zeros(len(ep), bool)
+        n = full[np.minimum(pos, max(len(ids) - 1, 0))] if len(ids) else np.zeros(len(ep), int)
+        if (served & ((step < 0) | (step >= n))).any():
+            bad = int(ep[served & ((step < 0) | (step >= n))][0])
             raise _rows_error(bad)
-        dest_rows = offsets[pos] + step
+        seg = np.searchsorted(seg_key, pos * key_scale + step, side="right") - 1
+        segc = np.maximum(seg, 0)
+        kept = served & (seg >= 0) & (seg_pos[segc] == pos) & (step < seg_stop[segc])
+        if not kept.all():  # steps outside the kept ranges (or episodes without any)
+            if not kept.any():
+                continue
+            chosen = np.flatnonzero(keep)[kept]
+            keep = np.zeros(len(keep), bool)
+            keep[chosen] = True
+            ep, step, pos, segc = ep[kept], step[kept], pos[kept], segc[kept]
+        dest_rows = offsets[segc] + step - seg_start[segc]
         seen[dest_rows] = 1
         out["episode_index"][dest_rows] = ep
         out["step"][dest_rows] = step
@@ -318,7 +371,7 @@ def _make(dest: Path, tables: dict[str, Any], columns: Sequence[Column], cameras
     np.save(dest / "offsets.npy", offsets)
     np.save(dest / "episode_ids.npy", ids)
     meta = {**ident, "rows": rows, "layout": layout, "task_names": list(tasks),
-            "cameras": cameras}
+            "cameras": cameras, "video": video}
     (dest / "meta.json").write_text(json.dumps(meta))
 
 
@@ -342,9 +395,14 @@ def _rows_error(episode: int) -> DataError:
                      "`robocache ingest SOURCE DEST --overwrite`.")
 
 
-def _frames(dest: Path, i: int, camera: str, table, ids: np.ndarray) -> np.ndarray:
+def _frames(dest: Path, i: int, camera: str, table, ids: np.ndarray
+            ) -> tuple[np.ndarray, list | None]:
     """Write camera ``i``'s frame addresses and per-episode frame offsets for the served
-    episodes ``ids``; return the offsets (int64 ``[E + 1]``)."""
+    episodes ``ids``, and for a camera kept as video (:mod:`robocache.data.video_store`) each
+    frame's ``pts``, ``dts`` and ``gop`` (its GOP's first frame, a served frame number) and
+    each episode's ``config`` (int32 ``[E]``, an index into the returned list of ``[codec,
+    extradata hex]``). Returns the offsets (int64 ``[E + 1]``) and that list (None: not
+    video)."""
     counts = np.zeros(len(ids), np.int64)
     for batch in table.to_batches(columns=["episode_index"], batch_size=SCAN_ROWS):
         ep = batch.column(0).to_numpy()
@@ -356,7 +414,14 @@ def _frames(dest: Path, i: int, camera: str, table, ids: np.ndarray) -> np.ndarr
     total = int(offsets[-1])
     addresses = _allocate(dest / f"frames-{i}-addresses.npy", np.int64, (total,))
     seen = np.zeros(total, np.uint8)
-    scan = table.scanner(columns=["episode_index", "frame"], with_row_address=True,
+    is_video = "gop" in table.schema.names
+    extra = ["pts", "dts", "gop", "codec", "extradata"] if is_video else []
+    if is_video:
+        video = {k: _allocate(dest / f"frames-{i}-{k}.npy", np.int64, (total,))
+                 for k in ("pts", "dts", "gop")}
+        config = np.full(len(ids), -1, np.int32)
+        configs: dict[tuple[str, str], int] = {}
+    scan = table.scanner(columns=["episode_index", "frame", *extra], with_row_address=True,
                          batch_size=SCAN_ROWS)
     for batch in scan.to_batches():
         ep = batch.column(0).to_numpy()
@@ -375,6 +440,17 @@ def _frames(dest: Path, i: int, camera: str, table, ids: np.ndarray) -> np.ndarr
         rows = offsets[pos] + frame
         seen[rows] = 1
         addresses[rows] = batch.column("_rowaddr").to_numpy()[hit].astype(np.int64)
+        if is_video:
+            for k in ("pts", "dts"):
+                video[k][rows] = batch.column(k).to_numpy()[hit]
+            video["gop"][rows] = offsets[pos] + batch.column("gop").to_numpy()[hit]
+            # each episode's codec and configuration, on its first row
+            codec = batch.column("codec").to_pylist()
+            extradata = batch.column("extradata").to_pylist()
+            for j, at in enumerate(np.flatnonzero(hit).tolist()):
+                if codec[at] is not None:
+                    key = (codec[at], (extradata[at] or b"").hex())
+                    config[pos[j]] = configs.setdefault(key, len(configs))
     if not seen.all():  # as in the rows: a frame twice leaves a place unseen
         at_row = int(np.flatnonzero(seen == 0)[0])
         bad = int(ids[np.searchsorted(offsets, at_row, side="right") - 1])
@@ -383,7 +459,17 @@ def _frames(dest: Path, i: int, camera: str, table, ids: np.ndarray) -> np.ndarr
                         "--overwrite`.")
     addresses.flush()
     np.save(dest / f"frames-{i}-offsets.npy", offsets)
-    return offsets
+    if not is_video:
+        return offsets, None
+    if (config < 0).any():
+        bad = int(ids[np.flatnonzero(config < 0)[0]])
+        raise DataError(f"camera {camera!r}: episode {bad}'s video packets come without their "
+                        "codec (a damaged cache); rebuild it with `robocache ingest SOURCE "
+                        "DEST --overwrite`.")
+    for arr in video.values():
+        arr.flush()
+    np.save(dest / f"frames-{i}-config.npy", config)
+    return offsets, [list(k) for k in configs]
 
 
 def _words(values: np.ndarray) -> np.ndarray:
