@@ -5,6 +5,7 @@ datasets recorded by LeRobot's writer, with LeRobot's items stored beside them
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -114,3 +115,25 @@ def test_unknown_feature_dtype_is_left_out(caches, tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if "observation.audio" in r.getMessage()]
     assert len(said) == 1 and "'audio'" in said[0]
     assert "observation.audio" not in ours[0] and ours[0]["observation.state"].shape == (2,)
+
+
+RAW = sorted(p.stem[len("raw_"):] for p in FIXTURES.glob("raw_*.npz"))
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("datasets"),
+                    reason="hf_dataset needs `datasets` (pip install 'robocache[lerobot]')")
+@pytest.mark.parametrize("name", RAW)
+def test_raw_rows_equal_lerobot(caches, name):
+    """``get_raw_item`` / ``hf_dataset`` rows as LeRobot's: images float32 ``[C, H, W]``
+    (depth maps in their stored values), scalars as 0-d tensors, language rows as stored."""
+    want = dict(np.load(FIXTURES / f"raw_{name}.npz"))
+    ours = open_case(caches, name, next(iter(META["datasets"][name])))
+    rows = [ours.get_raw_item(i) for i in range(len(ours))]
+    assert set(rows[0]) == set(want)
+    for k, w in want.items():
+        if w.dtype.kind == "U":
+            assert [json.dumps(r[k]) for r in rows] == w.tolist(), k
+            continue
+        got = torch.stack([r[k] for r in rows]).numpy()
+        assert got.dtype == w.dtype and got.shape == w.shape, (k, got.dtype, got.shape)
+        assert np.array_equal(got.view(np.uint8), w.view(np.uint8)), k

@@ -421,8 +421,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
     @property
     def hf_dataset(self):
         """The served episodes' rows as stored in the dataset's parquet files, as a
-        ``datasets.Dataset`` in torch format (``pip install "robocache[lerobot]"``); image
-        features as stored, not decoded."""
+        ``datasets.Dataset`` (``pip install "robocache[lerobot]"``) giving rows as LeRobot's
+        does (:func:`hf_to_torch`): image features decoded to float32 ``[C, H, W]``, other
+        values as tensors, language columns and strings as they are."""
         datasets = require("datasets", "lerobot", "LeRobotDataset.hf_dataset")
         pa = require("pyarrow", "data", "Arrow tables")
         pc = require("pyarrow.compute", "data", "Arrow tables")
@@ -437,7 +438,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
                                       pa.array(sorted(wanted), table.schema.field(
                                           "episode_index").type)))
         table = table.take(pc.sort_indices(table, [("index", "ascending")]))
-        return datasets.Dataset(datasets.table.InMemoryTable(table)).with_format("torch")
+        return datasets.Dataset(datasets.table.InMemoryTable(table)).with_transform(hf_to_torch)
 
     def get_raw_item(self, idx: int) -> dict:
         """Row ``idx`` of :attr:`hf_dataset`: no windows, decoding or transforms."""
@@ -699,6 +700,36 @@ def dequantize_depth(codes: torch.Tensor, info: dict, unit: str) -> torch.Tensor
     if unit == "mm":
         out.mul_(1000.0).round_().clamp_(0.0, 65535.0)
     return out
+
+
+def hf_to_torch(rows: dict[str, list]) -> dict[str, list]:
+    """A ``datasets`` batch (column -> values) as LeRobot 0.6.1's rows give it: images (PIL)
+    as float32 ``[C, H, W]`` (8-bit ones divided by 255, 16-bit and float depth maps in their
+    own values), other values through ``torch.tensor``; strings, dicts and missing values
+    as they are, the language columns' rows as LeRobot's schema reads them."""
+    for key, values in rows.items():
+        if key in ("language_persistent", "language_events"):  # as LeRobot's schema reads them
+            rows[key] = [_language_rows(v) for v in values]
+            continue
+        if not values:
+            continue
+        first = values[0]
+        if hasattr(first, "mode") and hasattr(first, "getbands"):  # a PIL image
+            rows[key] = [_pil_to_chw(v) for v in values]
+        elif first is not None and not isinstance(first, dict):
+            rows[key] = [v if isinstance(v, str) else torch.tensor(v) for v in values]
+    return rows
+
+
+def _pil_to_chw(image) -> torch.Tensor:
+    """A PIL image as ``torchvision``'s ``ToTensor`` (LeRobot's decode) gives it, float32
+    ``[C, H, W]`` (16-bit depth maps as float32 in their own values)."""
+    if image.mode in ("I;16", "I;16L", "I;16B"):
+        return torch.from_numpy(np.array(image, dtype=np.float32))[None]
+    array = np.array(image)
+    frame = torch.from_numpy(array if array.ndim == 3 else array[..., None])
+    frame = frame.permute(2, 0, 1).contiguous()
+    return frame.to(torch.float32).div(255) if frame.dtype == torch.uint8 else frame
 
 
 def _language_rows(rows: list[dict] | None) -> list[dict]:
