@@ -113,7 +113,10 @@ def test_items_save_and_slice(cache):
     buf.seek(0)
     back = torch.load(buf)
     assert all(torch.equal(back[k], v) for k, v in ds[4].items() if k != "task")
-    item = ds.__getitems__([1, 4, 6])[1]  # a DataLoader's item: views of its batch's tensors
+    item = ds.__getitems__([1, 4, 6])[1]  # a DataLoader's item: its own frames
+    frame = item["observation.image"]
+    assert frame.untyped_storage().nbytes() == frame.numel() * frame.element_size()
+    assert len(pickle.dumps(item)) < 2 * len(pickle.dumps(ds[4]))
     buf = io.BytesIO()
     torch.save(item, buf)
     buf.seek(0)

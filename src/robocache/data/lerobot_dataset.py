@@ -508,12 +508,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Batch]:
         """Items ``indices`` (what a DataLoader asks for one batch) gathered at once. Each
-        item's tensors are views of its batch's, one storage per key (``torch.save`` works on
-        an item; one from a batch saves that key's batch storage with it), so splitting a
-        batch into items costs no copy."""
+        item's camera frames are its own tensors (converted item by item: no copy more than
+        the batch's conversion, and an item pickles or saves its own frames only); its other
+        tensors are views of its batch's (small), so splitting a batch costs no copy."""
         self._check_served()
         batch = self._lerobot(self._served.fetch(torch.as_tensor(
-            [int(i) for i in indices], dtype=torch.int64).to(self._served.device)))
+            [int(i) for i in indices], dtype=torch.int64).to(self._served.device)),
+            per_item=True)
         split = {k: v if isinstance(v, list) else v.unbind(0) for k, v in batch.items()}
         items = [dict(zip(split, values, strict=True)) for values in zip(*split.values(),
                                                                         strict=True)]
@@ -577,8 +578,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
                            f"feature served by {self.root}; served: "
                            f"{[*self.feature_keys, *FRAME_KEYS]}.")
 
-    def _lerobot(self, batch: Batch) -> Batch:
-        """RobotDataset's batch in LeRobot's keys, dtypes and shapes (every tensor its own)."""
+    def _lerobot(self, batch: Batch, per_item: bool = False) -> Batch:
+        """RobotDataset's batch in LeRobot's keys, dtypes and shapes (every tensor its own);
+        ``per_item``: camera keys as lists of each item's own frames."""
         rows = batch["index"]
         ds = self._served
         out: Batch = {}
@@ -587,19 +589,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
             f = self.meta.features[k]
             v = batch[k]
             if k in self._cameras:
-                if k in self._depth:
-                    v = self._depth_map(k, v)
-                elif v.dtype == torch.uint8 and not (self.return_uint8 and k in video):
-                    # x / 255 as LeRobot computes it (a tensor divisor: CUDA would multiply by
-                    # the reciprocal of a Python number, one ulp off), into contiguous
-                    # [..., C, H, W] as LeRobot's (decoded frames are channels-last views;
-                    # converting and reordering in one copy costs no more than converting)
-                    v = v.to(torch.float32, memory_format=torch.contiguous_format).div_(
-                        v.new_tensor(255.0, dtype=torch.float32))
-                elif v.dtype != torch.uint8:  # 16-bit frames: float32 in their own values
-                    v = v.to(torch.float32, memory_format=torch.contiguous_format)
-                if k in video and len((self.delta_indices or {}).get(k, ())) == 1:
-                    v = v[:, 0]  # LeRobot's video windows of one offset: the frame itself
+                one = k in video and len((self.delta_indices or {}).get(k, ())) == 1
+                if per_item:
+                    v = [self._frames(k, x[0] if one else x, own=True) for x in v.unbind(0)]
+                else:  # LeRobot's video windows of one offset: the frame itself
+                    v = self._frames(k, v[:, 0] if one else v)
             else:
                 lead = v.shape[:-1]
                 shape = () if tuple(f["shape"]) == (1,) else tuple(f["shape"])
@@ -623,6 +617,23 @@ class LeRobotDataset(torch.utils.data.Dataset):
             for k, values in self._language.items():
                 out[k] = [values.get(i, []) for i in index]
         return out
+
+    def _frames(self, key: str, v: torch.Tensor, own: bool = False) -> torch.Tensor:
+        """A camera's decoded frames (``[..., C, H, W]``) as LeRobot's items carry them: in a
+        tensor of their own, except ``return_uint8`` frames without ``own`` (views of the
+        decoded ``[..., H, W, C]``, no reordering copy)."""
+        if key in self._depth:
+            return self._depth_map(key, v)
+        if v.dtype == torch.uint8 and not (self.return_uint8 and key in self.meta.video_keys):
+            # x / 255 as LeRobot computes it (a tensor divisor: CUDA would multiply by the
+            # reciprocal of a Python number, one ulp off), into contiguous [..., C, H, W] as
+            # LeRobot's (decoded frames are channels-last views; converting and reordering in
+            # one copy costs no more than converting)
+            return v.to(torch.float32, memory_format=torch.contiguous_format).div_(
+                v.new_tensor(255.0, dtype=torch.float32))
+        if v.dtype != torch.uint8:  # 16-bit frames: float32 in their own values
+            return v.to(torch.float32, memory_format=torch.contiguous_format)
+        return v.clone(memory_format=torch.contiguous_format) if own else v
 
     @property
     def _depth(self) -> dict[str, str | None]:
