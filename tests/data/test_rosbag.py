@@ -540,8 +540,8 @@ def write_db3(bag: Path, messages, *, compress: str | None = None) -> None:
 
 
 def write_ros1(path: Path, messages, *, compression: str = "lz4") -> None:
-    """A ROS 1 bag of the ``messages`` whose types ROS 1 Noetic has (definitions and md5 as
-    Noetic's, tf2_msgs added; the header's ``seq`` counting), in ``compression`` chunks."""
+    """A ROS 1 bag of the ``messages`` (definitions and md5 as ROS 1 Noetic's, types it
+    lacks added; the header's ``seq`` counting), in ``compression`` chunks."""
     import struct
 
     from rosbags.rosbag1 import Writer
@@ -552,14 +552,14 @@ def write_ros1(path: Path, messages, *, compression: str = "lz4") -> None:
     for type_, text in {m[1]: m[2] for m in messages}.items():
         types = get_types_from_msg(text, type_)
         ros2.register(types)
-        if type_.startswith("tf2_msgs/"):  # not in the store: ROS 1's own tf2_msgs
-            noetic.register({type_: types[type_]})
+        # types Noetic's store lacks (tf2_msgs, custom ones): their ROS 1 form
+        noetic.register({k: v for k, v in types.items() if k not in noetic.fielddefs})
     writer = Writer(path)
     writer.set_compression(getattr(Writer.CompressionFormat, compression.upper()))
     with writer as w:
         conns, seq = {}, {}
         for topic, type_, _, log, data in messages:
-            if type_ not in noetic.fielddefs:
+            if type_.startswith("rcl_interfaces/"):  # ROS 2's own: not in ROS 1 bags
                 continue
             if topic not in conns:
                 conns[topic] = w.add_connection(topic, type_, typestore=noetic)
@@ -1005,3 +1005,188 @@ def test_inspect_lists_topics_and_every_unreadable_file(storages, tmp_path):
     run = cli("inspect", str(root))
     assert "/rosout" in run.stdout and "not read: rcl_interfaces/msg/Log" in run.stdout
     assert "not a bag (not read):" in run.stdout and "notes.txt" in run.stdout
+
+
+# --- any message with numeric fields, mapped from its definition; the listed sensor types
+
+CUSTOM = ("my_robot/msg/Gripper", "std_msgs/Header header\nfloat32 width\nint32 mode\n"
+          "bool grasped\nfloat64[3] force\ngeometry_msgs/Quaternion tip\nuint8[] flags\n"
+          "string note\nbuiltin_interfaces/Time started\nmy_robot/Finger[2] fingers\n"
+          "my_robot/Finger palm\n")
+FINGER = ("my_robot/Finger", "float32 angle\nuint16 contact\n")
+
+
+def _humble_def(type_: str) -> str:
+    from rosbags.typesys import Stores, get_typestore
+
+    return get_typestore(Stores.ROS2_HUMBLE).generate_msgdef(type_, ros_version=2)[0]
+
+
+def write_types_bag(path: Path, n: int = 12) -> dict:
+    """An MCAP bag of a custom message and of Joy, NavSatFix, MagneticField, LaserScan,
+    CameraInfo and PointCloud2 (mcap-ros2-support's writer); returns the messages written
+    per topic."""
+    from mcap_ros2.writer import Writer
+
+    H, QUAT, msgdef = (getattr(SCRIPT, k) for k in ("H", "QUAT", "msgdef"))
+    rng = np.random.default_rng(11)
+    t0 = 1_764_000_000 * 10**9
+    defs = {"my_robot/msg/Gripper": msgdef(CUSTOM[1], *H, ("geometry_msgs/Quaternion", QUAT),
+                                           FINGER),
+            **{t: _humble_def(t) for t in (
+                "sensor_msgs/msg/Joy", "sensor_msgs/msg/NavSatFix",
+                "sensor_msgs/msg/MagneticField", "sensor_msgs/msg/LaserScan",
+                "sensor_msgs/msg/CameraInfo", "sensor_msgs/msg/PointCloud2")}}
+    topics = {"/gripper_state": "my_robot/msg/Gripper", "/joy": "sensor_msgs/msg/Joy",
+              "/fix": "sensor_msgs/msg/NavSatFix", "/mag": "sensor_msgs/msg/MagneticField",
+              "/scan": "sensor_msgs/msg/LaserScan", "/camera/info": "sensor_msgs/msg/CameraInfo",
+              "/points": "sensor_msgs/msg/PointCloud2"}
+    written: dict = {t: [] for t in topics}
+
+    def head(i):
+        st = t0 + i * 20_000_000 + 7
+        return {"stamp": {"sec": st // 10**9, "nanosec": st % 10**9}, "frame_id": "f"}
+
+    def v3():
+        return dict(zip("xyz", rng.normal(size=3).tolist(), strict=True))
+
+    def make(topic, i):
+        if topic == "/gripper_state":
+            return {"header": head(i), "width": float(np.float32(rng.normal())),
+                    "mode": int(rng.integers(-5, 5)), "grasped": bool(i % 2),
+                    "force": rng.normal(size=3).tolist(),
+                    "tip": dict(zip("xyzw", rng.normal(size=4).tolist(), strict=True)),
+                    "flags": bytes(rng.integers(0, 255, 4, dtype=np.uint8)), "note": "n" * i,
+                    "started": {"sec": 5, "nanosec": i},
+                    "fingers": [{"angle": 1.0, "contact": 2}] * 2,
+                    "palm": {"angle": float(np.float32(i / 3)), "contact": i}}
+        if topic == "/joy":
+            return {"header": head(i), "axes": rng.normal(size=4).astype(np.float32).tolist(),
+                    "buttons": rng.integers(0, 2, 6).tolist()}
+        if topic == "/fix":
+            return {"header": head(i), "status": {"status": 0, "service": 1},
+                    "latitude": 48.1 + i * 1e-6, "longitude": 11.5, "altitude": 520.0 + i,
+                    "position_covariance": rng.normal(size=9).tolist(),
+                    "position_covariance_type": 2}
+        if topic == "/mag":
+            return {"header": head(i), "magnetic_field": v3(),
+                    "magnetic_field_covariance": [0.0] * 9}
+        if topic == "/scan":
+            return {"header": head(i), "angle_min": -1.5, "angle_max": 1.5,
+                    "angle_increment": 0.5, "time_increment": 0.001, "scan_time": 0.1,
+                    "range_min": 0.1, "range_max": 30.0,
+                    "ranges": rng.uniform(0, 30, 7).astype(np.float32).tolist(),
+                    "intensities": []}
+        if topic == "/camera/info":
+            return {"header": head(i), "height": 480, "width": 640,
+                    "distortion_model": "plumb_bob", "d": [0.1, 0.0, 0.0, 0.0, 0.0],
+                    "k": [500.0, 0, 320, 0, 500, 240, 0, 0, 1], "r": [1.0, 0, 0, 0, 1, 0, 0, 0, 1],
+                    "p": [500.0, 0, 320, 0, 0, 500, 240, 0, 0, 0, 1, 0], "binning_x": 0,
+                    "binning_y": 0, "roi": {"x_offset": 0, "y_offset": 0, "height": 0,
+                                            "width": 0, "do_rectify": False}}
+        return {"header": head(i), "height": 1, "width": i + 1, "fields": [],
+                "is_bigendian": False, "point_step": 4, "row_step": 4 * (i + 1),
+                "data": bytes(4 * (i + 1)), "is_dense": True}
+
+    with open(path, "wb") as f:
+        w = Writer(f)
+        schemas = {t: w.register_msgdef(type_, defs[type_]) for t, type_ in topics.items()}
+        for i in range(n):
+            for topic in topics:
+                msg = make(topic, i)
+                written[topic].append(msg)
+                w.write_message(topic, schemas[topic], msg, log_time=t0 + i * 20_000_000 + 9)
+        w.finish()
+    return written
+
+
+@pytest.fixture(scope="module")
+def types_bag(tmp_path_factory):
+    path = tmp_path_factory.mktemp("types") / "types.mcap"
+    return path, write_types_bag(path)
+
+
+def _stamps(msgs) -> list[int]:
+    return [m["header"]["stamp"]["sec"] * 10**9 + m["header"]["stamp"]["nanosec"] for m in msgs]
+
+
+def _check_types(ep, specs, written) -> None:
+    g = written["/gripper_state"]
+    s = ep.streams
+    assert ep.meta["stamps_ns"]["gripper_state.width"].tolist() == _stamps(g)
+    assert s["gripper_state.width"].data.dtype == np.float32
+    assert s["gripper_state.width"].data.tolist() == [m["width"] for m in g]
+    assert s["gripper_state.mode"].data.dtype == np.int32
+    assert s["gripper_state.mode"].data.tolist() == [m["mode"] for m in g]
+    assert s["gripper_state.grasped"].data.tolist() == [m["grasped"] for m in g]
+    assert np.array_equal(s["gripper_state.force"].data, [m["force"] for m in g])
+    assert specs["gripper_state.tip"].quaternion
+    assert np.array_equal(s["gripper_state.tip"].data, [[m["tip"][k] for k in "wxyz"]
+                                                        for m in g])
+    assert s["gripper_state.flags"].data.dtype == np.uint8
+    assert s["gripper_state.flags"].data.tolist() == [list(m["flags"]) for m in g]
+    assert s["gripper_state.started"].data.tolist() == [5 * 10**9 + i for i in range(len(g))]
+    assert s["gripper_state.palm.angle"].data.tolist() == [m["palm"]["angle"] for m in g]
+    assert s["gripper_state.palm.contact"].data.dtype == np.uint16
+    assert not any(n.startswith(("gripper_state.fingers", "gripper_state.note")) for n in s)
+    j = written["/joy"]
+    assert s["joy.axes"].data.dtype == np.float32 and s["joy.axes"].data.shape == (len(j), 4)
+    assert s["joy.axes"].data.tolist() == [m["axes"] for m in j]
+    assert s["joy.buttons"].data.tolist() == [m["buttons"] for m in j]
+    fix = written["/fix"]
+    assert s["fix.latitude"].data.tolist() == [m["latitude"] for m in fix]
+    assert s["fix.altitude"].data.tolist() == [m["altitude"] for m in fix]
+    assert s["fix.status.status"].data.dtype == np.int8
+    assert np.array_equal(s["fix.position_covariance"].data,
+                          [m["position_covariance"] for m in fix])
+    assert np.array_equal(s["mag.magnetic_field"].data, [[m["magnetic_field"][k] for k in "xyz"]
+                                                         for m in written["/mag"]])
+    scan = written["/scan"]
+    assert s["scan.ranges"].data.dtype == np.float32
+    assert s["scan.ranges"].data.tolist() == [m["ranges"] for m in scan]
+    assert "scan.intensities" not in s and "scan.angle_min" not in s  # empty; in meta
+    assert ep.meta["sensors"]["scan"] == {
+        "frame_id": "f", "angle_min": -1.5, "angle_max": 1.5, "angle_increment": 0.5,
+        "time_increment": float(np.float32(0.001)), "scan_time": float(np.float32(0.1)),
+        "range_min": float(np.float32(0.1)), "range_max": 30.0}
+    info = ep.meta["sensors"]["camera.info"]
+    assert (info["width"], info["height"], info["distortion_model"]) == (640, 480, "plumb_bob")
+    assert info["k"] == [500.0, 0, 320, 0, 500, 240, 0, 0, 1]
+    assert not any(n.startswith(("camera.info", "points")) for n in s)
+
+
+def test_numeric_messages_mapped_from_their_definition(types_bag):
+    path, written = types_bag
+    src = RosbagSource(path)
+    _check_types(src.read(0), src.specs, written)
+    assert "/points (sensor_msgs/msg/PointCloud2: no mapping (the point count varies" in \
+        src.timing
+    facts = src.describe()["topics"]
+    assert facts["/camera/info"]["not_read"] == "into Episode.meta['sensors']['camera.info']"
+
+
+def test_numeric_messages_from_db3_and_ros1(types_bag, tmp_path):
+    path, written = types_bag
+    messages = [m for m in _mcap_messages([path]) if m[0] != "/points"]
+    write_db3(tmp_path / "db3", messages)
+    write_ros1(tmp_path / "t.bag", messages)
+    for bag in (tmp_path / "db3", tmp_path / "t.bag"):
+        src = RosbagSource(bag)
+        _check_types(src.read(0), src.specs, written)
+
+
+def test_sequence_changing_length_fails_its_episode(tmp_path):
+    from mcap_ros2.writer import Writer
+
+    with open(tmp_path / "j.mcap", "wb") as f:
+        w = Writer(f)
+        joy = w.register_msgdef("sensor_msgs/msg/Joy", _humble_def("sensor_msgs/msg/Joy"))
+        for i in range(4):
+            w.write_message("/joy", joy, {"header": {"stamp": {"sec": 1, "nanosec": i},
+                                                     "frame_id": ""},
+                                          "axes": [0.5] * (3 if i < 2 else 2), "buttons": []},
+                            log_time=10 + i)
+        w.finish()
+    with pytest.raises(DataError, match=r"topic /joy message 2: field axes holds 2 values, "
+                                        r"the first message 3"):
+        RosbagSource(tmp_path / "j.mcap")

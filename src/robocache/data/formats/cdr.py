@@ -37,6 +37,7 @@ LAYOUTS: dict[str, tuple[bool, int, tuple[int, ...]]] = {
     "geometry_msgs/msg/QuaternionStamped": (True, 0, (3, 0, 1, 2)),
     # orientation (xyzw), its covariance [9], angular velocity, [9], linear acceleration
     "sensor_msgs/msg/Imu": (True, 0, (3, 0, 1, 2, 13, 14, 15, 25, 26, 27)),
+    "sensor_msgs/msg/MagneticField": (True, 0, (0, 1, 2)),
     # child_frame_id; pose (7) and its covariance [36], then the twist
     "nav_msgs/msg/Odometry": (True, 1, (0, 1, 2, *_Q, 43, 44, 45, 46, 47, 48)),
 }

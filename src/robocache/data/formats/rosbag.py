@@ -40,8 +40,16 @@ are stored **wxyz** (``[w, x, y, z]``), as everywhere in RoboCache (ROS's own fi
 - ``std_msgs/String``: an event stream ``<topic>.data``; the topic named by ``task_topic``
   (``--task-topic``) gives the episode's task(s) instead (distinct strings in order).
 
-Any other type (``/rosout``'s ``rcl_interfaces/Log``, ``/parameter_events``, ``tf2_msgs``...)
-is skipped without being decoded and listed once in ``timing`` (the ingest summary shows it).
+- ``sensor_msgs/MagneticField``: ``magnetic_field`` ``[3]``; ``sensor_msgs/LaserScan``:
+  ``ranges`` (and ``intensities``) ``[N]``, the scan's geometry in
+  ``Episode.meta["sensors"][<topic>]``; ``sensor_msgs/CameraInfo``: no stream, its calibration
+  there; ``tf2_msgs/TFMessage``: pose streams per frame pair (:mod:`.tf`).
+- Any other message with numeric fields (``NavSatFix``, ``Joy``, control and custom
+  messages): mapped from its definition (:mod:`.generic`).
+
+Middleware types (``/rosout``'s ``rcl_interfaces/Log``, ``/parameter_events``...), point
+clouds and messages without numeric fields are skipped without being decoded and listed once
+in ``timing`` (the ingest summary shows it).
 
 Times: ``header.stamp`` where the message has a header (a topic whose stamps are all zero,
 never set by its publisher, uses log times), else the log time; ``time_source="log"``
@@ -74,7 +82,7 @@ import numpy as np
 
 from robocache._optional import require
 from robocache.data.episode import Episode, Stream, StreamSpec
-from robocache.data.formats import cdr, tf
+from robocache.data.formats import cdr, generic, tf
 from robocache.errors import DataError
 
 XYZ = ("x", "y", "z")
@@ -108,6 +116,7 @@ VECTORS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
                             ("linear_acceleration", XYZ)),
     "nav_msgs/msg/Odometry": (("pose.pose.position", XYZ), ("pose.pose.orientation", WXYZ),
                               ("twist.twist.linear", XYZ), ("twist.twist.angular", XYZ)),
+    "sensor_msgs/msg/MagneticField": (("magnetic_field", XYZ),),
 }
 SCALARS = {f"std_msgs/msg/{t}": t.lower() for t in
            ("Float32", "Float64", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32",
@@ -239,6 +248,8 @@ class _Topic:
     values: list[Any] = None
     skipped: str | None = None  # why the topic is not read (no mapping, not selected)
     raw: list[bytes] | None = None  # messages kept as CDR bytes, decoded in bulk at the end
+    generic: list | None = None  # the leaves of a message mapped from its definition
+    sensor: dict | None = None  # what a topic puts in Episode.meta["sensors"]
     count: int = 0  # messages on the topic, read or not
     first_ns: int | None = None  # log times of its first and last message
     last_ns: int | None = None
@@ -429,6 +440,11 @@ class RosbagSource:
             for name, spec, data in produced:
                 add(name, spec, ns, data)
                 table[t.topic]["streams"].append(name)
+            if t.sensor is not None:
+                meta.setdefault("sensors", {})[stream_base(t.topic)] = t.sensor
+                if not produced:
+                    table[t.topic]["not_read"] = (f"into Episode.meta['sensors']"
+                                                  f"['{stream_base(t.topic)}']")
         if tf_topics or self.tf_chains:
             for name, spec, ns, data in self._tf_streams(tf_topics, meta["stamps_ns"], meta):
                 add(name, spec, ns, data)
@@ -514,18 +530,35 @@ class RosbagSource:
                             "channel record declares.")
         t = topics.get(channel.topic)
         if t is None:
-            t = self._new_topic(topics, channel.topic,
-                                _type_name(schema.name) if schema else "(no schema)",
-                                lambda: _mcap_decoder(factory, channel, schema, file))
+            type_ = _type_name(schema.name) if schema else "(no schema)"
+            t = self._new_topic(topics, channel.topic, type_,
+                                lambda: _mcap_decoder(factory, channel, schema, file),
+                                lambda: _schema_nodes(schema, type_))
         t.seen(record.log_time)
         if not t.skipped:
             self._collect(t, record.log_time, record.data, file.name)
 
-    def _new_topic(self, topics: dict[str, _Topic], topic: str, type_: str, decoder) -> _Topic:
+    def _new_topic(self, topics: dict[str, _Topic], topic: str, type_: str, decoder,
+                   nodes=None) -> _Topic:
         """Declare a topic at its first message; ``decoder()`` makes its decode function
-        (raising :class:`_Unmapped` where the topic cannot be decoded but the bag is sound)."""
+        (raising :class:`_Unmapped` where the topic cannot be decoded but the bag is sound),
+        ``nodes()`` the parsed definitions that map a type without its own mapping."""
         t = topics[topic] = _Topic(topic, type_)
         t.skipped = self._wanted(topic, type_)
+        if type_ in NOT_MAPPED:
+            t.skipped = f"{type_}: {NOT_MAPPED[type_]}"
+        elif t.skipped == f"{type_}: no mapping" and nodes is not None and \
+                not type_.startswith(generic.NOT_DATA):
+            try:
+                plan, _ = generic.leaves(nodes(), type_)
+            except Exception:  # no usable definition: stays unmapped
+                plan = []
+            if type_ in ONLY:
+                plan = [leaf for leaf in plan if leaf.path in ONLY[type_]]
+            if plan or type_ in SENSOR_META:
+                t.generic, t.skipped = plan, None
+            else:
+                t.skipped = f"{type_}: no numeric field"
         if t.skipped is None:
             try:
                 t.decode = decoder()
@@ -566,7 +599,7 @@ class RosbagSource:
                     t = topics.get(conn.topic)
                     if t is None:
                         t = self._new_topic(topics, conn.topic, conn.msgtype, functools.partial(
-                            _rosbags_decoder, store, conn, unread))
+                            _rosbags_decoder, store, conn, unread), lambda: store.fielddefs)
                     count += 1
                     t.seen(log_ns)
                     if t.skipped:
@@ -640,7 +673,9 @@ class RosbagSource:
         base = stream_base(t.topic)
         rate = _rate(t.log_ns)
         n = len(t.values)
-        if t.type == STRING:
+        if t.generic is not None:
+            yield from self._generic(t, base, rate)
+        elif t.type == STRING:
             data = np.empty(n, dtype=object)
             data[:] = t.values
             yield _join(base, "data"), StreamSpec(_join(base, "data"), "event", "str", ()), data
@@ -672,6 +707,13 @@ class RosbagSource:
             yield name, StreamSpec(name, "numeric", np.dtype(dtype).name, shape, rate), values
         else:
             yield from _camera(t, base, rate)
+
+    def _generic(self, t: _Topic, base: str, rate: float | None):
+        """The streams of a message mapped from its definition (:mod:`generic`)."""
+        for leaf, data in generic.columns(t.topic, t.values, t.generic):
+            name = _join(base, leaf.path)
+            yield name, StreamSpec(name, "numeric", np.dtype(leaf.dtype).name, data.shape[1:],
+                                   rate, quaternion=leaf.kind == "quaternion"), data
 
     def _joints(self, t: _Topic, base: str, rate: float | None, discover: bool):
         """The JointState streams from the topic's groups (:func:`_joint_groups`), columns in
@@ -813,6 +855,44 @@ def _mcap_decoder(factory, channel, schema, file: Path):
                         f"{schema.encoding if schema else 'missing'} schema; only "
                         "ROS 2 CDR with ros2msg schemas is read.")
     return decode
+
+
+def _schema_nodes(schema, type_: str) -> dict:
+    """The type definitions of an MCAP schema (``ros2msg`` or ``ros2idl`` text), parsed by
+    ``rosbags``' type system."""
+    from rosbags.typesys import get_types_from_idl, get_types_from_msg
+
+    text = bytes(schema.data).decode()
+    return get_types_from_idl(text) if schema.encoding == "ros2idl" else \
+        get_types_from_msg(text, type_)
+
+
+def _camera_info(msg) -> dict[str, Any]:
+    """A ``sensor_msgs/CameraInfo``'s calibration (its first message; ROS 1 names the
+    matrices ``D``, ``K``, ``R``, ``P``)."""
+    return {"frame_id": msg.header.frame_id, "width": int(msg.width),
+            "height": int(msg.height), "distortion_model": msg.distortion_model,
+            **{k: [float(v) for v in (getattr(msg, k) if hasattr(msg, k) else
+                                      getattr(msg, k.upper()))] for k in ("d", "k", "r", "p")}}
+
+
+def _scan_geometry(msg) -> dict[str, Any]:
+    """A ``sensor_msgs/LaserScan``'s geometry (its first message): angles in radians,
+    times in seconds, ranges in metres."""
+    return {"frame_id": msg.header.frame_id, **{k: float(getattr(msg, k)) for k in (
+        "angle_min", "angle_max", "angle_increment", "time_increment", "scan_time",
+        "range_min", "range_max")}}
+
+
+CAMERA_INFO = "sensor_msgs/msg/CameraInfo"
+LASER_SCAN = "sensor_msgs/msg/LaserScan"
+# types whose calibration or geometry goes into Episode.meta["sensors"] (from the first message)
+SENSOR_META = {CAMERA_INFO: _camera_info, LASER_SCAN: _scan_geometry}
+# types with numeric fields that are not mapped from their definition, and why
+NOT_MAPPED = {"sensor_msgs/msg/PointCloud2": "no mapping (the point count varies per message)",
+              "sensor_msgs/msg/PointCloud": "no mapping (the point count varies per message)"}
+# types mapped from their definition whose streams are only these fields
+ONLY = {CAMERA_INFO: (), LASER_SCAN: ("ranges", "intensities")}
 
 
 def _rosbags():
@@ -986,7 +1066,10 @@ def _decode(t: _Topic, data: bytes, i: int, file: str) -> tuple[int, Any]:
     """One message through mcap-ros2-support: (header stamp ns or -1, its values)."""
     try:
         msg = t.decode(data)
-        value = _extract(t.type, msg)
+        value = generic.extract(msg, t.generic) if t.generic is not None else \
+            _extract(t.type, msg)
+        if t.type in SENSOR_META and i == 0:
+            t.sensor = SENSOR_META[t.type](msg)
     except DataError as e:
         raise DataError(f"{file}: topic {t.topic} message {i}: {e}") from e
     except Exception as e:  # bytes that do not decode with the schema
