@@ -218,6 +218,11 @@ def test_root_from_hub_snapshot(tmp_path, monkeypatch):
     assert ds.root == repo / "snapshots" / "abc123" and len(ds) == sum(META["lengths"])
     shutil.copytree(FIXTURES / "tiny", home / "robocache" / "tiny")
     assert find_root("robocache/tiny") == home / "robocache" / "tiny"
+    # a legacy Hub mirror (its download metadata inside): the snapshot first, as LeRobot
+    (home / "robocache" / "tiny" / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    assert find_root("robocache/tiny") == repo / "snapshots" / "abc123"
+    shutil.rmtree(repo)
+    assert find_root("robocache/tiny") == home / "robocache" / "tiny"  # nothing else here
     with pytest.raises(FileNotFoundError, match="no local copy of 'robocache/other'"):
         find_root("robocache/other")
 

@@ -40,7 +40,9 @@ def find_root(repo_id: str, root: str | Path | None = None,
     ``$HF_LEROBOT_HOME/<repo_id>`` when it holds ``meta/info.json``; else the snapshot LeRobot's
     Hub download left in ``$HF_LEROBOT_HOME/hub/datasets--<owner>--<name>`` (the one
     ``refs/<revision>`` names, ``revision`` defaulting to ``v3.0`` then ``main``, else the
-    newest snapshot holding ``meta/info.json``).
+    newest snapshot holding ``meta/info.json``). As LeRobot, a ``$HF_LEROBOT_HOME/<repo_id>``
+    that is a legacy Hub mirror (it holds ``.cache/huggingface/download``) gives way to the
+    snapshot; it is read only where there is none (LeRobot would download one).
 
     Raises:
         FileNotFoundError: no dataset there (the message names the places looked at).
@@ -54,7 +56,10 @@ def find_root(repo_id: str, root: str | Path | None = None,
         return path
     home = lerobot_home()
     local = home / repo_id
-    if (local / "meta" / "info.json").is_file():
+    # a legacy Hub mirror (``snapshot_download(local_dir=...)`` left its download metadata
+    # there): LeRobot reads the snapshot cache instead, so the mirror is the last resort
+    legacy = (local / ".cache" / "huggingface" / "download").exists()
+    if (local / "meta" / "info.json").is_file() and not legacy:
         return local
     repo = home / "hub" / ("datasets--" + repo_id.replace("/", "--"))
     for ref in dict.fromkeys([revision or CODEBASE_VERSION, "main"]):
@@ -67,6 +72,8 @@ def find_root(repo_id: str, root: str | Path | None = None,
                     .is_file()), key=lambda p: (p / "meta" / "info.json").stat().st_mtime)
     if snaps:
         return snaps[-1]
+    if (local / "meta" / "info.json").is_file():  # the legacy mirror: nothing newer here
+        return local
     raise FileNotFoundError(f"no local copy of {repo_id!r}: neither {local} nor a snapshot in "
                             f"{repo} holds meta/info.json; download it first (LeRobot's "
                             f"`LeRobotDataset({repo_id!r})` online, or `huggingface-cli "
