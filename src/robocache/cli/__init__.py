@@ -13,6 +13,7 @@ from robocache.cli import (
     bench,
     demo,
     doctor,
+    edit,
     export,
     info,
     ingest,
@@ -44,6 +45,7 @@ app.command("export")(export.export)
 app.command("demo")(demo.demo)
 app.command("view")(view.view)
 app.command("audit")(audit.audit)
+app.command("edit")(edit.edit)
 
 
 def main() -> None:

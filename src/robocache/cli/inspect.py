@@ -185,6 +185,15 @@ def _print_topics(console, facts: dict) -> None:
         console.print(f"[yellow]not a bag[/] (not read): {f}")
 
 
+def _versions(where, options) -> list[dict]:
+    """The cache's versions (:func:`robocache.data.versions.history`)."""
+    from robocache.data.location import Location
+    from robocache.data.versions import history
+
+    location = Location(where, options)
+    return history(location, location.manifest())
+
+
 def _filtered(where, options, keep_ranges, episode_keys, report, drop_flags) -> dict:
     """What RobotDataset serves of the cache at ``where`` with these filters: episodes, steps
     and segments (each kept range of an episode is one), from the manifest and the files."""
@@ -273,6 +282,8 @@ def inspect(
                                       "without the episodes this audit report flags leaves."),
     drop_flags: list[str] = typer.Option(None, "--drop-flag", help="--audit: drop only "
                                          "episodes with this flag (repeat; default any)."),
+    versions: bool = typer.Option(False, "--versions", help="A cache: also list its "
+                                  "versions (one per robocache edit)."),
     storage_option: list[str] = storage_option_flag(),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_OPTION_HELP),
 ):
@@ -302,7 +313,13 @@ def inspect(
                                    "cache")
             facts["filter"] = _filtered(where, options, keep_ranges, episode_keys,
                                         audit_report, drop_flags)
-        elif episode_keys is not None or drop_flags:
+        if versions:
+            if "cache" not in facts:
+                raise CommandError(f"--versions lists a cache's versions, and {path} is a "
+                                   "source", "pass a cache")
+            facts["versions"] = _versions(where, options)
+        if keep_ranges is None and audit_report is None and (
+                episode_keys is not None or drop_flags):
             raise CommandError("--episode-keys goes with --keep-ranges and --drop-flag with "
                                "--audit", "pass the filter they belong to")
         if plot is not None:
@@ -316,6 +333,13 @@ def inspect(
         console.print(f"plot: {facts['plot']}")
     if "cache" in facts:
         _print_cache(console, facts)
+        for v in facts.get("versions", []):
+            from robocache.data.edit import _op
+
+            what = "; ".join(_op(o) for o in v["edit"] or []) or "as built"
+            mark = " (current)" if v["current"] else ""
+            console.print(f"version {v['version']}{mark}: {v['episodes']} episodes, "
+                          f"{v['rows']:,} steps, {v['created']}: {what}")
         if "filter" in facts:
             f = facts["filter"]
             console.print(f"filtered: {f['episodes']} of {f['of_episodes']} episodes, "

@@ -232,7 +232,7 @@ def audit(cache: str | Path, config: AuditConfig | None = None, *,
         DataError: a threshold out of its domain, a key the cache lacks, a cache without a
             complete version, an object store that fails.
     """
-    from robocache.data import snapshot
+    from robocache.data import snapshot, versions
     from robocache.data.location import LANCE, Location
 
     config = config or AuditConfig()
@@ -265,7 +265,7 @@ def audit(cache: str | Path, config: AuditConfig | None = None, *,
     total = sum(expected.values())
     done = 0
     with LANCE.call(), location.reading("data.lance"):
-        table = location.lance("data.lance")
+        table = versions.open_table(location, manifest, "data.lance")
         version = table.version
         pending: dict[str, list[np.ndarray]] = {c: [] for c in columns}
         ready: list[tuple[int, dict[str, np.ndarray]]] = []
@@ -527,7 +527,8 @@ def _report(location, manifest, version: int, config: AuditConfig, plans, idle, 
         records.append(record)
     counts = {f: sum(f in r["flags"] for r in records) for f in FLAGS}
     return {"format": REPORT_FORMAT, "cache": location.uri, "created": manifest.get("created"),
-            "version": version, "rate_hz": rate, "device": str(dev),
+            "cache_version": int(manifest.get("version", 1)), "version": version,
+            "rate_hz": rate, "device": str(dev),
             "thresholds": config.thresholds(),
             "streams": {"checked": list(plans), "idle": idle, "signature": signature,
                         "grippers": grippers},

@@ -132,6 +132,10 @@ class RobotDataset(torch.utils.data.Dataset):
             episodes are not served.
         drop_flags: with ``audit``, drop only episodes carrying one of these flags (default:
             any flag).
+        version: serve this version of an edited cache (``robocache edit``; ``robocache
+            inspect CACHE --versions`` lists them; default: the current one).
+        split: serve one side of the cache's recorded train / validation split
+            (``"train"`` or ``"val"``, ``robocache edit --split``).
         image_size: (height, width) camera frames are resized to (default: as stored).
         image_transforms: random crop / affine / colour jitter of camera frames
             (:class:`robocache.ImageTransformsConfig`), drawn per sample and camera from
@@ -186,7 +190,8 @@ class RobotDataset(torch.utils.data.Dataset):
                  keep_ranges: str | Path | Mapping[str, Any] | None = None,
                  episode_keys: str | Path | Mapping[str, int] | None = None,
                  audit: str | Path | Mapping[str, Any] | None = None,
-                 drop_flags: Sequence[str] | None = None):
+                 drop_flags: Sequence[str] | None = None, version: int | None = None,
+                 split: str | None = None):
         from robocache.ops.normalize import Stats
 
         require("lance", "data", "The Lance cache", "pylance")
@@ -206,6 +211,20 @@ class RobotDataset(torch.utils.data.Dataset):
             raise DataError(f"`pad` must be 'edge' or 'zero'; got {pad!r}.")
         # while another process extends the cache: its last complete version
         self.manifest = snapshot.servable(self.location, written)
+        if version is not None:  # an older version of an edited cache
+            from robocache.data.versions import manifest_at
+
+            self.manifest = manifest_at(self.location, self.manifest, version)
+        if split is not None:
+            splits = self.manifest.get("splits") or {}
+            if split not in splits:
+                raise DataError(f"{self.location} has no split {split!r} (splits: "
+                                f"{sorted(splits) or 'none'}; `robocache edit CACHE --split "
+                                "0.1` records one).")
+            chosen = set(splits[split])
+            episodes = [e for e in (episodes if episodes is not None else
+                                    [x["index"] for x in self.manifest["episodes"]])
+                        if int(e) in chosen]
         if self.manifest is not written and episodes is None:
             episodes = [e["index"] for e in self.manifest["episodes"]]
         source_identity.warn_if_changed(self.location.uri, self.manifest)  # an edited source

@@ -152,10 +152,13 @@ def _open(location, manifest: dict[str, Any], columns: Sequence[Column],
           episodes: Sequence[int] | None,
           ranges: dict[int, list[tuple[int, int]]] | None = None) -> Served:
     """One attempt of :func:`open_served`, at the tables' latest versions."""
-    tables = {"data": location.lance("data.lance")}
+    from robocache.data.versions import open_table
+
+    # at the Lance versions the manifest pins (an edited cache), else the latest
+    tables = {"data": open_table(location, manifest, "data.lance")}
     cameras = sorted({c.camera for c in columns if c.camera is not None})
     for cam in cameras:
-        tables[cam] = location.lance(f"frames/{cam}.lance")
+        tables[cam] = open_table(location, manifest, f"frames/{cam}.lance")
     ident = {"format": FORMAT, "uri": location.uri, "created": manifest.get("created"),
              "versions": {k: t.version for k, t in tables.items()},
              "columns": [[c.key, c.values, c.pad, c.camera] for c in columns],
