@@ -1190,3 +1190,23 @@ def test_sequence_changing_length_fails_its_episode(tmp_path):
     with pytest.raises(DataError, match=r"topic /joy message 2: field axes holds 2 values, "
                                         r"the first message 3"):
         RosbagSource(tmp_path / "j.mcap")
+
+
+def test_ros1_common_layouts_decoded_in_bulk(storages, monkeypatch):
+    """ROS 1 messages of the fixed layouts go through the bulk decode (its ROS 1 wire
+    format), not one by one, and equal what was written (test above)."""
+    from robocache.data.formats import cdr
+
+    got = {}
+    for name in ("vectors", "scalars", "joint_states"):
+        real = getattr(cdr, name)
+
+        def spy(*a, real=real, name=name):
+            out = real(*a)
+            got.setdefault(name, []).append((a[-1], out is not None))
+            return out
+
+        monkeypatch.setattr(cdr, name, spy)
+    RosbagSource(storages / "ros1" / "ep0.bag").read(0)
+    assert got.keys() == {"vectors", "scalars", "joint_states"}
+    assert all(wire == cdr.ROS1 and ok for calls in got.values() for wire, ok in calls)

@@ -11,9 +11,11 @@ decoded from the schemas stored in the file by the MCAP project's own packages (
 ``mcap-ros2-support``, the ``rosbag`` extra), one sequential pass per file with every chunk's
 CRC checked. sqlite3 and ROS 1 bags are read by ``rosbags``' readers (the same extra), their
 messages decoded by its type store from the definitions the bag holds (a sqlite3 bag of ROS 2
-before Iron holds none: standard types come from its distribution's definitions); a ROS 1
-message becomes the CDR bytes of its ROS 2 form (the header's ``seq`` dropped), so every
-storage goes through one decode path.
+before Iron holds none: standard types come from its distribution's definitions); the
+common layouts of a ROS 1 message are decoded in bulk by the same code as CDR's (the wire
+format varies: :mod:`.cdr`), any other converted to the CDR of its ROS 2 form (the header's
+``seq`` dropped) and decoded as a ROS 2 message, so every storage goes through one decode
+path.
 
 Streams are named by the topic without its leading slash, slashes as dots, then the field
 path: ``/joint_states`` ``position`` → ``joint_states.position``, ``/ee_pose``
@@ -248,6 +250,7 @@ class _Topic:
     values: list[Any] = None
     skipped: str | None = None  # why the topic is not read (no mapping, not selected)
     raw: list[bytes] | None = None  # messages kept as CDR bytes, decoded in bulk at the end
+    wire: cdr.Wire = cdr.CDR  # how the kept bytes are serialized (ROS 1 bags: cdr.ROS1)
     generic: list | None = None  # the leaves of a message mapped from its definition
     sensor: dict | None = None  # what a topic puts in Episode.meta["sensors"]
     count: int = 0  # messages on the topic, read or not
@@ -586,8 +589,8 @@ class RosbagSource:
 
     def _pass_rosbags(self, bag: Path, files: list[Path], topics: dict[str, _Topic]) -> None:
         """Read a sqlite3 rosbag2 directory or a ROS 1 bag into ``topics`` through
-        ``rosbags``' readers: ROS 1 messages become the CDR bytes of their ROS 2 form (the
-        header's ``seq`` dropped), so one decode path serves every storage."""
+        ``rosbags``' readers; ROS 1 messages are kept in their own serialization (the topic's
+        ``wire``), which the bulk decode and the topic's decode function read."""
         kind = _storage_of(files)
         opener = _rosbags_reader(bag, files, kind)
         name = bag.name
@@ -599,18 +602,13 @@ class RosbagSource:
                     t = topics.get(conn.topic)
                     if t is None:
                         t = self._new_topic(topics, conn.topic, conn.msgtype, functools.partial(
-                            _rosbags_decoder, store, conn, unread), lambda: store.fielddefs)
+                            _rosbags_decoder, store, conn, unread, kind),
+                            lambda: store.fielddefs)
+                        t.wire = cdr.ROS1 if kind == "ros1" else cdr.CDR
                     count += 1
                     t.seen(log_ns)
                     if t.skipped:
                         continue
-                    if kind == "ros1":
-                        try:
-                            data = bytes(store.ros1_to_cdr(data, t.type))
-                        except Exception as e:  # bytes that do not fit their definition
-                            raise DataError(f"{name}: topic {t.topic} message {len(t.log_ns)} "
-                                            f"does not decode as {t.type} ({type(e).__name__}: "
-                                            f"{e}).") from e
                     self._collect(t, log_ns, data, name)
         except DataError:
             raise
@@ -628,18 +626,18 @@ class RosbagSource:
         fast = None
         try:
             if t.type in cdr.LAYOUTS:
-                got = cdr.vectors(raw, t.type)
+                got = cdr.vectors(raw, t.type, t.wire)
                 if got is not None:
                     values, stamps = got
                     fast = (stamps if stamps is not None else np.full(len(raw), -1), values)
             elif t.type in SCALARS:
-                values = cdr.scalars(raw, SCALARS[t.type])
+                values = cdr.scalars(raw, SCALARS[t.type], t.wire)
                 if values is not None:
                     fast = (np.full(len(raw), -1), values)
             elif t.type == JOINT_STATE:
-                fast = cdr.joint_states(raw)
+                fast = cdr.joint_states(raw, t.wire)
             else:
-                pairs = [cdr.compressed_image(data) for data in raw]
+                pairs = [cdr.compressed_image(data, t.wire) for data in raw]
                 fast = (np.array([st for st, _ in pairs], np.int64),
                         [_image_bytes(v) for _, v in pairs])
         except Exception:  # a message the fixed layout does not fit: decoded one by one
@@ -973,9 +971,15 @@ def _rosbags_reader(bag: Path, files: list[Path], kind: str):
 
 
 def _yaml(path: Path) -> dict:
-    from ruamel.yaml import YAML
+    """A YAML file, by PyYAML's C parser where it is installed (rosbags' own parser, pure
+    Python, takes tens of milliseconds for a metadata.yaml)."""
+    try:
+        import yaml
+    except ImportError:
+        from ruamel.yaml import YAML
 
-    return YAML(typ="safe").load(path.read_text())
+        return YAML(typ="safe").load(path.read_text())
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 class _Ros1Reader:
@@ -1011,13 +1015,50 @@ class _Ros2Reader(_Ros1Reader):
 
 
 def _rosbags_start_ns(bag: Path, files: list[Path]) -> int | None:
-    """The log time of a sqlite3 or ROS 1 bag's first message (``None``: unreadable; reading
-    says why)."""
+    """The log time of a sqlite3 or ROS 1 bag's first message, from its ``metadata.yaml`` or
+    its index (``None``: unreadable or empty; reading says why)."""
     try:
-        with _rosbags_reader(bag, files, _storage_of(files)) as reader:
-            return int(reader.start_time) if reader.message_count else None
+        if _storage_of(files) == "sqlite3":
+            info = _yaml(bag / "metadata.yaml")["rosbag2_bagfile_information"]
+            return int(info["starting_time"]["nanoseconds_since_epoch"]) if \
+                info["message_count"] else None
+        return _ros1_start_ns(bag)
     except Exception:
         return None
+
+
+def _ros1_start_ns(path: Path) -> int | None:
+    """The earliest ``start_time`` of a ROS 1 bag's chunk-info records (its index, at the end
+    of the file: the chunks themselves are not read)."""
+    import struct
+
+    def fields(f) -> dict[str, bytes] | None:
+        head = f.read(4)
+        if len(head) < 4:
+            return None
+        raw = f.read(struct.unpack("<I", head)[0])
+        out, at = {}, 0
+        while at < len(raw):
+            n = struct.unpack_from("<I", raw, at)[0]
+            name, _, value = raw[at + 4:at + 4 + n].partition(b"=")
+            out[name.decode()] = value
+            at += 4 + n
+        f.seek(struct.unpack("<I", f.read(4))[0], 1)  # the record's data
+        return out
+
+    with open(path, "rb") as f:
+        if not f.readline().startswith(b"#ROSBAG V2.0"):
+            return None
+        index = struct.unpack("<Q", fields(f)["index_pos"])[0]
+        if not index:
+            return None
+        f.seek(index)
+        starts = []
+        while (record := fields(f)) is not None:
+            if record.get("op") == b"\x06":  # chunk info
+                sec, nsec = struct.unpack("<II", record["start_time"])
+                starts.append(sec * 1_000_000_000 + nsec)
+        return min(starts, default=None)
 
 
 def _typestore(reader, kind: str):
@@ -1053,13 +1094,17 @@ def _typestore(reader, kind: str):
     return store, unread
 
 
-def _rosbags_decoder(store, conn, unread: dict[str, str]):
-    """``rosbags``' CDR decode function for a connection's messages."""
+def _rosbags_decoder(store, conn, unread: dict[str, str], kind: str):
+    """``rosbags``' decode function for a connection's messages (ROS 1: converted to the CDR
+    of their ROS 2 form first)."""
     if conn.topic in unread:
         raise _Unmapped(unread[conn.topic])
-    if conn.msgtype not in store.fielddefs:
+    type_ = conn.msgtype
+    if type_ not in store.fielddefs:
         raise _Unmapped("no message definition in the bag")
-    return functools.partial(store.deserialize_cdr, typename=conn.msgtype)
+    if kind == "ros1":
+        return lambda data: store.deserialize_cdr(store.ros1_to_cdr(data, type_), type_)
+    return functools.partial(store.deserialize_cdr, typename=type_)
 
 
 def _decode(t: _Topic, data: bytes, i: int, file: str) -> tuple[int, Any]:
