@@ -214,7 +214,9 @@ def ingest(
     device: Annotated[str, typer.Option(help="cuda or cpu (default: cuda when available).")]
     = None,
     camera_codec: Annotated[str, typer.Option(
-        help="Camera frames as jpeg (GPU-decodable) or png (lossless); depth is always png.")]
+        help="Camera frames as jpeg (GPU-decodable), png (lossless) or video (a video "
+             "camera's packets kept as they are, decoded per batch; other cameras jpeg); "
+             "depth is always png.")]
     = "jpeg",
     camera_quality: CameraQualityOpt = 95,
     camera_chroma: CameraChromaOpt = "444",

@@ -101,13 +101,18 @@ def _stats(values: np.ndarray) -> dict[str, list]:
     return {k: a.tolist() for k, a in out.items()}
 
 
-def _camera(location: Location, key: str):
+def _camera(location: Location, key: str, stream: dict):
     """A decoder of camera ``key``'s cached frames: ``(episode id, frame rows)`` of one
     episode's steps (-1 before the camera's first frame: its first frame) -> uint8
     ``[T, H, W, 3]``. Holds the table's index (episode, frame, row address: 24 bytes a
     frame); each call reads only the frames its steps show."""
+    import torch
+
+    from robocache.data.video_store import PACKET_COLUMNS, episode_packets
+
     pil = require("PIL.Image", "data", "Decoding camera frames", "pillow")
     rel = f"frames/{key}.lance"
+    video, shape = stream["codec"] == "video", tuple(stream["shape"])
     table = location.lance(rel)
     index = _scan(location, rel, table, ["episode_index", "frame"])
     order = np.lexsort((index["frame"], index["episode_index"]))
@@ -127,6 +132,11 @@ def _camera(location: Location, key: str):
                             "frame table lacks (a damaged cache); rebuild it with `robocache "
                             "ingest SOURCE DEST --overwrite`.")
         unique, inverse = np.unique(at, return_inverse=True)
+        if video:  # the episode's packets, each GOP decoded once
+            rows = _take(location, rel, table, address[lo:hi], PACKET_COLUMNS)
+            got = episode_packets(rows, unique - lo, shape).decode(
+                torch.arange(len(unique))).permute(0, 2, 3, 1).numpy()
+            return got[inverse.reshape(-1)]
         encoded = _take(location, rel, table, address[unique], ["encoded"]).column("encoded")
         with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
             decoded = list(pool.map(one, (encoded[i].as_py() for i in range(len(unique)))))
@@ -337,7 +347,7 @@ def _write(location: Location, root: Path, manifest: dict, cameras: str,
                   "index": np.arange(n, dtype=np.int64)}
 
     every = max(1, len(spans) * int(lengths.max()) // STATS_FRAMES)
-    decoders = {name: _camera(location, name) for name in camera}
+    decoders = {name: _camera(location, name, streams[name]) for name in camera}
     samples: dict[str, list[np.ndarray]] = {name: [] for name in camera}
 
     def clips(name: str):

@@ -292,6 +292,67 @@ class LanceFrames(FrameStore):
         return out
 
 
+class VideoFrames(LanceFrames):
+    """A camera kept as video (:mod:`robocache.data.video_store`): the same table of one row
+    per frame, each row a packet; a read takes the packets of every GOP the batch's frames
+    are in (each GOP once) and returns them as a
+    :class:`~robocache.data.video_store.VideoPackets`, which the decoders decode GOP by GOP.
+
+    Args (beyond :class:`LanceFrames`'): ``configs``, the served index's list of ``[codec,
+    extradata hex]``; the served index's ``pts``, ``dts``, ``gop`` and ``config`` files of the
+    camera are mapped. In memory (``in_memory=True``) the store stays as it is: its packets
+    are read per batch (through the OS page cache), since decoding needs whole GOPs.
+    """
+
+    VIDEO = ("pts", "dts", "gop", "config")
+
+    def __init__(self, *args, configs: list, **kw):
+        super().__init__(*args, **kw)
+        self.configs = [(codec, bytes.fromhex(extra)) for codec, extra in configs]
+        self._map_video()
+
+    def _map_video(self) -> None:
+        self.video = {k: self.served.array(self.served.camera_file(self.camera, k))
+                      for k in self.VIDEO}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "video": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._map_video()
+
+    def read(self, rows: torch.Tensor):
+        """The packets of the GOPs holding the distinct frames of ``rows`` (int ``[...]``),
+        and ``rows`` renumbered into those frames (on ``rows``' device)."""
+        from robocache.data.video_store import VideoPackets
+
+        host = rows.reshape(-1).cpu()
+        distinct, inverse = torch.unique(host, return_inverse=True)
+        d = distinct.numpy()
+        if d.size and (int(d.min()) < 0 or int(d.max()) >= len(self)):
+            raise DataError(f"camera {self.camera!r}: frame rows outside [0, {len(self)}) "
+                            "asked for.")
+        gop = self.video["gop"]
+        starts = np.unique(gop[d])
+        ends = np.searchsorted(gop, starts, side="right")
+        spans = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends, strict=True)]) \
+            if len(starts) else np.zeros(0, np.int64)
+        enc = self.take(torch.from_numpy(spans))
+        episode = np.searchsorted(self.frame_offsets, starts, side="right") - 1
+        config = self.video["config"]
+        packets = VideoPackets(
+            enc.data, enc.offsets.numpy(), np.asarray(self.video["pts"][spans]),
+            np.asarray(self.video["dts"][spans]), np.r_[0, np.cumsum(ends - starts)],
+            [self.configs[int(config[e])] for e in episode], np.searchsorted(spans, d),
+            self.frame_shape, self.dtype, where=lambda i: self.describe(int(d[i])))
+        return packets, inverse.reshape(rows.shape).to(rows.device)
+
+    def load(self, chunk: int = 4096) -> VideoFrames:
+        """Itself: packets are read per batch (see the class docstring)."""
+        return self
+
+
 class StackedFrames(FrameStore):
     """Several frame stores one after the other, plus one all-zero frame at the end (for
     rows whose source lacks the camera): frame ``i`` of part ``p`` is row ``base[p] + i``.
@@ -328,6 +389,10 @@ class StackedFrames(FrameStore):
 def stack(parts: list) -> EncodedFrames | StackedFrames:
     """Frame stores one after the other plus a blank frame: in one buffer when they are all
     in memory (:meth:`EncodedFrames.cat`), else read part by part (:class:`StackedFrames`)."""
+    if any(p.codec == "video" for p in parts):
+        raise DataError("cameras kept as video (--camera-codec video) cannot be mixed with "
+                        "other caches yet; ingest the caches of a mixture with --camera-codec "
+                        "jpeg or png.")
     if all(isinstance(p, EncodedFrames) for p in parts):
         return EncodedFrames.cat(parts, blank=True)
     return StackedFrames(parts)

@@ -25,8 +25,10 @@ little-endian words, then one 0/1 alignment-pad column per key that has padded s
 is an episode, or with keep ranges one kept range of an episode: windows never cross one) and
 ``episode_ids.npy`` (int64 ``[E]``: the served episodes, each with at least one kept step), per
 camera ``frames-<i>-addresses.npy`` (int64 ``[F]``: each served frame's Lance row
-address) and ``frames-<i>-offsets.npy`` (int64 ``[E + 1]``), and ``meta.json`` (the layout,
-task names, table versions; written last, with the folder renamed into place).
+address) and ``frames-<i>-offsets.npy`` (int64 ``[E + 1]``), for a camera kept as video also
+``frames-<i>-pts.npy``, ``-dts.npy``, ``-gop.npy`` (int64 ``[F]``) and ``-config.npy`` (int32
+``[E]``, into ``meta.json``'s ``video`` list of codecs and configurations), and ``meta.json``
+(the layout, task names, table versions; written last, with the folder renamed into place).
 """
 
 from __future__ import annotations

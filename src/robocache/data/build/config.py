@@ -48,8 +48,10 @@ class CacheConfig:
         shard: ``(i, n)`` or ``"i/n"``: cache only the episodes at positions ``p`` of the
             wanted list with ``p % n == i`` (see :func:`parse_shard`), so ``n`` independent
             jobs split a dataset; ``robocache merge`` joins their caches.
-        camera_codec: how camera frames are stored: ``"jpeg"`` (GPU-decodable) or ``"png"``
-            (lossless); uint16 (depth) frames are always PNG.
+        camera_codec: how camera frames are stored: ``"jpeg"`` (GPU-decodable), ``"png"``
+            (lossless) or ``"video"`` (an RGB video camera's packets kept as they are and
+            decoded per batch, :mod:`robocache.data.video_store`; other cameras JPEG);
+            uint16 (depth) frames are always PNG.
         camera_quality: JPEG quality (1-100; default 95).
         camera_chroma: JPEG chroma subsampling: ``"444"`` (default: none; within 40 dB PSNR
             of the source's decode on sharp-edged content at quality 95), ``"422"`` or
@@ -175,6 +177,10 @@ def validate(config: CacheConfig) -> CacheConfig:
                         f"got {config.camera_codec!r}.")
     jpeg.check(config.camera_quality, config.camera_chroma)
     if config.camera_size is not None:
+        if config.camera_codec == "video":
+            raise DataError("`camera_size` (--camera-size) resizes decoded frames, and "
+                            "`camera_codec` (--camera-codec) 'video' keeps the source's video "
+                            "as it is; leave one of them out.")
         config.camera_size = parse_size(config.camera_size)
     if config.shard is not None:
         config.shard = parse_shard(config.shard if isinstance(config.shard, str)

@@ -25,14 +25,25 @@ def frame_format(config: CacheConfig) -> FrameFormat:
     return FrameFormat(config.camera_codec, config.camera_quality, config.camera_chroma)
 
 
+def kept_as_video(spec: StreamSpec, codec: str) -> bool:
+    """Whether camera ``spec`` is stored as its source's video (``codec`` ``"video"``): an RGB
+    video stream. Other cameras of such a build are stored as JPEG (a source's own JPEG/PNG
+    bytes kept as they come)."""
+    return codec == "video" and spec.kind == "video" and spec.dtype == "uint8" and \
+        len(spec.shape) == 3 and spec.shape[2] == 3
+
+
 def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
     """Manifest fields of a camera stream: how its frames are stored (and at which shape,
     when resized)."""
     if spec.kind not in ("image", "video"):
         return {}
+    if kept_as_video(spec, config.camera_codec):
+        return {"codec": "video", "quality": None}
     size = stored_size(spec, config)
     kept = spec.encoding if size is None else None  # a source's own bytes, unless resized
-    codec = kept or ("png" if spec.dtype == "uint16" else config.camera_codec)
+    codec = kept or ("png" if spec.dtype == "uint16" else
+                     "jpeg" if config.camera_codec == "video" else config.camera_codec)
     encoded = codec == "jpeg" and kept is None
     entry = {"codec": codec, "quality": config.camera_quality if encoded else None}
     if encoded:

@@ -1,0 +1,285 @@
+"""Video cameras kept as video: the source's encoded packets in the cache, decoded per batch.
+
+With ``camera_codec="video"`` a video camera (a LeRobot video feature, any MP4/MKV camera a
+reader meets) is not decoded at ingest: :func:`packet_table` demuxes the episode's span of
+its file and stores every frame's packet unchanged, one row per frame in display order
+(``frames/<camera>.lance``), beside what decoding needs:
+
+- ``pts``, ``dts`` (int64, the file's time base): display and decode order;
+- ``gop`` (int64): the frame number, within the episode, of the first frame of the frame's
+  group of pictures (GOP): the keyframe a decoder starts from. A GOP here is closed: its
+  packets, decoded from its keyframe, give all of its frames (an open GOP, whose leading
+  frames refer to the GOP before, is joined to that one);
+- ``codec``, ``extradata``: FFmpeg's decoder name and the stream's codec configuration
+  (``avcC``/``hvcC``/``av1C``), on the episode's first row (null on the others).
+
+An episode's span must be whole GOPs: its first frame a keyframe, and no frame of it needing
+a packet outside it (LeRobot's recordings are: each episode is encoded on its own). A span
+that is not is refused with the episode, camera and reason (the episode is quarantined); such
+a camera is stored with ``camera_codec="jpeg"``.
+
+Serving (:class:`VideoPackets`): a batch's frames are grouped by GOP; each GOP needed is read
+once (its packets, by row address, as :class:`~robocache.data.frames.LanceFrames` reads
+frames) and decoded once, on a thread each (FFmpeg decodes without the GIL), and its frames
+are converted to RGB with the same FFmpeg conversion the ingest of decoded frames uses, so
+a frame served from video is the frame LeRobot's PyAV decode gives, bit for bit.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from robocache._optional import require
+from robocache.errors import DataError
+
+# packets read past the span's end before the frames in it are known (B-frames come out of
+# order: a frame shown inside the span may follow, in the file, one shown after it)
+REORDER_PACKETS = 32
+
+
+def _av():
+    return require("av", "video", "Reading video streams")
+
+
+def packet_table(episode: int, path, start_s: float, end_s: float, tolerance_s: float,
+                 shape: tuple[int, ...], where: str):
+    """The frames table of the video ``path``'s span ``[start_s, end_s]`` (file seconds) kept as
+    its packets (see the module docstring), and the frames' file seconds and frame numbers
+    (as :func:`robocache.data.cameras.video_frames` gives them for the decoded path).
+
+    Raises:
+        DataError: the file is missing, unreadable or truncated, its frames are not of
+            ``shape``, or the span is not whole GOPs (``where`` names the stream).
+    """
+    from robocache.data.cameras import _check_shape, _check_span, _frame_numbers
+
+    pa = require("pyarrow", "data", "Arrow tables")
+    av = _av()
+    pts, dts, keys, data = [], [], [], []
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            ctx = stream.codec_context
+            tb = float(stream.time_base)
+            rate = float(stream.average_rate or 0) or None
+            codec, extradata = ctx.name, bytes(ctx.extradata or b"")
+            _check_shape((ctx.height, ctx.width, 3), shape, where)
+            if start_s > 0:
+                container.seek(int(start_s / tb), stream=stream, backward=True)
+            after = 0
+            for packet in container.demux(stream):
+                if packet.pts is None or not packet.size:
+                    continue
+                if packet.pts * tb > end_s + tolerance_s:
+                    after += 1
+                    if after >= REORDER_PACKETS:
+                        break
+                pts.append(packet.pts)
+                dts.append(packet.dts if packet.dts is not None else packet.pts)
+                keys.append(bool(packet.is_keyframe))
+                data.append(bytes(packet))
+    except (av.error.FFmpegError, OSError, IndexError) as e:
+        raise DataError(f"video {path}: cannot read ({type(e).__name__}: {e}).") from e
+    pts_a, keys_a = np.asarray(pts, np.int64), np.asarray(keys, bool)
+    t_all = pts_a * tb
+    inside = (t_all >= start_s - tolerance_s) & (t_all <= end_s + tolerance_s)
+    gop = _closed_gops(pts_a, keys_a)
+    _check_whole(gop, inside, keys_a, where)
+    order = np.flatnonzero(inside)[np.argsort(pts_a[inside], kind="stable")]
+    times = (pts_a[order] * tb).tolist()
+    _check_span(path, times, end_s, tolerance_s, rate)
+    n = len(order)
+    # each frame's GOP as the frame number of its first (display-order) frame
+    frame_of = np.full(len(pts), -1, np.int64)
+    frame_of[order] = np.arange(n)
+    first = np.full(gop.max() + 1 if len(gop) else 0, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, gop[order], np.arange(n))
+    head = [None] * n
+    configs = [None] * n
+    if n:
+        head[0], configs[0] = codec, extradata
+    t = np.asarray(times, np.float64)
+    table = pa.table({
+        "episode_index": np.full(n, episode, np.int64), "frame": np.arange(n, dtype=np.int64),
+        "source_frame": _frame_numbers(t, rate), "timestamp": t,
+        "encoded": pa.array([data[i] for i in order], pa.binary()),
+        "pts": pts_a[order], "dts": np.asarray(dts, np.int64)[order],
+        "gop": first[gop[order]], "codec": pa.array(head, pa.string()),
+        "extradata": pa.array(configs, pa.binary())})
+    return table, t, _frame_numbers(t, rate)
+
+
+def _closed_gops(pts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Each packet's GOP (decode order in, a GOP number out): a GOP starts at a keyframe, and
+    one with a packet shown before its keyframe (an open GOP's leading frames) is joined to
+    the GOP before it."""
+    gop = np.maximum(np.cumsum(keys) - 1, 0)
+    while len(gop):
+        key_pts = np.full(gop.max() + 1, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(key_pts, gop[keys], pts[keys])
+        key_pts[0] = min(key_pts[0], pts[0])
+        open_ = np.unique(gop[pts < key_pts[gop]])
+        open_ = open_[open_ > 0]
+        if not len(open_):
+            break
+        merged = np.zeros(gop.max() + 1, bool)
+        merged[open_] = True
+        gop = np.cumsum(~merged)[gop] - 1
+    return gop
+
+
+def _check_whole(gop: np.ndarray, inside: np.ndarray, keys: np.ndarray, where: str) -> None:
+    """The span's packets (``inside``) are whole GOPs: each GOP it touches starts inside it,
+    and a packet of such a GOP outside it comes after (decode order) all of the GOP's packets
+    inside it.
+
+    Raises:
+        DataError: naming the reason.
+    """
+    if not inside.any():
+        return
+    touched = np.unique(gop[inside])
+    for g in touched.tolist():
+        members = np.flatnonzero(gop == g)
+        if not inside[members[0]] or not keys[members[0]]:
+            raise DataError(f"{where}: its span of the video starts inside a group of "
+                            "pictures (its first frame is not a keyframe), so it cannot be "
+                            "kept as video; ingest with --camera-codec jpeg.")
+        within = members[inside[members]]
+        if (~inside[members] & (members < within[-1])).any():
+            raise DataError(f"{where}: frames of its span of the video need packets shown "
+                            "after it (a group of pictures crosses its end), so it cannot be "
+                            "kept as video; ingest with --camera-codec jpeg.")
+
+
+@dataclass
+class VideoPackets:
+    """The packets of the GOPs a batch's frames need, read, and those frames: what
+    :meth:`~robocache.data.frames.VideoFrames.read` returns; :meth:`decode` decodes them.
+
+    ``data``/``offsets``: the GOPs' packets packed (``offsets`` int64 ``[P + 1]``), in display
+    order, GOP after GOP; ``pts``, ``dts`` int64 ``[P]``; ``gop_starts`` int64 ``[G + 1]``:
+    where each GOP's packets start; ``configs``: each GOP's ``(codec, extradata)``;
+    ``wanted`` int64 ``[N]``: the packet index of each frame asked for (in the order the read
+    renumbered them); ``where(i)`` names frame ``i`` in messages."""
+
+    data: torch.Tensor
+    offsets: np.ndarray
+    pts: np.ndarray
+    dts: np.ndarray
+    gop_starts: np.ndarray
+    configs: list[tuple[str, bytes]]
+    wanted: np.ndarray
+    frame_shape: tuple[int, ...]
+    dtype: str = "uint8"
+    codec: str = "video"
+    where: object = None
+
+    @property
+    def channels(self) -> int:
+        return 3
+
+    def __len__(self) -> int:
+        return len(self.wanted)
+
+    def decode(self, rows: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Frames ``rows`` (int ``[N]``, indices into the frames asked for) decoded: uint8
+        ``[N, 3, H, W]`` on ``device``; each GOP they need decoded once, on a thread each.
+
+        Raises:
+            DataError: a packet fails to decode, or a frame is not among what its GOP's
+                packets decode to (a damaged cache), naming the frame.
+        """
+        from robocache.data.cameras import _threads
+
+        packets = self.wanted[rows.cpu().numpy()]
+        h, w = self.frame_shape[:2]
+        out = np.empty((len(packets), h, w, 3), np.uint8)
+        gop = np.searchsorted(self.gop_starts, packets, side="right") - 1
+        needed = np.unique(gop)
+
+        def one(g: int) -> None:
+            mine = np.flatnonzero(gop == g)
+            got = self._decode_gop(int(g), set(self.pts[packets[mine]].tolist()))
+            for i in mine.tolist():
+                frame = got.get(int(self.pts[packets[i]]))
+                if frame is None:
+                    raise DataError(f"{self._name(int(rows[i]))}: its packets do not decode to "
+                                    "it (a damaged cache); rebuild the cache with `robocache "
+                                    "ingest SOURCE DEST --overwrite`.")
+                out[i] = frame
+        if len(needed) > 1:
+            with ThreadPoolExecutor(min(_threads(), len(needed))) as pool:
+                list(pool.map(one, needed.tolist()))
+        else:
+            for g in needed.tolist():
+                one(g)
+        return torch.from_numpy(out).permute(0, 3, 1, 2).to(device)
+
+    def _name(self, i: int) -> str:
+        return self.where(i) if callable(self.where) else f"frame {i}"
+
+    def _decode_gop(self, g: int, wanted: set[int]) -> dict[int, np.ndarray]:
+        """GOP ``g``'s packets decoded in decode order from its keyframe: ``{pts: uint8
+        [H, W, 3]}`` of the frames ``wanted`` (display timestamps)."""
+        av = _av()
+        from av.video.reformatter import VideoReformatter
+
+        a, b = int(self.gop_starts[g]), int(self.gop_starts[g + 1])
+        codec, extradata = self.configs[g]
+        ctx = av.CodecContext.create(codec, "r")
+        if extradata:
+            ctx.extradata = extradata
+        ctx.thread_count = 1
+        rgb = VideoReformatter()
+        got: dict[int, np.ndarray] = {}
+        raw = self.data.numpy()
+
+        def keep(frames) -> None:
+            for f in frames:
+                if f.pts in wanted:
+                    got[f.pts] = rgb.reformat(f, format="rgb24").to_ndarray()
+
+        try:
+            for p in (a + np.argsort(self.dts[a:b], kind="stable")).tolist():
+                packet = av.Packet(raw[self.offsets[p]:self.offsets[p + 1]].tobytes())
+                packet.pts, packet.dts = int(self.pts[p]), int(self.dts[p])
+                keep(ctx.decode(packet))
+            keep(ctx.decode(None))
+        except av.error.FFmpegError as e:
+            first = int(np.flatnonzero(np.isin(self.pts[a:b], list(wanted)))[0]) \
+                if wanted else 0
+            raise DataError(f"a {codec} packet of the group of pictures holding "
+                            f"{self._gop_name(g, first)} does not decode ({e}); the cache is "
+                            "damaged: rebuild it with `robocache ingest SOURCE DEST "
+                            "--overwrite`.") from e
+        return got
+
+    def _gop_name(self, g: int, at: int) -> str:
+        packet = int(self.gop_starts[g]) + at
+        hit = np.flatnonzero(self.wanted == packet)
+        return self._name(int(hit[0])) if len(hit) else f"packet {packet}"
+
+
+#: The columns :func:`episode_packets` needs.
+PACKET_COLUMNS = ["encoded", "pts", "dts", "gop", "codec", "extradata"]
+
+
+def episode_packets(rows, wanted: np.ndarray, frame_shape: tuple[int, ...]) -> VideoPackets:
+    """An episode's frames table rows (an Arrow table of :data:`PACKET_COLUMNS`, frames
+    ``0..n-1`` in order) as :class:`VideoPackets` of the frames ``wanted`` (int ``[N]``)."""
+    from robocache.data.frames import EncodedFrames
+
+    enc = EncodedFrames.from_table(rows, frame_shape, "uint8", "video")
+    gop = rows.column("gop").to_numpy()
+    starts = np.unique(gop)
+    config = (rows.column("codec")[0].as_py(), rows.column("extradata")[0].as_py() or b"")
+    return VideoPackets(enc.data, enc.offsets.numpy(), rows.column("pts").to_numpy(),
+                        rows.column("dts").to_numpy(), np.r_[starts, len(gop)],
+                        [config] * len(starts), np.asarray(wanted, np.int64),
+                        tuple(frame_shape))
+

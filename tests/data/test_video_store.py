@@ -1,0 +1,134 @@
+"""Video cameras kept as video (``camera_codec="video"``): the source's packets stored unchanged,
+frames decoded per batch exactly as LeRobot's own PyAV decode gives them (the committed
+fixtures' ``lerobot_<codec>`` frames, made by LeRobot 0.6.1: tests/fixtures/cameras)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("av", reason="video cameras need PyAV (pip install 'robocache[video]')")
+
+from robocache.data import RobotDataset  # noqa: E402
+from robocache.data.cache import build  # noqa: E402
+from robocache.errors import DataError  # noqa: E402
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "cameras"
+CAM = "observation.images.front"
+
+
+@pytest.fixture(scope="module")
+def frames():
+    return dict(np.load(FIXTURES / "frames.npz"))
+
+
+@pytest.fixture(scope="module", params=["av1", "h264"])
+def video_cache(request, tmp_path_factory):
+    dest = tmp_path_factory.mktemp(request.param) / "c"
+    build(FIXTURES / f"lerobot_{request.param}", dest, rate_hz=10.0, progress=False,
+          device="cpu", camera_codec="video")
+    return request.param, dest
+
+
+def served(ds: RobotDataset, idx: torch.Tensor) -> np.ndarray:
+    return ds[idx][CAM][:, -1].permute(0, 2, 3, 1).numpy()
+
+
+def source_packets(path: Path) -> list[bytes]:
+    import av
+
+    with av.open(str(path)) as c:
+        return [bytes(p) for p in c.demux(c.streams.video[0]) if p.size]
+
+
+def test_frames_are_lerobots_decode_bit_for_bit(video_cache, frames):
+    codec, cache = video_cache
+    ds = RobotDataset(cache, keys=[CAM], image_dtype=torch.uint8)
+    assert ds.manifest["streams"][CAM]["codec"] == "video"
+    want = frames[f"lerobot_{codec}"]  # LeRobot 0.6.1's decode_video_frames(backend="pyav")
+    np.testing.assert_array_equal(served(ds, torch.arange(len(ds))), want)
+    # in any order, alone or together, each GOP decoded from its keyframe
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))
+    np.testing.assert_array_equal(served(ds, order), want[order.numpy()])
+    for i in (0, 5, len(ds) - 1):
+        np.testing.assert_array_equal(served(ds, torch.tensor([i])), want[i:i + 1])
+
+
+def test_the_packets_are_the_sources_unchanged(video_cache):
+    import lance
+
+    codec, cache = video_cache
+    table = lance.dataset(str(cache / "frames" / f"{CAM}.lance")).to_table().sort_by(
+        [("episode_index", "ascending"), ("dts", "ascending")])
+    video = next((FIXTURES / f"lerobot_{codec}" / "videos").rglob("*.mp4"))
+    assert table.column("encoded").to_pylist() == source_packets(video)
+    assert table.column("codec").to_pylist()[0] == {"av1": "libdav1d", "h264": "h264"}[codec]
+    # every GOP starts at a frame of its episode, no later than the frame
+    gop, frame = table.column("gop").to_numpy(), table.column("frame").to_numpy()
+    assert (gop <= frame).all() and (gop >= 0).all()
+
+
+def test_windows_and_workers_serve_the_same(video_cache, frames):
+    _, cache = video_cache
+    ds = RobotDataset(cache, keys=[CAM], history=3, image_dtype=torch.uint8)
+    want = ds[torch.arange(len(ds))][CAM]
+    assert want.shape == (len(ds), 3, 3, 48, 64)
+    # a window's earlier frames are the steps before (the first steps padded with their own)
+    torch.testing.assert_close(want[5, 1], want[4, 2], rtol=0, atol=0)
+    back = pickle.loads(pickle.dumps(ds))
+    assert torch.equal(back[torch.arange(len(ds))][CAM], want)
+    for method in ("fork", "spawn"):
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2,
+                                             multiprocessing_context=method)
+        assert torch.equal(torch.cat([b[CAM] for b in loader]), want), method
+    ram = RobotDataset(cache, keys=[CAM], history=3, image_dtype=torch.uint8, in_memory=True)
+    assert torch.equal(ram[torch.arange(len(ds))][CAM], want)
+
+
+def test_an_episode_starting_inside_a_gop_is_quarantined_with_the_reason(tmp_path):
+    from robocache.data.cameras import add_video_feature
+    from robocache.data.episode import Episode, Stream, StreamSpec
+    from robocache.data.formats.lerobot import write_lerobot
+
+    spec = StreamSpec("observation.state", "numeric", "float32", (2,), 10.0)
+    eps = [Episode(i, {spec.name: Stream(spec, np.arange(n) / 10.0,
+                                         np.zeros((n, 2), np.float32))}, {"tasks": ["t"]})
+           for i, n in enumerate((6, 5))]
+    root = write_lerobot(tmp_path / "src", eps, {spec.name: spec}, fps=10.0, version="v3.0")
+    y, x = np.mgrid[0:48, 0:64]
+    clip = [np.stack([np.stack([x * 3 + 9 * i + 40 * e, y * 4, 100 + 0 * x], -1)
+                      for i in range(n)]).clip(0, 255).astype(np.uint8)
+            for e, n in enumerate((6, 5))]
+    # one keyframe every 4 frames of the concatenated file: episode 1 starts at its frame 6
+    add_video_feature(root, CAM, clip, codec="libsvtav1", options={"g": "4"})
+    m = build(root, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu",
+              camera_codec="video")
+    assert m["counts"]["cached"] == 1 and m["counts"]["quarantined"] == 1
+    (q,) = m["quarantined"]
+    assert q["index"] == 1 and f"stream {CAM!r}" in q["reason"] and \
+        "starts inside a group of pictures" in q["reason"], q
+
+
+def test_a_damaged_packet_names_its_frame_never_a_wrong_one(tmp_path):
+    import lance
+
+    build(FIXTURES / "lerobot_h264", tmp_path / "c", rate_hz=10.0, progress=False,
+          device="cpu", camera_codec="video")
+    lance.dataset(str(tmp_path / "c" / "frames" / f"{CAM}.lance")).update(
+        {"encoded": "X'00000001ff'"}, where="episode_index = 1 AND frame = 2")
+    ds = RobotDataset(tmp_path / "c", keys=[CAM], image_dtype=torch.uint8)
+    start = int(ds.offsets[1])
+    with pytest.raises(DataError, match=f"camera '{CAM}', episode 1, frame 2"):
+        ds[torch.tensor([0, start + 2])]
+    ds[torch.tensor([start + 4])]  # the other GOPs serve
+
+
+def test_refusals_are_one_line(tmp_path):
+    with pytest.raises(DataError, match="camera_size.*'video' keeps the source's video"):
+        build(FIXTURES / "lerobot_h264", tmp_path / "c", progress=False, device="cpu",
+              camera_codec="video", camera_size="24x32")
+    assert not (tmp_path / "c").exists()
