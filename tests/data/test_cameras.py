@@ -4,6 +4,7 @@ served per batch; checked against LeRobot's own decode (tests/fixtures/cameras).
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -966,6 +967,19 @@ def _slow_pid(seconds: float) -> int:
     return os.getpid()
 
 
+# four tasks of one process meet here (made on import, so in the lane's process too)
+_MEET = threading.Barrier(4)
+
+
+def _meet() -> int:
+    """Wait until four tasks of this process are all running (a minute at most: tasks run
+    one after another fail here), then give this process's id."""
+    import os
+
+    _MEET.wait(60)
+    return os.getpid()
+
+
 def _fail(message: str):
     raise DataError(message)
 
@@ -983,16 +997,14 @@ def test_a_lane_runs_its_tasks_on_threads_of_one_process():
     error is what waiting for the lane raises."""
     import functools
     import os
-    import time
 
     from robocache.data.lanes import Lane
 
     lane = Lane(4).start()
     try:
         lane.wait_ready(60)
-        t0 = time.monotonic()
-        pids = [f.result(60) for f in [lane.submit(_slow_pid, 0.5) for _ in range(4)]]
-        assert time.monotonic() - t0 < 1.9  # four half-second tasks at once, not in turn
+        # four tasks that each wait for the others: they run at once, not in turn
+        pids = [f.result(90) for f in [lane.submit(_meet) for _ in range(4)]]
         assert len(set(pids)) == 1 and pids[0] != os.getpid()
         with pytest.raises(DataError, match="episode 3: bad"):
             lane.submit(_fail, "episode 3: bad").result(60)
