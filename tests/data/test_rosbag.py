@@ -1210,3 +1210,19 @@ def test_ros1_common_layouts_decoded_in_bulk(storages, monkeypatch):
     RosbagSource(storages / "ros1" / "ep0.bag").read(0)
     assert got.keys() == {"vectors", "scalars", "joint_states"}
     assert all(wire == cdr.ROS1 and ok for calls in got.values() for wire, ok in calls)
+
+
+def test_camera_info_intrinsics_feed_depth_to_points(types_bag):
+    """CameraInfo's k (row-major 3x3) is the intrinsics depth_to_points takes."""
+    import torch
+
+    from robocache.ops.pointcloud import depth_to_points
+
+    info = RosbagSource(types_bag[0]).read(0).meta["sensors"]["camera.info"]
+    k = torch.tensor(info["k"], dtype=torch.float64).reshape(3, 3)
+    depth = torch.full((info["height"], info["width"]), 2.0, dtype=torch.float64)
+    cloud = depth_to_points(depth, k)
+    u, v = 10, 7  # the pixel's column and row
+    p = cloud.points[v * info["width"] + u]
+    assert torch.allclose(p, torch.tensor([(u - 320) * 2 / 500, (v - 240) * 2 / 500, 2.0],
+                                          dtype=p.dtype))
