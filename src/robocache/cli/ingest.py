@@ -37,7 +37,7 @@ from robocache.observability.exporter import (
 
 # Arguments shared by the commands that build a cache (`ingest`, `preprocess`, `merge`).
 SourceArg = Annotated[Path, typer.Argument(help="Dataset: LeRobot dir, zarr ReplayBuffer, HDF5, "
-                                                "RLDS/TFDS folder, folder of ROS 2 bags.")]
+                                                "RLDS/TFDS folder, folder of ROS bags.")]
 DestArg = Annotated[str, typer.Argument(
     help="Cache directory (created or resumed), or an object-store URI (s3://bucket/prefix, "
          "gs://, az://): built in --staging, then published there.")]
@@ -56,15 +56,15 @@ FpsOpt = Annotated[float, typer.Option(help="Rate of sources without timestamps 
 SplitOpt = Annotated[str, typer.Option(help="RLDS split: train, val, train[:95%], "
                                             "train[:10]+val.")]
 TopicOpt = Annotated[list[str], typer.Option(
-    "--topic", help="ROS 2 bags: read only this topic (repeat; default every mapped topic).")]
+    "--topic", help="ROS bags: read only this topic (repeat; default every mapped topic).")]
 ExcludeTopicOpt = Annotated[list[str], typer.Option(
-    "--exclude-topic", help="ROS 2 bags: never read this topic (repeat).")]
+    "--exclude-topic", help="ROS bags: never read this topic (repeat).")]
 TaskTopicOpt = Annotated[str, typer.Option(
-    help="ROS 2 bags: the std_msgs/String topic that holds each episode's task.")]
+    help="ROS bags: the std_msgs/String topic that holds each episode's task.")]
 LogTimeOpt = Annotated[bool, typer.Option(
-    "--log-time", help="ROS 2 bags: time every message by its log time, not header.stamp.")]
+    "--log-time", help="ROS bags: time every message by its log time, not header.stamp.")]
 AllowTruncatedOpt = Annotated[bool, typer.Option(
-    "--allow-truncated", help="ROS 2 bags: keep a truncated bag's messages up to its last "
+    "--allow-truncated", help="MCAP bags: keep a truncated bag's messages up to its last "
                               "complete chunk instead of quarantining it.")]
 TfChainOpt = Annotated[list[str], typer.Option(
     "--tf-chain", help="ROS bags: also compose the TF pose of TARGET in SOURCE's frame over "
