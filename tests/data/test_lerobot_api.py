@@ -296,3 +296,51 @@ def test_camera_quality_and_chroma_reach_the_cache(tmp_path):
         "observation.images.top"]
     assert (top["codec"], top["quality"], top["chroma"]) == ("jpeg", 80, "420")
     assert ds[0]["observation.images.top"].shape == (3, 48, 64)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lerobot") is not None,
+                    reason="LeRobot is installed: test_record_through_lerobot runs")
+def test_record_without_lerobot_says_so(tmp_path):
+    with pytest.raises(ImportError, match=r"create\(\) records through LeRobot's own writer"):
+        robocache.LeRobotDataset.create("x/y", fps=10, features={}, root=tmp_path / "x")
+    with pytest.raises(ImportError, match=r"resume\(\) records"):
+        robocache.LeRobotDataset.resume("x/y", root=tmp_path / "x")
+
+
+def test_record_through_lerobot(tmp_path):
+    """Where LeRobot imports: a dataset recorded through this class (LeRobot's writer), read
+    while recording as LeRobot's, then served after finalize() with LeRobot's own items."""
+    pytest.importorskip("lerobot.datasets.lerobot_dataset")
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset as Theirs
+
+    features = {"observation.state": {"dtype": "float32", "shape": (3,), "names": None},
+                "observation.image": {"dtype": "image", "shape": (6, 8, 3),
+                                      "names": ["height", "width", "channels"]}}
+    rng = np.random.default_rng(3)
+    ds = robocache.LeRobotDataset.create("robocache/rec", fps=10, features=features,
+                                         root=tmp_path / "rec", use_videos=False)
+    assert ds.writer is not None and ds.num_frames == 0
+    for e, n in enumerate((4, 3)):
+        for _ in range(n):
+            ds.add_frame({"observation.state": rng.normal(size=3).astype(np.float32),
+                          "observation.image": rng.integers(0, 256, (6, 8, 3), np.uint8),
+                          "task": f"task {e}"})
+        assert ds.has_pending_frames()
+        ds.save_episode()
+    assert ds.meta.total_episodes == 2 and ds.num_frames == 7
+    with pytest.raises(RuntimeError, match="being recorded"):
+        ds[0]
+    ds.finalize()
+    assert ds.writer is None and len(ds) == 7 and ds.num_episodes == 2
+    theirs = Theirs("robocache/rec", root=tmp_path / "rec")
+    for i in range(len(ds)):
+        ours, want = ds[i], theirs[i]
+        assert set(ours) == set(want)
+        for k, v in want.items():
+            assert ours[k] == v if k == "task" else torch.equal(ours[k], v), (i, k)
+    more = robocache.LeRobotDataset.resume("robocache/rec", root=tmp_path / "rec")
+    more.add_frame({"observation.state": np.zeros(3, np.float32),
+                    "observation.image": np.zeros((6, 8, 3), np.uint8), "task": "task 0"})
+    more.save_episode()
+    more.finalize()
+    assert len(more) == 8 and int(more[7]["episode_index"]) == 2

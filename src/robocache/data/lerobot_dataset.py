@@ -167,9 +167,10 @@ class LeRobotDataset(torch.utils.data.Dataset):
             ``torchrun`` job constructing the same dataset), seconds to wait for it (its
             progress is logged at INFO) before failing; then the finished cache is opened.
 
-    LeRobot's write API (``create``, ``resume``, ``push_to_hub``) and
-    ``StreamingLeRobotDataset`` stay LeRobot's; ``add_frame``, ``save_episode`` and
-    ``clear_episode_buffer`` raise LeRobot's ``RuntimeError`` for a read-only dataset.
+    Recording (:meth:`create`, :meth:`resume`) goes through LeRobot's own writer where LeRobot
+    is installed; after ``finalize()`` the dataset serves what was saved. On a dataset opened
+    for reading, ``add_frame``, ``save_episode`` and ``clear_episode_buffer`` raise LeRobot's
+    ``RuntimeError``. ``push_to_hub`` and ``StreamingLeRobotDataset`` stay LeRobot's.
 
     Raises:
         FileNotFoundError: no dataset at ``root`` (or where LeRobot keeps ``repo_id``).
@@ -401,10 +402,14 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     @property
     def num_frames(self) -> int:
+        if self._recording is not None:
+            return self._recording.num_frames
         return self._len
 
     @property
     def num_episodes(self) -> int:
+        if self._recording is not None:
+            return self._recording.num_episodes
         return len(self.episodes) if self.episodes is not None else self.meta.total_episodes
 
     @property
@@ -458,43 +463,115 @@ class LeRobotDataset(torch.utils.data.Dataset):
         """Remove the transform applied to camera keys."""
         self.image_transforms = None
 
-    # ── LeRobot's recording calls, on a dataset opened for reading ────
+    # ── recording: LeRobot's writer ───────────────────────────────────
 
-    #: LeRobot's writer: None on a dataset opened for reading, as LeRobot's.
-    writer = None
+    #: LeRobot's dataset recording through this one (:meth:`create`, :meth:`resume`) until
+    #: :meth:`finalize`; None on a dataset opened for reading.
+    _recording = None
+
+    @classmethod
+    def create(cls, repo_id: str, fps: int, features: dict, root: str | Path | None = None,
+               *args: Any, **kwargs: Any) -> LeRobotDataset:
+        """A new dataset recorded by LeRobot's own writer (LeRobot 0.6.1's
+        ``LeRobotDataset.create``, the same arguments): ``add_frame``, ``save_episode``,
+        ``clear_episode_buffer``, ``meta``, ``num_frames``... are LeRobot's while it records;
+        after :meth:`finalize` this dataset serves what was saved, as one opened with
+        ``LeRobotDataset(repo_id, root=root)``.
+
+        Raises:
+            ImportError: LeRobot is not installed (it records; RoboCache reads).
+        """
+        lerobot = _lerobot_class("create")
+        return cls._record(lerobot.create(repo_id, fps, features, root, *args, **kwargs))
+
+    @classmethod
+    def resume(cls, repo_id: str, root: str | Path | None = None, *args: Any,
+               **kwargs: Any) -> LeRobotDataset:
+        """An existing dataset to record more episodes into with LeRobot's own writer
+        (LeRobot 0.6.1's ``LeRobotDataset.resume``, the same arguments), as :meth:`create`.
+
+        Raises:
+            ImportError: LeRobot is not installed.
+        """
+        lerobot = _lerobot_class("resume")
+        return cls._record(lerobot.resume(repo_id, root, *args, **kwargs))
+
+    @classmethod
+    def _record(cls, recording) -> LeRobotDataset:
+        self = cls.__new__(cls)
+        self._recording = recording
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        """While LeRobot records (:meth:`create`, :meth:`resume`), its dataset's attributes
+        (``meta``, ``root``, ``repo_id``, ``writer``...)."""
+        recording = self.__dict__.get("_recording")
+        if recording is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(recording, name)
+
+    @property
+    def writer(self):
+        """LeRobot's writer while recording; None on a dataset opened for reading, as
+        LeRobot's."""
+        return None if self._recording is None else self._recording.writer
 
     def _require_writer(self, method_name: str) -> None:
-        raise RuntimeError(f"Cannot call '{method_name}()' on a read-only dataset. Use "
-                           "LeRobotDataset.create() for new recording or "
-                           "LeRobotDataset.resume() for resume recording (LeRobot's own "
-                           "class records; robocache.LeRobotDataset reads what it saved).")
+        if self._recording is None:
+            raise RuntimeError(f"Cannot call '{method_name}()' on a read-only dataset. Use "
+                               "LeRobotDataset.create() for new recording or "
+                               "LeRobotDataset.resume() for resume recording.")
+
+    def _require_reader(self) -> None:
+        if self._recording is not None:
+            raise RuntimeError("Cannot read from a dataset that is being recorded. Call "
+                               "finalize() first, then access items.")
 
     def add_frame(self, frame: dict) -> None:
-        """LeRobot's recording call: raises on a dataset opened for reading, as LeRobot's."""
+        """LeRobot's recording call (:meth:`create`); raises LeRobot's ``RuntimeError`` on a
+        dataset opened for reading."""
         self._require_writer("add_frame")
+        self._recording.add_frame(frame)
 
     def save_episode(self, episode_data: dict | None = None,
                      parallel_encoding: bool = True) -> None:
-        """LeRobot's recording call: raises on a dataset opened for reading, as LeRobot's."""
+        """LeRobot's recording call (:meth:`create`); raises LeRobot's ``RuntimeError`` on a
+        dataset opened for reading."""
         self._require_writer("save_episode")
+        self._recording.save_episode(episode_data, parallel_encoding)
 
     def clear_episode_buffer(self, delete_images: bool = True) -> None:
-        """LeRobot's recording call: raises on a dataset opened for reading, as LeRobot's."""
+        """LeRobot's recording call (:meth:`create`); raises LeRobot's ``RuntimeError`` on a
+        dataset opened for reading."""
         self._require_writer("clear_episode_buffer")
+        self._recording.clear_episode_buffer(delete_images)
 
     def has_pending_frames(self) -> bool:
-        """No frames wait to be saved on a dataset opened for reading."""
-        return False
+        """Whether frames wait to be saved (never, on a dataset opened for reading)."""
+        return self._recording is not None and self._recording.has_pending_frames()
 
     def finalize(self) -> None:
-        """Nothing to flush on a dataset opened for reading (LeRobot's is a no-op too)."""
+        """End a recording (LeRobot's ``finalize``), then serve what it saved through the
+        cache; nothing to do on a dataset opened for reading (LeRobot's is a no-op too)."""
+        recording = self._recording
+        if recording is None:
+            return
+        recording.finalize()
+        if not recording.meta.total_episodes:  # nothing saved: nothing to serve
+            return
+        kept = recording.image_transforms, recording.delta_timestamps, recording.episodes
+        del self._recording
+        LeRobotDataset.__init__(self, recording.repo_id, root=recording.root,
+                                episodes=kept[2], image_transforms=kept[0],
+                                delta_timestamps=kept[1], tolerance_s=recording.tolerance_s)
 
     # ── items and batches ─────────────────────────────────────────────
 
     def __len__(self) -> int:
-        return self._len
+        return self.num_frames
 
     def __getitem__(self, idx: int | slice) -> Batch | list[Batch]:
+        self._require_reader()
         if isinstance(idx, slice):
             return [self[i] for i in range(*idx.indices(len(self)))]
         if not isinstance(idx, (int, np.integer)) and not (
@@ -511,6 +588,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         item's camera frames are its own tensors (converted item by item: no copy more than
         the batch's conversion, and an item pickles or saves its own frames only); its other
         tensors are views of its batch's (small), so splitting a batch costs no copy."""
+        self._require_reader()
         self._check_served()
         batch = self._lerobot(self._served.fetch(torch.as_tensor(
             [int(i) for i in indices], dtype=torch.int64).to(self._served.device)),
@@ -533,6 +611,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         """Items ``indices`` (int ``[B]``, relative to the served episodes) as one batch: the
         item keys with a leading ``B`` (``task``: a list of ``B`` strings); ``image_transforms``
         applied per sample."""
+        self._require_reader()
         self._check_served()
         idx = torch.as_tensor(indices, dtype=torch.int64).to(self._served.device)
         batch = self._lerobot(self._served.fetch(idx))
@@ -676,9 +755,28 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return value, pad
 
     def __repr__(self) -> str:
+        if self._recording is not None:
+            return (f"{type(self).__name__}(repo_id={self.repo_id!r}, root={str(self.root)!r}, "
+                    f"recording through LeRobot's writer, frames={self.num_frames})")
         return (f"{type(self).__name__}(repo_id={self.repo_id!r}, root={str(self.root)!r}, "
                 f"frames={len(self)}, episodes={self.num_episodes}, fps={self.fps}, "
                 f"cache={str(self.cache)!r})")
+
+
+def _lerobot_class(call: str):
+    """LeRobot's own ``LeRobotDataset`` class, which records.
+
+    Raises:
+        ImportError: LeRobot is not installed (the message says what to do)."""
+    try:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset as lerobot
+    except ImportError as e:
+        raise ImportError(f"robocache.LeRobotDataset.{call}() records through LeRobot's own "
+                          f"writer, and LeRobot is not installed here ({e}); install it "
+                          "(`pip install lerobot`: Python >= 3.12), or record with LeRobot "
+                          "elsewhere and read the dataset with robocache.LeRobotDataset(repo_id, "
+                          "root=...).") from e
+    return lerobot
 
 
 # LeRobot's depth video quantizer: 12-bit codes, and its defaults where a feature's ``info``
