@@ -199,3 +199,39 @@ def test_cli(cache, tmp_path):
     with CacheLock(cache):
         res = runner.invoke(app, ["edit", str(cache), "--delete", str(left[0])])
     assert res.exit_code == 2 and "being written" in res.output
+
+
+def test_merge_caches_of_one_schema(cache, tmp_path):
+    """A cache of another source with the same streams: its episodes appended, renumbered,
+    rows and frames served as in their own cache; another schema or rate refused."""
+    other = tmp_path / "other"
+    write_lerobot(tmp_path / "src2", planted_episodes(seed=11)[8:11], SPECS, fps=RATE)
+    build(tmp_path / "src2", other, progress=False, device="cpu", camera_codec="png")
+    m = edit(cache, Edit(delete=[0], merge=[other]))
+    assert m["counts"]["cached"] == 7 + 3 and m["version"] == 2
+    assert m["edit"]["ops"][1]["episodes"] == {"8": 8, "9": 9, "10": 10}
+    ds = RobotDataset(cache, keys=KEYS, image_dtype=torch.uint8)
+    ref = RobotDataset(other, keys=KEYS, image_dtype=torch.uint8)
+    assert ds.episode_ids.tolist() == list(range(1, 11))
+    got = ds[torch.nonzero(ds.episode_index >= 8)[:, 0]]
+    want = ref[torch.arange(len(ref))]
+    for k in ("observation.state", "action", "observation.images.cam_is_pad"):
+        assert torch.equal(got[k], want[k]), k
+    shown = ~want["observation.images.cam_is_pad"]
+    assert torch.equal(got["observation.images.cam"][shown], want["observation.images.cam"][shown])
+    stats = json.loads((cache / m["stats_path"]).read_text())
+    assert stats["action"]["count"] == sum(e["rows"] for e in m["episodes"])
+    assert len(RobotDataset(cache, version=1).episode_ids) == 8  # the version before
+    # another rate, another schema: refused, nothing changed
+    write_lerobot(tmp_path / "src3", planted_episodes()[:2], SPECS, fps=RATE)
+    build(tmp_path / "src3", tmp_path / "slow", rate_hz=10.0, progress=False, device="cpu",
+          camera_codec="png")
+    with pytest.raises(DataError, match="one rate"):
+        edit(cache, Edit(merge=[tmp_path / "slow"]))
+    build(tmp_path / "src3", tmp_path / "fewer", keys=["action"], progress=False, device="cpu")
+    with pytest.raises(DataError, match="schema"):
+        edit(cache, Edit(merge=[tmp_path / "fewer"]))
+    with pytest.raises(DataError, match="being edited"):
+        edit(cache, Edit(merge=[cache]))
+    res = CliRunner().invoke(app, ["edit", str(cache), "--merge", str(other), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["episodes"] == 13, res.output

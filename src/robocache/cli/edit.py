@@ -1,13 +1,15 @@
-"""``robocache edit``: delete or keep episodes, rename tasks, split, recompute statistics.
+"""``robocache edit``: delete or keep episodes, merge caches, rename tasks, split, statistics.
 
     $ robocache edit /data/droid.cache --delete 3,17,40-45
     $ robocache edit /data/droid.cache --drop-flagged audit.json --drop-flag jump
     $ robocache edit /data/droid.cache --rename-task "=unknown task" --split 0.05 --seed 1
+    $ robocache edit /data/lab.cache --merge /data/lab-2025.cache --merge /data/sim.cache
     $ robocache inspect /data/droid.cache --versions
 
 No frame is rewritten: deletions are Lance deletions, a task rename updates the rows of
-``data.lance`` that carry it, a split is recorded in the manifest; statistics are computed
-again from the rows left. Each edit is a new version of the cache (``inspect --versions``
+``data.lance`` that carry it, a split is recorded in the manifest, a merged cache's rows and
+frames are appended (copied from its directory); statistics are computed again from the rows
+there are. Each edit is a new version of the cache (``inspect --versions``
 lists them; ``RobotDataset(cache, version=n)`` serves an older one). See docs/curation.md.
 """
 
@@ -32,6 +34,10 @@ def edit(
                                                     "(robocache audit --json) flags.")] = None,
     drop_flag: Annotated[list[str], typer.Option(help="--drop-flagged: only episodes with "
                                                       "this flag (repeat; default any).")]
+    = None,
+    merge: Annotated[list[Path], typer.Option("--merge", help="Append the episodes of another "
+                                              "cache of the same rate and schema (repeat); "
+                                              "they are renumbered after this cache's.")]
     = None,
     rename_task: Annotated[list[str], typer.Option(help="OLD=NEW: rename a task (repeat; "
                                                         "'=NEW' names the empty task).")]
@@ -87,7 +93,7 @@ def edit(
                                    "nothing to delete")
             doomed = doomed or None
         change = Edit(delete=doomed, keep=parse_episodes(keep) if keep is not None else None,
-                      rename_tasks=renames, split=split, seed=seed,
+                      merge=list(merge or []), rename_tasks=renames, split=split, seed=seed,
                       recompute_stats=recompute_stats, force=force)
         manifest = run(cache, change, wait=wait, log=lambda msg: typer.echo(msg, err=True))
     summary = {"cache": str(cache), "version": manifest["version"],

@@ -10,10 +10,12 @@ What an edit does to the tables (Lance commits, :mod:`robocache.data.versions`):
   frames stay as written and reading afterwards costs what it did);
 - renaming tasks updates the ``task`` of the matching rows of ``data.lance`` (Lance moves
   those rows to new fragments; frame tables are not touched);
+- merging caches (``merge``) appends their rows and frames to this cache's tables, their
+  episodes renumbered after this cache's last (they must share its rate and schemas);
 - a split (``split``: the validation fraction, ``seed``) is recorded in the manifest
   (``"splits": {"train": [...], "val": [...]}``, by episode) and changes no row;
-- statistics are computed again after a deletion (or with ``recompute_stats``), from the rows
-  left, into ``versions/<n>.stats.json``.
+- statistics are computed again after a deletion or a merge (or with ``recompute_stats``),
+  from the rows there are, into ``versions/<n>.stats.json``.
 
 Faults. One edit at a time: an edit holds the cache's writer lock (another edit or an ingest
 waits with ``wait=True``, else is refused naming the holder). The new version becomes the
@@ -53,10 +55,16 @@ class Edit:
         seed: the split's seed.
         recompute_stats: compute the statistics again even without a deletion.
         force: allow deleting every episode.
+        merge: other caches (local directories) whose episodes are appended, renumbered
+            after this cache's last episode; they must share this cache's rate and table
+            schemas (the same streams, dtypes, shapes and camera codecs), whatever their
+            sources. Their rows and frames are copied in (they live in another directory);
+            this cache's own are not rewritten.
     """
 
     delete: Sequence[int] | None = None
     keep: Sequence[int] | None = None
+    merge: Sequence[str | Path] = ()
     rename_tasks: Mapping[str, str] = field(default_factory=dict)
     split: float | None = None
     seed: int = 0
@@ -138,9 +146,12 @@ def edit(cache: str | Path, change: Edit, *, wait: bool = False,
         rows = {int(e["index"]): e for e in manifest["episodes"]}
         dropped = _dropped(change, rows, path)
         renames = {old: new for old, new in change.rename_tasks.items() if old != new}
-        if not (dropped or renames or change.split is not None or change.recompute_stats):
-            raise DataError("nothing to edit: pass episodes to delete or keep, task renames, "
-                            "a split or a recomputation of the statistics.")
+        others = [_other(Location(o), manifest, path) for o in change.merge]
+        if not (dropped or renames or others or change.split is not None
+                or change.recompute_stats):
+            raise DataError("nothing to edit: pass episodes to delete or keep, caches to "
+                            "merge, task renames, a split or a recomputation of the "
+                            "statistics.")
         manifest = _pin(location, manifest, path, log)
         now = V.number(manifest)
         ops: list[dict[str, Any]] = []
@@ -154,15 +165,29 @@ def edit(cache: str | Path, change: Edit, *, wait: bool = False,
                     chunk = ",".join(str(i) for i in ids[start:start + DELETE_CHUNK])
                     table.delete(f"episode_index IN ({chunk})")
             ops.append({"op": "delete", "episodes": ids})
+        added: list[dict[str, Any]] = []
+        if others:
+            first = max(rows, default=-1) + 1
+            for loc, other in others:
+                renumber = {int(e["index"]): first + k
+                            for k, e in enumerate(sorted(other["episodes"],
+                                                         key=lambda e: e["index"]))}
+                first += len(renumber)
+                for rel in V.table_names(manifest):
+                    if rel in manifest["tables"]:
+                        _append(location, rel, V.open_table(loc, other, rel), renumber)
+                added += [dict(e, index=renumber[int(e["index"])]) for e in other["episodes"]]
+                ops.append({"op": "merge", "cache": loc.uri, "version": V.number(other),
+                            "episodes": {str(k): v for k, v in renumber.items()}})
         if renames:
             table = location.lance("data.lance")
             for old, new in renames.items():
                 table.update({"task": _sql(new)}, where=f"task = {_sql(old)}")
             ops.append({"op": "rename_tasks", "tasks": dict(renames)})
         episodes = [dict(e, task=renames.get(e.get("task"), e.get("task")))
-                    for i, e in sorted(rows.items()) if i not in dropped]
+                    for e in [r for i, r in sorted(rows.items()) if i not in dropped] + added]
         stats_path = manifest.get("stats_path", "stats.json")
-        if dropped or change.recompute_stats:
+        if dropped or others or change.recompute_stats:
             from robocache.data.build.stats import _compute_stats
             from robocache.data.episode import StreamSpec
 
@@ -171,7 +196,7 @@ def edit(cache: str | Path, change: Edit, *, wait: bool = False,
             stats = _compute_stats(path / "data.lance", specs) if episodes else {}
             stats_path = f"{V.VERSIONS_DIR}/{now + 1}.stats.json"
             _write_json(path / stats_path, stats)
-            if change.recompute_stats and not dropped:
+            if change.recompute_stats and not (dropped or others):
                 ops.append({"op": "recompute_stats"})
         splits = manifest.get("splits")
         if splits:  # deleted episodes leave the split they were in
@@ -179,6 +204,9 @@ def edit(cache: str | Path, change: Edit, *, wait: bool = False,
         if change.split is not None:
             splits = split_episodes([e["index"] for e in episodes], change.split, change.seed)
             ops.append({"op": "split", "val": change.split, "seed": change.seed})
+        if splits and added:  # merged episodes join the training side
+            splits = {**splits, "train": sorted(splits.get("train", [])
+                                                + [e["index"] for e in added])}
         counts = {**manifest["counts"], "cached": len(episodes),
                   "rows": int(sum(e["rows"] for e in episodes))}
         new = {**{k: v for k, v in manifest.items() if k not in ("stats", "splits")},
@@ -190,6 +218,75 @@ def edit(cache: str | Path, change: Edit, *, wait: bool = False,
             _before_commit()
         _write_json(path / "manifest.json", new)  # the commit: this version is now current
     return new
+
+
+#: The stream fields two caches must share to merge (their sources may differ).
+SHARED_FIELDS = ("column", "kind", "dtype", "shape", "codec", "quality", "chroma")
+
+
+def _other(loc, manifest: Mapping[str, Any], path: Path):
+    """A cache to merge: its location and current manifest, checked against ``manifest``.
+
+    Raises:
+        DataError: not a complete local cache, another rate, other streams or table schemas.
+    """
+    from robocache.data.location import is_uri
+
+    if is_uri(loc.uri) or loc.path is None:
+        raise DataError(f"{loc}: merge local caches.")
+    if loc.path == path:
+        raise DataError(f"{loc} is the cache being edited; merge another cache.")
+    other = loc.manifest()
+    if other.get("status") != "complete":
+        raise DataError(f"{loc} is not a complete cache; finish its ingest first.")
+    if float(other["rate_hz"]) != float(manifest["rate_hz"]):
+        raise DataError(f"{loc} is at {other['rate_hz']} Hz and {path} at "
+                        f"{manifest['rate_hz']} Hz; merge caches of one rate (ingest with "
+                        "--rate).")
+    mine = {n: {k: s.get(k) for k in SHARED_FIELDS} for n, s in manifest["streams"].items()}
+    theirs = {n: {k: s.get(k) for k in SHARED_FIELDS} for n, s in other["streams"].items()}
+    if mine != theirs:
+        diff = sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
+        raise DataError(f"{loc} does not share {path}'s schema (streams differing: {diff}); "
+                        "merge caches with the same streams, dtypes, shapes and codecs.")
+    for rel in V.table_names(manifest):  # the tables themselves, column by column
+        try:
+            ours, theirs_table = V.open_table(_loc(path), manifest, rel), loc.lance(rel)
+        except FileNotFoundError:
+            continue
+        if ours.schema != theirs_table.schema:
+            raise DataError(f"{loc}: its {rel} has another schema than {path}'s; merge caches "
+                            "of one schema.")
+    return loc, other
+
+
+def _loc(path: Path):
+    from robocache.data.location import Location
+
+    return Location(path)
+
+
+def _append(location, rel: str, source, renumber: Mapping[int, int]) -> None:
+    """Append the rows of ``source`` (another cache's table ``rel``, same schema) to this
+    cache's, their ``episode_index`` renumbered, a batch at a time."""
+    import lance
+    import pyarrow as pa
+
+    keys = np.array(sorted(renumber), np.int64)
+    values = np.array([renumber[int(k)] for k in keys], np.int64)
+    schema = source.schema
+    at = schema.get_field_index("episode_index")
+
+    def batches():
+        for batch in source.to_batches(batch_size=1 << 14):
+            pos = np.searchsorted(keys, batch.column(at).to_numpy())
+            new = pa.array(values[np.minimum(pos, len(keys) - 1)], pa.int64())
+            yield pa.RecordBatch.from_arrays(
+                [new if i == at else batch.column(i) for i in range(batch.num_columns)],
+                schema=schema)
+
+    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()),
+                        location.child(rel), mode="append")
 
 
 def _check(change: Edit) -> None:
@@ -272,6 +369,8 @@ def _op(o: Mapping[str, Any]) -> str:
             (", ...)" if len(e) > 5 else ")")
     if o["op"] == "rename_tasks":
         return "renamed tasks " + ", ".join(f"{k!r} -> {v!r}" for k, v in o["tasks"].items())
+    if o["op"] == "merge":
+        return f"merged {len(o['episodes'])} episodes of {o['cache']} (version {o['version']})"
     if o["op"] == "split":
         return f"split {o['val']:g} of the episodes into val (seed {o['seed']})"
     return "statistics computed again"
