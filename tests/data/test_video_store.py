@@ -132,3 +132,16 @@ def test_refusals_are_one_line(tmp_path):
         build(FIXTURES / "lerobot_h264", tmp_path / "c", progress=False, device="cpu",
               camera_codec="video", camera_size="24x32")
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.gpu
+def test_the_gpu_loader_serves_the_same_frames(video_cache):
+    """Resident on the GPU (RobotLoader, device cuda): the frames the CPU path serves."""
+    from robocache.data import RobotLoader
+
+    _, cache = video_cache
+    ds = RobotDataset(cache, keys=[CAM], history=2, image_dtype=torch.uint8)
+    want = ds[torch.arange(len(ds))][CAM]
+    loader = RobotLoader(ds, 4, device="cuda", normalize=None, shuffle=False, drop_last=False)
+    got = torch.cat([b[CAM].cpu() for b in loader])
+    assert torch.equal(got, want)

@@ -1,0 +1,179 @@
+"""Video cameras kept as video (``--camera-codec video``) against JPEG frames, in one run.
+
+    $ robocache bench video --json benchmarks/results/video.json
+    $ python benchmarks/bench_video.py --quick        # CPU, tiny frames
+
+A LeRobot v3.0 dataset of 4 cameras (480x640, textured moving scenes, episodes of 100 frames
+at 30 fps) is written with LeRobot's recording settings (PyAV, yuv420p, a keyframe every 2
+frames, CRF 30), once as AV1 (SVT-AV1, LeRobot's default) and once as H.264 (libx264), and
+ingested twice each: frames kept as video, and decoded into JPEG q95 4:4:4 (the default).
+Reported per codec:
+
+- **bytes**: the cache's camera bytes against the source's videos (target: <= 1.1x);
+- **ingest**: seconds and MB/s of source video against the raw read rate of the same files
+  (page cache dropped; the ingest of a kept video is a copy plus an index);
+- **serve**: samples/s of ``RobotLoader`` batches of 32 samples, each 4 cameras x windows of
+  8 frames (``history=8``) at random positions, resized to 224x224 on the serving device,
+  for both caches (frames in the page cache: the decode is measured, not the disk);
+- **single**: the same with one frame per camera per sample (``history=1``);
+- **sequential**: the frames/s of decoding the same streams front to back on the CPU, one
+  PyAV decoder per file, every file at once (the decode rate with no random access).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from robocache.bench import harness as H
+from robocache.bench.standalone import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import evict, jpeg_pool, tree_bytes  # noqa: E402
+
+FAMILY = "video"
+CAMS = tuple(f"observation.images.cam{i}" for i in range(4))
+FULL = {"hw": (480, 640), "episodes": 12, "length": 100, "batch": 32, "history": 8,
+        "batches": 20}
+QUICK = {"hw": (48, 64), "episodes": 3, "length": 12, "batch": 4, "history": 3, "batches": 2}
+CODECS = {"av1": "libsvtav1", "h264": "libx264"}
+
+
+def source(root: Path, cfg: dict, codec: str) -> Path:
+    """The LeRobot dataset: a state stream and 4 cameras encoded by ``codec``."""
+    from PIL import Image
+
+    from robocache.data.cameras import add_video_features
+    from robocache.data.episode import Episode, Stream, StreamSpec
+    from robocache.data.formats.lerobot import write_lerobot
+
+    spec = StreamSpec("observation.state", "numeric", "float32", (6,), 30.0)
+    n, length = cfg["episodes"], cfg["length"]
+    rng = np.random.default_rng(0)
+    eps = [Episode(i, {spec.name: Stream(spec, np.arange(length) / 30.0,
+                                         rng.normal(size=(length, 6)).astype(np.float32))},
+                   {"tasks": ["pick"]}) for i in range(n)]
+    root = write_lerobot(root, eps, {spec.name: spec}, fps=30.0, version="v3.0")
+    pool = jpeg_pool(length, cfg["hw"])  # decoded once: the scenes as a camera gives them
+    scenes = np.stack([np.asarray(Image.open(io.BytesIO(p)).convert("RGB")) for p in pool])
+
+    def clip(c: int):
+        return (np.roll(scenes, 7 * e + 13 * c, axis=2) for e in range(n))
+
+    add_video_features(root, {cam: clip(c) for c, cam in enumerate(CAMS)}, fps=30.0,
+                       codec=CODECS[codec])
+    return root
+
+
+def _ingest(src: Path, dest: Path, camera_codec: str) -> float:
+    from robocache.data.cache import build
+
+    evict(src)
+    t0 = time.perf_counter()
+    build(src, dest, rate_hz="native", progress=False, device="cpu", camera_codec=camera_codec)
+    return time.perf_counter() - t0
+
+
+def _serve(cache: Path, cfg: dict, history: int, device: torch.device) -> float:
+    """Samples/s of random batches (frames in the page cache, read once before timing)."""
+    from robocache.data import RobotDataset, RobotLoader
+
+    ds = RobotDataset(cache, keys=list(CAMS), history=history, image_size=(224, 224))
+    loader = RobotLoader(ds, cfg["batch"], device=device, normalize=None, seed=0)
+
+    def batches():
+        while True:
+            yield from loader
+
+    it = batches()
+    for _ in range(2):
+        next(it)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(cfg["batches"]):
+        batch = next(it)
+    assert batch[CAMS[0]].shape[1] == history
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return cfg["batches"] * cfg["batch"] / (time.perf_counter() - t0)
+
+
+def _sequential(files: list[Path]) -> tuple[float, int]:
+    """Frames/s decoding ``files`` front to back, one PyAV decoder (one thread) per file,
+    all at once."""
+    import av
+
+    def one(path: Path) -> int:
+        with av.open(str(path)) as c:
+            stream = c.streams.video[0]
+            stream.codec_context.thread_count = 1
+            return sum(1 for _ in c.decode(stream))
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(files)) as pool:
+        frames = sum(pool.map(one, files))
+    return frames / (time.perf_counter() - t0), frames
+
+
+def run(quick: bool = False, copy_gbps: float | None = None, report=None,
+        codecs: str | None = None, workdir: str | None = None) -> list[dict]:
+    cfg = QUICK if quick else FULL
+    out: list[dict] = []
+    report = report or out.append
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name_of = f"{len(CAMS)}cams-{cfg['hw'][0]}x{cfg['hw'][1]}-b{cfg['batch']}"
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        tmp = Path(tmp)
+        for codec in (codecs or ",".join(CODECS)).split(","):
+            src = source(tmp / f"src-{codec}", cfg, codec)
+            videos = sorted((src / "videos").rglob("*.mp4"))
+            video_bytes = sum(p.stat().st_size for p in videos)
+            evict(src)
+            raw_s, raw_n = H.raw_read_s(videos)
+            name = f"{codec}-{name_of}"
+            caches = {}
+            for stored in ("video", "jpeg"):
+                caches[stored] = tmp / f"cache-{codec}-{stored}"
+                seconds = _ingest(src, caches[stored], stored)
+                frame_bytes = tree_bytes(caches[stored], "frames")
+                report(H.case(FAMILY, name, f"ingest-{stored}", H.summarize([seconds * 1e3]),
+                              source_bytes=video_bytes, frame_bytes=frame_bytes,
+                              vs_source=frame_bytes / video_bytes,
+                              source_MB_per_s=video_bytes / seconds / 1e6,
+                              raw_read_MB_per_s=raw_n / raw_s / 1e6,
+                              note=f"{seconds:.1f} s; camera bytes {frame_bytes / video_bytes:.2f}x"
+                                   f" the source's videos"))
+            for history, kind in ((cfg["history"], "window"), (1, "single")):
+                rates = {}
+                for stored, cache in caches.items():
+                    rates[stored] = _serve(cache, cfg, history, device)
+                    frames = rates[stored] * len(CAMS) * history
+                    report(H.case(FAMILY, name, f"serve-{kind}-{stored}",
+                                  H.summarize([1e3 * cfg["batch"] / rates[stored]]),
+                                  samples_per_s=rates[stored], frames_per_s=frames,
+                                  history=history, device=str(device),
+                                  note=f"{rates[stored]:,.0f} samples/s, {frames:,.0f} frames/s"))
+            rate, frames = _sequential(videos)
+            report(H.case(FAMILY, name, "sequential-cpu", H.summarize([1e3 * frames / rate]),
+                          frames_per_s=rate, threads=len(videos),
+                          note=f"{rate:,.0f} frames/s, one decoder per file"))
+            shutil.rmtree(src)
+            for cache in caches.values():
+                shutil.rmtree(cache)
+    return out
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("SVT_LOG", "1")
+    main(run, __doc__, {"codecs": (str, "comma-separated codecs of av1,h264"),
+                        "workdir": (str, "folder for the datasets (default: the system's temp)")})
