@@ -14,11 +14,12 @@ training stream, over the span of all steps; target >= 95 %). Keep NCCL's NVLink
 where the machine asks for it (``NCCL_NVLS_ENABLE=0``; the environment is passed through).
 
 A fair baseline: every world size, one GPU included, runs the same path (torchrun, DDP over
-NCCL, world size 1 for one GPU) with the same warm-up steps. Before anything is timed one
-unmeasured run at the largest world size fills Triton's on-disk kernel cache and wakes every
-GPU, so no measured run pays for a JIT compile the next one finds cached. The world sizes then
-run in ``rounds`` rounds of alternating order (1, 2, 4, then 4, 2, 1, ...), so drift of the
-machine (clocks, temperature) reaches each size alike. The cache is built on the CPU: the
+NCCL, world size 1 for one GPU) with the same warm-up steps and ``OMP_NUM_THREADS`` (1 unless
+the environment sets it; torchrun sets it only for several processes). Before anything is timed
+one unmeasured run at the largest world size fills Triton's on-disk kernel cache and wakes
+every GPU, so no measured run pays for a JIT compile the next one finds cached. The world sizes
+then run in ``rounds`` rounds of alternating order (1, 2, 4, then 4, 2, 1, ...), so drift of
+the machine (clocks, temperature) reaches each size alike. The cache is built on the CPU: the
 parent process holds no GPU memory while the ranks train. Per rank the step time is the median
 interval between consecutive steps' start events (a one-off stall moves it little); a run's
 rate is world x batch / its slowest rank's median step, a size's rate the median over rounds,
@@ -159,9 +160,13 @@ def launch(script: str, world: int, out: Path, args: list[str], env: dict | None
     """``torchrun --standalone --nproc-per-node world script --worker *args``, whose rank 0
     writes every rank's numbers to ``out`` (see :func:`finish_rank`): those numbers. The
     ranks get this process's environment (``NCCL_*`` included), our ``sys.path`` and
-    ``env``; ``preexec_fn`` runs in torchrun's process before it starts (a cgroup, say)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-           **(env or {})}
+    ``env``; ``preexec_fn`` runs in torchrun's process before it starts (a cgroup, say).
+    ``OMP_NUM_THREADS`` is 1 at every world size unless the environment sets it: torchrun sets
+    it for several processes only, and one rank with a thread per core would not run the
+    path the others run (on 2 cores, a rank fed camera batches stepped 6-10x slower with
+    them)."""
+    env = {"OMP_NUM_THREADS": "1", **os.environ,
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **(env or {})}
     Path(out).unlink(missing_ok=True)
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                     f"--nproc-per-node={world}", script, "--worker", *args],
