@@ -23,7 +23,8 @@ PLANTED = {
     0: {"near_duplicate"}, 3: {"jump"}, 4: {"frozen"}, 5: {"idle"},
     6: {"duplicate", "near_duplicate"}, 7: {"near_duplicate"}, 8: {"gripper_unused"},
     9: {"short"}, 10: {"task_empty"}, 11: {"task_unknown"}, 12: {"out_of_range"},
-    13: {"stream_gap"}, 14: {"stream_gap"},
+    13: {"stream_gap"}, 14: {"stream_gap"}, 1: {"camera_black"}, 2: {"camera_constant"},
+    15: {"camera_duplicate"},
 }
 EPISODES = 16
 
@@ -90,4 +91,16 @@ def planted_episodes(seed: int = 7) -> list[Episode]:
     s = eps[14].streams["observation.images.cam"]  # 1 s without a frame
     keep = (s.times < 2.0) | (s.times > 3.0)
     _with(eps[14], "observation.images.cam", times=s.times[keep], data=s.data[keep])
+    s = eps[1].streams["observation.images.cam"]  # 1 s of black frames
+    x = s.data.copy()
+    x[20:30] = 0
+    _with(eps[1], "observation.images.cam", data=x)
+    s = eps[2].streams["observation.images.cam"]  # 1 s of a uniform grey
+    x = s.data.copy()
+    x[30:40] = 128
+    _with(eps[2], "observation.images.cam", data=x)
+    s = eps[15].streams["observation.images.cam"]  # one frame shown for 1.5 s
+    x = s.data.copy()
+    x[10:25] = x[10]
+    _with(eps[15], "observation.images.cam", data=x)
     return eps

@@ -48,6 +48,9 @@ def test_each_planted_defect_is_flagged_on_its_episode_only(planted):
     assert "episode 0" in why[6]["duplicate"]
     assert "observation.state" in why[13]["stream_gap"]
     assert "observation.images.cam" in why[14]["stream_gap"]
+    assert "10 of 60 frames black" in why[1]["camera_black"]
+    assert "10 of 60 frames uniform" in why[2]["camera_constant"]
+    assert "1.4 s" in why[15]["camera_duplicate"]  # 14 repeats of the 10 Hz frame
     assert report["streams"]["grippers"] == ["observation.gripper"]
     assert json.loads(json.dumps(report)) == report  # JSON as it is
     assert report["format"] == A.REPORT_FORMAT and report["version"] >= 1
@@ -76,6 +79,12 @@ def test_thresholds_are_options(planted):
     strict = A.audit(planted, A.AuditConfig(known_tasks=["pick the cube 0"]), device="cpu")
     assert "task_unknown" in strict["episodes"][1]["flags"]  # not a known task
     assert loose["thresholds"]["jump"] == 2.0 and base["thresholds"]["jump"] == 0.5
+    blind = A.audit(planted, A.AuditConfig(cameras=False), device="cpu")
+    assert not any(f.startswith("camera_") for r in blind["episodes"] for f in r["flags"])
+    assert blind["episodes"][14]["flags"] == ["stream_gap"]  # the timing checks still run
+    lenient = A.audit(planted, A.AuditConfig(camera_fraction=0.5, frozen_s=2.0), device="cpu")
+    assert {"camera_black", "camera_constant", "camera_duplicate"}.isdisjoint(
+        f for r in lenient["episodes"] for f in r["flags"])
     with pytest.raises(DataError, match="jump"):
         A.audit(planted, A.AuditConfig(jump=-1.0))
     with pytest.raises(DataError, match="min_steps"):
@@ -136,7 +145,7 @@ def test_cli_table_json_plot_and_exit_codes(planted, tmp_path):
     assert all(p.stat().st_size > 1000 for p in (tmp_path / "plots").glob("episode-*.png"))
     clean = runner.invoke(app, ["audit", str(planted), "--idle-key", "action", "--jump", "9",
                                 "--range-margin", "9", "--frozen-s", "9", "--idle-s", "9",
-                                "--gripper-span", "0", "--min-steps", "1",
+                                "--gripper-span", "0", "--min-steps", "1", "--no-cameras",
                                 "--near-duplicate", "0", "--gap-periods", "99", "--json"])
     assert json.loads(clean.output)["counts"]["jump"] == 0
     # refusals: one line, exit 2

@@ -13,7 +13,7 @@ import torch
 from audit_episodes import PLANTED, RATE, SPECS, planted_episodes
 
 from robocache.data import MixedDataset, RobotDataset
-from robocache.data.audit import audit
+from robocache.data.audit import FLAGS, audit
 from robocache.data.cache import build
 from robocache.data.filters import merge_ranges
 from robocache.data.formats.lerobot import write_lerobot
@@ -118,8 +118,12 @@ def test_audit_report_drops_flagged_episodes(cache, tmp_path):
     report = audit(cache, device="cpu")
     path = tmp_path / "audit.json"
     path.write_text(json.dumps(report))
-    ds = RobotDataset(cache, keys=KEYS, audit=path)
-    assert sorted(ds.episode_ids.tolist()) == sorted(set(range(16)) - set(PLANTED))
+    with pytest.raises(DataError, match="no episode"):  # every episode has a planted defect
+        RobotDataset(cache, keys=KEYS, audit=path)
+    numeric = [f for f in FLAGS if not f.startswith("camera_")]
+    ds = RobotDataset(cache, keys=KEYS, audit=path, drop_flags=numeric)
+    assert sorted(ds.episode_ids.tolist()) == sorted(
+        e for e in range(16) if not PLANTED.get(e, set()) & set(numeric))
     ds = RobotDataset(cache, keys=KEYS, audit=report, drop_flags=["short", "jump"])
     assert sorted(ds.episode_ids.tolist()) == sorted(set(range(16)) - {3, 9})
     both = RobotDataset(cache, keys=KEYS, audit=report, drop_flags=["jump"],

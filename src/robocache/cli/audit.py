@@ -5,9 +5,10 @@
     $ robocache audit /data/droid.cache --jump 0.3 --idle-s 5 --plot worst/
 
 Per episode: timestamp gaps and jitter, streams without samples (padded runs) and cameras
-serving stale frames, NaN/inf, values beyond q01/q99 by a margin, jumps, frozen streams, idle
-stretches, unused grippers, short episodes, duplicates (identical values) and near-duplicates
-(signatures within a distance), empty or placeholder tasks. Thresholds are the options below
+serving stale frames, black, uniform or repeated camera frames, NaN/inf, values beyond
+q01/q99 by a margin, jumps, frozen streams, idle stretches, unused grippers, short episodes,
+duplicates (identical values) and near-duplicates (signatures within a distance), empty or
+placeholder tasks. Thresholds are the options below
 (defaults and units in docs/curation.md). The cache is only read, in batches (memory bounded
 whatever its size); the checks run on the GPU when there is one. The JSON report (``--json``
 or ``--out``) lists every episode with its flags (:func:`robocache.data.audit.flagged` reads
@@ -82,6 +83,17 @@ def audit(
     known_tasks: Annotated[Path, typer.Option(help="A file of the known tasks, one a line "
                                                    "(default: any task that is not empty or a "
                                                    "placeholder).")] = None,
+    cameras: Annotated[bool, typer.Option("--cameras/--no-cameras", help="Decode every "
+                                          "camera frame for the pixel checks (black, "
+                                          "uniform, repeated frames).")] = True,
+    black_level: Annotated[float, typer.Option(help="Black frame: mean at most this fraction "
+                                                    "of full scale.")] = 0.03,
+    constant_std: Annotated[float, typer.Option(help="Uniform frame: standard deviation at "
+                                                     "most this fraction of full scale.")]
+    = 0.01,
+    camera_fraction: Annotated[float, typer.Option(help="Flag a camera with more than this "
+                                                        "fraction of black (uniform) "
+                                                        "frames.")] = 0.1,
     plot: Annotated[Path, typer.Option("--plot", help="Draw the worst flagged episodes' "
                                                       "streams into this folder (PNG).")]
     = None,
@@ -94,7 +106,7 @@ def audit(
     verbose: Annotated[bool, typer.Option("--verbose", help=VERBOSE_OPTION_HELP)] = False,
 ):
     """Check every episode of a cache: timing, gaps, NaN/inf, range, jumps, frozen and idle
-    stretches, grippers, length, duplicates, tasks. The cache is never written.
+    stretches, grippers, camera frames, length, duplicates, tasks. The cache is never written.
 
     Exit codes: 0 no episode flagged; 3 some episodes flagged (the table or report lists
     them); 2 bad usage or input (one line on stderr: the problem and the fix); 1 internal
@@ -121,7 +133,9 @@ def audit(
                              idle_tolerance=idle_tolerance, idle_keys=_keys(idle_keys),
                              gripper_keys=_keys(gripper_keys), gripper_span=gripper_span,
                              min_steps=min_steps, near_duplicate=near_duplicate,
-                             signature_points=signature_points, known_tasks=tasks)
+                             signature_points=signature_points, known_tasks=tasks,
+                             cameras=cameras, black_level=black_level,
+                             constant_std=constant_std, camera_fraction=camera_fraction)
         if device not in (None, "cpu", "cuda") and not str(device).startswith("cuda:"):
             raise CommandError(f"--device must be cpu or cuda; got {device!r}",
                                "pass --device cpu or --device cuda")

@@ -10,8 +10,10 @@ gathered as their rows arrive and checked :data:`CHUNK_ROWS` rows at a time with
 vectorised checks of :mod:`robocache.ops.audit`, on the GPU when there is one. Memory is
 bounded by a chunk plus, per episode, a few numbers and its trajectory signature
 (``signature_points`` x the dimensions of the signature streams, float32) for the
-near-duplicate search. Camera frames are not decoded: a camera's timing is checked from the
-offset of the frame served at each step.
+near-duplicate search. A camera's timing is checked from the offset of the frame served at
+each step; its pixels (black, uniform and repeated frames) from a second scan, of its frame
+table, :data:`FRAME_BATCH` frames decoded at a time (nvJPEG on a GPU; ``cameras=False``
+skips it; cameras kept as video are not decoded).
 
 Every threshold is a field of :class:`AuditConfig` (a CLI option of ``robocache audit``);
 ranges are in units of the dataset's q01..q99 range per dimension (``stats.json``), so one
@@ -47,8 +49,11 @@ NEAR_BLOCK = 2048
 
 #: Every flag an episode can carry, in the order the report lists them.
 FLAGS = ("short", "timestamp_gap", "timestamp_jitter", "stream_gap", "nonfinite",
-         "out_of_range", "jump", "frozen", "idle", "gripper_unused", "duplicate",
-         "near_duplicate", "task_empty", "task_unknown")
+         "out_of_range", "jump", "frozen", "idle", "gripper_unused", "camera_black",
+         "camera_constant", "camera_duplicate", "duplicate", "near_duplicate", "task_empty",
+         "task_unknown")
+#: Camera frames decoded at once by the pixel checks.
+FRAME_BATCH = 1024
 
 #: Task strings that say no task was recorded (compared lower-case, stripped).
 PLACEHOLDER_TASKS = ("unknown", "none", "null", "n/a", "na", "nan", "task", "default",
@@ -94,6 +99,13 @@ class AuditConfig:
         signature_keys: the signature's streams (default: as ``idle_keys``).
         known_tasks: tasks an episode may carry (default: any non-empty task that is not a
             placeholder such as ``unknown`` or ``n/a``, :data:`PLACEHOLDER_TASKS`).
+        cameras: decode every camera frame for the pixel checks (black, constant and
+            duplicated frames); off, cameras get the timing checks only.
+        black_level: a frame whose mean is at most this fraction of full scale is black.
+        constant_std: a frame (not black) whose standard deviation is at most this fraction
+            of full scale is constant (a uniform image).
+        camera_fraction: a camera is flagged black (constant) in an episode where more than
+            this fraction of its frames are.
     """
 
     gap_periods: float = 2.0
@@ -111,11 +123,16 @@ class AuditConfig:
     signature_points: int = 32
     signature_keys: Sequence[str] | None = None
     known_tasks: Sequence[str] | None = None
+    cameras: bool = True
+    black_level: float = 0.03
+    constant_std: float = 0.01
+    camera_fraction: float = 0.1
 
     def check(self) -> None:
         """Raise :class:`DataError` naming the first field out of its domain."""
         for name in ("gap_periods", "jitter", "jump", "range_margin", "frozen_s", "idle_s",
-                     "idle_tolerance", "gripper_span", "near_duplicate"):
+                     "idle_tolerance", "gripper_span", "near_duplicate", "black_level",
+                     "constant_std", "camera_fraction"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, (int, float))
                                                and math.isfinite(value) and value >= 0):
@@ -302,8 +319,10 @@ def audit(cache: str | Path, config: AuditConfig | None = None, *,
                              rate, expected, dev, found)
         if progress:
             progress(done, total)
+        pixels = _pixels(location, manifest, cameras, expected, config, dev) \
+            if config.cameras else {}
     return _report(location, manifest, version, config, plans, idle, signature, grippers,
-                   found, dev)
+                   found, dev, pixels)
 
 
 def _numpy(batch, columns: Sequence[str]) -> dict[str, np.ndarray]:
@@ -424,8 +443,80 @@ def _near_pairs(signatures: np.ndarray, threshold: float,
     return out
 
 
+def _pixels(location, manifest, cameras: Mapping[str, Any], expected: Mapping[int, int],
+            config: AuditConfig, dev: torch.device) -> dict[str, dict[str, np.ndarray]]:
+    """Per camera (not kept as video): each episode's frames, black frames, constant frames
+    (by the decoded pixels: mean and standard deviation in units of full scale) and longest
+    run of frames identical to the one before, from a scan of its frame table,
+    :data:`FRAME_BATCH` frames decoded at a time (nvJPEG on a GPU). Arrays are indexed like
+    ``sorted(expected)``."""
+    import pyarrow as pa
+
+    from robocache.data import versions
+    from robocache.data.cameras import decode_all
+    from robocache.data.frames import EncodedFrames
+
+    ids = np.array(sorted(expected), np.int64)
+    out = {}
+    for name, s in cameras.items():
+        if s.get("codec") in (None, "video"):
+            continue
+        try:
+            table = versions.open_table(location, manifest, f"frames/{name}.lance")
+        except FileNotFoundError:
+            continue
+        kind = np.dtype(s["dtype"])
+        full = float(np.iinfo(kind).max) if kind.kind in "ui" else 1.0
+        res = {k: np.zeros(len(ids), np.int64) for k in ("frames", "black", "constant",
+                                                           "repeated")}
+        carry = None  # (episode position, frame number, pixels, run) of the last frame seen
+        for batch in table.to_batches(columns=["episode_index", "frame", "encoded"],
+                                      batch_size=FRAME_BATCH):
+            ep = batch.column(0).to_numpy()
+            pos = np.searchsorted(ids, ep)
+            listed = (pos < len(ids)) & (ids[np.minimum(pos, len(ids) - 1)] == ep) \
+                if len(ids) else np.zeros(len(ep), bool)
+            if not listed.any():
+                continue
+            frame = batch.column(1).to_numpy()
+            order = np.lexsort((frame, ep))  # each episode's frames in order
+            order = order[listed[order]]
+            pos, frame = pos[order], frame[order]
+            enc = EncodedFrames.from_table(
+                pa.table({"encoded": batch.column(2).take(pa.array(order))}), s["shape"],
+                s["dtype"], s["codec"])
+            px = decode_all([(enc, torch.arange(len(order)))], dev)[0]
+            flat = px.reshape(len(order), -1).to(torch.float32) / full
+            mean, std = flat.mean(1), flat.std(1, correction=0)
+            black = mean <= config.black_level
+            constant = (std <= config.constant_std) & ~black
+            same = torch.zeros(len(order), dtype=torch.bool, device=px.device)
+            if len(order) > 1:
+                same[1:] = (px[1:] == px[:-1]).reshape(len(order) - 1, -1).all(1)
+            same = same.cpu().numpy()
+            follows = np.r_[False, (pos[1:] == pos[:-1]) & (frame[1:] == frame[:-1] + 1)]
+            if carry is not None and carry[0] == pos[0] and carry[1] + 1 == frame[0]:
+                follows[0] = True
+                same[0] = bool(torch.equal(carry[2], px[0]))
+            rep = same & follows
+            # each frame's run of repeats so far; the first run continues the last batch's
+            at = np.arange(len(rep))
+            last_new = np.maximum.accumulate(np.where(~rep, at, -1))
+            runs = at - last_new
+            if carry is not None:
+                runs = np.where(last_new < 0, runs + carry[3], runs)
+            np.add.at(res["frames"], pos, 1)
+            np.add.at(res["black"], pos, black.cpu().numpy().astype(np.int64))
+            np.add.at(res["constant"], pos, constant.cpu().numpy().astype(np.int64))
+            np.maximum.at(res["repeated"], pos, runs)
+            carry = (int(pos[-1]), int(frame[-1]), px[-1].clone(), int(runs[-1]))
+        out[name] = res
+    return out
+
+
 def _report(location, manifest, version: int, config: AuditConfig, plans, idle, signature,
-            grippers, found: _Episodes, dev: torch.device) -> dict[str, Any]:
+            grippers, found: _Episodes, dev: torch.device,
+            pixels: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> dict[str, Any]:
     rate = float(manifest["rate_hz"])
     meta = {int(e["index"]): e for e in manifest["episodes"]}
     known = None if config.known_tasks is None else set(config.known_tasks)
@@ -447,9 +538,18 @@ def _report(location, manifest, version: int, config: AuditConfig, plans, idle, 
                 continue  # exact copies are duplicates
             near.setdefault(a, []).append((found.index[b], dist))
             near.setdefault(b, []).append((found.index[a], dist))
+    pixels = pixels or {}
+    place = {e: i for i, e in enumerate(sorted(meta))}  # the pixel arrays' order
     records = []
     for k in order:
         index, rows, m = found.index[k], found.rows[k], found.metrics[k]
+        for name, res in pixels.items():
+            cam_period = 1.0 / float(manifest["streams"][name].get("source_rate_hz") or rate)
+            i = place[index]
+            m["cameras"].setdefault(name, {}).update(
+                {"frames": int(res["frames"][i]), "black": int(res["black"][i]),
+                 "constant": int(res["constant"][i]),
+                 "repeated_s": float(res["repeated"][i] * cam_period)})
         task = meta.get(index, {}).get("task")
         why: dict[str, str] = {}
         if rows < config.min_steps:
@@ -475,12 +575,20 @@ def _report(location, manifest, version: int, config: AuditConfig, plans, idle, 
                              "the bound")
             if p.moving and s["frozen_s"] > config.frozen_s:
                 frozen.append(f"{name} repeats one value for {s['frozen_s']:.3g} s")
+        dark, flat, repeated = [], [], []
         for name, c in m["cameras"].items():
             cam_period = 1.0 / float(manifest["streams"][name].get("source_rate_hz") or rate)
             if c["offset_periods"] > config.gap_periods:
                 gaps.append(f"{name} serves a frame {c['offset_periods']:.3g} periods away")
             elif c["gap_s"] > config.gap_periods * max(cam_period, 1.0 / rate):
                 gaps.append(f"{name} without frames for {c['gap_s']:.3g} s")
+            frames = max(c.get("frames", 0), 1)
+            if c.get("black", 0) > config.camera_fraction * frames:
+                dark.append(f"{name}: {c['black']} of {c['frames']} frames black")
+            if c.get("constant", 0) > config.camera_fraction * frames:
+                flat.append(f"{name}: {c['constant']} of {c['frames']} frames uniform")
+            if c.get("repeated_s", 0.0) > config.frozen_s:
+                repeated.append(f"{name} repeats one frame for {c['repeated_s']:.3g} s")
         for g in grippers:
             name, _, dim = g.partition(":")
             span = m["streams"][name]["span"]
@@ -489,7 +597,8 @@ def _report(location, manifest, version: int, config: AuditConfig, plans, idle, 
                 unused.append(f"{g} spans {max(spans, default=0.0):.3g} of its range")
         for flag, items in (("stream_gap", gaps), ("nonfinite", nonfinite),
                             ("out_of_range", ranges), ("jump", jumps), ("frozen", frozen),
-                            ("gripper_unused", unused)):
+                            ("gripper_unused", unused), ("camera_black", dark),
+                            ("camera_constant", flat), ("camera_duplicate", repeated)):
             if items:
                 why[flag] = "; ".join(items)
         if idle and m["idle_s"] > config.idle_s:
