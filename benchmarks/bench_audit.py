@@ -1,0 +1,246 @@
+"""Benchmark ``robocache audit``: the checks over packed episodes, and a whole audit of a
+synthetic cache of DROID's shape (76,000 episodes of about 300 steps at 15 Hz, an 8-D state
+and a 7-D action), with planted near-duplicates to score the near-duplicate search.
+
+    $ robocache bench audit --json benchmarks/results/audit.json
+    $ python benchmarks/bench_audit.py --quick
+
+Cases:
+
+- ``checks``: :func:`robocache.ops.audit.stream_checks` of one ``[N, D]`` float32 stream,
+  :func:`~robocache.ops.audit.longest_runs`, :func:`~robocache.ops.audit.timing_checks` and
+  :func:`~robocache.ops.audit.downsample` over E packed episodes, on the GPU (``robocache``)
+  and on the CPU (``robocache_cpu``); minimum bytes: the values, pads and timestamps read once.
+- ``cache``: :func:`robocache.data.audit.audit` of the synthetic cache, written straight as a
+  Lance table beside a manifest and statistics (no camera): wall time (the scan of
+  ``data.lance`` included) for the target of 60 s on one node with a GPU. Its planted
+  near-duplicates (copies of other episodes with noise of 0.2 % of the range; copies shifted
+  by 5 steps; copies truncated by 10 %) give the search's recall per kind of copy and its
+  precision (pairs found that were not planted count against it).
+- ``edit``: :func:`robocache.data.edit.edit` deleting 1,000 episodes of that cache (``--quick``:
+  10) — Lance deletions and the statistics computed again — for the target of 10 s; then
+  windows (history 2, horizon 16, batches of 256 at random) read from the edited and from an
+  unedited copy, samples/s each (the best of three, alternated): deletions should cost
+  nothing when reading.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from robocache.bench import harness as H
+from robocache.bench.standalone import main
+
+FAMILY = "audit"
+FULL = {"episodes": 76_000, "steps": 300, "copies": 300}
+QUICK = {"episodes": 600, "steps": 60, "copies": 20}
+RATE = 15.0
+
+
+def _packed(episodes: int, steps: int, dim: int, device: str, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(steps // 2, steps * 3 // 2, (episodes,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    n = int(offsets[-1])
+    values = torch.randn(n, dim, generator=g).cumsum(0) * 0.01
+    pad = torch.rand(n, generator=g) < 0.001
+    times = torch.arange(n, dtype=torch.float64) / RATE
+    return values.to(device), offsets.to(device), pad.to(device), times.to(device)
+
+
+def run_checks(episodes: int, steps: int, device: str, copy_gbps) -> list[dict]:
+    from robocache.ops.audit import downsample, longest_runs, stream_checks, timing_checks
+
+    dim = 8
+    values, offsets, pad, times = _packed(episodes, steps, dim, device)
+    b = {k: torch.full((dim,), v) for k, v in (("lo", -5.0), ("hi", 5.0), ("jump", 0.5),
+                                                ("still", 1e-3))}
+
+    def all_checks():
+        c = stream_checks(values, offsets, pad, **b)
+        longest_runs(c.still, offsets)
+        timing_checks(times, offsets, 1 / RATE)
+        return downsample(values, offsets, 32)
+
+    n = values.shape[0]
+    nbytes = n * (dim * 4 + 1 + 8)
+    name = f"E{episodes}-N{n}-D{dim}-fp32"
+    timing = H.gpu_time(all_checks) if device == "cuda" else H.cpu_time(all_checks, repeats=3)
+    impl = "robocache" if device == "cuda" else "robocache_cpu"
+    return [H.case(FAMILY, name, impl, timing, nbytes=nbytes, copy_gbps=copy_gbps)]
+
+
+def write_cache(root: Path, episodes: int, steps: int, copies: int, seed: int = 0
+                ) -> dict[str, list[tuple[int, int]]]:
+    """The synthetic cache at ``root`` (see the module docstring); returns the planted
+    near-duplicate pairs by kind."""
+    import lance
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(steps * 2 // 3, steps * 4 // 3, episodes)
+    kinds = ("noise", "shift", "truncate")
+    planted: dict[str, list[tuple[int, int]]] = {k: [] for k in kinds}
+    copy_of = {}
+    for j, e in enumerate(rng.choice(np.arange(episodes // 2), copies, replace=False)):
+        target = episodes // 2 + j
+        copy_of[target] = (int(e), kinds[j % 3])
+        lengths[target] = lengths[e] if kinds[j % 3] != "truncate" else lengths[e] * 9 // 10
+        planted[kinds[j % 3]].append((int(e), int(target)))
+    schema = pa.schema([("episode_index", pa.int64()), ("step", pa.int64()),
+                        ("timestamp", pa.float64()), ("task", pa.string()),
+                        ("observation/state", pa.list_(pa.float32(), 8)),
+                        ("observation/state_is_pad", pa.bool_()),
+                        ("action", pa.list_(pa.float32(), 7)), ("action_is_pad", pa.bool_())])
+    trajectories: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def episode(e: int):
+        n = int(lengths[e])
+        if e in copy_of:
+            src, kind = copy_of[e]
+            s, a = trajectories[src]
+            if kind == "noise":
+                s = s + rng.normal(0, 0.002 * 2, s.shape).astype(np.float32)
+                a = a + rng.normal(0, 0.002 * 2, a.shape).astype(np.float32)
+            elif kind == "shift":
+                s, a = np.roll(s, 5, 0), np.roll(a, 5, 0)
+            else:
+                s, a = s[:n], a[:n]
+            return s, a
+        t = np.arange(n)[:, None] / RATE
+        phase, freq = rng.uniform(0, 6, (1, 15)), rng.uniform(0.05, 0.4, (1, 15))
+        x = np.sin(2 * np.pi * freq * t + phase).astype(np.float32)
+        return x[:, :8], x[:, 8:]
+
+    def batches():
+        start = 0
+        while start < episodes:
+            stop = min(episodes, start + 2000)
+            cols = {k: [] for k in ("episode_index", "step", "timestamp", "state", "action")}
+            for e in range(start, stop):
+                s, a = episode(e)
+                if e < episodes // 2:
+                    trajectories[e] = (s, a)
+                n = len(s)
+                cols["episode_index"].append(np.full(n, e))
+                cols["step"].append(np.arange(n))
+                cols["timestamp"].append(np.arange(n) / RATE)
+                cols["state"].append(s)
+                cols["action"].append(a)
+            c = {k: np.concatenate(v) for k, v in cols.items()}
+            rows = len(c["step"])
+            yield pa.record_batch([
+                pa.array(c["episode_index"]), pa.array(c["step"]), pa.array(c["timestamp"]),
+                pa.array(["pick up the object"] * rows),
+                pa.FixedSizeListArray.from_arrays(pa.array(c["state"].reshape(-1)), 8),
+                pa.array(np.zeros(rows, bool)),
+                pa.FixedSizeListArray.from_arrays(pa.array(c["action"].reshape(-1)), 7),
+                pa.array(np.zeros(rows, bool))], schema=schema)
+            start = stop
+
+    root.mkdir(parents=True, exist_ok=True)
+    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()),
+                        str(root / "data.lance"))
+    from robocache.data.build.stats import _compute_stats
+    from robocache.data.episode import StreamSpec
+
+    specs = {name: StreamSpec(name, "numeric", "float32", (d,))
+             for name, d in (("observation.state", 8), ("action", 7))}
+    (root / "stats.json").write_text(json.dumps(_compute_stats(root / "data.lance", specs)))
+    streams = {name: {"column": col, "kind": "numeric", "dtype": "float32", "shape": [d],
+                      "dim": d, "source_rate_hz": RATE, "method": "linear"}
+               for name, col, d in (("observation.state", "observation/state", 8),
+                                    ("action", "action", 7))}
+    manifest = {"format": "robocache-cache/1", "source": {"path": "synthetic", "format": "none"},
+                "rate_hz": RATE, "native": True, "streams": streams, "status": "complete",
+                "created": "synthetic", "counts": {"cached": episodes,
+                                                   "rows": int(lengths.sum())},
+                "episodes": [{"index": e, "rows": int(lengths[e]), "task": "pick up the object"}
+                             for e in range(episodes)],
+                "quarantined": [], "stats_path": "stats.json"}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return planted
+
+
+def _read_rate(cache: Path, batches: int = 50) -> float:
+    from robocache.data import RobotDataset
+
+    ds = RobotDataset(cache, history=2, horizon=16)
+    g = torch.Generator().manual_seed(0)
+    idx = [torch.randint(0, len(ds), (256,), generator=g) for _ in range(batches + 3)]
+    for i in idx[:3]:
+        ds[i]
+    t0 = time.perf_counter()
+    for i in idx[3:]:
+        ds[i]
+    return 256 * batches / (time.perf_counter() - t0)
+
+
+def run_edit(root: Path, deleted: int, name: str, device: str) -> dict:
+    import shutil
+
+    from robocache.data.edit import Edit, edit
+
+    plain = root.parent / "unedited"
+    shutil.copytree(root, plain)
+    t0 = time.perf_counter()
+    edit(root, Edit(delete=list(range(0, deleted * 2, 2))))
+    seconds = time.perf_counter() - t0
+    rec = H.case(FAMILY, f"{name}-delete{deleted}", "edit", H.summarize([seconds * 1e3]))
+    rates: dict[str, list[float]] = {"edited": [], "unedited": []}
+    for _ in range(3):  # alternated, the best of each (a shared machine's noise is one-sided)
+        rates["edited"].append(_read_rate(root))
+        rates["unedited"].append(_read_rate(plain))
+    rec.update({"edit_s": seconds,
+                "read_samples_per_s": {k: max(v) for k, v in rates.items()}})
+    return rec
+
+
+def run_cache(episodes: int, steps: int, copies: int, device: str) -> list[dict]:
+    from robocache.data.audit import audit
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "cache"
+        t0 = time.perf_counter()
+        planted = write_cache(root, episodes, steps, copies)
+        written = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        report = audit(root, device=device)
+        seconds = time.perf_counter() - t0
+        edited = run_edit(root, 1000 if episodes >= 10_000 else 10,
+                          f"E{episodes}-steps{steps}-state8-action7", device)
+    found = {(min(e, n), max(e, n)) for r in report["episodes"]
+             for e in [r["index"]] for n in r["metrics"].get("near", [])}
+    want = {p for pairs in planted.values() for p in pairs}
+    recall = {k: sum(p in found for p in pairs) / max(len(pairs), 1)
+              for k, pairs in planted.items()}
+    precision = len(found & want) / max(len(found), 1)
+    timing = H.summarize([seconds * 1e3])
+    name = f"E{episodes}-steps{steps}-state8-action7"
+    rec = H.case(FAMILY, name, "robocache" if device == "cuda" else "robocache_cpu", timing)
+    rec.update({"rows": report and sum(r["rows"] for r in report["episodes"]),
+                "write_s": written, "audit_s": seconds,
+                "episodes_per_s": episodes / seconds,
+                "near_duplicates": {"recall": recall, "precision": precision,
+                                    "found_pairs": len(found), "planted_pairs": len(want)}})
+    return [rec, edited]
+
+
+def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+    cuda = torch.cuda.is_available() and not quick
+    size = QUICK if quick or not cuda else FULL
+    device = "cuda" if cuda else "cpu"
+    out = run_checks(size["episodes"], size["steps"], device, copy_gbps)
+    if cuda:
+        out += run_checks(min(size["episodes"], 2000), size["steps"], "cpu", copy_gbps)
+    return out + run_cache(size["episodes"], size["steps"], size["copies"], device)
+
+
+if __name__ == "__main__":
+    main(run, __doc__)
