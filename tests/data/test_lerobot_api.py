@@ -160,6 +160,29 @@ def test_image_transforms_as_lerobot(cache):
         ds.set_image_transforms(3)
 
 
+def test_delta_timestamps_set_after_construction(cache):
+    """As LeRobot's (its reader is made on the first item): windows set on the dataset are
+    served from the next item on, checked as the constructor checks them."""
+    ds = tiny(cache)
+    ds[0]
+    ds.delta_timestamps = {"observation.state": [-D, 0.0]}
+    want = tiny(cache, delta_timestamps={"observation.state": [-D, 0.0]})
+    for i in (0, 3):
+        assert torch.equal(ds[i]["observation.state"], want[i]["observation.state"])
+        assert torch.equal(ds[i]["observation.state_is_pad"], want[i]["observation.state_is_pad"])
+    with pytest.raises(robocache.errors.DataError, match="empty"):
+        ds.delta_timestamps = {"action": []}
+    ds.delta_timestamps = None
+    assert "observation.state_is_pad" not in ds[0] and ds[0]["observation.state"].shape == (5,)
+
+
+def test_info_to_dict_for_lerobots_writer():
+    m = robocache.LeRobotDatasetMetadata("robocache/tiny", root=FIXTURES / "tiny")
+    d = m.info.to_dict()
+    assert d["features"]["observation.state"]["shape"] == [5] and d is not m.info
+    assert json.loads(json.dumps(d)) == d
+
+
 def test_batches_epochs(cache):
     ds = tiny(cache)
     n = len(ds)

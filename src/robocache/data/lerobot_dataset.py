@@ -219,7 +219,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
                                  "(`episode_filter` is given each row of `meta.episodes`).")
         self.episodes = episodes
         self.image_transforms, self.tolerance_s = image_transforms, tolerance_s
-        self.delta_timestamps, self.return_uint8 = delta_timestamps, return_uint8
+        self._delta_timestamps, self.return_uint8 = delta_timestamps, return_uint8
         self.depth_output_unit, self.video_backend = depth_output_unit, video_backend
         self.camera_codec, self.device = camera_codec, torch.device(device)
         self.camera_quality, self.camera_chroma = camera_quality, camera_chroma
@@ -391,6 +391,26 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return state
 
     # ── LeRobot's attributes ──────────────────────────────────────────
+
+    @property
+    def delta_timestamps(self) -> dict[str, list[float]] | None:
+        if self._recording is not None:
+            return self._recording.delta_timestamps
+        return self._delta_timestamps
+
+    @delta_timestamps.setter
+    def delta_timestamps(self, value: dict[str, list[float]] | None) -> None:
+        """New windows (checked as the constructor checks them), served from the next item
+        on, as LeRobot's reader takes them when it is made."""
+        if self._recording is not None:
+            self._recording.delta_timestamps = value
+            return
+        steps = None if value is None else delta_indices(value, float(self.meta.fps),
+                                                         self.tolerance_s)
+        self._delta_timestamps, self.delta_indices = value, steps
+        self._unserved = [k for k in steps or {}
+                          if k not in self.feature_keys and k not in FRAME_KEYS]
+        self._ds = None  # the cache opened again with these windows
 
     @property
     def fps(self) -> int:

@@ -93,6 +93,14 @@ class DatasetInfo(dict):
     def __setattr__(self, name: str, value: Any) -> None:
         self[name] = value
 
+    def to_dict(self) -> dict:
+        """A JSON-writable copy (features' shapes as lists), as LeRobot's ``to_dict``, for
+        LeRobot's ``write_info``."""
+        out = json.loads(json.dumps(self))  # tuples -> lists, nothing shared
+        if out.get("tools") is None:
+            out.pop("tools", None)
+        return out
+
 
 class EpisodeTable:
     """Per-episode metadata as a table, like the ``datasets.Dataset`` LeRobot's
