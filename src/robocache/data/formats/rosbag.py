@@ -76,6 +76,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -536,7 +537,7 @@ class RosbagSource:
             type_ = _type_name(schema.name) if schema else "(no schema)"
             t = self._new_topic(topics, channel.topic, type_,
                                 lambda: _mcap_decoder(factory, channel, schema, file),
-                                lambda: _schema_nodes(schema, type_))
+                                (lambda: _schema_nodes(schema, type_)) if schema else None)
         t.seen(record.log_time)
         if not t.skipped:
             self._collect(t, record.log_time, record.data, file.name)
@@ -598,7 +599,9 @@ class RosbagSource:
         try:
             with opener as reader:
                 store, unread = _typestore(reader, kind)
-                for conn, log_ns, data in reader.messages():
+                messages = _ros1_messages(bag, {c.id: c for c in reader.connections}) \
+                    if kind == "ros1" else reader.messages()
+                for conn, log_ns, data in messages:
                     t = topics.get(conn.topic)
                     if t is None:
                         t = self._new_topic(topics, conn.topic, conn.msgtype, functools.partial(
@@ -610,6 +613,9 @@ class RosbagSource:
                     if t.skipped:
                         continue
                     self._collect(t, log_ns, data, name)
+            if kind == "ros1":
+                for t in topics.values():
+                    _in_log_order(t)
         except DataError:
             raise
         except Exception as e:  # the storage fails in its own ways on damaged files
@@ -1027,38 +1033,106 @@ def _rosbags_start_ns(bag: Path, files: list[Path]) -> int | None:
         return None
 
 
-def _ros1_start_ns(path: Path) -> int | None:
-    """The earliest ``start_time`` of a ROS 1 bag's chunk-info records (its index, at the end
-    of the file: the chunks themselves are not read)."""
-    import struct
+_U32 = struct.Struct("<I")
 
-    def fields(f) -> dict[str, bytes] | None:
-        head = f.read(4)
-        if len(head) < 4:
-            return None
-        raw = f.read(struct.unpack("<I", head)[0])
-        out, at = {}, 0
-        while at < len(raw):
-            n = struct.unpack_from("<I", raw, at)[0]
-            name, _, value = raw[at + 4:at + 4 + n].partition(b"=")
-            out[name.decode()] = value
-            at += 4 + n
-        f.seek(struct.unpack("<I", f.read(4))[0], 1)  # the record's data
-        return out
+
+def _ros1_fields(raw) -> dict[str, bytes]:
+    """The ``name=value`` fields of a ROS 1 record header."""
+    out, at = {}, 0
+    while at < len(raw):
+        n = _U32.unpack_from(raw, at)[0]
+        name, _, value = bytes(raw[at + 4:at + 4 + n]).partition(b"=")
+        out[name.decode()] = value
+        at += 4 + n
+    return out
+
+
+def _ros1_record(f) -> tuple[dict[str, bytes], int, int] | None:
+    """The next record of a ROS 1 bag file: (header fields, data position, data length),
+    the file left after the data (``None`` at the end)."""
+    head = f.read(4)
+    if len(head) < 4:
+        return None
+    fields = _ros1_fields(f.read(_U32.unpack(head)[0]))
+    size = _U32.unpack(f.read(4))[0]
+    at = f.tell()
+    f.seek(size, 1)
+    return fields, at, size
+
+
+def _ros1_chunks(f) -> list[tuple[int, int]]:
+    """``(chunk position, start ns)`` of each chunk-info record of a ROS 1 bag's index (at the
+    end of the file; ``[]`` without one)."""
+    f.seek(0)
+    if not f.readline().startswith(b"#ROSBAG V2.0"):
+        return []
+    index = struct.unpack("<Q", _ros1_record(f)[0]["index_pos"])[0]
+    if not index:
+        return []
+    f.seek(index)
+    out = []
+    while (record := _ros1_record(f)) is not None:
+        fields = record[0]
+        if fields.get("op") == b"\x06":  # chunk info
+            sec, nsec = struct.unpack("<II", fields["start_time"])
+            out.append((struct.unpack("<Q", fields["chunk_pos"])[0],
+                        sec * 1_000_000_000 + nsec))
+    return out
+
+
+def _ros1_start_ns(path: Path) -> int | None:
+    """The earliest start time of a ROS 1 bag's chunks, from its index (the chunks themselves
+    are not read)."""
+    with open(path, "rb") as f:
+        return min((start for _, start in _ros1_chunks(f)), default=None)
+
+
+def _ros1_messages(path: Path, connections: dict[int, Any]):
+    """``(connection, log ns, message bytes)`` of every message of a ROS 1 bag, chunk after
+    chunk in file order (each chunk decompressed once, its records walked in order): what
+    ``rosbags``' reader gives, without its per-message seeks and time merge."""
+    import bz2
 
     with open(path, "rb") as f:
-        if not f.readline().startswith(b"#ROSBAG V2.0"):
-            return None
-        index = struct.unpack("<Q", fields(f)["index_pos"])[0]
-        if not index:
-            return None
-        f.seek(index)
-        starts = []
-        while (record := fields(f)) is not None:
-            if record.get("op") == b"\x06":  # chunk info
-                sec, nsec = struct.unpack("<II", record["start_time"])
-                starts.append(sec * 1_000_000_000 + nsec)
-        return min(starts, default=None)
+        for pos, _ in sorted(_ros1_chunks(f)):
+            f.seek(pos)
+            fields, at, size = _ros1_record(f)
+            f.seek(at)
+            blob = f.read(size)
+            compression = fields["compression"].decode()
+            if compression == "bz2":
+                blob = bz2.decompress(blob)
+            elif compression == "lz4":
+                blob = require("lz4.frame", "rosbag", "Reading lz4 ROS 1 bags", "lz4"
+                               ).decompress(blob)
+            elif compression != "none":
+                raise DataError(f"{path.name}: chunk compression {compression!r} is not read "
+                                "(read: none, bz2, lz4).")
+            data, at = memoryview(blob), 0
+            while at < len(data):
+                head = _ros1_fields(data[at + 4:at + 4 + _U32.unpack_from(data, at)[0]])
+                at += 4 + _U32.unpack_from(data, at)[0]
+                size = _U32.unpack_from(data, at)[0]
+                at += 4
+                if head.get("op") == b"\x02":  # message data
+                    sec, nsec = struct.unpack("<II", head["time"])
+                    yield (connections[_U32.unpack(head["conn"])[0]],
+                           sec * 1_000_000_000 + nsec, bytes(data[at:at + size]))
+                at += size
+
+
+def _in_log_order(t: _Topic) -> None:
+    """A topic's messages ordered by log time (stable), as ``rosbags``' reader gives them: a
+    ROS 1 bag is read chunk by chunk in file order."""
+    ns = np.asarray(t.log_ns, np.int64)
+    if not np.any(np.diff(ns) < 0):
+        return
+    order = np.argsort(ns, kind="stable")
+    t.log_ns = ns[order].tolist()
+    for name in ("raw", "stamp_ns", "values"):
+        kept = getattr(t, name)
+        if kept:
+            setattr(t, name, [kept[i] for i in order])
 
 
 def _typestore(reader, kind: str):
