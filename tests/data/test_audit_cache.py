@@ -149,10 +149,38 @@ def test_cli_table_json_plot_and_exit_codes(planted, tmp_path):
                                 "--near-duplicate", "0", "--gap-periods", "99", "--json"])
     assert json.loads(clean.output)["counts"]["jump"] == 0
     # refusals: one line, exit 2
-    for args, words in ([str(tmp_path), "--jump", "1"], "not a RoboCache cache"), \
+    for args, words in ([str(tmp_path), "--jump", "1"], "unknown dataset format"), \
+            ([str(planted), "--fps", "10"], "are for a source"), \
             ([str(planted), "--jump", "-1"], "jump"), \
             ([str(planted), "--plot", str(planted / "p")], "never written"), \
             ([str(planted), "--idle-key", "nope"], "idle_keys"):
         res = runner.invoke(app, ["audit", *args])
         assert res.exit_code == 2 and words in res.output, (args, res.output)
         assert res.output.count("\n") == 1
+
+
+def test_a_source_is_ingested_into_a_temporary_cache_and_audited(tmp_path):
+    """The source only read, its temporary cache removed; episodes the ingest quarantines
+    listed with their reason."""
+    eps = planted_episodes()[:6]
+    bad = eps[2].streams["action"].data.copy()
+    bad[5, 0] = np.nan  # an ingest quarantines NaN values
+    eps[2].streams["action"] = type(eps[2].streams["action"])(
+        eps[2].streams["action"].spec, eps[2].streams["action"].times, bad)
+    write_lerobot(tmp_path / "src", eps, SPECS, fps=RATE)
+    before = _files(tmp_path / "src")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    report = A.audit_source(tmp_path / "src", scratch=scratch, device="cpu")
+    assert _files(tmp_path / "src") == before and not any(scratch.iterdir())
+    assert report["source"] == str(tmp_path / "src") and report["cache"] is None
+    flags = {r["index"]: r["flags"] for r in report["episodes"]}
+    assert flags[2] == ["quarantined"] and "NaN" in report["episodes"][-1]["why"]["quarantined"]
+    assert flags[3] == ["jump"] and flags[1] == ["camera_black"]
+    assert report["episodes_checked"] == 5 and report["counts"]["quarantined"] == 1
+    res = CliRunner().invoke(app, ["audit", str(tmp_path / "src"), "--scratch", str(scratch),
+                                   "--device", "cpu"])
+    assert res.exit_code == 3 and "ingested for the audit" in res.output, res.output
+    assert not any(scratch.iterdir())
+    res = CliRunner().invoke(app, ["audit", str(tmp_path / "src"), "--plot", str(tmp_path)])
+    assert res.exit_code == 2 and "--plot draws a cache" in res.output

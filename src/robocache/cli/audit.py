@@ -3,16 +3,18 @@
     $ robocache audit /data/droid.cache
     $ robocache audit /data/droid.cache --json > audit.json
     $ robocache audit /data/droid.cache --jump 0.3 --idle-s 5 --plot worst/
+    $ robocache audit data/sample/panda_multirate          # a source: ingested first
 
 Per episode: timestamp gaps and jitter, streams without samples (padded runs) and cameras
 serving stale frames, black, uniform or repeated camera frames, NaN/inf, values beyond
 q01/q99 by a margin, jumps, frozen streams, idle stretches, unused grippers, short episodes,
 duplicates (identical values) and near-duplicates (signatures within a distance), empty or
-placeholder tasks. Thresholds are the options below
-(defaults and units in docs/curation.md). The cache is only read, in batches (memory bounded
-whatever its size); the checks run on the GPU when there is one. The JSON report (``--json``
-or ``--out``) lists every episode with its flags (:func:`robocache.data.audit.flagged` reads
-the flagged ones back).
+placeholder tasks; episodes the build quarantined. Thresholds are the options below
+(defaults and units in docs/curation.md). A source dataset is ingested at its own rate into a
+temporary cache (``--scratch``), audited, and the cache removed. A cache is only read, in
+batches (memory bounded whatever its size); the checks run on the GPU when there is one. The
+JSON report (``--json`` or ``--out``) lists every episode with its flags
+(:func:`robocache.data.audit.flagged` reads the flagged ones back).
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ def _keys(values: list[str] | None) -> list[str] | None:
 
 
 def audit(
-    cache: Annotated[str, typer.Argument(help="The RoboCache cache: a directory or "
-                                              "s3://BUCKET/PREFIX (gs://, az://).")],
+    cache: Annotated[str, typer.Argument(help="A RoboCache cache (a directory or "
+                                              "s3://BUCKET/PREFIX, gs://, az://), or a "
+                                              "source dataset (ingested into a temporary "
+                                              "cache first).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     out: Annotated[Path, typer.Option("--out", help="Also write the JSON report to this "
                                                     "file.")] = None,
@@ -98,6 +102,13 @@ def audit(
                                                       "streams into this folder (PNG).")]
     = None,
     plot_count: Annotated[int, typer.Option(help="--plot: how many episodes.")] = 4,
+    fps: Annotated[float, typer.Option(help="A source without timestamps (zarr, HDF5, "
+                                            "RLDS): its rate.")] = None,
+    split: Annotated[str, typer.Option(help="An RLDS source: the split (train, val, "
+                                            "train[:95%]...).")] = None,
+    scratch: Annotated[Path, typer.Option(help="A source: where its temporary cache goes "
+                                               "(default: the system's temporary folder; "
+                                               "removed afterwards).")] = None,
     device: Annotated[str, typer.Option(help="Where the checks run: cuda, cpu (default: "
                                              "cuda when available).")] = None,
     rows: Annotated[int, typer.Option(help="Flagged episodes listed in the table (the "
@@ -117,7 +128,10 @@ def audit(
 
     with cli_errors(verbose):
         where = cache_argument(cache)
-        _refuse_source(where)
+        source = _is_source(where)
+        if not source and (fps is not None or split is not None or scratch is not None):
+            raise CommandError("--fps, --split and --scratch are for a source, and "
+                               f"{cache} is a cache", "leave them out")
         tasks = None
         if known_tasks is not None:
             tasks = [t.strip() for t in known_tasks.read_text().splitlines() if t.strip()]
@@ -139,11 +153,21 @@ def audit(
         if device not in (None, "cpu", "cuda") and not str(device).startswith("cuda:"):
             raise CommandError(f"--device must be cpu or cuda; got {device!r}",
                                "pass --device cpu or --device cuda")
-        report = run(where, config, storage_options=storage_options(storage_option),
-                     device=device)
+        if source:
+            from robocache.cli.ingest import source_options
+            from robocache.data.audit import audit_source
+
+            report = audit_source(where, config, scratch=scratch, device=device,
+                                  options=source_options(fps=fps, split=split))
+        else:
+            report = run(where, config, storage_options=storage_options(storage_option),
+                         device=device)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(report) + "\n")
+        if plot is not None and source:
+            raise CommandError("--plot draws a cache's episodes", "ingest the source, then "
+                               "audit the cache with --plot")
         if plot is not None:
             report["plots"] = _plot(where, report, plot, plot_count,
                                     storage_options(storage_option))
@@ -154,14 +178,11 @@ def audit(
     raise typer.Exit(EXIT_FLAGGED if report["flagged"] else EXIT_OK)
 
 
-def _refuse_source(where) -> None:
-    """A path that is not a cache: one line saying to ingest it first."""
+def _is_source(where) -> bool:
+    """Whether ``where`` is a source dataset (a local path that is not a cache)."""
     from robocache.data.cache import is_cache
 
-    if isinstance(where, Path) and where.exists() and not is_cache(where):
-        raise CommandError(f"{where} is not a RoboCache cache; audit checks a cache's aligned "
-                           "episodes", f"ingest it first (robocache ingest {where} DEST), "
-                           "then run robocache audit DEST")
+    return isinstance(where, Path) and where.exists() and not is_cache(where)
 
 
 def _print(report: dict, rows: int) -> None:
@@ -173,7 +194,8 @@ def _print(report: dict, rows: int) -> None:
 
     console = make_console()
     n, flagged = report["episodes_checked"], report["flagged"]
-    console.print(f"[bold]{report['cache']}[/] (version {report['version']}, "
+    what = report["cache"] or f"{report['source']} (ingested for the audit)"
+    console.print(f"[bold]{what}[/] (version {report['version']}, "
                   f"{report['rate_hz']:g} Hz): {n} episodes checked on {report['device']}, "
                   f"{flagged} flagged")
     counts = {k: v for k, v in report["counts"].items() if v}
@@ -207,7 +229,8 @@ def _plot(where, report: dict, folder: Path, count: int, options) -> list[str]:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    bad = sorted((r for r in report["episodes"] if r["flags"]), key=score, reverse=True)[:count]
+    bad = sorted((r for r in report["episodes"] if r["flags"] and r["rows"]), key=score,
+                 reverse=True)[:count]  # (a quarantined episode has no rows to draw)
     if not bad:
         return []
     location = Location(where, options)

@@ -85,8 +85,11 @@ def edit(
         doomed = parse_episodes(delete) if delete is not None else None
         if drop_flagged is not None:
             from robocache.data.audit import flagged
+            from robocache.data.location import Location
 
-            doomed = sorted(flagged(drop_flagged, drop_flag or None))
+            cached = {int(e["index"]) for e in Location(cache).manifest()["episodes"]}
+            # (a report also lists the episodes the build quarantined: not in the cache)
+            doomed = sorted(flagged(drop_flagged, drop_flag or None) & cached)
             if not doomed and not (renames or split is not None or recompute_stats):
                 raise CommandError(f"{drop_flagged} flags no episode"
                                    + (f" with {', '.join(drop_flag)}" if drop_flag else ""),

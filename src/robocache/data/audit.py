@@ -51,7 +51,7 @@ NEAR_BLOCK = 2048
 FLAGS = ("short", "timestamp_gap", "timestamp_jitter", "stream_gap", "nonfinite",
          "out_of_range", "jump", "frozen", "idle", "gripper_unused", "camera_black",
          "camera_constant", "camera_duplicate", "duplicate", "near_duplicate", "task_empty",
-         "task_unknown")
+         "task_unknown", "quarantined")
 #: Camera frames decoded at once by the pixel checks.
 FRAME_BATCH = 1024
 
@@ -323,6 +323,43 @@ def audit(cache: str | Path, config: AuditConfig | None = None, *,
             if config.cameras else {}
     return _report(location, manifest, version, config, plans, idle, signature, grippers,
                    found, dev, pixels)
+
+
+def audit_source(source: str | Path, config: AuditConfig | None = None, *,
+                 scratch: str | Path | None = None, device: str | torch.device | None = None,
+                 options: Mapping[str, Any] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Audit a source dataset: ingested at its own rate into a temporary cache (in
+    ``scratch``, default the system's temporary folder; removed afterwards, whatever
+    happens), audited as a cache. The source is only read. Episodes the ingest quarantines
+    (a malformed episode, NaN values, timestamps off the grid...) are listed with the flag
+    ``quarantined`` and the ingest's reason.
+
+    Args:
+        source: a dataset path (any format ``robocache ingest`` reads).
+        options: the reader's options (``fps``, ``split``..., as ``robocache ingest``).
+
+    Returns:
+        The report of :func:`audit`, its ``source`` naming the dataset and ``cache`` None.
+
+    Raises:
+        DataError: an unreadable source, or the errors of :func:`audit`.
+    """
+    import shutil
+    import tempfile
+
+    from robocache.data.cache import build
+    from robocache.data.formats import open_source
+
+    src = open_source(Path(source), **dict(options or {}))
+    tmp = Path(tempfile.mkdtemp(prefix="robocache-audit-", dir=scratch))
+    try:
+        build(src, tmp / "cache", progress=False, log=lambda msg: None,
+              device=str(_pick_device(device)))
+        report = audit(tmp / "cache", config, device=device, progress=progress)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {**report, "cache": None, "source": str(source)}
 
 
 def _numpy(batch, columns: Sequence[str]) -> dict[str, np.ndarray]:
@@ -634,6 +671,10 @@ def _report(location, manifest, version: int, config: AuditConfig, plans, idle, 
             if m["cameras"]:
                 record["cameras"] = m["cameras"]
         records.append(record)
+    for q in manifest.get("quarantined", []):  # episodes the build could not cache
+        records.append({"index": int(q["index"]), "rows": 0, "duration_s": 0.0, "task": None,
+                        "flags": ["quarantined"], "why": {"quarantined": str(q["reason"])},
+                        "metrics": {}})
     counts = {f: sum(f in r["flags"] for r in records) for f in FLAGS}
     return {"format": REPORT_FORMAT, "cache": location.uri, "created": manifest.get("created"),
             "cache_version": int(manifest.get("version", 1)), "version": version,
@@ -641,7 +682,7 @@ def _report(location, manifest, version: int, config: AuditConfig, plans, idle, 
             "thresholds": config.thresholds(),
             "streams": {"checked": list(plans), "idle": idle, "signature": signature,
                         "grippers": grippers},
-            "episodes_checked": len(records),
+            "episodes_checked": len(found.index),
             "flagged": sum(bool(r["flags"]) for r in records), "counts": counts,
             "episodes": records}
 
@@ -650,8 +691,8 @@ def score(record: Mapping[str, Any]) -> float:
     """How bad an episode of a report looks (what ``--plot`` and the table sort by): its
     flags first, then how far its worst measure is beyond its bound."""
     m = record["metrics"]
-    return len(record["flags"]) * 1000.0 + min(999.0, m["max_step"] + m["nonfinite"]
-                                               + m["out_of_range"] + m["idle_s"])
+    return len(record["flags"]) * 1000.0 + min(999.0, sum(
+        m.get(k, 0.0) for k in ("max_step", "nonfinite", "out_of_range", "idle_s")))
 
 
 def read_report(report: str | Path | Mapping[str, Any]) -> dict[str, Any]:
