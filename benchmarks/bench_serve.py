@@ -174,6 +174,14 @@ def synthetic_cache(dest: Path, template: Path, episodes: int, steps: int,
     return dest
 
 
+def unique(frame: bytes, i: int) -> bytes:
+    """JPEG ``frame`` with a comment segment holding ``i`` after its start marker: the same
+    pixels, bytes of its own (a table of a few distinct frames repeated would be stored as a
+    dictionary of them: Lance encodes low-cardinality columns so, and nothing would be read
+    from the disk)."""
+    return frame[:2] + b"\xff\xfe\x00\x0a" + int(i).to_bytes(8, "little") + frame[2:]
+
+
 def _frame_batches(schema, pool: list[bytes], rows: int, steps: int, cam: int):
     """A synthetic frame table's record batches (~256 MB each): camera ``cam``'s frame of
     every step, cycled from ``pool``."""
@@ -184,7 +192,8 @@ def _frame_batches(schema, pool: list[bytes], rows: int, steps: int, cam: int):
         g = np.arange(a, min(a + per, rows))
         cols = {"episode_index": g // steps, "frame": g % steps, "source_frame": g % steps,
                 "timestamp": (g % steps) / 30.0,
-                "encoded": pa.array([pool[(i * 7 + cam) % len(pool)] for i in g], pa.binary())}
+                "encoded": pa.array([unique(pool[(i * 7 + cam) % len(pool)], i) for i in g],
+                                    pa.binary())}
         yield pa.record_batch([cols[f.name] for f in schema], schema=schema)
 
 

@@ -186,6 +186,11 @@ class VideoPackets:
     def __len__(self) -> int:
         return len(self.wanted)
 
+    def read(self, rows: torch.Tensor) -> tuple[VideoPackets, torch.Tensor]:
+        """The packets ``rows`` need: already read, ``(self, rows)`` (as an in-memory store
+        answers, for a batch read ahead)."""
+        return self, rows
+
     def decode(self, rows: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
         """Frames ``rows`` (int ``[N]``, indices into the frames asked for) decoded: uint8
         ``[N, 3, H, W]`` on ``device``; each GOP they need decoded once, on a thread each.
