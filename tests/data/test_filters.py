@@ -194,3 +194,25 @@ def test_inspect_says_what_the_filters_serve(cache, tmp_path):
     res = runner.invoke(app, ["inspect", str(cache), "--keep-ranges",
                               str(FIXTURES / "droid_keep_ranges.json")])
     assert res.exit_code == 2 and "--episode-keys" in res.output
+
+
+def _open_in_child(cache, ranges, out):
+    ds = RobotDataset(cache, keys=["action"], keep_ranges=ranges)
+    out.put((len(ds), str(ds.served.path)))
+
+
+def test_a_process_forked_after_lance_opens_the_same_filtered_index(cache):
+    """A dataset made in a process forked after Lance ran goes through the reader process:
+    the keep ranges go with the request (the same served index, not the unfiltered one)."""
+    import multiprocessing as mp
+
+    ranges = {"format": "robocache-keep-ranges/1", "unlisted": "keep",
+              "episodes": {"1": [[10, 20], [30, 40]]}}
+    ds = RobotDataset(cache, keys=["action"], keep_ranges=ranges)
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_open_in_child, args=(cache, ranges, out))
+    child.start()
+    got = out.get(timeout=120)
+    child.join(timeout=60)
+    assert got == (len(ds), str(ds.served.path)) and child.exitcode == 0
