@@ -20,6 +20,7 @@ JSON report (``--json`` or ``--out``) lists every episode with its flags
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -111,6 +112,8 @@ def audit(
                                                "removed afterwards).")] = None,
     device: Annotated[str, typer.Option(help="Where the checks run: cuda, cpu (default: "
                                              "cuda when available).")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar (on a terminal).")]
+    = True,
     rows: Annotated[int, typer.Option(help="Flagged episodes listed in the table (the "
                                            "worst first; the JSON lists all).")] = 20,
     storage_option: list[str] = storage_option_flag(),
@@ -153,15 +156,17 @@ def audit(
         if device not in (None, "cpu", "cuda") and not str(device).startswith("cuda:"):
             raise CommandError(f"--device must be cpu or cuda; got {device!r}",
                                "pass --device cpu or --device cuda")
-        if source:
-            from robocache.cli.ingest import source_options
-            from robocache.data.audit import audit_source
+        with _bar(progress) as tick:
+            if source:
+                from robocache.cli.ingest import source_options
+                from robocache.data.audit import audit_source
 
-            report = audit_source(where, config, scratch=scratch, device=device,
-                                  options=source_options(fps=fps, split=split))
-        else:
-            report = run(where, config, storage_options=storage_options(storage_option),
-                         device=device)
+                report = audit_source(where, config, scratch=scratch, device=device,
+                                      options=source_options(fps=fps, split=split),
+                                      progress=tick)
+            else:
+                report = run(where, config, storage_options=storage_options(storage_option),
+                             device=device, progress=tick)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(report) + "\n")
@@ -176,6 +181,24 @@ def audit(
     else:
         _print(report, rows)
     raise typer.Exit(EXIT_FLAGGED if report["flagged"] else EXIT_OK)
+
+
+@contextmanager
+def _bar(enabled: bool):
+    """A rich progress bar of the rows checked on stderr (a terminal only), as a callback
+    ``(done, total)``; None when off."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if not (enabled and console.is_terminal):
+        yield None
+        return
+    with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed:,} of "
+                  "{task.total:,} steps"), TimeRemainingColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("audit", total=0)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _is_source(where) -> bool:
