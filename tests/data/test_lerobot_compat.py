@@ -132,7 +132,8 @@ def test_raw_rows_equal_lerobot(caches, name):
     assert set(rows[0]) == set(want)
     for k, w in want.items():
         if w.dtype.kind == "U":
-            assert [json.dumps(r[k]) for r in rows] == w.tolist(), k
+            got = [r[k] if isinstance(r[k], str) else json.dumps(r[k]) for r in rows]
+            assert got == w.tolist(), k
             continue
         got = torch.stack([r[k] for r in rows]).numpy()
         assert got.dtype == w.dtype and got.shape == w.shape, (k, got.dtype, got.shape)

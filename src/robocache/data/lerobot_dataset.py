@@ -237,8 +237,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
                                                                "count", "q01", "q99")}
                                for k, d in stats.items()}
         self.meta.rescale_depth_stats(depth_output_unit)  # as the frames are served
-        # served: numeric and camera features (sparse string events of the multi-rate
-        # extension are not item keys in LeRobot)
+        # served from the cache: numeric and camera features (string features and language
+        # columns come from the data files' rows: _read_rows)
         self.feature_keys = [k for k in self.meta.features if k in streams
                              and streams[k]["kind"] in ("numeric", "image", "video")]
         self._cameras = [k for k in self.feature_keys if streams[k]["kind"] in ("image", "video")]
@@ -354,18 +354,21 @@ class LeRobotDataset(torch.utils.data.Dataset):
         dev = ds.device
         self._ds, self._from_index, self._task_index = ds, from_index.to(dev), lut[ds.task_id]
         self._task_index = self._task_index.to(dev)
-        self._language = self._read_language()
+        self._language = self._read_rows()
 
     @property
-    def _language_keys(self) -> list[str]:
-        """LeRobot's language columns of the dataset (``dtype: "language"``)."""
-        return [k for k, f in self.meta.features.items() if f.get("dtype") == "language"]
+    def _row_keys(self) -> dict[str, str]:
+        """The features served from the data files' rows, not the cache: LeRobot's language
+        columns (``dtype: "language"``) and ``string`` features -> their dtype."""
+        return {k: f["dtype"] for k, f in self.meta.features.items()
+                if f.get("dtype") in ("language", "string")}
 
-    def _read_language(self) -> dict[str, dict[int, list]]:
-        """The served episodes' language columns from the dataset's data files: per column,
-        LeRobot's ``index`` -> the frame's list of message rows, as LeRobot serves them (a
-        ``timestamp`` as the float32 its schema stores, ``tool_calls`` parsed from JSON)."""
-        keys = self._language_keys
+    def _read_rows(self) -> dict[str, dict[int, Any]]:
+        """The served episodes' language columns and ``string`` features from the dataset's
+        data files: per key, LeRobot's ``index`` -> the frame's value as LeRobot serves it (a
+        string; a language column's list of message rows, a row's ``timestamp`` as the
+        float32 its schema stores and its ``tool_calls`` parsed from JSON)."""
+        keys = self._row_keys
         if not keys:
             return {}
         pq = require("pyarrow.parquet", "data", "Parquet files")
@@ -373,14 +376,16 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
         source = LeRobotSource(self.root)
         wanted = self.episodes if self.episodes is not None else source.episode_indices()
-        out: dict[str, dict[int, list]] = {k: {} for k in keys}
+        out: dict[str, dict[int, Any]] = {k: {} for k in keys}
         for path in dict.fromkeys(source._data_path(e) for e in wanted):
             have = set(pq.read_schema(path).names)
             table = pq.read_table(path, columns=["index", *[k for k in keys if k in have]])
             index = table.column("index").to_pylist()
-            for k in keys:
+            for k, dtype in keys.items():
                 rows = table.column(k).to_pylist() if k in have else [None] * len(index)
-                out[k].update(zip(index, map(_language_rows, rows), strict=True))
+                if dtype == "language":
+                    rows = map(_language_rows, rows)
+                out[k].update(zip(index, rows, strict=True))
         return out
 
     def __getstate__(self) -> dict[str, Any]:
@@ -714,7 +719,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
         if self._language:
             index = out["index"].tolist()
             for k, values in self._language.items():
-                out[k] = [values.get(i, []) for i in index]
+                empty = [] if self._row_keys[k] == "language" else None
+                out[k] = [values.get(i, empty) for i in index]
         return out
 
     def _frames(self, key: str, v: torch.Tensor, own: bool = False) -> torch.Tensor:
