@@ -17,8 +17,13 @@ path); later uses reuse it and add the episodes it lacks. Items follow LeRobot 0
 float32, integers as int64, bools as bool, image and video features as float32 ``[C, H, W]`` in
 [0, 1] (video features uint8 with ``return_uint8=True``; image features keep their PNG bytes,
 videos are decoded once when the cache is built and stored as JPEG frames, or PNG with
-``camera_codec="png"``), plus ``timestamp`` (float32), ``frame_index``, ``episode_index``,
-``index``, ``task_index`` (int64) and ``task`` (str).
+``camera_codec="png"``; depth features float32 ``[1, H, W]`` in ``depth_output_unit``; a video
+key's window of one offset ``[C, H, W]``), ``string`` features and language columns as
+LeRobot serves them (read from the data files), plus ``timestamp`` (float32),
+``frame_index``, ``episode_index``, ``index``, ``task_index`` (int64) and ``task`` (str).
+
+``LeRobotDataset.create`` / ``resume`` record through LeRobot's own writer (where LeRobot is
+installed); after ``finalize()`` the dataset serves what was saved.
 
 ``__getitem__`` serves ``torch.utils.data.DataLoader`` one item at a time; ``__getitems__``
 (what a DataLoader calls with a batch of indices) gathers the whole batch at once, and
