@@ -1,4 +1,4 @@
-"""Benchmark reading ROS 2 bags (MCAP) and ingesting them: where does the time go?
+"""Benchmark reading ROS bags (MCAP, sqlite3, ROS 1) and ingesting them: where does the time go?
 
     $ robocache bench rosbag --json benchmarks/results/rosbag.json
     $ taskset -c 0 python benchmarks/bench_rosbag.py --json rosbag.json     # per core
@@ -21,6 +21,10 @@ core):
 - ``episodes``: :class:`~robocache.data.formats.rosbag.RosbagSource` opened and reading every
   bag into episodes (decode, field extraction, joint reordering, stream assembly): what
   ingest consumes.
+- ``episodes-sqlite3``, ``episodes-ros1``: the same messages rewritten by ``rosbags``' writers
+  as rosbag2 sqlite3 bags (``.db3``, message definitions stored) and ROS 1 bags (lz4 chunks),
+  read into the same episodes: each storage's speed on the same content, beside ``episodes``
+  (MCAP).
 - ``ingest``: ``robocache.cache.build`` of the bags at 50 Hz (alignment on the GPU when there
   is one; camera frames kept as their JPEG bytes), beside ``episodes`` to show whether reading
   bounds it. Its ``stages`` split one pass over the episodes (after a warm-up episode) into
@@ -118,6 +122,42 @@ def write_bags(root: Path, kind: str, bags: int, seconds: float,
     return count, sum(p.stat().st_size for p in root.glob("*.mcap"))
 
 
+def rewrite(root: Path, storage: str) -> Path:
+    """The MCAP bags under ``root`` rewritten with ``rosbags``' writers beside them: a folder
+    of rosbag2 sqlite3 bags (``storage="sqlite3"``, the CDR bytes as they are) or of ROS 1
+    bags (``"ros1"``, lz4 chunks, the messages in ROS 1's serialization)."""
+    from rosbags.rosbag1 import Writer as Ros1Writer
+    from rosbags.rosbag2 import Writer as Ros2Writer
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    from robocache.data.formats.rosbag import iter_messages
+
+    out = root.parent / f"{root.name}-{storage}"
+    out.mkdir()
+    for path in sorted(root.glob("*.mcap")):
+        store = get_typestore(Stores.EMPTY)
+        with open(path, "rb") as f:
+            messages = list(iter_messages(f))
+        for schema in {s.name: s for _, s, _ in messages}.values():
+            store.register(get_types_from_msg(schema.data.decode(), schema.name))
+        if storage == "sqlite3":
+            writer = Ros2Writer(out / path.stem, version=8)
+        else:
+            writer = Ros1Writer(out / f"{path.stem}.bag")
+            writer.set_compression(Ros1Writer.CompressionFormat.LZ4)
+        with writer as w:
+            conns = {}
+            for channel, schema, r in messages:
+                conn = conns.get(channel.topic)
+                if conn is None:
+                    conn = conns[channel.topic] = w.add_connection(channel.topic, schema.name,
+                                                                   typestore=store)
+                data = r.data if storage == "sqlite3" else store.cdr_to_ros1(r.data,
+                                                                              schema.name)
+                w.write(conn, r.log_time, data)
+    return out
+
+
 def _records(files: list[Path], decode: bool) -> int:
     from mcap_ros2.decoder import DecoderFactory
 
@@ -177,10 +217,16 @@ def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
                 for i in src.episode_indices():
                     src.read(i)
 
+            others = {storage: rewrite(root, storage) for storage in ("sqlite3", "ros1")}
+            for other in others.values():
+                episodes(other)  # a warm-up pass: the bags in the page cache
+
             name = f"{kind}-{len(files)}bags-{nbytes / 1e6:.0f}MB"
             passes = (("records", lambda files=files: _records(files, False)),
                       ("decode", lambda files=files: _records(files, True)),
-                      ("episodes", episodes))
+                      ("episodes", episodes),
+                      *((f"episodes-{storage}", lambda other=other: episodes(other))
+                        for storage, other in others.items()))
             kept = []
             for impl, fn in passes:
                 samples = []
