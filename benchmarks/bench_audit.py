@@ -9,14 +9,15 @@ Cases:
 
 - ``checks``: :func:`robocache.ops.audit.stream_checks` of one ``[N, D]`` float32 stream,
   :func:`~robocache.ops.audit.longest_runs`, :func:`~robocache.ops.audit.timing_checks` and
-  :func:`~robocache.ops.audit.downsample` over E packed episodes, on the GPU (``robocache``)
+  :func:`~robocache.ops.audit.sample_every` over E packed episodes, on the GPU (``robocache``)
   and on the CPU (``robocache_cpu``); minimum bytes: the values, pads and timestamps read once.
 - ``cache``: :func:`robocache.data.audit.audit` of the synthetic cache, written straight as a
   Lance table beside a manifest and statistics (no camera): wall time (the scan of
   ``data.lance`` included) for the target of 60 s on one node with a GPU. Its planted
-  near-duplicates (copies of other episodes with noise of 0.2 % of the range; copies shifted
-  by 5 steps; copies truncated by 10 %) give the search's recall per kind of copy and its
-  precision (pairs found that were not planted count against it).
+  near-duplicates (copies of other episodes with noise of 0.2 % of the range; copies cut
+  at their start by 5 steps, a third of a second; copies cut at their end by 10 %) give
+  the search's recall per kind of copy and its precision (pairs found that were not planted
+  count against it).
 - ``edit``: :func:`robocache.data.edit.edit` deleting 1,000 episodes of that cache (``--quick``:
   10) — Lance deletions and the statistics computed again — for the target of 10 s; then
   windows (history 2, horizon 16, batches of 256 at random) read from the edited and from an
@@ -55,7 +56,7 @@ def _packed(episodes: int, steps: int, dim: int, device: str, seed: int = 0):
 
 
 def run_checks(episodes: int, steps: int, device: str, copy_gbps) -> list[dict]:
-    from robocache.ops.audit import downsample, longest_runs, stream_checks, timing_checks
+    from robocache.ops.audit import longest_runs, sample_every, stream_checks, timing_checks
 
     dim = 8
     values, offsets, pad, times = _packed(episodes, steps, dim, device)
@@ -66,7 +67,7 @@ def run_checks(episodes: int, steps: int, device: str, copy_gbps) -> list[dict]:
         c = stream_checks(values, offsets, pad, **b)
         longest_runs(c.still, offsets)
         timing_checks(times, offsets, 1 / RATE)
-        return downsample(values, offsets, 32)
+        return sample_every(values, offsets, RATE * 0.5, 64)
 
     n = values.shape[0]
     nbytes = n * (dim * 4 + 1 + 8)
@@ -91,7 +92,8 @@ def write_cache(root: Path, episodes: int, steps: int, copies: int, seed: int = 
     for j, e in enumerate(rng.choice(np.arange(episodes // 2), copies, replace=False)):
         target = episodes // 2 + j
         copy_of[target] = (int(e), kinds[j % 3])
-        lengths[target] = lengths[e] if kinds[j % 3] != "truncate" else lengths[e] * 9 // 10
+        lengths[target] = {"noise": lengths[e], "shift": lengths[e] - 5,
+                           "truncate": lengths[e] * 9 // 10}[kinds[j % 3]]
         planted[kinds[j % 3]].append((int(e), int(target)))
     schema = pa.schema([("episode_index", pa.int64()), ("step", pa.int64()),
                         ("timestamp", pa.float64()), ("task", pa.string()),
@@ -108,8 +110,8 @@ def write_cache(root: Path, episodes: int, steps: int, copies: int, seed: int = 
             if kind == "noise":
                 s = s + rng.normal(0, 0.002 * 2, s.shape).astype(np.float32)
                 a = a + rng.normal(0, 0.002 * 2, a.shape).astype(np.float32)
-            elif kind == "shift":
-                s, a = np.roll(s, 5, 0), np.roll(a, 5, 0)
+            elif kind == "shift":  # cut at its start: the same motion, 5 steps earlier
+                s, a = s[5:], a[5:]
             else:
                 s, a = s[:n], a[:n]
             return s, a

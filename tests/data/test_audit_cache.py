@@ -9,6 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from audit_episodes import EPISODES, PLANTED, RATE, SPECS, planted_episodes
 from typer.testing import CliRunner
 
@@ -184,3 +185,22 @@ def test_a_source_is_ingested_into_a_temporary_cache_and_audited(tmp_path):
     assert not any(scratch.iterdir())
     res = CliRunner().invoke(app, ["audit", str(tmp_path / "src"), "--plot", str(tmp_path)])
     assert res.exit_code == 2 and "--plot draws a cache" in res.output
+
+
+def test_near_pairs_match_copies_with_noise_and_cut_short():
+    """Signatures on a common time axis: a copy with noise and a copy cut short by a tenth
+    match their original; a quarter of it, or another trajectory, do not."""
+    rng = np.random.default_rng(0)
+    p, d = 40, 3
+    t = np.arange(p)[:, None] / 8
+    base = 0.5 + 0.4 * np.sin(t + np.arange(d))
+    other = 0.5 + 0.4 * np.sin(1.7 * t + 2 * np.arange(d))
+    sigs = np.stack([base, base + rng.normal(0, 1e-3, base.shape), base, base, other])
+    valid = np.ones((5, p), bool)
+    valid[2, 36:] = False  # cut short by a tenth
+    valid[3, 10:] = False  # a quarter
+    sigs[~valid] = 0
+    for dev in ("cpu",) + (("cuda",) if torch.cuda.is_available() else ()):
+        pairs = {(a, b) for a, b, _ in A._near_pairs(sigs, valid, 0.01, 0.8,
+                                                     torch.device(dev))}
+        assert pairs == {(0, 1), (0, 2), (1, 2)}, dev

@@ -9,10 +9,15 @@ import torch
 from helpers import seeded
 
 from robocache.errors import DTypeError, ShapeError
-from robocache.ops.audit import downsample, longest_runs, stream_checks, timing_checks
+from robocache.ops.audit import (
+    longest_runs,
+    sample_every,
+    stream_checks,
+    timing_checks,
+)
 from robocache.reference.audit import (
-    downsample_ref,
     longest_runs_ref,
+    sample_every_ref,
     stream_checks_ref,
     timing_checks_ref,
 )
@@ -101,15 +106,16 @@ def test_timing_checks_match_reference(episodes):
     np.testing.assert_allclose(jitter.numpy(), want_jitter, rtol=1e-9, atol=1e-6)
 
 
-@pytest.mark.parametrize("points", [2, 7, 32])
-def test_downsample_matches_np_interp(points):
+@pytest.mark.parametrize("stride,points", [(1.0, 5), (2.5, 7), (7.5, 64), (0.3, 3)])
+def test_sample_every_matches_np_interp(stride, points):
     rng = seeded()
     lengths = rng.integers(1, 60, 9)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     x = rng.normal(size=(int(offsets[-1]), 3))
-    got = downsample(torch.from_numpy(x), torch.from_numpy(offsets), points)
-    np.testing.assert_allclose(got.numpy(), downsample_ref(x, offsets, points), rtol=1e-12,
-                               atol=1e-12)
+    got, ok = sample_every(torch.from_numpy(x), torch.from_numpy(offsets), stride, points)
+    want, want_ok = sample_every_ref(x, offsets, stride, points)
+    np.testing.assert_array_equal(ok.numpy(), want_ok)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
 
 
 def test_validation():
@@ -132,8 +138,10 @@ def test_validation():
         timing_checks(torch.zeros(4), off, 0.1)
     with pytest.raises(ShapeError, match="period"):
         timing_checks(torch.zeros(4, dtype=torch.float64), off, 0.0)
+    with pytest.raises(ShapeError, match="stride"):
+        sample_every(x, off, 0.0, 4)
     with pytest.raises(ShapeError, match="points"):
-        downsample(x, off, 1)
+        sample_every(x, off, 1.0, 0)
 
 
 @pytest.mark.gpu
@@ -149,5 +157,6 @@ def test_cuda_matches_cpu():
     for a, b in zip(cpu, gpu, strict=True):
         torch.testing.assert_close(b.cpu(), a)
     off = torch.from_numpy(offsets)
-    torch.testing.assert_close(downsample(torch.from_numpy(x).cuda(), off.cuda(), 16).cpu(),
-                               downsample(torch.from_numpy(x), off, 16), equal_nan=True)
+    for a, b in zip(sample_every(torch.from_numpy(x).cuda(), off.cuda(), 2.5, 16),
+                    sample_every(torch.from_numpy(x), off, 2.5, 16), strict=True):
+        torch.testing.assert_close(a.cpu(), b, equal_nan=True)

@@ -83,8 +83,14 @@ def audit(
     near_duplicate: Annotated[float, typer.Option(help="Near-duplicates: signatures within "
                                                        "this rms distance (range units; 0: "
                                                        "off).")] = 0.01,
-    signature_points: Annotated[int, typer.Option(help="Points of a trajectory signature.")]
-    = 32,
+    signature_points: Annotated[int, typer.Option(help="Samples of a trajectory signature "
+                                                       "(longer episodes: their start).")]
+    = 64,
+    signature_step_s: Annotated[float, typer.Option(help="Seconds between a signature's "
+                                                         "samples.")] = 0.5,
+    min_overlap: Annotated[float, typer.Option(help="Near-duplicates share at least this "
+                                                    "fraction of the longer signature.")]
+    = 0.8,
     known_tasks: Annotated[Path, typer.Option(help="A file of the known tasks, one a line "
                                                    "(default: any task that is not empty or a "
                                                    "placeholder).")] = None,
@@ -150,7 +156,9 @@ def audit(
                              idle_tolerance=idle_tolerance, idle_keys=_keys(idle_keys),
                              gripper_keys=_keys(gripper_keys), gripper_span=gripper_span,
                              min_steps=min_steps, near_duplicate=near_duplicate,
-                             signature_points=signature_points, known_tasks=tasks,
+                             signature_points=signature_points,
+                             signature_step_s=signature_step_s, min_overlap=min_overlap,
+                             known_tasks=tasks,
                              cameras=cameras, black_level=black_level,
                              constant_std=constant_std, camera_fraction=camera_fraction)
         if device not in (None, "cpu", "cuda") and not str(device).startswith("cuda:"):

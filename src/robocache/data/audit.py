@@ -9,7 +9,7 @@ each numeric stream and every stream's pad column, :data:`SCAN_ROWS` rows a batc
 gathered as their rows arrive and checked :data:`CHUNK_ROWS` rows at a time with the
 vectorised checks of :mod:`robocache.ops.audit`, on the GPU when there is one. Memory is
 bounded by a chunk plus, per episode, a few numbers and its trajectory signature
-(``signature_points`` x the dimensions of the signature streams, float32) for the
+(``signature_points`` x the dimensions of the signature streams, float32, and a mask) for the
 near-duplicate search. A camera's timing is checked from the offset of the frame served at
 each step; its pixels (black, uniform and repeated frames) from a second scan, of its frame
 table, :data:`FRAME_BATCH` frames decoded at a time (nvJPEG on a GPU; ``cameras=False``
@@ -93,9 +93,14 @@ class AuditConfig:
             fraction of its range.
         min_steps: episodes with fewer steps are short (16: a usual action chunk).
         near_duplicate: two episodes are near-duplicates when their signatures (the
-            signature streams resampled to ``signature_points`` points from first to last
-            step, in units of the range) differ by less than this root mean square.
-        signature_points: points of a signature.
+            signature streams in units of the range, sampled every ``signature_step_s`` from
+            the first step) differ by at most this root mean square over the samples both
+            have, and those cover at least ``min_overlap`` of the longer's (a copy cut short
+            at its end matches its original).
+        signature_points: samples of a signature (an episode longer than
+            ``signature_points * signature_step_s`` is compared on its start).
+        signature_step_s: seconds between a signature's samples.
+        min_overlap: the fraction of the longer signature two must share to be compared.
         signature_keys: the signature's streams (default: as ``idle_keys``).
         known_tasks: tasks an episode may carry (default: any non-empty task that is not a
             placeholder such as ``unknown`` or ``n/a``, :data:`PLACEHOLDER_TASKS`).
@@ -120,7 +125,9 @@ class AuditConfig:
     gripper_span: float = 0.05
     min_steps: int = 16
     near_duplicate: float = 0.01
-    signature_points: int = 32
+    signature_points: int = 64
+    signature_step_s: float = 0.5
+    min_overlap: float = 0.8
     signature_keys: Sequence[str] | None = None
     known_tasks: Sequence[str] | None = None
     cameras: bool = True
@@ -138,7 +145,12 @@ class AuditConfig:
                                                and math.isfinite(value) and value >= 0):
                 raise DataError(f"audit threshold `{name}` must be a finite number >= 0; got "
                                 f"{value!r}.")
-        for name, low in (("min_steps", 0), ("signature_points", 2)):
+        if not (isinstance(self.signature_step_s, (int, float)) and self.signature_step_s > 0
+                and 0 < self.min_overlap <= 1):
+            raise DataError("audit settings `signature_step_s` must be > 0 seconds and "
+                            f"`min_overlap` in (0, 1]; got {self.signature_step_s!r}, "
+                            f"{self.min_overlap!r}.")
+        for name, low in (("min_steps", 0), ("signature_points", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise DataError(f"audit setting `{name}` must be an integer >= {low}; got "
@@ -176,6 +188,7 @@ class _Episodes:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     signatures: list[np.ndarray] = field(default_factory=list)
+    valid: list[np.ndarray] = field(default_factory=list)
 
 
 def _pick_device(device: str | torch.device | None) -> torch.device:
@@ -383,7 +396,7 @@ def _check_chunk(ready, plans: dict[str, _Stream], pads: dict[str, str],
                  expected: dict[int, int], dev: torch.device, found: _Episodes) -> int:
     """Check the episodes whose rows are in ``ready``; append their results to ``found``;
     return the rows checked."""
-    from robocache.ops.audit import downsample, longest_runs, stream_checks, timing_checks
+    from robocache.ops.audit import longest_runs, sample_every, stream_checks, timing_checks
 
     if not ready:
         return 0
@@ -419,10 +432,12 @@ def _check_chunk(ready, plans: dict[str, _Stream], pads: dict[str, str],
         if name in signature:
             normed = (values.to(torch.float32) - torch.from_numpy(p.q01).to(dev, torch.float32)
                       ) * torch.from_numpy(p.scale).to(dev, torch.float32)
-            sig = downsample(normed, offsets, config.signature_points)
+            sig, valid = sample_every(normed, offsets, config.signature_step_s * rate,
+                                      config.signature_points)
             sig_parts.append(torch.nan_to_num(sig, nan=0.0, posinf=0.0, neginf=0.0))
     idle_steps = longest_runs(still, offsets).cpu().numpy() if idle else np.zeros(len(ids))
-    sig = torch.cat(sig_parts, 2).reshape(len(ids), -1).cpu().numpy() if sig_parts else None
+    sig = torch.cat(sig_parts, 2).cpu().numpy() if sig_parts else None
+    valid = valid.cpu().numpy() if sig_parts else None
     camera = {}
     for name, s in cameras.items():
         off = rows[f"{s['column']}/offset"].astype(np.float64)
@@ -454,29 +469,41 @@ def _check_chunk(ready, plans: dict[str, _Stream], pads: dict[str, str],
         found.digests.append(h.hexdigest()[:32] if value_cols else "")
         if sig is not None:
             found.signatures.append(sig[e])
+            found.valid.append(valid[e])
     return n
 
 
-def _near_pairs(signatures: np.ndarray, threshold: float,
-                dev: torch.device) -> list[tuple[int, int, float]]:
-    """Pairs ``(i, j, distance)``, i < j, of signatures ``[E, F]`` whose root mean square
-    difference is at most ``threshold``: blocks of :data:`NEAR_BLOCK` rows against all."""
-    e, f = signatures.shape
-    if e < 2 or f == 0:
+def _near_pairs(signatures: np.ndarray, valid: np.ndarray, threshold: float,
+                min_overlap: float, dev: torch.device) -> list[tuple[int, int, float]]:
+    """Pairs ``(i, j, distance)``, i < j, of signatures ``[E, P, D]`` (zero where not
+    ``valid [E, P]``) whose root mean square difference over the samples both have is at
+    most ``threshold``, those covering at least ``min_overlap`` of the longer's samples:
+    :data:`NEAR_BLOCK` signatures against all at a time, as sums of products (three matrix
+    products and a count, float64 on the CPU, float32 on a GPU)."""
+    e, p, d = signatures.shape
+    if e < 2 or p * d == 0:
         return []
-    x = torch.from_numpy(np.ascontiguousarray(signatures, np.float32)).to(dev)
+    kind = torch.float32 if dev.type == "cuda" else torch.float64
+    x = torch.from_numpy(np.ascontiguousarray(signatures)).to(dev, kind)
+    m = torch.from_numpy(np.ascontiguousarray(valid)).to(dev, kind)
+    flat, sq = x.reshape(e, p * d), (x * x).sum(2)  # [E, P*D], [E, P]
+    length = m.sum(1)
     out = []
-    limit = threshold * math.sqrt(f)
     for start in range(0, e, NEAR_BLOCK):
-        block = x[start:start + NEAR_BLOCK]
-        d = torch.cdist(block, x, compute_mode="donot_use_mm_for_euclid_dist")
-        i, j = torch.nonzero(d <= limit, as_tuple=True)
+        stop = min(e, start + NEAR_BLOCK)
+        cross = flat[start:stop] @ flat.T
+        mine = sq[start:stop] @ m.T  # the block's squares where the other has samples
+        theirs = m[start:stop] @ sq.T
+        both = m[start:stop] @ m.T  # samples both have
+        dist2 = ((mine + theirs - 2 * cross) / (both * d).clamp(min=1)).clamp(min=0)
+        longer = torch.maximum(length[start:stop, None], length[None, :])
+        ok = (both >= min_overlap * longer - 1e-9) & (both > 0) & \
+            (dist2 <= threshold * threshold)
+        i, j = torch.nonzero(ok, as_tuple=True)
         i = i + start
         keep = j > i
-        for a, b, dist in zip(i[keep].tolist(), j[keep].tolist(),
-                              (d[i[keep] - start, j[keep]] / math.sqrt(f)).tolist(),
-                              strict=True):
-            out.append((a, b, dist))
+        dist = dist2[i[keep] - start, j[keep]].sqrt()
+        out += list(zip(i[keep].tolist(), j[keep].tolist(), dist.tolist(), strict=True))
     return out
 
 
@@ -570,7 +597,8 @@ def _report(location, manifest, version: int, config: AuditConfig, plans, idle, 
             first_of.setdefault(d, k)
     near: dict[int, list[tuple[int, float]]] = {}
     if found.signatures and config.near_duplicate > 0:
-        for a, b, dist in _near_pairs(np.stack(found.signatures), config.near_duplicate, dev):
+        for a, b, dist in _near_pairs(np.stack(found.signatures), np.stack(found.valid),
+                                      config.near_duplicate, config.min_overlap, dev):
             if found.digests[a] == found.digests[b]:
                 continue  # exact copies are duplicates
             near.setdefault(a, []).append((found.index[b], dist))

@@ -3,6 +3,7 @@
     >>> c = stream_checks(state, offsets, pad, lo=lo, hi=hi, jump=bound, still=tol)
     >>> c.jumps            # [E] steps whose change exceeds ``jump`` in some dimension
     >>> idle = longest_runs(c.still & other.still, offsets)   # [E] rows
+    >>> sig, valid = sample_every(state, offsets, stride=7.5, points=64)  # [E, 64, D]
 
 Rows of all episodes sit back to back (``[N, D]``) with ``offsets [E + 1]`` (as
 FlashAttention's ``cu_seqlens``); every result is per episode (``[E]``) or per row (``[N]``).
@@ -241,7 +242,7 @@ def timing_checks(times: torch.Tensor, offsets: torch.Tensor,
         dt[1:] = times[1:] - times[:-1]
     has = ~first
     gap = torch.zeros(count, dtype=torch.float64, device=times.device).scatter_reduce_(
-        0, episode, torch.where(has, dt, torch.zeros_like(dt)), "amax")
+        0, episode[has], dt[has], "amax", include_self=False)  # (one row: 0)
     sq = torch.where(has, (dt - period) ** 2, torch.zeros_like(dt))
     total = torch.zeros(count, dtype=torch.float64, device=times.device).index_add_(
         0, episode, sq)
@@ -251,48 +252,54 @@ def timing_checks(times: torch.Tensor, offsets: torch.Tensor,
     return gap / period, jitter / period
 
 
-def downsample(values: torch.Tensor, offsets: torch.Tensor, points: int) -> torch.Tensor:
-    """Each episode linearly resampled to ``points`` rows evenly spread from its first row to
-    its last (a trajectory's fixed-size signature, compared across episodes).
+def sample_every(values: torch.Tensor, offsets: torch.Tensor, stride: float,
+                 points: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each episode sampled every ``stride`` rows from its first, linearly interpolated
+    between rows: a signature on a common time axis (an episode cut short shares the start of
+    its original's).
 
     Args:
         values: ``[N, D]`` float rows of all episodes back to back.
         offsets: int ``[E + 1]``.
-        points: rows per episode in the result, >= 2.
+        stride: rows between samples (e.g. ``rate_hz * 0.5`` for one every half second), > 0.
+        points: samples per episode, >= 1.
 
     Returns:
-        ``[E, points, D]`` in float32 (float64 for float64 values); zeros for an empty
-        episode; a NaN propagates to the points next to it.
+        (samples ``[E, points, D]`` in float32, float64 for float64 values, zero where not
+        valid; valid bool ``[E, points]``: sample k lies within the episode, ``k * stride <=
+        rows - 1``).
 
     Raises:
-        ShapeError, DTypeError: bad shapes or dtype, points < 2.
+        ShapeError, DTypeError: bad shapes or dtype, stride <= 0, points < 1.
 
     Example:
-        >>> downsample(torch.arange(5.0)[:, None], torch.tensor([0, 5]), 3)[0, :, 0]
-        tensor([0., 2., 4.])
+        >>> x, ok = sample_every(torch.arange(5.0)[:, None], torch.tensor([0, 5]), 1.5, 4)
+        >>> x[0, :, 0], ok[0]
+        (tensor([0.0000, 1.5000, 3.0000, 0.0000]), tensor([ True,  True,  True, False]))
     """
     if values.dim() != 2:
         C.fail(_OP, f"`values` must be [N, D]; got shape {tuple(values.shape)}.")
     C.check_dtype(_OP, "values", values, C.FLOAT_DTYPES, "cast the stream to float32.")
-    if not (isinstance(points, int) and points >= 2):
-        C.fail(_OP, f"`points` must be an integer >= 2; got {points!r}.")
+    if not (isinstance(stride, (int, float)) and stride > 0):
+        C.fail(_OP, f"`stride` must be > 0 rows; got {stride!r}.")
+    if not (isinstance(points, int) and points >= 1):
+        C.fail(_OP, f"`points` must be an integer >= 1; got {points!r}.")
     _check_offsets(offsets, values.shape[0], values.device)
     work = torch.float64 if values.dtype == torch.float64 else torch.float32
     off = offsets.to(torch.int64)
     start, length = off[:-1], off[1:] - off[:-1]
-    frac = torch.linspace(0, 1, points, dtype=torch.float64, device=values.device)
-    at = frac[None, :] * (length - 1).clamp(min=0).to(torch.float64)[:, None]  # [E, P]
-    lower = at.floor().to(torch.int64)
-    upper = torch.minimum(lower + 1, (length - 1).clamp(min=0)[:, None])
-    w = (at - lower).to(work)[..., None]
+    at = torch.arange(points, dtype=torch.float64, device=values.device) * float(stride)
+    valid = at[None, :] <= (length - 1).to(torch.float64)[:, None] + 1e-9  # [E, P]
+    last = (length - 1).clamp(min=0)[:, None]
+    lower = torch.minimum(at.floor().to(torch.int64)[None, :], last)
+    upper = torch.minimum(lower + 1, last)
+    w = (at[None, :] - lower).clamp(0, 1).to(work)[..., None]
     n = values.shape[0]
     if n == 0:
-        return torch.zeros(len(length), points, values.shape[1], dtype=work,
-                           device=values.device)
+        return (torch.zeros(len(length), points, values.shape[1], dtype=work,
+                            device=values.device), valid)
     x = values.to(work)
-    rows_lo = (start[:, None] + lower).clamp(max=n - 1)
-    rows_hi = (start[:, None] + upper).clamp(max=n - 1)
-    a, b = x[rows_lo], x[rows_hi]
-    # w == 0 takes the lower row as it is (np.interp at a sample: no NaN from a NaN neighbour)
+    a = x[(start[:, None] + lower).clamp(max=n - 1)]
+    b = x[(start[:, None] + upper).clamp(max=n - 1)]
     out = torch.where(w == 0, a, a + (b - a) * w)
-    return torch.where((length > 0)[:, None, None], out, torch.zeros_like(out))
+    return torch.where(valid[..., None], out, torch.zeros_like(out)), valid

@@ -86,17 +86,20 @@ def timing_checks_ref(times, offsets, period) -> tuple[np.ndarray, np.ndarray]:
     return gap, jitter
 
 
-def downsample_ref(values, offsets, points: int) -> np.ndarray:
-    """Each episode's rows linearly resampled to ``points`` rows evenly spread from its first
-    to its last row: ``[E, points, D]``."""
+def sample_every_ref(values, offsets, stride: float, points: int):
+    """Each episode sampled every ``stride`` rows from its first (``np.interp``), zero where
+    past its last row: ``([E, points, D], valid [E, points])``."""
     x = np.asarray(values, np.float64)
     offsets = np.asarray(offsets, np.int64)
-    out = np.zeros((len(offsets) - 1, points, x.shape[1]))
-    for e in range(len(offsets) - 1):
+    e_count = len(offsets) - 1
+    out = np.zeros((e_count, points, x.shape[1]))
+    valid = np.zeros((e_count, points), bool)
+    for e in range(e_count):
         ep = x[offsets[e]:offsets[e + 1]]
-        if not len(ep):
-            continue
-        at = np.linspace(0, len(ep) - 1, points)
-        for k in range(x.shape[1]):
-            out[e, :, k] = np.interp(at, np.arange(len(ep)), ep[:, k])
-    return out
+        for k in range(points):
+            at = k * stride
+            if len(ep) and at <= len(ep) - 1 + 1e-9:
+                valid[e, k] = True
+                for d in range(x.shape[1]):
+                    out[e, k, d] = np.interp(at, np.arange(len(ep)), ep[:, d])
+    return out, valid
