@@ -453,7 +453,7 @@ DATA = [
                     all(abs(_open_s(r, "10000-episodes-x10-frames-64000B", i)
                             - _open_s(r, "10000-episodes-x10-frames-2000B", i)) <= 0.05
                         for i in ("first-open", "open")))]),
-    Row("camera batches out of core, 256 × 2 cameras × 480×640 JPEG (244 KB) → 224×224, "
+    Row("camera batches out of core, 256 × 2 cameras × 480×640 JPEG (100 KB) → 224×224, "
         "frames evicted from the page cache first", SRV,
         lambda r: [f"read 4 / 16 batches ahead: {rate(_srv(r, SRVC, 'disk-cold'))} / "
                    f"**{rate(_srv(r, SRVC, 'disk-cold-ra16'))}** samples/s = "
