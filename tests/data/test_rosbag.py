@@ -1040,7 +1040,7 @@ def write_types_bag(path: Path, n: int = 12) -> dict:
     topics = {"/gripper_state": "my_robot/msg/Gripper", "/joy": "sensor_msgs/msg/Joy",
               "/fix": "sensor_msgs/msg/NavSatFix", "/mag": "sensor_msgs/msg/MagneticField",
               "/scan": "sensor_msgs/msg/LaserScan", "/camera/info": "sensor_msgs/msg/CameraInfo",
-              "/points": "sensor_msgs/msg/PointCloud2"}
+              "/points": "sensor_msgs/msg/PointCloud2", "/cloud": "sensor_msgs/msg/PointCloud2"}
     written: dict = {t: [] for t in topics}
 
     def head(i):
@@ -1084,9 +1084,19 @@ def write_types_bag(path: Path, n: int = 12) -> dict:
                     "p": [500.0, 0, 320, 0, 0, 500, 240, 0, 0, 0, 1, 0], "binning_x": 0,
                     "binning_y": 0, "roi": {"x_offset": 0, "y_offset": 0, "height": 0,
                                             "width": 0, "do_rectify": False}}
-        return {"header": head(i), "height": 1, "width": i + 1, "fields": [],
-                "is_bigendian": False, "point_step": 4, "row_step": 4 * (i + 1),
-                "data": bytes(4 * (i + 1)), "is_dense": True}
+        # x, y, z float32 and an rgb word, 16 bytes a point; /cloud organized 2 x 3 with
+        # 4 bytes of padding at the end of each row, /points a lidar scan of i + 1 points
+        h, w = (2, 3) if topic == "/cloud" else (1, i + 1)
+        xyz = rng.normal(size=(h, w, 3)).astype(np.float32)
+        xyz[0, 0] = np.nan  # an invalid point
+        rows = np.zeros((h, w * 16 + 4), np.uint8)
+        pts = rows[:, :w * 16].reshape(h, w, 16)
+        pts[..., :12] = xyz.view(np.uint8).reshape(h, w, 12)
+        field = [{"name": n, "offset": o, "datatype": d, "count": 1} for n, o, d in
+                 (("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("rgb", 12, 6))]
+        return {"header": head(i), "height": h, "width": w, "fields": field,
+                "is_bigendian": False, "point_step": 16, "row_step": w * 16 + 4,
+                "data": rows.tobytes(), "is_dense": False, "_xyz": xyz}
 
     with open(path, "wb") as f:
         w = Writer(f)
@@ -1095,6 +1105,7 @@ def write_types_bag(path: Path, n: int = 12) -> dict:
             for topic in topics:
                 msg = make(topic, i)
                 written[topic].append(msg)
+                msg = {k: v for k, v in msg.items() if k != "_xyz"}
                 w.write_message(topic, schemas[topic], msg, log_time=t0 + i * 20_000_000 + 9)
         w.finish()
     return written
@@ -1153,14 +1164,19 @@ def _check_types(ep, specs, written) -> None:
     assert (info["width"], info["height"], info["distortion_model"]) == (640, 480, "plumb_bob")
     assert info["k"] == [500.0, 0, 320, 0, 500, 240, 0, 0, 1]
     assert not any(n.startswith(("camera.info", "points")) for n in s)
+    cloud = s["cloud.points"].data  # organized 2 x 3: its NaN point kept, row padding skipped
+    assert cloud.dtype == np.float32 and cloud.shape == (len(written["/cloud"]), 6, 3)
+    want = np.stack([m["_xyz"].reshape(6, 3) for m in written["/cloud"]])
+    assert np.array_equal(cloud, want, equal_nan=True) and np.isnan(cloud[:, 0]).all()
+    assert specs["cloud.points"].shape == (6, 3)
 
 
 def test_numeric_messages_mapped_from_their_definition(types_bag):
     path, written = types_bag
     src = RosbagSource(path)
     _check_types(src.read(0), src.specs, written)
-    assert "/points (sensor_msgs/msg/PointCloud2: no mapping (the point count varies" in \
-        src.timing
+    assert "/points (sensor_msgs/msg/PointCloud2: topic /points message 1: 2 points, the " \
+        "first message 1: the point count varies" in src.timing
     facts = src.describe()["topics"]
     assert facts["/camera/info"]["not_read"] == "into Episode.meta['sensors']['camera.info']"
 
@@ -1237,3 +1253,14 @@ def test_ros1_messages_written_out_of_time_order(tmp_path):
     for topic in ("/joint_states", "/gripper", "/camera/color"):
         name, field = STREAMS[topic][0]
         assert_stream(ep, "1", topic, name, field, time_source="log")
+
+
+def test_point_cloud_feeds_voxelize(types_bag):
+    """A PointCloud2 stream [S, N, 3] is what voxelize takes (its NaN points dropped)."""
+    import torch
+
+    from robocache.ops.pointcloud import voxelize
+
+    points = torch.from_numpy(RosbagSource(types_bag[0]).read(0).streams["cloud.points"].data)
+    grid = voxelize(points, bounds_min=-10.0, voxel_size=1.0, grid_size=20, mode="count")
+    assert grid.dropped.tolist() == [1] * len(points)  # the NaN point of each cloud

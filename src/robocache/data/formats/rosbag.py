@@ -46,6 +46,8 @@ are stored **wxyz** (``[w, x, y, z]``), as everywhere in RoboCache (ROS's own fi
   ``ranges`` (and ``intensities``) ``[N]``, the scan's geometry in
   ``Episode.meta["sensors"][<topic>]``; ``sensor_msgs/CameraInfo``: no stream, its calibration
   there; ``tf2_msgs/TFMessage``: pose streams per frame pair (:mod:`.tf`).
+- ``sensor_msgs/PointCloud2``: ``points`` ``[N, 3]`` (``x, y, z``), ``N`` fixed by the first
+  message (a topic whose count varies is not read).
 - Any other message with numeric fields (``NavSatFix``, ``Joy``, control and custom
   messages): mapped from its definition (:mod:`.generic`).
 
@@ -378,7 +380,7 @@ class RosbagSource:
                                      and topic != self.task_topic):
             return "not selected"
         if type_ in VECTORS or type_ in SCALARS or type_ in ARRAYS or type_ in (
-                JOINT_STATE, COMPRESSED, IMAGE, STRING, tf.TF):
+                JOINT_STATE, COMPRESSED, IMAGE, STRING, tf.TF, POINT_CLOUD):
             return None
         return f"{type_}: no mapping"
 
@@ -435,7 +437,13 @@ class RosbagSource:
                 meta["tasks"] = list(dict.fromkeys(t.values))
                 table[t.topic]["not_read"] = "the episode's task (--task-topic)"
                 continue
-            produced = list(self._streams(t, discover))
+            try:
+                produced = list(self._streams(t, discover))
+            except _Unmapped as e:  # a topic whose samples fit no fixed-shape stream
+                if any(n.startswith(stream_base(t.topic) + ".") for n in self.specs) and \
+                        not discover:
+                    raise DataError(str(e)) from None
+                produced, t.skipped = [], f"{t.type}: {e}"
             if t.skipped:  # a frame format found unread while making its streams
                 if discover:
                     self.skipped[t.topic] = t.skipped
@@ -679,6 +687,8 @@ class RosbagSource:
         n = len(t.values)
         if t.generic is not None:
             yield from self._generic(t, base, rate)
+        elif t.type == POINT_CLOUD:
+            yield from _points(t, base, rate)
         elif t.type == STRING:
             data = np.empty(n, dtype=object)
             data[:] = t.values
@@ -893,8 +903,7 @@ LASER_SCAN = "sensor_msgs/msg/LaserScan"
 # types whose calibration or geometry goes into Episode.meta["sensors"] (from the first message)
 SENSOR_META = {CAMERA_INFO: _camera_info, LASER_SCAN: _scan_geometry}
 # types with numeric fields that are not mapped from their definition, and why
-NOT_MAPPED = {"sensor_msgs/msg/PointCloud2": "no mapping (the point count varies per message)",
-              "sensor_msgs/msg/PointCloud": "no mapping (the point count varies per message)"}
+NOT_MAPPED = {"sensor_msgs/msg/PointCloud": "no mapping (the point count varies per message)"}
 # types mapped from their definition whose streams are only these fields
 ONLY = {CAMERA_INFO: (), LASER_SCAN: ("ranges", "intensities")}
 
@@ -1248,6 +1257,8 @@ def _extract(type_: str, msg) -> Any:
         return msg.data
     if type_ == tf.TF:
         return tf.extract(msg)
+    if type_ == POINT_CLOUD:
+        return _cloud_points(msg)
     if type_ == COMPRESSED:
         return _image_bytes(bytes(msg.data), msg.format)
     return _raw_image(msg)
@@ -1312,6 +1323,52 @@ def _camera(t: _Topic, base: str, rate: float | None):
                         f"{shapes[0]} stream.")
     data = np.stack(t.values) if t.values else np.zeros((0, 0, 0, 3), np.uint8)
     yield name, StreamSpec(name, "image", data.dtype.name, tuple(data.shape[1:]), rate), data
+
+
+POINT_CLOUD = "sensor_msgs/msg/PointCloud2"
+# PointField datatypes (1..8) as NumPy types
+_POINT_FIELD = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 8: "f8"}
+
+
+def _cloud_points(msg) -> np.ndarray | list[str]:
+    """A ``sensor_msgs/PointCloud2``'s ``x, y, z`` fields as ``[height * width, 3]`` (float64
+    when the fields are, else float32; an organized cloud's invalid points stay NaN); a cloud
+    without them: its field names."""
+    fields = {f.name: f for f in msg.fields}
+    if not all(k in fields for k in "xyz"):
+        return sorted(fields)
+    order = ">" if msg.is_bigendian else "<"
+    try:
+        types = [order + _POINT_FIELD[int(fields[k].datatype)] for k in "xyz"]
+    except KeyError as e:
+        raise DataError(f"PointField datatype {e.args[0]} is not one of 1..8.") from None
+    h, w, step, row = int(msg.height), int(msg.width), int(msg.point_step), int(msg.row_step)
+    data = np.frombuffer(bytes(msg.data), np.uint8)
+    if row < w * step or len(data) < h * row or max(
+            int(fields[k].offset) for k in "xyz") + 4 > step:
+        raise DataError(f"{len(data)} bytes with row_step {row} and point_step {step} do not "
+                        f"hold a {h}x{w} cloud.")
+    packed = np.ascontiguousarray(data[:h * row].reshape(h, row)[:, :w * step])
+    points = packed.reshape(h * w, step).view(np.dtype({
+        "names": list("xyz"), "formats": types, "offsets": [int(fields[k].offset) for k in "xyz"],
+        "itemsize": step})).reshape(h * w)
+    dtype = np.float64 if all(t.endswith("f8") for t in types) else np.float32
+    return np.stack([points[k].astype(dtype) for k in "xyz"], -1)
+
+
+def _points(t: _Topic, base: str, rate: float | None):
+    """A PointCloud2 topic's ``points`` stream ``[N, 3]``, N fixed by its first message (a cloud
+    of another size: in the first bag, the topic is not read; later, its episode fails)."""
+    if t.values and isinstance(t.values[0], list):
+        raise _Unmapped(f"fields {t.values[0]}, no x, y, z: no mapping")
+    sizes = [v.shape[0] if isinstance(v, np.ndarray) else -1 for v in t.values]
+    bad = next((i for i, n in enumerate(sizes) if n != sizes[0]), None)
+    if bad is not None:
+        raise _Unmapped(f"topic {t.topic} message {bad}: {sizes[bad]} points, the first message "
+                        f"{sizes[0]}: the point count varies, no fixed-shape stream")
+    data = np.stack(t.values) if t.values else np.zeros((0, 0, 3), np.float32)
+    name = _join(base, "points")
+    yield name, StreamSpec(name, "numeric", data.dtype.name, tuple(data.shape[1:]), rate), data
 
 
 class _Unmapped(DataError):
