@@ -1264,3 +1264,40 @@ def test_point_cloud_feeds_voxelize(types_bag):
     points = torch.from_numpy(RosbagSource(types_bag[0]).read(0).streams["cloud.points"].data)
     grid = voxelize(points, bounds_min=-10.0, voxel_size=1.0, grid_size=20, mode="count")
     assert grid.dropped.tolist() == [1] * len(points)  # the NaN point of each cloud
+
+
+def test_db3_split_files_read_as_one_recording(tmp_path):
+    """A sqlite3 bag split in two files (--max-bag-duration) listed by its metadata.yaml: one
+    episode, every message as written."""
+    import yaml
+
+    messages = _mcap_messages(FIXTURE_EPISODES["0"])
+    half = len(messages) // 2
+    for part, msgs in enumerate((messages[:half], messages[half:])):
+        write_db3(tmp_path / f"part{part}", msgs)
+    bag = tmp_path / "src" / "ep0"
+    bag.mkdir(parents=True)
+    infos = [yaml.safe_load((tmp_path / f"part{p}" / "metadata.yaml").read_text())[
+        "rosbag2_bagfile_information"] for p in (0, 1)]
+    for p in (0, 1):
+        shutil.copy(tmp_path / f"part{p}" / f"part{p}.db3", bag / f"ep0_{p}.db3")
+    counts: dict = {}
+    for info in infos:
+        for t in info["topics_with_message_count"]:
+            name = t["topic_metadata"]["name"]
+            counts.setdefault(name, {**t, "message_count": 0})["message_count"] += \
+                t["message_count"]
+    start = infos[0]["starting_time"]["nanoseconds_since_epoch"]
+    end = infos[1]["starting_time"]["nanoseconds_since_epoch"] + \
+        infos[1]["duration"]["nanoseconds"]
+    merged = {**infos[0], "relative_file_paths": ["ep0_0.db3", "ep0_1.db3"],
+              "files": [{**f, "path": f"ep0_{p}.db3"} for p, info in enumerate(infos)
+                        for f in info["files"]],
+              "message_count": len(messages), "duration": {"nanoseconds": end - start},
+              "topics_with_message_count": list(counts.values())}
+    (bag / "metadata.yaml").write_text(yaml.safe_dump({"rosbag2_bagfile_information": merged}))
+    ep = open_source(tmp_path / "src").read(0)
+    assert len(ep.meta["files"]) == 2
+    for topic, streams in STREAMS.items():
+        for name, field in streams:
+            assert_stream(ep, "0", topic, name, field)
