@@ -1301,3 +1301,18 @@ def test_db3_split_files_read_as_one_recording(tmp_path):
     for topic, streams in STREAMS.items():
         for name, field in streams:
             assert_stream(ep, "0", topic, name, field)
+
+
+def test_db3_message_that_does_not_decode_is_named(tmp_path):
+    import sqlite3
+
+    write_db3(tmp_path / "bag", _mcap_messages(FIXTURE_EPISODES["1"]))
+    with contextlib.closing(sqlite3.connect(tmp_path / "bag" / "bag.db3")) as db:
+        (topic,) = db.execute("SELECT id FROM topics WHERE name = '/ee_pose'").fetchone()
+        ids = [r[0] for r in db.execute("SELECT id FROM messages WHERE topic_id = ? ORDER BY "
+                                        "timestamp", (topic,))]
+        db.execute("UPDATE messages SET data = ? WHERE id = ?", (b"\0\1\0\0\7", ids[3]))
+        db.commit()
+    with pytest.raises(DataError, match=r"bag: topic /ee_pose message 3 does not decode as "
+                                        r"geometry_msgs/msg/PoseStamped"):
+        RosbagSource(tmp_path / "bag")
