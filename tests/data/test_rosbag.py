@@ -1316,3 +1316,15 @@ def test_db3_message_that_does_not_decode_is_named(tmp_path):
     with pytest.raises(DataError, match=r"bag: topic /ee_pose message 3 does not decode as "
                                         r"geometry_msgs/msg/PoseStamped"):
         RosbagSource(tmp_path / "bag")
+
+
+def test_truncated_ros1_bag_fails_its_episode_only(storages, tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    shutil.copy(storages / "ros1" / "ep0.bag", root / "a.bag")
+    data = (storages / "ros1" / "ep1.bag").read_bytes()
+    (root / "z.bag").write_bytes(data[:len(data) * 9 // 10])
+    src = open_source(root)
+    with pytest.raises(DataError, match=r"z\.bag: Bag index looks damaged.*`rosbag reindex`"):
+        src.read(1)
+    assert len(src.read(0).streams) == len(src.specs)
