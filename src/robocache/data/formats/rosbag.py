@@ -200,8 +200,9 @@ def bags(path: Path) -> list[tuple[Path, list[Path]]]:
         return []
     own = _bag_files(path)
     if own and (path / "metadata.yaml").exists():
-        return [(path, [f for f in own if storage(f) != "ros1"])] + \
+        found = [(path, [f for f in own if storage(f) != "ros1"])] + \
             [(f, [f]) for f in own if storage(f) == "ros1"]
+        return [b for b in found if b[1]]
     out = [(p, [p]) for p in own]
     for sub in sorted(p for p in path.iterdir() if p.is_dir()):
         files = _bag_files(sub)
