@@ -204,3 +204,23 @@ def test_near_pairs_match_copies_with_noise_and_cut_short():
         pairs = {(a, b) for a, b, _ in A._near_pairs(sigs, valid, 0.01, 0.8,
                                                      torch.device(dev))}
         assert pairs == {(0, 1), (0, 2), (1, 2)}, dev
+
+
+def test_near_pairs_match_copies_cut_at_their_start(monkeypatch):
+    """Signatures sampled four times a step: a copy whose start was cut (it begins 2.5
+    samples later) is found through the shifted comparisons, closer than either neighbouring
+    shift alone through the refinement; without shifts, or against another trajectory, not."""
+    p, phases, d = 40, 4, 3
+    t = np.arange(p * phases)[:, None] / 3.0
+    f = lambda t: 0.5 + 0.4 * np.sin(t + np.arange(d))  # noqa: E731
+    sigs = np.stack([f(t), f(t + 2.5 / 3.0), f(1.9 * t + 1)])
+    valid = np.ones(sigs.shape[:2], bool)
+    cpu = torch.device("cpu")
+    assert A._near_pairs(sigs, valid, 0.01, 0.8, cpu, shifts=0, phases=phases) == []
+    pairs = A._near_pairs(sigs, valid, 0.05, 0.8, cpu, shifts=8, phases=phases)
+    assert [(a, b) for a, b, _ in pairs] == [(0, 1)]
+    # each whole shift is half a sample off (about 0.05 here); the parabola's minimum is not
+    assert pairs[0][2] < 0.01
+    monkeypatch.setattr(A, "_vertex", lambda a, b, c: b)
+    raw = A._near_pairs(sigs, valid, 0.05, 0.8, cpu, shifts=8, phases=phases)
+    assert raw[0][2] > 0.04

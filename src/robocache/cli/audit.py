@@ -91,6 +91,9 @@ def audit(
     min_overlap: Annotated[float, typer.Option(help="Near-duplicates share at least this "
                                                     "fraction of the longer signature.")]
     = 0.8,
+    max_shift_s: Annotated[float, typer.Option(help="Near-duplicates: a copy cut at its start "
+                                                    "by up to this many seconds is found "
+                                                    "(0: no shift).")] = 2.0,
     known_tasks: Annotated[Path, typer.Option(help="A file of the known tasks, one a line "
                                                    "(default: any task that is not empty or a "
                                                    "placeholder).")] = None,
@@ -158,6 +161,7 @@ def audit(
                              min_steps=min_steps, near_duplicate=near_duplicate,
                              signature_points=signature_points,
                              signature_step_s=signature_step_s, min_overlap=min_overlap,
+                             max_shift_s=max_shift_s,
                              known_tasks=tasks,
                              cameras=cameras, black_level=black_level,
                              constant_std=constant_std, camera_fraction=camera_fraction)

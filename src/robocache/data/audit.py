@@ -9,11 +9,11 @@ each numeric stream and every stream's pad column, :data:`SCAN_ROWS` rows a batc
 gathered as their rows arrive and checked :data:`CHUNK_ROWS` rows at a time with the
 vectorised checks of :mod:`robocache.ops.audit`, on the GPU when there is one. Memory is
 bounded by a chunk plus, per episode, a few numbers and its trajectory signature
-(``signature_points`` x the dimensions of the signature streams, float32, and a mask) for the
-near-duplicate search. A camera's timing is checked from the offset of the frame served at
-each step; its pixels (black, uniform and repeated frames) from a second scan, of its frame
-table, :data:`FRAME_BATCH` frames decoded at a time (nvJPEG on a GPU; ``cameras=False``
-skips it; cameras kept as video are not decoded).
+(:data:`SHIFT_PHASES` x ``signature_points`` samples x the dimensions of the signature
+streams, float16, and a mask) for the near-duplicate search. A camera's timing is checked
+from the offset of the frame served at each step; its pixels (black, uniform and repeated
+frames) from a second scan, of its frame table, :data:`FRAME_BATCH` frames decoded at a time
+(nvJPEG on a GPU; ``cameras=False`` skips it; cameras kept as video are not decoded).
 
 Every threshold is a field of :class:`AuditConfig` (a CLI option of ``robocache audit``);
 ranges are in units of the dataset's q01..q99 range per dimension (``stats.json``), so one
@@ -45,13 +45,15 @@ SCAN_ROWS = 1 << 16
 CHUNK_ROWS = 1 << 20
 #: Episodes compared at once by the near-duplicate search (a block of distances
 #: ``[NEAR_BLOCK, E]`` float32).
-NEAR_BLOCK = 2048
+NEAR_BLOCK = 1024
 
 #: Every flag an episode can carry, in the order the report lists them.
 FLAGS = ("short", "timestamp_gap", "timestamp_jitter", "stream_gap", "nonfinite",
          "out_of_range", "jump", "frozen", "idle", "gripper_unused", "camera_black",
          "camera_constant", "camera_duplicate", "duplicate", "near_duplicate", "task_empty",
          "task_unknown", "quarantined")
+#: Samples of a signature per ``signature_step_s``: the shifted comparisons' resolution.
+SHIFT_PHASES = 4
 #: Camera frames decoded at once by the pixel checks.
 FRAME_BATCH = 1024
 
@@ -101,6 +103,9 @@ class AuditConfig:
             ``signature_points * signature_step_s`` is compared on its start).
         signature_step_s: seconds between a signature's samples.
         min_overlap: the fraction of the longer signature two must share to be compared.
+        max_shift_s: a copy cut at its start by up to this many seconds is matched too: each
+            signature is also compared shifted in time, in steps of a quarter of
+            ``signature_step_s`` refined between them (0: no shift).
         signature_keys: the signature's streams (default: as ``idle_keys``).
         known_tasks: tasks an episode may carry (default: any non-empty task that is not a
             placeholder such as ``unknown`` or ``n/a``, :data:`PLACEHOLDER_TASKS`).
@@ -128,6 +133,7 @@ class AuditConfig:
     signature_points: int = 64
     signature_step_s: float = 0.5
     min_overlap: float = 0.8
+    max_shift_s: float = 2.0
     signature_keys: Sequence[str] | None = None
     known_tasks: Sequence[str] | None = None
     cameras: bool = True
@@ -138,6 +144,7 @@ class AuditConfig:
     def check(self) -> None:
         """Raise :class:`DataError` naming the first field out of its domain."""
         for name in ("gap_periods", "jitter", "jump", "range_margin", "frozen_s", "idle_s",
+                     "max_shift_s",
                      "idle_tolerance", "gripper_span", "near_duplicate", "black_level",
                      "constant_std", "camera_fraction"):
             value = getattr(self, name)
@@ -432,8 +439,10 @@ def _check_chunk(ready, plans: dict[str, _Stream], pads: dict[str, str],
         if name in signature:
             normed = (values.to(torch.float32) - torch.from_numpy(p.q01).to(dev, torch.float32)
                       ) * torch.from_numpy(p.scale).to(dev, torch.float32)
-            sig, valid = sample_every(normed, offsets, config.signature_step_s * rate,
-                                      config.signature_points)
+            # every quarter step: the shifted comparisons take every fourth from a phase
+            sig, valid = sample_every(normed, offsets,
+                                      config.signature_step_s * rate / SHIFT_PHASES,
+                                      config.signature_points * SHIFT_PHASES)
             sig_parts.append(torch.nan_to_num(sig, nan=0.0, posinf=0.0, neginf=0.0))
     idle_steps = longest_runs(still, offsets).cpu().numpy() if idle else np.zeros(len(ids))
     sig = torch.cat(sig_parts, 2).cpu().numpy() if sig_parts else None
@@ -467,44 +476,85 @@ def _check_chunk(ready, plans: dict[str, _Stream], pads: dict[str, str],
         for col in value_cols:
             h.update(np.ascontiguousarray(rows[col][a:b]).tobytes())
         found.digests.append(h.hexdigest()[:32] if value_cols else "")
-        if sig is not None:
-            found.signatures.append(sig[e])
+        if sig is not None:  # (float16: a thousandth of the range is well below a distance)
+            found.signatures.append(sig[e].astype(np.float16))
             found.valid.append(valid[e])
     return n
 
 
 def _near_pairs(signatures: np.ndarray, valid: np.ndarray, threshold: float,
-                min_overlap: float, dev: torch.device) -> list[tuple[int, int, float]]:
-    """Pairs ``(i, j, distance)``, i < j, of signatures ``[E, P, D]`` (zero where not
-    ``valid [E, P]``) whose root mean square difference over the samples both have is at
-    most ``threshold``, those covering at least ``min_overlap`` of the longer's samples:
-    :data:`NEAR_BLOCK` signatures against all at a time, as sums of products (three matrix
-    products and a count, float64 on the CPU, float32 on a GPU)."""
-    e, p, d = signatures.shape
+                min_overlap: float, dev: torch.device, shifts: int = 0,
+                phases: int = 1) -> list[tuple[int, int, float]]:
+    """Pairs ``(i, j, distance)``, i < j, of signatures whose root mean square difference over
+    the samples both have is at most ``threshold``, those covering at least ``min_overlap``
+    of the longer's samples.
+
+    ``signatures`` ``[E, P * phases, D]`` are sampled ``phases`` times per step (zero where
+    not ``valid [E, P * phases]``); each is compared as sampled (every ``phases``-th sample
+    from the first) and shifted by ``1..shifts`` samples (every ``phases``-th from there: the
+    episode's start cut), against every other as sampled. Between neighbouring shifts the
+    distance is refined at the minimum of the parabola through three (the squared distance
+    of two smooth trajectories is quadratic in their offset). :data:`NEAR_BLOCK` signatures
+    against all at a time, as sums of products (three matrix products and a count a shift,
+    float32 on a GPU, float64 on the CPU).
+    """
+    e, total, d = signatures.shape
+    p = total // phases
     if e < 2 or p * d == 0:
         return []
     kind = torch.float32 if dev.type == "cuda" else torch.float64
     x = torch.from_numpy(np.ascontiguousarray(signatures)).to(dev, kind)
     m = torch.from_numpy(np.ascontiguousarray(valid)).to(dev, kind)
-    flat, sq = x.reshape(e, p * d), (x * x).sum(2)  # [E, P*D], [E, P]
-    length = m.sum(1)
-    out = []
+
+    def taken(shift: int):  # every phases-th sample from ``shift``: [E, P, D], [E, P]
+        xs, ms = x[:, shift::phases][:, :p], m[:, shift::phases][:, :p]
+        if xs.shape[1] < p:
+            xs = torch.nn.functional.pad(xs, (0, 0, 0, p - xs.shape[1]))
+            ms = torch.nn.functional.pad(ms, (0, p - ms.shape[1]))
+        return xs, ms
+
+    base, base_m = taken(0)
+    base_flat, base_sq = base.reshape(e, p * d), (base * base).sum(2)
+    length = base_m.sum(1)
+    limit = threshold * threshold
+    out: dict[tuple[int, int], float] = {}
     for start in range(0, e, NEAR_BLOCK):
         stop = min(e, start + NEAR_BLOCK)
-        cross = flat[start:stop] @ flat.T
-        mine = sq[start:stop] @ m.T  # the block's squares where the other has samples
-        theirs = m[start:stop] @ sq.T
-        both = m[start:stop] @ m.T  # samples both have
-        dist2 = ((mine + theirs - 2 * cross) / (both * d).clamp(min=1)).clamp(min=0)
-        longer = torch.maximum(length[start:stop, None], length[None, :])
-        ok = (both >= min_overlap * longer - 1e-9) & (both > 0) & \
-            (dist2 <= threshold * threshold)
-        i, j = torch.nonzero(ok, as_tuple=True)
-        i = i + start
-        keep = j > i
-        dist = dist2[i[keep] - start, j[keep]].sqrt()
-        out += list(zip(i[keep].tolist(), j[keep].tolist(), dist.tolist(), strict=True))
-    return out
+        best = torch.full((stop - start, e), float("inf"), dtype=kind, device=dev)
+        prev = cur = None
+        for shift in range(shifts + 2):
+            nxt = None
+            if shift <= shifts:
+                q, qm = taken(shift)
+                q, qm = q[start:stop], qm[start:stop]
+                both = qm @ base_m.T
+                dist2 = ((q * q).sum(2) @ base_m.T + qm @ base_sq.T
+                         - 2 * (q.reshape(len(q), p * d) @ base_flat.T))
+                dist2 = (dist2 / (both * d).clamp(min=1)).clamp(min=0)
+                longer = torch.maximum(length[None, :], length[start:stop, None])
+                ok = (both >= min_overlap * longer - 1e-9) & (both > 0)
+                nxt = torch.where(ok, dist2, torch.full_like(dist2, float("inf")))
+                best = torch.minimum(best, nxt)
+            if prev is not None and cur is not None and nxt is not None:
+                best = torch.minimum(best, _vertex(prev, cur, nxt))
+            prev, cur = cur, nxt
+        rows = torch.arange(start, stop, device=dev)
+        best[rows - start, rows] = float("inf")  # an episode against itself, shifted
+        i, j = torch.nonzero(best <= limit, as_tuple=True)
+        for a, b, v in zip((i + start).tolist(), j.tolist(), best[i, j].sqrt().tolist(),
+                           strict=True):
+            key = (min(a, b), max(a, b))
+            out[key] = min(out.get(key, v), v)
+    return [(a, b, v) for (a, b), v in sorted(out.items())]
+
+
+def _vertex(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The minimum of the parabola through ``(-1, a), (0, b), (1, c)`` where ``b`` is the
+    least of the three and the parabola opens upwards, else ``b``; never below 0."""
+    curve = a - 2 * b + c
+    usable = torch.isfinite(curve) & (curve > 0) & (b <= a) & (b <= c)
+    vertex = b - (a - c) ** 2 / (8 * torch.where(usable, curve, torch.ones_like(curve)))
+    return torch.where(usable, vertex.clamp(min=0), b)
 
 
 def _pixels(location, manifest, cameras: Mapping[str, Any], expected: Mapping[int, int],
@@ -597,8 +647,11 @@ def _report(location, manifest, version: int, config: AuditConfig, plans, idle, 
             first_of.setdefault(d, k)
     near: dict[int, list[tuple[int, float]]] = {}
     if found.signatures and config.near_duplicate > 0:
+        step = config.signature_step_s / SHIFT_PHASES
         for a, b, dist in _near_pairs(np.stack(found.signatures), np.stack(found.valid),
-                                      config.near_duplicate, config.min_overlap, dev):
+                                      config.near_duplicate, config.min_overlap, dev,
+                                      shifts=int(round(config.max_shift_s / step)),
+                                      phases=SHIFT_PHASES):
             if found.digests[a] == found.digests[b]:
                 continue  # exact copies are duplicates
             near.setdefault(a, []).append((found.index[b], dist))
