@@ -224,3 +224,16 @@ def test_near_pairs_match_copies_cut_at_their_start(monkeypatch):
     monkeypatch.setattr(A, "_vertex", lambda a, b, c: b)
     raw = A._near_pairs(sigs, valid, 0.05, 0.8, cpu, shifts=8, phases=phases)
     assert raw[0][2] > 0.04
+
+
+@pytest.mark.gpu
+def test_the_gpu_audit_flags_what_the_cpu_audit_flags(planted):
+    cpu = A.audit(planted, device="cpu")
+    gpu = A.audit(planted, device="cuda")
+    assert gpu["device"].startswith("cuda")
+    assert [r["flags"] for r in gpu["episodes"]] == [r["flags"] for r in cpu["episodes"]]
+    for a, b in zip(gpu["episodes"], cpu["episodes"], strict=True):
+        assert a["metrics"].get("digest") == b["metrics"].get("digest")
+        for k in ("idle_s", "frozen_s", "max_step", "nonfinite", "out_of_range"):
+            assert a["metrics"].get(k, 0) == pytest.approx(b["metrics"].get(k, 0), rel=1e-5,
+                                                           abs=1e-6), k
