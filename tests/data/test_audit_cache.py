@@ -237,3 +237,19 @@ def test_the_gpu_audit_flags_what_the_cpu_audit_flags(planted):
         for k in ("idle_s", "frozen_s", "max_step", "nonfinite", "out_of_range"):
             assert a["metrics"].get(k, 0) == pytest.approx(b["metrics"].get(k, 0), rel=1e-5,
                                                            abs=1e-6), k
+
+
+def test_a_cache_in_an_object_store_audits_as_on_disk(planted, s3_server):
+    from robocache.data.location import Location
+    from robocache.data.publish import publish
+
+    uri = f"s3://{s3_server.bucket()}/audited"
+    publish(planted, Location(uri, s3_server.options()))
+    remote = A.audit(uri, storage_options=s3_server.options(), device="cpu")
+    local = A.audit(planted, device="cpu")
+    assert remote["cache"] == uri
+    assert [(r["index"], r["flags"], r["why"]) for r in remote["episodes"]] == \
+        [(r["index"], r["flags"], r["why"]) for r in local["episodes"]]
+    flags = [x for k, v in s3_server.options().items() for x in ("--storage-option", f"{k}={v}")]
+    res = CliRunner().invoke(app, ["audit", uri, "--json", "--device", "cpu", *flags])
+    assert res.exit_code == 3 and json.loads(res.output)["flagged"] == local["flagged"]
