@@ -235,3 +235,25 @@ def test_merge_caches_of_one_schema(cache, tmp_path):
         edit(cache, Edit(merge=[cache]))
     res = CliRunner().invoke(app, ["edit", str(cache), "--merge", str(other), "--json"])
     assert res.exit_code == 0 and json.loads(res.output)["episodes"] == 13, res.output
+
+
+def test_a_second_edit_waits_for_the_first(cache):
+    """With wait=True (--wait) an edit runs once the cache's writer is done."""
+    import threading
+    import time
+
+    held, release = threading.Event(), threading.Event()
+
+    def writer():
+        with CacheLock(cache):
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    held.wait(30)
+    threading.Timer(0.5, release.set).start()
+    start = time.monotonic()
+    m = edit(cache, Edit(delete=[7]), wait=True)
+    t.join()
+    assert time.monotonic() - start >= 0.4 and m["counts"]["cached"] == 7
