@@ -367,3 +367,26 @@ def test_record_through_lerobot(tmp_path):
     more.save_episode()
     more.finalize()
     assert len(more) == 8 and int(more[7]["episode_index"]) == 2
+
+
+def test_missing_files_fetched_through_lerobot(tmp_path, monkeypatch):
+    """Where LeRobot imports: data files missing on disk are fetched by LeRobot as on its own
+    first read (its Hub download, stood in for here by putting the file back), then served."""
+    pytest.importorskip("lerobot.datasets.lerobot_dataset")
+    from lerobot.datasets import lerobot_dataset as theirs
+
+    root = Path(shutil.copytree(FIXTURES / "tiny", tmp_path / "tiny"))
+    data = next((root / "data").glob("*/*.parquet"))
+    kept = data.rename(tmp_path / "kept.parquet")
+    fetched = []
+
+    def download(repo_id, **kw):
+        fetched.append((repo_id, kw["local_dir"]))
+        shutil.copy(kept, data)
+        return str(kw["local_dir"])
+
+    monkeypatch.setattr(theirs, "snapshot_download", download)
+    monkeypatch.setattr(theirs, "get_safe_version", lambda repo_id, version, **_: version)
+    ds = robocache.LeRobotDataset("robocache/tiny", root=root, cache=tmp_path / "c")
+    assert fetched == [("robocache/tiny", root)] and len(ds) == sum(META["lengths"])
+    assert torch.equal(ds[5]["observation.state"], tiny(tmp_path / "c2")[5]["observation.state"])

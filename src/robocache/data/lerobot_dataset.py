@@ -129,8 +129,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         repo_id: the dataset's name.
         root: the LeRobot dataset directory (v3.0 or v2.1), never written. Default: where
             LeRobot 0.6.1 keeps ``repo_id`` (``$HF_LEROBOT_HOME/<repo_id>``, or its Hub snapshot
-            under ``$HF_LEROBOT_HOME/hub``, see :func:`robocache.data.lerobot_meta.find_root`);
-            nothing is downloaded.
+            under ``$HF_LEROBOT_HOME/hub``, see :func:`robocache.data.lerobot_meta.find_root`).
         episodes: serve only these episodes (indices are then relative to them, in episode
             order, and :attr:`absolute_to_relative_idx` maps LeRobot's ``index`` to them);
             only these are ingested into the cache.
@@ -157,7 +156,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
             ``[1, H, W]`` in this unit (converted from the ``depth_unit`` recorded in their
             ``info``; as stored where none is), their ``meta.stats`` rescaled to it.
         download_videos, video_backend, token: LeRobot's download and decode arguments:
-            nothing is downloaded, and videos are decoded by PyAV once when the cache is built
+            RoboCache downloads nothing itself (where files of the served episodes are missing
+            and LeRobot is installed, LeRobot fetches them with these arguments as on its own
+            first read), and videos are decoded by PyAV once when the cache is built
             (LeRobot's ``"pyav"`` and ``"torchcodec"`` give the same frames; any other value,
             ``token`` and ``download_videos=False`` are said once per process).
         cache: the cache directory (default :func:`default_cache_dir`).
@@ -234,6 +235,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
             delta_timestamps, float(self.meta.fps), tolerance_s)
         self.cache = Path(cache) if cache is not None else default_cache_dir(
             self.root, camera_codec, camera_quality, camera_chroma)
+        self._fetch_missing(revision, download_videos, token)
         manifest = self._ensure_cache(force_cache_sync, build_timeout_s)
         streams = manifest["streams"]
         if not self.meta.stats:  # no meta/stats.json: the cache's, in LeRobot's layout
@@ -267,8 +269,34 @@ class LeRobotDataset(torch.utils.data.Dataset):
                       f"{video_backend!r} is not used: videos are decoded once by PyAV when the "
                       "RoboCache cache is built.")
         if not download_videos or token is not None:
-            _say_once("download", "robocache.LeRobotDataset: download_videos / token are not "
-                      "used: RoboCache reads local datasets only and downloads nothing.")
+            _say_once("download", "robocache.LeRobotDataset: download_videos / token are "
+                      "used only to fetch missing data files through LeRobot, where it is "
+                      "installed: RoboCache itself downloads nothing.")
+
+    def _fetch_missing(self, revision: str | None, download_videos: bool, token) -> None:
+        """Where files of the served episodes are not on disk and LeRobot is installed, let
+        LeRobot fetch them as it would on its first read (its own ``LeRobotDataset`` with the
+        same ``root``, ``episodes``, ``revision``, ``download_videos`` and ``token``); without
+        LeRobot, or when it fails (said once), the missing files fail their episodes."""
+        from robocache.data.formats.lerobot import LeRobotSource
+
+        source = LeRobotSource(self.root)
+        wanted = self.episodes if self.episodes is not None else source.episode_indices()
+        missing = [f for e in wanted for f in source.files(e)
+                   if not f.exists() and (download_videos or f.suffix != ".mp4")]
+        if not missing:
+            return
+        try:
+            lerobot = _lerobot_class("fetch")
+        except ImportError:
+            return
+        try:
+            lerobot(self.repo_id, root=self.root, episodes=self.episodes, revision=revision,
+                    download_videos=download_videos, token=token)
+        except Exception as e:  # noqa: BLE001 (LeRobot's or the Hub's, whatever they are)
+            _say_once("fetch", f"robocache.LeRobotDataset: {len(missing)} files of {self.root} "
+                      f"are missing (e.g. {missing[0]}) and LeRobot could not fetch them "
+                      f"({type(e).__name__}: {e}).")
 
     def _ensure_cache(self, force: bool, timeout_s: float) -> dict[str, Any]:
         """Build (or extend) the cache with the served episodes, once for all the processes
