@@ -282,8 +282,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
         source = LeRobotSource(self.root)
         wanted = self.episodes if self.episodes is not None else source.episode_indices()
-        missing = [f for e in wanted for f in source.files(e)
-                   if not f.exists() and (download_videos or f.suffix != ".mp4")]
+        files = dict.fromkeys(f for e in wanted for f in source.files(e))  # v3.0: shared
+        missing = [f for f in files if not f.exists() and (download_videos or f.suffix != ".mp4")]
         if not missing:
             return
         try:
