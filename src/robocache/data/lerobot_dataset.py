@@ -38,6 +38,7 @@ the cache itself on first use.
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import math
@@ -762,7 +763,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         decoded ``[..., H, W, C]``, no reordering copy)."""
         if key in self._depth:
             return self._depth_map(key, v)
-        if v.dtype == torch.uint8 and not (self.return_uint8 and key in self.meta.video_keys):
+        if v.dtype == torch.uint8 and not (self.return_uint8 and key in self._video_keys):
             # x / 255 as LeRobot computes it (a tensor divisor: CUDA would multiply by the
             # reciprocal of a Python number, one ulp off), into contiguous [..., C, H, W] as
             # LeRobot's (decoded frames are channels-last views; converting and reordering in
@@ -773,7 +774,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
             return v.to(torch.float32, memory_format=torch.contiguous_format)
         return v.clone(memory_format=torch.contiguous_format) if own else v
 
-    @property
+    @functools.cached_property
+    def _video_keys(self) -> frozenset[str]:
+        return frozenset(self.meta.video_keys)
+
+    @functools.cached_property
     def _depth(self) -> dict[str, str | None]:
         """Depth camera keys served -> the unit their frames are stored in (``info``'s
         ``depth_unit``; None: unknown, served as stored)."""
@@ -786,7 +791,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         (:func:`dequantize_depth`), a depth image converted from the unit stored as LeRobot
         converts (metres times 1000, millimetres over 1000; as stored where the unit is not
         recorded)."""
-        if key in self.meta.video_keys:
+        if key in self._video_keys:
             return dequantize_depth(v, self.meta.features[key].get("info") or {},
                                     self.depth_output_unit)
         v = v.to(torch.float32, memory_format=torch.contiguous_format)
