@@ -176,6 +176,17 @@ def test_delta_timestamps_set_after_construction(cache):
     assert "observation.state_is_pad" not in ds[0] and ds[0]["observation.state"].shape == (5,)
 
 
+@pytest.mark.skipif(not importlib.util.find_spec("pandas"), reason="meta.tasks needs pandas")
+def test_meta_tasks_settable():
+    """LeRobot's dataset tools set ``meta.tasks`` to a new table after rewriting the tasks."""
+    import pandas as pd
+
+    m = robocache.LeRobotDatasetMetadata("robocache/tiny", root=FIXTURES / "tiny")
+    m.tasks = pd.DataFrame({"task_index": [1, 0]}, index=pd.Index(["b", "a"], name="task"))
+    assert m.task_names == ["a", "b"] and m.get_task_index("b") == 1
+    assert m.tasks.loc["b"].task_index == 1
+
+
 def test_info_to_dict_for_lerobots_writer():
     m = robocache.LeRobotDatasetMetadata("robocache/tiny", root=FIXTURES / "tiny")
     d = m.info.to_dict()

@@ -256,6 +256,13 @@ class LeRobotDatasetMetadata:
         return pd.DataFrame({"task_index": range(len(self.task_names))},
                             index=pd.Index(self.task_names, name="task"))
 
+    @tasks.setter
+    def tasks(self, table) -> None:
+        """Replace the tasks with LeRobot's table (indexed by task, with a ``task_index``
+        column), as LeRobot's dataset tools do after rewriting ``meta/tasks.parquet``."""
+        order = sorted(zip(table["task_index"].tolist(), table.index.tolist(), strict=True))
+        self.task_names = [str(task) for _, task in order]
+
     @property
     def image_keys(self) -> list[str]:
         return [k for k, f in self.features.items() if f["dtype"] == "image"]
