@@ -137,13 +137,6 @@ def worker(cache: str, out: str, cfg: dict) -> None:
     ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
 
-    def batches():
-        epoch = 0
-        while True:
-            loader.set_epoch(epoch)
-            yield from loader
-            epoch += 1
-
     def step(batch):
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, torch.bfloat16, enabled=cuda):
@@ -152,7 +145,16 @@ def worker(cache: str, out: str, cfg: dict) -> None:
         ((err * (~batch["action_is_pad"])[..., None]).mean()).backward()
         opt.step()
 
-    finish_rank(out, time_steps(step, batches(), device, cfg["warmup"], cfg["steps"]))
+    finish_rank(out, time_steps(step, epochs(loader), device, cfg["warmup"], cfg["steps"]))
+
+
+def epochs(loader):
+    """The loader's batches, epoch after epoch (``set_epoch`` before each)."""
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
 
 
 def launch(script: str, world: int, out: Path, args: list[str], env: dict | None = None,

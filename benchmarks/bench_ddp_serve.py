@@ -147,13 +147,6 @@ def worker(target: str, out: str, cfg: dict) -> None:
     loader = RobotLoader(ds, cfg["batch"], device=device, normalize=None, seed=0)
     read0 = disk_read_bytes()
 
-    def batches():
-        epoch = 0
-        while True:
-            loader.set_epoch(epoch)
-            yield from loader
-            epoch += 1
-
     def step(b):
         images = torch.cat([b[k] for k in S.CAMS], 1)  # [B, cameras x history, 3, h, w]
         opt.zero_grad(set_to_none=True)
@@ -163,7 +156,7 @@ def worker(target: str, out: str, cfg: dict) -> None:
         (err * (~b[f"{ACTION}_is_pad"])[..., None]).mean().backward()
         opt.step()
 
-    numbers = D.time_steps(step, batches(), device, cfg["warmup"], cfg["steps"])
+    numbers = D.time_steps(step, D.epochs(loader), device, cfg["warmup"], cfg["steps"])
     read1 = disk_read_bytes()
     dist.barrier()  # every rank done and alive: shared pages split among all of them
     pss, processes = pss_tree(os.getpid())

@@ -297,18 +297,16 @@ def _serve_batches(ds, cfg: dict, device: torch.device, read_ahead: int = 4) -> 
     if device.type == "cuda":
         torch.cuda.synchronize()
     _stores_io(ds)
-    served = 0
     t0 = time.perf_counter()
     for _ in range(cfg["batches"]):
-        batch = next(it)
-        for cam in CAMS:
-            served += int(batch[cam].shape[0])
+        next(it)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     del it
     return {"seconds": seconds, "samples": cfg["batches"] * cfg["batch"],
-            "frames": cfg["batches"] * cfg["batch"] * len(CAMS), "read": _stores_io(ds)}
+            "frames": cfg["batches"] * cfg["batch"] * len(ds.image_keys),
+            "read": _stores_io(ds)}
 
 
 def _camera_setup(tmp: Path, cfg: dict):

@@ -38,7 +38,7 @@ from robocache.bench import harness as H
 from robocache.bench.standalone import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import evict, jpeg_pool, tree_bytes  # noqa: E402
+from bench_serve import _serve_batches, evict, jpeg_pool, tree_bytes  # noqa: E402
 
 FAMILY = "video"
 CAMS = tuple(f"observation.images.cam{i}" for i in range(4))
@@ -85,27 +85,12 @@ def _ingest(src: Path, dest: Path, camera_codec: str) -> float:
 
 def _serve(cache: Path, cfg: dict, history: int, device: torch.device) -> float:
     """Samples/s of random batches (frames in the page cache, read once before timing)."""
-    from robocache.data import RobotDataset, RobotLoader
+    from robocache.data import RobotDataset
+    from robocache.data.loader import READ_AHEAD
 
     ds = RobotDataset(cache, keys=list(CAMS), history=history, image_size=(224, 224))
-    loader = RobotLoader(ds, cfg["batch"], device=device, normalize=None, seed=0)
-
-    def batches():
-        while True:
-            yield from loader
-
-    it = batches()
-    for _ in range(2):
-        next(it)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(cfg["batches"]):
-        batch = next(it)
-    assert batch[CAMS[0]].shape[1] == history
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return cfg["batches"] * cfg["batch"] / (time.perf_counter() - t0)
+    got = _serve_batches(ds, cfg, device, READ_AHEAD)
+    return got["samples"] / got["seconds"]
 
 
 def _sequential(files: list[Path]) -> tuple[float, int]:
