@@ -128,7 +128,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     Args:
         repo_id: the dataset's name.
-        root: the LeRobot dataset directory (v3.0 or v2.1), never written. Default: where
+        root: the LeRobot dataset directory (v3.0 or v2.1, or v3.0 in LeRobot's Lance
+            layout: ``"storage_format": "lance"``, see
+            :mod:`robocache.data.formats.lerobot`), never written. Default: where
             LeRobot 0.6.1 keeps ``repo_id`` (``$HF_LEROBOT_HOME/<repo_id>``, or its Hub snapshot
             under ``$HF_LEROBOT_HOME/hub``, see :func:`robocache.data.lerobot_meta.find_root`).
         episodes: serve only these episodes (indices are then relative to them, in episode
@@ -405,21 +407,19 @@ class LeRobotDataset(torch.utils.data.Dataset):
         keys = self._row_keys
         if not keys:
             return {}
-        pq = require("pyarrow.parquet", "data", "Parquet files")
         from robocache.data.formats.lerobot import LeRobotSource
 
         source = LeRobotSource(self.root)
         wanted = self.episodes if self.episodes is not None else source.episode_indices()
-        out: dict[str, dict[int, Any]] = {k: {} for k in keys}
-        for path in dict.fromkeys(source._data_path(e) for e in wanted):
-            have = set(pq.read_schema(path).names)
-            table = pq.read_table(path, columns=["index", *[k for k in keys if k in have]])
-            index = table.column("index").to_pylist()
-            for k, dtype in keys.items():
-                rows = table.column(k).to_pylist() if k in have else [None] * len(index)
-                if dtype == "language":
-                    rows = map(_language_rows, rows)
-                out[k].update(zip(index, rows, strict=True))
+        table = source.data_table(wanted, list(keys))
+        index = table.column("index").to_pylist()
+        out: dict[str, dict[int, Any]] = {}
+        for k, dtype in keys.items():
+            rows = table.column(k).to_pylist() if k in table.column_names else \
+                [None] * len(index)
+            if dtype == "language":
+                rows = map(_language_rows, rows)
+            out[k] = dict(zip(index, rows, strict=True))
         return out
 
     def __getstate__(self) -> dict[str, Any]:
@@ -489,20 +489,19 @@ class LeRobotDataset(torch.utils.data.Dataset):
         does (:func:`hf_to_torch`): image features decoded to float32 ``[C, H, W]``, other
         values as tensors, language columns and strings as they are."""
         datasets = require("datasets", "lerobot", "LeRobotDataset.hf_dataset")
-        pa = require("pyarrow", "data", "Arrow tables")
-        pc = require("pyarrow.compute", "data", "Arrow tables")
-        pq = require("pyarrow.parquet", "data", "Parquet files")
         from robocache.data.formats.lerobot import LeRobotSource
 
         source = LeRobotSource(self.root)
         wanted = self.episodes if self.episodes is not None else source.episode_indices()
-        files = list(dict.fromkeys(source._data_path(e) for e in wanted))
-        table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
-        table = table.filter(pc.is_in(table.column("episode_index"),
-                                      pa.array(sorted(wanted), table.schema.field(
-                                          "episode_index").type)))
-        table = table.take(pc.sort_indices(table, [("index", "ascending")]))
-        return datasets.Dataset(datasets.table.InMemoryTable(table)).with_transform(hf_to_torch)
+        table = source.data_table(wanted)
+        # image structs decoded as images (a Lance frames table does not say they are)
+        features = datasets.Features.from_arrow_schema(table.schema)
+        for k in self.meta.image_keys:
+            if k in features:
+                features[k] = datasets.Image()
+        return datasets.Dataset(datasets.table.InMemoryTable(table),
+                                info=datasets.DatasetInfo(features=features)
+                                ).with_transform(hf_to_torch)
 
     def get_raw_item(self, idx: int) -> dict:
         """Row ``idx`` of :attr:`hf_dataset`: no windows, decoding or transforms."""

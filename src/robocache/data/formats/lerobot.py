@@ -20,14 +20,27 @@ dtype not known here is left out, said once in one line, and the rest read.
 Video features are referenced by file and timestamp and decoded
 only on request (:func:`robocache.data.formats.video.decode_frames`): as RGB, or, for a depth
 video (``is_depth_map``), as its 12-bit grey codes (uint16 ``[H, W, 1]``).
+
+LeRobot's Lance layout (``"storage_format": "lance"`` in ``meta/info.json``, as
+lerobot-lancedb's converter writes a v3.0 dataset: ``meta/`` beside ``frames.lance``, one row
+per frame in ``index`` order with the features' dots written as underscores and vectors as
+fixed-size lists, image features as the data files' structs, and ``videos.lance``, each MP4
+file's bytes in a blob column by video key, chunk and file) is read the same way: an episode's
+rows are taken from the frames table by index, and each MP4 file an episode needs is copied
+out of the videos table once, byte for byte, to
+``$ROBOCACHE_HOME/lance-videos/<name>-<digest of the path>/v<table version>/`` (default
+``ROBOCACHE_HOME``: ``~/.cache/robocache``), where the decoders read it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
 import math
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +56,8 @@ pq = require("pyarrow.parquet", "data", "Reading LeRobot datasets")
 # Bookkeeping columns of every LeRobot data file; not streams.
 INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 VERSIONS = ("v2.1", "v3.0")
+# LeRobot's Lance layout: its frames and videos tables, and the videos' blob column
+LANCE_FRAMES, LANCE_VIDEOS, LANCE_BLOB = "frames.lance", "videos.lance", "video_bytes"
 
 
 def detect(path: Path) -> bool:
@@ -78,7 +93,7 @@ def _stored_format(data: bytes) -> tuple[str, str, int] | None:
         return None
     if mode not in _MODES:
         return None
-    return ("tiff" if kind == "tiff" else "png"), *_MODES[mode]
+    return (kind if kind in ("tiff", "jpeg") else "png"), *_MODES[mode]
 
 
 # (dataset, feature) pairs of unknown dtype already said, in this process
@@ -306,10 +321,15 @@ class LeRobotSource:
             raise DataError(f"{self.path}: LeRobot codebase_version {self.version!r} is not "
                             f"supported; supported: {', '.join(VERSIONS)}. Convert it with "
                             "LeRobot's conversion scripts.")
-        if not isinstance(self.info.get("data_path"), str):
+        self.lance = self.info.get("storage_format") == "lance"
+        if self.lance and self.version != "v3.0":
+            raise DataError(f"{self.path}: a Lance-stored LeRobot dataset of codebase_version "
+                            f"{self.version!r}; LeRobot's Lance layout is converted from v3.0 "
+                            "datasets: convert it again from its v3.0 dataset.")
+        if not self.lance and not isinstance(self.info.get("data_path"), str):
             raise DataError(f"{self.path / 'meta' / 'info.json'}: 'data_path' (the data file "
                             "template) is missing; restore it.")
-        self.format = f"lerobot-{self.version}"
+        self.format = f"lerobot-{self.version}" + ("-lance" if self.lance else "")
         self.fps = float(self.info["fps"])
         self.timing = "timestamps from the 'timestamp' column"
         # v3.0 data files read (decoded, episode -> rows in it), the latest last
@@ -317,6 +337,8 @@ class LeRobotSource:
         self._bad_files: dict[Path, str] = {}
         self._columns: list[str] | None = None  # all of them
         self._paths: dict[str, Path] = {}
+        self._tables: dict[str, object] = {}  # the Lance layout's tables, opened on first use
+        self._videos: dict[tuple[str, int, int], tuple[int, int]] | None = None
         self._episodes = self._read_episodes()
         self._tasks = self._read_tasks()
         self._first_rows = self._file_starts()
@@ -350,10 +372,16 @@ class LeRobotSource:
         if not keys or not self._episodes:
             return {}
         try:
-            file = pq.ParquetFile(self._data_path(min(self._episodes)))
-            have = [k for k in keys if k in file.schema_arrow.names]
+            if self.lance:
+                lo = int(self._episodes[min(self._episodes)]["dataset_from_index"])
+                batches = self._lance_rows(lo, lo + 64, keys).to_batches()
+            else:
+                file = pq.ParquetFile(self._data_path(min(self._episodes)))
+                keys = [k for k in keys if k in file.schema_arrow.names]
+                batches = file.iter_batches(batch_size=64, columns=keys)
             out: dict[str, tuple[str, str, int]] = {}
-            for batch in file.iter_batches(batch_size=64, columns=have):
+            for batch in batches:
+                have = [k for k in keys if k in batch.column_names]
                 for k in [k for k in have if k not in out]:
                     col = batch.column(k)
                     first = next((v for v in col.field("bytes").to_pylist() if v), None) \
@@ -363,7 +391,7 @@ class LeRobotSource:
                 if len(out) == len(have):
                     break
             return out
-        except (pa.ArrowException, OSError, KeyError, TypeError, ValueError):
+        except (pa.ArrowException, OSError, KeyError, TypeError, ValueError, DataError):
             return {}  # read as declared; a bad file is reported by the episodes in it
 
     def _read_episodes(self) -> dict[int, dict]:
@@ -428,6 +456,8 @@ class LeRobotSource:
 
     def _data_path(self, index: int) -> Path:
         ep = self._episodes[index]
+        if self.lance:
+            return self._under(LANCE_FRAMES)
         if self.version == "v2.1":
             chunks = int(self.info.get("chunks_size", 1000))
             return self.path / self.info["data_path"].format(episode_chunk=index // chunks,
@@ -452,9 +482,70 @@ class LeRobotSource:
         return where
 
     def files(self, index: int) -> list[Path]:
-        """The files episode ``index`` is read from: its data file and its videos."""
+        """The files episode ``index`` is read from: its data file and its videos (the
+        Lance layout: its frames table, and its videos table where it has video features)."""
         videos = [k for k, s in self.specs.items() if s.kind == "video"]
+        if self.lance:
+            return [self._data_path(index), *([self._under(LANCE_VIDEOS)] if videos else [])]
         return [self._data_path(index), *(self._video(index, k).path for k in videos)]
+
+    def _lance(self, name: str):
+        """The Lance layout's table ``name`` (:data:`LANCE_FRAMES`, :data:`LANCE_VIDEOS`),
+        opened once."""
+        got = self._tables.get(name)
+        if got is None:
+            lance = require("lance", "data", "Reading LeRobot's Lance-stored datasets",
+                            "pylance")
+            try:
+                got = self._tables[name] = lance.dataset(str(self.path / name))
+            except (OSError, ValueError, RuntimeError) as e:
+                raise DataError(f"{self.path / name} is missing or unreadable ({e}); a "
+                                "Lance-stored LeRobot dataset holds it beside meta/: copy or "
+                                "convert the dataset again.") from e
+        return got
+
+    def _lance_rows(self, lo: int, hi: int, columns: list[str] | None = None) -> pa.Table:
+        """Rows ``lo:hi`` of the frames table (its row ``i`` is the frame of ``index`` ``i``),
+        the ``columns`` it has (all when None), named as ``meta/info.json`` names them."""
+        table = self._lance(LANCE_FRAMES)
+        names = {k.replace(".", "_"): k for k in [*INDEX_COLUMNS, *self.info["features"]]}
+        stored = table.schema.names
+        if columns is not None:
+            wanted = {k.replace(".", "_") for k in columns}
+            stored = [c for c in stored if c in wanted]
+        hi = min(hi, table.count_rows())
+        try:
+            got = table.take(np.arange(lo, max(hi, lo), dtype=np.int64), columns=stored)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise DataError(f"{self.path / LANCE_FRAMES}: rows {lo}:{hi} are unreadable "
+                            f"({e}).") from e
+        return got.rename_columns([names.get(c, c) for c in got.column_names])
+
+    def data_table(self, episodes: list[int], columns: list[str] | None = None) -> pa.Table:
+        """The rows of ``episodes`` as the dataset stores them (the ``columns`` it has, and
+        ``index``; all columns when None), in ``index`` order, named as ``meta/info.json``
+        names them: from their data files, or the Lance layout's frames table."""
+        if columns is not None:
+            columns = list(dict.fromkeys(["index", "episode_index", *columns]))
+        if self.lance:
+            spans = sorted((int(self._episodes[e]["dataset_from_index"]),
+                            int(self._episodes[e]["dataset_to_index"])) for e in set(episodes))
+            merged: list[list[int]] = []
+            for lo, hi in spans:  # neighbouring episodes read in one take
+                if merged and lo <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], hi)
+                else:
+                    merged.append([lo, hi])
+            return pa.concat_tables([self._lance_rows(lo, hi, columns) for lo, hi in merged])
+        tables = []
+        for path in dict.fromkeys(self._data_path(e) for e in episodes):
+            have = set(pq.read_schema(path).names)
+            tables.append(pq.read_table(path, columns=None if columns is None else
+                                        [c for c in columns if c in have]))
+        table = pa.concat_tables(tables, promote_options="default")
+        table = table.filter(pc.is_in(table.column("episode_index"), pa.array(
+            sorted(set(episodes)), table.schema.field("episode_index").type)))
+        return table.take(pc.sort_indices(table, [("index", "ascending")]))
 
     def _read_file(self, path: Path, columns: list[str] | None = None) -> pa.Table:
         """A data file (its ``columns`` that it has, or all); a file that fails to read fails
@@ -482,6 +573,14 @@ class LeRobotSource:
         path = self._data_path(index)
         if self.version == "v2.1":
             rows = _Rows(self._read_file(path, self._columns), self.specs, self._tasks)
+            return rows, 0, rows.length
+        if self.lance:  # the frames table's rows of the episode, by index
+            ep = self._episodes[index]
+            lo, hi = int(ep["dataset_from_index"]), int(ep["dataset_to_index"])
+            rows = _Rows(self._lance_rows(lo, hi, self._columns), self.specs, self._tasks)
+            if rows.length != hi - lo or (rows.ids is not None and (rows.ids != index).any()):
+                raise DataError(f"{path}: rows {lo}:{hi} are not all episode {index}'s, as its "
+                                "metadata says; convert the dataset again.")
             return rows, 0, rows.length
         cached = self._files.pop(path, None)
         if cached is None:
@@ -516,10 +615,41 @@ class LeRobotSource:
             rel = self.info["video_path"].format(episode_chunk=index // chunks, video_key=key,
                                                  episode_index=index)
             return VideoRef(self.path / rel, 0.0)
-        rel = self.info["video_path"].format(video_key=key,
-                                             chunk_index=int(ep[f"videos/{key}/chunk_index"]),
-                                             file_index=int(ep[f"videos/{key}/file_index"]))
-        return VideoRef(self._under(rel), float(ep.get(f"videos/{key}/from_timestamp", 0.0)))
+        chunk, file = int(ep[f"videos/{key}/chunk_index"]), int(ep[f"videos/{key}/file_index"])
+        rel = self.info["video_path"].format(video_key=key, chunk_index=chunk, file_index=file)
+        path = self._copied_out(key, chunk, file, rel) if self.lance else self._under(rel)
+        return VideoRef(path, float(ep.get(f"videos/{key}/from_timestamp", 0.0)))
+
+    def _copied_out(self, key: str, chunk: int, file: int, rel: str) -> Path:
+        """The Lance layout: the MP4 file of ``key``, ``chunk``, ``file`` copied out of the
+        videos table (see the module docstring), once per file and table version; a copy of
+        the table's size is reused."""
+        got = self._paths.get(rel)
+        if got is not None:
+            return got
+        table = self._lance(LANCE_VIDEOS)
+        if self._videos is None:  # (key, chunk, file) -> (row, size), read once
+            t = table.to_table(columns=["video_key", "chunk_index", "file_index", "file_size"])
+            self._videos = {(k, int(c), int(f)): (row, int(n)) for row, (k, c, f, n) in
+                            enumerate(zip(*(t.column(i).to_pylist() for i in range(4)),
+                                          strict=True))}
+        found = self._videos.get((key, chunk, file))
+        if found is None:
+            raise DataError(f"{self.path / LANCE_VIDEOS} holds no video of {key!r} chunk {chunk} "
+                            f"file {file}, which the episode metadata names; convert the "
+                            "dataset again.")
+        home = Path(os.environ.get("ROBOCACHE_HOME", Path.home() / ".cache" / "robocache"))
+        digest = hashlib.sha1(str(self.path.resolve()).encode()).hexdigest()[:12]
+        out = home / "lance-videos" / f"{self.path.name}-{digest}" / f"v{table.version}" / rel
+        row, size = found
+        if not (out.is_file() and out.stat().st_size == size):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            part = out.with_name(f".{out.name}.{os.getpid()}.part")
+            with table.take_blobs(LANCE_BLOB, indices=[row])[0] as blob, open(part, "wb") as f:
+                shutil.copyfileobj(blob, f, 1 << 22)
+            os.replace(part, out)  # whole, even with other processes copying it too
+        self._paths[rel] = out
+        return out
 
     def read(self, index: int) -> Episode:
         if index not in self._episodes:
