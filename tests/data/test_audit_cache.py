@@ -62,8 +62,86 @@ def test_report_does_not_depend_on_batches(planted, monkeypatch):
     monkeypatch.setattr(A, "SCAN_ROWS", 97)
     monkeypatch.setattr(A, "CHUNK_ROWS", 250)
     monkeypatch.setattr(A, "NEAR_BLOCK", 3)
+    monkeypatch.setattr(A, "FRAME_BATCH", 7)
     got = A.audit(planted, device="cpu")
     assert got["episodes"] == want["episodes"]
+
+
+@pytest.fixture(scope="module", params=["libx264", "libsvtav1"])
+def video_cache(request, tmp_path_factory):
+    """Cameras kept as video: episode 1 with 10 black frames, 2 with 10 uniform ones, 3 with
+    one frame shown 20 times; 0 clean."""
+    pytest.importorskip("av", reason="video cameras need PyAV (pip install 'robocache[video]')")
+    from robocache.data.cameras import add_video_feature
+    from robocache.data.episode import Episode, Stream, StreamSpec
+
+    root = tmp_path_factory.mktemp("video")
+    rng = np.random.default_rng(3)
+    spec = StreamSpec("observation.state", "numeric", "float32", (2,), 10.0)
+    n = 40
+    eps = [Episode(i, {spec.name: Stream(spec, np.arange(n) / 10.0, np.cumsum(
+        rng.normal(size=(n, 2)), 0).astype(np.float32))}, {"tasks": ["stack"]})
+        for i in range(4)]
+    write_lerobot(root / "src", eps, {spec.name: spec}, fps=10.0, version="v3.0")
+    y, x = np.mgrid[0:48, 0:64]
+    clips = []
+    for e in range(4):
+        clip = np.stack([np.stack([x * 3 + 9 * i + 40 * e, y * 4 + 5 * i, 100 + 3 * i + 0 * x],
+                                  -1) for i in range(n)]) + rng.integers(0, 30, (n, 48, 64, 3))
+        clip = clip.clip(0, 255).astype(np.uint8)
+        clip[10:20] = {1: 0, 2: 128}.get(e, clip[10:20])
+        if e == 3:
+            clip[5:25] = clip[5]
+        clips.append(clip)
+    add_video_feature(root / "src", "observation.images.cam", clips, codec=request.param)
+    build(root / "src", root / "cache", rate_hz=10.0, progress=False, device="cpu",
+          camera_codec="video")
+    return root / "cache"
+
+
+def test_cameras_kept_as_video_are_checked_as_served(video_cache, monkeypatch):
+    """Every frame decoded through serving's decoder: the counts are those of the frames a
+    RobotDataset serves, whatever the batches (a GOP cut by a batch waits for the rest)."""
+    from robocache.data import RobotDataset
+
+    before = _files(video_cache)
+    report = A.audit(video_cache, device="cpu")
+    assert _files(video_cache) == before
+    assert [r["flags"] for r in report["episodes"]] == \
+        [[], ["camera_black"], ["camera_constant"], ["camera_duplicate"]]
+    cam = "observation.images.cam"
+    ds = RobotDataset(video_cache, keys=[cam], image_dtype=torch.uint8)
+    served = ds[torch.arange(len(ds))][cam].reshape(len(ds), -1).float() / 255
+    for r in report["episodes"][1:]:
+        a, b = int(ds.offsets[r["index"]]), int(ds.offsets[r["index"] + 1])
+        frames = served[a:b]
+        same = (frames[1:] == frames[:-1]).all(1).tolist()
+        run = longest = 0
+        for s in same:
+            run = run + 1 if s else 0
+            longest = max(longest, run)
+        got = r["cameras"][cam]
+        assert got["frames"] == b - a == 40
+        assert got["black"] == int((frames.mean(1) <= 0.03).sum())
+        assert got["constant"] == int(((frames.std(1, correction=0) <= 0.01)
+                                       & (frames.mean(1) > 0.03)).sum())
+        assert got["repeated_s"] == pytest.approx(longest * 0.1)
+    assert report["episodes"][3]["cameras"][cam]["repeated_s"] > 1.0
+    for batch in (1, 3):  # GOPs of 2 frames cut by every batch, or by every other
+        monkeypatch.setattr(A, "FRAME_BATCH", batch)
+        assert A.audit(video_cache, device="cpu")["episodes"] == report["episodes"]
+
+
+def test_a_damaged_video_packet_fails_the_audit_naming_its_frame(video_cache, tmp_path):
+    import lance
+
+    cache = tmp_path / "cache"
+    shutil.copytree(video_cache, cache)
+    lance.dataset(str(cache / "frames" / "observation.images.cam.lance")).update(
+        {"encoded": "X'00000001ff'"}, where="episode_index = 2 AND frame = 0")
+    with pytest.raises(DataError, match="'observation.images.cam', episode 2, frame 0"):
+        A.audit(cache, device="cpu")
+    assert not A.audit(cache, A.AuditConfig(cameras=False), device="cpu")["flagged"]
 
 
 def test_thresholds_are_options(planted):

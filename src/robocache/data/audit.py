@@ -10,10 +10,12 @@ gathered as their rows arrive and checked :data:`CHUNK_ROWS` rows at a time with
 vectorised checks of :mod:`robocache.ops.audit`, on the GPU when there is one. Memory is
 bounded by a chunk plus, per episode, a few numbers and its trajectory signature
 (:data:`SHIFT_PHASES` x ``signature_points`` samples x the dimensions of the signature
-streams, float16, and a mask) for the near-duplicate search. A camera's timing is checked
+streams, float16, and a mask) for the near-duplicate search (and, for the pixel checks, an
+index of 32 bytes a frame of one camera). A camera's timing is checked
 from the offset of the frame served at each step; its pixels (black, uniform and repeated
-frames) from a second scan, of its frame table, :data:`FRAME_BATCH` frames decoded at a time
-(nvJPEG on a GPU; ``cameras=False`` skips it; cameras kept as video are not decoded).
+frames) from a second pass, over its frame table in (episode, frame) order, decoded a batch
+at a time by serving's decoders (nvJPEG on a GPU; cameras kept as video GOP by GOP;
+``cameras=False`` skips it).
 
 Every threshold is a field of :class:`AuditConfig` (a CLI option of ``robocache audit``);
 ranges are in units of the dataset's q01..q99 range per dimension (``stats.json``), so one
@@ -54,8 +56,10 @@ FLAGS = ("short", "timestamp_gap", "timestamp_jitter", "stream_gap", "nonfinite"
          "task_unknown", "quarantined")
 #: Samples of a signature per ``signature_step_s``: the shifted comparisons' resolution.
 SHIFT_PHASES = 4
-#: Camera frames decoded at once by the pixel checks.
+#: Camera frames decoded at once by the pixel checks, at most ...
 FRAME_BATCH = 1024
+#: ... and at most this many bytes of decoded pixels (a GOP of a video may hold more).
+FRAME_BYTES = 1 << 27
 
 #: Task strings that say no task was recorded (compared lower-case, stripped).
 PLACEHOLDER_TASKS = ("unknown", "none", "null", "n/a", "na", "nan", "task", "default",
@@ -557,26 +561,74 @@ def _vertex(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return torch.where(usable, vertex.clamp(min=0), b)
 
 
+def _decoded(location, table, rel: str, s: Mapping[str, Any], name: str, ids: np.ndarray,
+             dev: torch.device):
+    """Camera ``name``'s frames of the episodes ``ids`` (its table ``rel``) decoded as serving
+    decodes them (:func:`robocache.data.cameras.decode_all`), in (episode, frame) order
+    whatever the table's row order: ``(positions in ids, frame numbers, frames [N, C, H,
+    W])`` a batch at a time, each batch at most :data:`FRAME_BATCH` frames and
+    :data:`FRAME_BYTES` of pixels, read by row address (an index of 32 bytes a frame first).
+    Frames kept as video are cut into batches at their GOPs' starts (a GOP longer than a
+    batch is a batch of its own) and each GOP decoded once."""
+    from robocache.data.cameras import decode_all
+    from robocache.data.export import _scan, _take
+    from robocache.data.frames import EncodedFrames
+    from robocache.data.video_store import PACKET_COLUMNS, episode_packets
+
+    video = s["codec"] == "video"
+    shape = tuple(s["shape"])
+    index = _scan(location, rel, table, ["episode_index", "frame"] + (["gop"] if video else []))
+    ep, frame = index["episode_index"], index["frame"]
+    order = np.lexsort((frame, ep))
+    order = order[np.isin(ep[order], ids)]
+    ep, frame, address = ep[order], frame[order], index["_rowaddr"][order]
+    if video:  # where a batch may start: a GOP's first frame
+        gop = index["gop"][order]
+        first = np.ones(len(ep), bool)
+        first[1:] = (ep[1:] != ep[:-1]) | (gop[1:] != gop[:-1])
+        cuts = np.r_[np.flatnonzero(first), len(ep)]
+    step = max(1, min(FRAME_BATCH, FRAME_BYTES // (int(np.prod(shape))
+                                                   * np.dtype(s["dtype"]).itemsize)))
+    columns = ["episode_index", "frame"] + (PACKET_COLUMNS if video else ["encoded"])
+    configs: dict[int, tuple[str, bytes]] = {}  # each episode's video decoder settings
+    a = 0
+    while a < len(ep):
+        b = min(a + step, len(ep))
+        if video:  # the last GOP start in reach, else the end of the GOP at ``a``
+            k = int(np.searchsorted(cuts, b, side="right")) - 1
+            b = int(cuts[k]) if cuts[k] > a else int(cuts[k + 1])
+        e, f = ep[a:b], frame[a:b]
+
+        def where(i: int, e=e, f=f) -> str:
+            return f"camera {name!r}, episode {int(e[i])}, frame {int(f[i])}"
+
+        rows = _take(location, rel, table, address[a:b], columns)
+        if video:
+            frames = episode_packets(rows, np.arange(b - a), shape, configs)
+            frames.where = where
+        else:
+            frames = EncodedFrames.from_table(rows, shape, s["dtype"], s["codec"], where)
+        yield np.searchsorted(ids, e), f, decode_all([(frames, torch.arange(b - a))], dev)[0]
+        a = b
+
+
 def _pixels(location, manifest, cameras: Mapping[str, Any], expected: Mapping[int, int],
             config: AuditConfig, dev: torch.device) -> dict[str, dict[str, np.ndarray]]:
-    """Per camera (not kept as video): each episode's frames, black frames, constant frames
-    (by the decoded pixels: mean and standard deviation in units of full scale) and longest
-    run of frames identical to the one before, from a scan of its frame table,
-    :data:`FRAME_BATCH` frames decoded at a time (nvJPEG on a GPU). Arrays are indexed like
-    ``sorted(expected)``."""
-    import pyarrow as pa
-
+    """Per camera: each episode's frames, black frames, constant frames (by the decoded
+    pixels: mean and standard deviation in units of full scale) and longest run of frames
+    identical to the one before, from a scan of its frame table decoded as serving decodes it
+    (:func:`_decoded`: nvJPEG on a GPU; video GOP by GOP on CPU threads). Arrays are indexed
+    like ``sorted(expected)``."""
     from robocache.data import versions
-    from robocache.data.cameras import decode_all
-    from robocache.data.frames import EncodedFrames
 
     ids = np.array(sorted(expected), np.int64)
     out = {}
     for name, s in cameras.items():
-        if s.get("codec") in (None, "video"):
+        if s.get("codec") is None:
             continue
+        rel = f"frames/{name}.lance"
         try:
-            table = versions.open_table(location, manifest, f"frames/{name}.lance")
+            table = versions.open_table(location, manifest, rel)
         except FileNotFoundError:
             continue
         kind = np.dtype(s["dtype"])
@@ -584,29 +636,16 @@ def _pixels(location, manifest, cameras: Mapping[str, Any], expected: Mapping[in
         res = {k: np.zeros(len(ids), np.int64) for k in ("frames", "black", "constant",
                                                            "repeated")}
         carry = None  # (episode position, frame number, pixels, run) of the last frame seen
-        for batch in table.to_batches(columns=["episode_index", "frame", "encoded"],
-                                      batch_size=FRAME_BATCH):
-            ep = batch.column(0).to_numpy()
-            pos = np.searchsorted(ids, ep)
-            listed = (pos < len(ids)) & (ids[np.minimum(pos, len(ids) - 1)] == ep) \
-                if len(ids) else np.zeros(len(ep), bool)
-            if not listed.any():
-                continue
-            frame = batch.column(1).to_numpy()
-            order = np.lexsort((frame, ep))  # each episode's frames in order
-            order = order[listed[order]]
-            pos, frame = pos[order], frame[order]
-            enc = EncodedFrames.from_table(
-                pa.table({"encoded": batch.column(2).take(pa.array(order))}), s["shape"],
-                s["dtype"], s["codec"])
-            px = decode_all([(enc, torch.arange(len(order)))], dev)[0]
-            flat = px.reshape(len(order), -1).to(torch.float32) / full
+        for pos, frame, px in _decoded(location, table, rel, s, name, ids, dev):
+            n = len(pos)
+            flat = px.reshape(n, -1).to(torch.float32) / full
             mean, std = flat.mean(1), flat.std(1, correction=0)
+            del flat
             black = mean <= config.black_level
             constant = (std <= config.constant_std) & ~black
-            same = torch.zeros(len(order), dtype=torch.bool, device=px.device)
-            if len(order) > 1:
-                same[1:] = (px[1:] == px[:-1]).reshape(len(order) - 1, -1).all(1)
+            same = torch.zeros(n, dtype=torch.bool, device=px.device)
+            if n > 1:
+                same[1:] = (px[1:] == px[:-1]).reshape(n - 1, -1).all(1)
             same = same.cpu().numpy()
             follows = np.r_[False, (pos[1:] == pos[:-1]) & (frame[1:] == frame[:-1] + 1)]
             if carry is not None and carry[0] == pos[0] and carry[1] + 1 == frame[0]:
@@ -614,7 +653,7 @@ def _pixels(location, manifest, cameras: Mapping[str, Any], expected: Mapping[in
                 same[0] = bool(torch.equal(carry[2], px[0]))
             rep = same & follows
             # each frame's run of repeats so far; the first run continues the last batch's
-            at = np.arange(len(rep))
+            at = np.arange(n)
             last_new = np.maximum.accumulate(np.where(~rep, at, -1))
             runs = at - last_new
             if carry is not None:

@@ -287,17 +287,36 @@ class VideoPackets:
 PACKET_COLUMNS = ["encoded", "pts", "dts", "gop", "codec", "extradata"]
 
 
-def episode_packets(rows, wanted: np.ndarray, frame_shape: tuple[int, ...]) -> VideoPackets:
+def episode_packets(rows, wanted: np.ndarray, frame_shape: tuple[int, ...],
+                    configs: dict[int, tuple[str, bytes]] | None = None) -> VideoPackets:
     """An episode's frames table rows (an Arrow table of :data:`PACKET_COLUMNS`, frames
-    ``0..n-1`` in order) as :class:`VideoPackets` of the frames ``wanted`` (int ``[N]``)."""
+    ``0..n-1`` in order) as :class:`VideoPackets` of the frames ``wanted`` (int ``[N]``).
+
+    With ``configs`` the rows may hold whole GOPs of several episodes, in (episode, frame)
+    order, with an ``episode_index`` column: each GOP decodes with its episode's ``(codec,
+    extradata)``, from ``configs`` (episode -> config) where the episode's first row is not
+    among ``rows``; ``configs`` gets the configs of those whose first row is.
+    """
     from robocache.data.frames import EncodedFrames
 
     enc = EncodedFrames.from_table(rows, frame_shape, "uint8", "video")
     gop = rows.column("gop").to_numpy()
-    starts = np.unique(gop)
-    config = (rows.column("codec")[0].as_py(), rows.column("extradata")[0].as_py() or b"")
+    if configs is None:
+        episode, configs = np.zeros(len(gop), np.int64), {}
+    else:
+        episode = rows.column("episode_index").to_numpy()
+    codec, extradata = rows.column("codec"), rows.column("extradata")
+    for i in np.flatnonzero(codec.is_valid().to_numpy(zero_copy_only=False)).tolist():
+        configs[int(episode[i])] = (codec[i].as_py(), extradata[i].as_py() or b"")
+    first = np.ones(len(gop), bool)  # each GOP's first row
+    first[1:] = (episode[1:] != episode[:-1]) | (gop[1:] != gop[:-1])
+    starts = np.flatnonzero(first)
+    lacking = sorted({int(e) for e in episode[starts]} - set(configs))
+    if lacking:
+        raise DataError(f"episode {lacking[0]}: its video's first frame (which holds the "
+                        "decoder's settings) is missing from the frames table (a damaged "
+                        "cache); rebuild it with `robocache ingest SOURCE DEST --overwrite`.")
     return VideoPackets(enc.data, enc.offsets.numpy(), rows.column("pts").to_numpy(),
                         rows.column("dts").to_numpy(), np.r_[starts, len(gop)],
-                        [config] * len(starts), np.asarray(wanted, np.int64),
-                        tuple(frame_shape))
-
+                        [configs[int(episode[a])] for a in starts.tolist()],
+                        np.asarray(wanted, np.int64), tuple(frame_shape))
