@@ -19,6 +19,7 @@ from robocache.cli import (
     ingest,
     inspect,
     merge,
+    mixture,
     preprocess,
     report,
     view,
@@ -41,6 +42,7 @@ app.command("inspect")(inspect.inspect)
 app.command("ingest")(ingest.ingest)
 app.command("preprocess")(preprocess.preprocess)
 app.command("merge")(merge.merge)
+app.command("mixture")(mixture.mixture)
 app.command("export")(export.export)
 app.command("demo")(demo.demo)
 app.command("view")(view.view)

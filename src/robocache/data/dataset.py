@@ -410,6 +410,47 @@ class RobotDataset(torch.utils.data.Dataset):
             out.data[:, cols].view(torch.uint8)[:, :raw.shape[1]] = raw
         return out
 
+    def renamed(self, names: Mapping[str, str]) -> RobotDataset:
+        """A copy serving key ``k`` as ``names.get(k, k)`` (a mixture's common schema: every
+        robot's camera, state and action under one name); this dataset is unchanged.
+
+        Raises:
+            DataError: a name that is not a served key, or two keys given one name.
+        """
+        unknown = sorted(set(names) - set(self.keys))
+        new = [names.get(k, k) for k in self.keys]
+        if unknown or len(set(new)) != len(new):
+            raise DataError(f"`names` must rename served keys ({self.keys}) to distinct names; "
+                            f"got {dict(names)}.")
+        out = copy.copy(self)
+        rename = lambda d: {names.get(k, k): v for k, v in d.items()}  # noqa: E731
+        for attr in ("layout", "deltas", "stats", "frames"):
+            setattr(out, attr, rename(getattr(self, attr)))
+        for attr in ("obs_keys", "action_keys", "image_keys", "squeezed"):
+            setattr(out, attr, [names.get(k, k) for k in getattr(self, attr)])
+        out.set_windows()
+        return out
+
+    def replaced(self, key: str, values: torch.Tensor, stats) -> RobotDataset:
+        """A copy serving ``values`` (``[len(self), D]``, one row per served step, any width
+        and dtype) as ``key``, normalized with ``stats`` (a :class:`robocache.Stats`), e.g. a
+        joint stream as the end-effector pose; the packed matrix is copied into this
+        process's memory with the new columns appended. This dataset is unchanged."""
+        old = self.layout[key]
+        if values.dim() != 2 or values.shape[0] != len(self):
+            raise DataError(f"`values` must be [{len(self)}, D] (one row per step); got "
+                            f"{tuple(values.shape)}.")
+        raw = values.to(self.device).contiguous().view(torch.uint8).reshape(len(self), -1)
+        words = -(-raw.shape[1] // 4)
+        raw = torch.nn.functional.pad(raw, (0, 4 * words - raw.shape[1]))
+        out = copy.copy(self)
+        out.data = torch.cat([self.data, raw.view(torch.int32)], 1)
+        out.layout = {**self.layout, key: _Key(self.data.shape[1], words, values.dtype,
+                                               values.shape[1], old.pad_col)}
+        out.stats = {**self.stats, key: stats}
+        out.set_windows()
+        return out
+
     def __len__(self) -> int:
         return int(self.episode_index.shape[0])
 

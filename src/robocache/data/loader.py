@@ -35,6 +35,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -66,15 +67,24 @@ class MixedDataset:
         temperature: exponent on sizes when ``weights`` is not given: 1 samples by size, 0
             uniformly over sources, in between flattens the mixture.
         names: one name per source (default: each cache's folder name).
+        widths: numeric keys served at a fixed width (openpi's 32-D state and action), at
+            least every source's, zero-padded with ``<key>_dim_mask``; other keys are padded
+            to their widest source's width where widths differ.
+
+    Attributes:
+        language: a :class:`robocache.data.language.Language` the loader serves each batch's
+            prompts from (strings, and tokens when it has a tokenizer's), or None;
+            :meth:`from_config` sets it.
 
     Raises:
         DataError: no datasets, a key that is an action in one source and an observation in
-            another, image keys of different shapes, or weights that are negative, not finite,
-            all zero or of the wrong length.
+            another, image keys of different shapes, weights that are negative, not finite,
+            all zero or of the wrong length, or a width narrower than a source's.
     """
 
     def __init__(self, datasets: Sequence[RobotDataset], weights: Sequence[float] | None = None,
-                 *, temperature: float = 1.0, names: Sequence[str] | None = None):
+                 *, temperature: float = 1.0, names: Sequence[str] | None = None,
+                 widths: Mapping[str, int] | None = None):
         self.datasets = list(datasets)
         if not self.datasets:
             raise DataError("`datasets` is empty; pass at least one RobotDataset.")
@@ -115,6 +125,18 @@ class MixedDataset:
         cameras = {k for d in self.datasets for k in d.image_keys}
         self.dim_masked = {k for k in self.shapes if k not in cameras
                            and len({dim.get(k) for dim in dims}) > 1}
+        for k, w in (widths or {}).items():
+            if k not in self.shapes or k in cameras:
+                raise DataError(f"`widths` names {k!r}, which is not a numeric key of the "
+                                f"mixture; its numeric keys: {sorted(set(self.shapes) - cameras)}.")
+            (steps, widest), dtype = self.shapes[k]
+            if not (isinstance(w, int) and w >= widest):
+                raise DataError(f"`widths[{k!r}]` must be an integer >= {widest} (the widest "
+                                f"source's width); got {w!r}.")
+            self.shapes[k] = ((steps, w), dtype)
+            self.dim_masked.add(k)
+        self.language = None
+        self.config = None  # the resolved mixture file (robocache.data.mixture.Mixture)
         self.keys = list(roles)
         self.action_keys = [k for k, r in roles.items() if r == "action"]
         self.names = list(names) if names is not None else [d.location.name for d in
@@ -133,6 +155,27 @@ class MixedDataset:
             raise DataError(f"`weights` must be {len(self.datasets)} finite non-negative numbers "
                             f"with a positive sum; got {w}.")
         self.weights = torch.tensor(w, dtype=torch.float64) / sum(w)
+
+    @classmethod
+    def from_config(cls, path: str | Path, **overrides) -> MixedDataset:
+        """The mixture a YAML file describes (datasets, key mapping onto a common schema,
+        action encodings, weights or balancing, padding widths, language): see
+        :mod:`robocache.data.mixture` and docs/mixtures.md.
+
+        Args:
+            path: the mixture file.
+            **overrides: its top-level settings (``history``, ``horizon``, ``balance``,
+                ``pad``, ``max_length``), ``tokenizer`` (a Hugging Face tokenizer: batches
+                then carry token ids), or :class:`RobotDataset` keywords given to every
+                source (``image_size``, ``image_dtype``, ``in_memory``...).
+
+        Raises:
+            DataError: one line naming the file, the dataset and the fix, before any data is
+                read (see :func:`robocache.data.mixture.resolve`).
+        """
+        from robocache.data.mixture import open_mixture
+
+        return open_mixture(path, **overrides)
 
     def __len__(self) -> int:
         return sum(len(d) for d in self.datasets)
@@ -347,7 +390,12 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
     # every key at its widest (words, then one alignment-pad column per key), as the sources'
     # own rows: bytes past a narrower source's values are zero
     first = {k: next(d for d in datasets if k in d.layout) for k in mixture.keys}
-    words = {k: max(d.layout[k].words for d in datasets if k in d.layout) for k in mixture.keys}
+    # numeric keys at the mixture's width (a fixed `widths` entry may exceed every source's)
+    dims = {k: mixture.shapes[k][0][-1] if k not in images else first[k].layout[k].dim
+            for k in mixture.keys}
+    words = {k: max([d.layout[k].words for d in datasets if k in d.layout]
+                    + [-(-dims[k] * first[k].layout[k].dtype.itemsize // 4)])
+             for k in mixture.keys}
     cols = dict(zip(mixture.keys, np.cumsum([0] + [words[k] for k in mixture.keys]).tolist(),
                     strict=False))
     width = sum(words.values())
@@ -374,9 +422,7 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
                 block[:, c:c + 2] = rows.view(torch.int32)
         blocks.append(block)
     out.data = torch.cat(blocks)
-    out.layout = {k: _Key(cols[k], words[k], first[k].layout[k].dtype,
-                          max(d.layout[k].dim for d in datasets if k in d.layout),
-                          pad_cols.get(k))
+    out.layout = {k: _Key(cols[k], words[k], first[k].layout[k].dtype, dims[k], pad_cols.get(k))
                   for k in mixture.keys}
     out.deltas = {k: first[k].deltas[k] for k in mixture.keys}
     out.squeezed = [k for k in mixture.keys if k in first[k].squeezed]
@@ -573,6 +619,7 @@ class RobotLoader:
         self.stream = torch.cuda.Stream(self.device, priority=-1 if cameras else 0) \
             if cuda else None
         self._metrics = None  # robocache.observability.metrics.LoaderStats while metrics are on
+        self._bases = (None, None)  # a mixture's first stacked row per source, on its device
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -654,7 +701,10 @@ class RobotLoader:
     def _epoch(self) -> Iterator[Batch]:
         self.consumed, self.batch = self.position(), 0
         self.sampler.epoch, self.sampler.consumed = self.epoch, self.consumed
+        language = self.mixture.language if self.mixed else None
         for batch in self._batches():
+            if language is not None:
+                batch.update(self._language(language, batch))
             self.batch += 1
             yield batch
         self.epoch, self.consumed, self.batch = self.epoch + 1, 0, 0
@@ -706,6 +756,19 @@ class RobotLoader:
                 v.record_stream(main)
             ready = launch()  # the next batch is gathered while the caller uses this one
             yield batch
+
+    def _language(self, language, batch: Batch) -> dict:
+        """The prompts of a mixture's batch (see :class:`robocache.data.language.Language`):
+        its rows in the sources stacked in order, drawn at this rank's positions of the
+        epoch."""
+        s, dev = self.sampler, batch["index"].device
+        if self._bases[0] != dev:
+            sizes = torch.tensor([len(d) for d in self.datasets], device=dev)
+            self._bases = (dev, torch.cumsum(sizes, 0) - sizes)
+        rows = batch["index"] + self._bases[1][batch["source"]]
+        first = s.consumed + self.batch * s.batch_size * s.world_size + s.rank * s.batch_size
+        positions = torch.arange(first, first + rows.shape[0], device=dev)
+        return language(rows, positions, s.seed, self.epoch)
 
     def _threaded(self, source: Iterator, main: torch.cuda.Stream, ahead: Iterator
                   ) -> Iterator[Batch]:
