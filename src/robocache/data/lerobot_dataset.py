@@ -238,6 +238,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
             delta_timestamps, float(self.meta.fps), tolerance_s)
         self.cache = Path(cache) if cache is not None else default_cache_dir(
             self.root, camera_codec, camera_quality, camera_chroma)
+        self.build_timeout_s = build_timeout_s
+        self._requested_root = None if root is None else Path(root)  # LeRobot's _download
+        self._reader = None  # made again for these settings
         self._fetch_missing(revision, download_videos, token)
         manifest = self._ensure_cache(force_cache_sync, build_timeout_s)
         streams = manifest["streams"]
@@ -249,7 +252,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.meta.rescale_depth_stats(depth_output_unit)  # as the frames are served
         # served from the cache: numeric and camera features (string features and language
         # columns come from the data files' rows: _read_rows)
-        self.feature_keys = [k for k in self.meta.features if k in streams
+        self.feature_keys = [k for k in self.meta.features if k in streams and k not in FRAME_KEYS
                              and streams[k]["kind"] in ("numeric", "image", "video")]
         self._cameras = [k for k in self.feature_keys if streams[k]["kind"] in ("image", "video")]
         self._unserved = [k for k in self.delta_indices or {}
@@ -371,11 +374,18 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     @property
     def _served(self) -> RobotDataset:
-        """The cache, opened in this process on first use (after unpickling too)."""
+        """The cache, opened in this process on first use (after unpickling too), and again
+        once ``meta``'s tasks were replaced (LeRobot's dataset tools rewrite the data files
+        first: the episodes they changed are cached again)."""
+        if self._ds is not None and self._seen != self.meta.edits:
+            self._ensure_cache(False, self.build_timeout_s)
+            self._ds = None
         if self._ds is None:
             steps = {k: v for k, v in (self.delta_indices or {}).items()
                      if k in self.feature_keys}
-            ds = RobotDataset(self.cache, keys=self.feature_keys, episodes=self.episodes,
+            # a dataset of strings only: its cache's frame_index stream times the rows
+            keys = self.feature_keys or None
+            ds = RobotDataset(self.cache, keys=keys, episodes=self.episodes,
                               delta_steps=steps, image_dtype=torch.uint8)
             self._open(ds.to(self.device))
         return self._ds
@@ -389,6 +399,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         lut = torch.tensor([ids.get(t, 0) for t in ds.task_names], dtype=torch.int64)
         dev = ds.device
         self._ds, self._from_index, self._task_index = ds, from_index.to(dev), lut[ds.task_id]
+        self._seen = self.meta.edits
         self._task_index = self._task_index.to(dev)
         self._language = self._read_rows()
 
@@ -424,7 +435,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_ds", "_from_index", "_task_index", "_language"):
+        for name in ("_ds", "_from_index", "_task_index", "_language", "_reader"):
             state.pop(name, None)
         state["_ds"] = None
         return state
@@ -526,6 +537,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
     #: LeRobot's dataset recording through this one (:meth:`create`, :meth:`resume`) until
     #: :meth:`finalize`; None on a dataset opened for reading.
     _recording = None
+    _reader = None  # LeRobot's DatasetReader (:attr:`reader`), made on first use
 
     @classmethod
     def create(cls, repo_id: str, fps: int, features: dict, root: str | Path | None = None,
@@ -567,6 +579,27 @@ class LeRobotDataset(torch.utils.data.Dataset):
         if recording is None or name.startswith("__"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(recording, name)
+
+    @property
+    def reader(self):
+        """LeRobot's own ``DatasetReader`` over this dataset's files and episodes, made on
+        first use where LeRobot is installed (LeRobot's while recording), for code that
+        reaches into LeRobot's internals; this class's items and batches never use it."""
+        if self._recording is not None:
+            return self._recording.reader
+        if self._reader is None:
+            self._reader = _lerobot_reader(self)
+        return self._reader
+
+    @reader.setter
+    def reader(self, value) -> None:
+        self._reader = value
+
+    def _download(self, download_videos: bool = True, *,
+                  token: str | bool | None = None) -> None:
+        """LeRobot's ``_download`` (its Hub snapshot of ``repo_id`` at ``revision``: the
+        served episodes' files, or all) run on this dataset, where LeRobot is installed."""
+        _lerobot_class("_download")._download(self, download_videos, token=token)
 
     @property
     def writer(self):
@@ -840,6 +873,31 @@ def _lerobot_class(call: str):
                           "elsewhere and read the dataset with robocache.LeRobotDataset(repo_id, "
                           "root=...).") from e
     return lerobot
+
+
+def _lerobot_reader(ds: LeRobotDataset):
+    """LeRobot's ``DatasetReader`` for ``ds`` (its metadata, root, episodes and reading
+    settings), its rows loaded where its data files are on disk.
+
+    Raises:
+        ImportError: LeRobot is not installed (the message says what to do)."""
+    try:
+        from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata as Metadata
+        from lerobot.datasets.dataset_reader import DatasetReader
+        from lerobot.utils.import_utils import get_safe_default_video_backend
+    except ImportError as e:
+        raise ImportError(f"robocache.LeRobotDataset.reader is LeRobot's own DatasetReader, and "
+                          f"LeRobot is not installed here ({e}); install it (`pip install "
+                          "lerobot`: Python >= 3.12), or read items through the dataset "
+                          "itself.") from e
+    reader = DatasetReader(
+        meta=Metadata(ds.repo_id, root=ds.root, revision=ds.revision), root=ds.root,
+        episodes=ds.episodes, tolerance_s=ds.tolerance_s,
+        video_backend=ds.video_backend or get_safe_default_video_backend(),
+        delta_timestamps=ds.delta_timestamps, image_transforms=ds.image_transforms,
+        return_uint8=ds.return_uint8, depth_output_unit=ds.depth_output_unit)
+    reader.try_load()
+    return reader
 
 
 # LeRobot's depth video quantizer: 12-bit codes, and its defaults where a feature's ``info``

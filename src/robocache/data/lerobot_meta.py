@@ -222,6 +222,9 @@ class LeRobotDatasetMetadata:
         self.episodes = EpisodeTable(columns)
         self.task_names = [source._tasks[i] for i in sorted(source._tasks)]
         self.stats = self._stats(self.root)
+        #: times the tasks were replaced (LeRobot's dataset tools do after rewriting the data
+        #: files): a dataset serving this metadata compares its cache with the files again
+        self.edits = 0
 
     @staticmethod
     def _stats(root: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -262,6 +265,7 @@ class LeRobotDatasetMetadata:
         column), as LeRobot's dataset tools do after rewriting ``meta/tasks.parquet``."""
         order = sorted(zip(table["task_index"].tolist(), table.index.tolist(), strict=True))
         self.task_names = [str(task) for _, task in order]
+        self.edits += 1
 
     @property
     def image_keys(self) -> list[str]:

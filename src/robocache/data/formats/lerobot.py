@@ -11,8 +11,10 @@ Layout read (https://github.com/huggingface/lerobot, ``lerobot/datasets``):
 Every feature becomes a stream timed by the ``timestamp`` column. Multi-rate extension (what the
 bundled sample uses): a feature may declare its own ``"fps"`` in ``info.json`` and be null in the
 rows where it has no sample; the stream then holds only its non-null rows. ``dtype: "string"``
-features are sparse events. ``dtype: "image"`` features keep their PNG bytes (never re-encoded;
-depth maps: LeRobot's uint16 or float32 TIFF), with the dtype and channels of the stored frames
+features are sparse events (a dataset with no other feature also reads its ``frame_index``
+column as a stream, which times its frames). ``dtype: "image"`` features keep their PNG
+bytes (never re-encoded; JPEG where the structs hold JPEG; depth maps: LeRobot's uint16 or
+float32 TIFF), with the dtype and channels of the stored frames
 (read from the first one); camera shapes declared channel-first (``[C, H, W]``, older
 datasets) are read as ``[H, W, C]``. LeRobot's language columns (``dtype: "language"``) are not
 streams (:class:`robocache.LeRobotDataset` serves them from the data files); a feature of a
@@ -359,6 +361,10 @@ class LeRobotSource:
             stored = self._stored_formats(images)
             self.specs = {k: _spec(k, f, self.fps, stored.get(k)) for k, f in features.items()
                           if k not in INDEX_COLUMNS and k not in self.unread}
+            if all(s.kind == "event" for s in self.specs.values()):
+                # only strings (or nothing) to read: the frames timed by their frame_index
+                self.specs["frame_index"] = StreamSpec("frame_index", "numeric", "int64", (),
+                                                       self.fps)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise DataError(f"{self.path / 'meta' / 'info.json'}: a feature lacks a valid "
                             f"dtype/shape/fps ({type(e).__name__}: {e}); fix its 'features'.") \
