@@ -255,6 +255,68 @@ def test_huge_finite_values_are_accepted(sample_caches):
     obs.push_many("observation.state", [0.06, 0.07], np.full((2, 8), 1e38))  # float64, fits
 
 
+def test_future_message_refused_and_the_stream_goes_on(sample_caches):
+    """A message far ahead of the observer's clock (its latest message or tick) is refused
+    instead of making every later message of its stream "go backwards"; the ticks advance the
+    clock, so a loop that was idle takes messages again."""
+    obs = Observer.from_cache(sample_caches / "linear", keys=SAMPLE_KEYS[:1], future_s=5.0)
+    obs.push("observation.state", 0.0, np.zeros(8, np.float32))
+    with pytest.raises(DataError, match="more than future_s = 5 s after the observer's clock"):
+        obs.push("observation.state", 1e6, np.ones(8, np.float32))
+    obs.push("observation.state", 0.02, np.ones(8, np.float32))
+    assert obs.observation(0.02)["observation.state"][-1].tolist() == [1.0] * 8
+    obs.observation(100.0)  # an idle robot: the ticks went on
+    obs.push("observation.state", 104.0, np.ones(8, np.float32))
+    obs.reset()  # a new episode: any clock
+    obs.push("observation.state", 1e6, np.ones(8, np.float32))
+
+
+@pytest.fixture(scope="module")
+def typed_cache(tmp_path_factory):
+    """float64 streams (linear and held), int32 and bool streams at 100 Hz, cached at 50 Hz."""
+    from robocache.data.episode import Episode, Stream, StreamSpec
+    from robocache.data.formats.lerobot import write_lerobot
+
+    root = tmp_path_factory.mktemp("typed")
+    rng = np.random.default_rng(0)
+    kinds = {"observation.x64": "float64", "observation.h64": "float64",
+             "observation.i32": "int32", "observation.flag": "bool"}
+    eps = []
+    for e in range(2):
+        t = np.arange(60) / 100.0
+        eps.append(Episode(e, {n: Stream(StreamSpec(n, "numeric", dt, (3,), 100.0), t,
+                                         rng.normal(size=(60, 3)).astype(dt) if dt != "bool"
+                                         else rng.random((60, 3)) > 0.5)
+                               for n, dt in kinds.items()}, {"tasks": ["x"]}))
+    write_lerobot(root / "src", eps, {n: s.spec for n, s in eps[0].streams.items()}, fps=100.0)
+    build(root / "src", root / "c", rate_hz=50.0, progress=False, device="cpu",
+          methods={"observation.h64": "previous"})
+    return root / "c"
+
+
+def test_value_range_is_the_stores(typed_cache):
+    """float64 streams take float64's range (1e308 is a value there); integer and bool
+    streams take values they hold exactly and refuse the others, naming the value."""
+    obs = Observer.from_cache(typed_cache)
+    for key in ("observation.x64", "observation.h64"):
+        obs.push(key, 0.0, np.full(3, 1e308))
+        obs.push_many(key, [0.01, 0.02], np.full((2, 3), -1e308))
+    obs.push("observation.i32", 0.0, [1, -2, 3])
+    obs.push("observation.i32", 0.01, np.array([4.0, 5.0, 6.0]))
+    obs.push("observation.flag", 0.0, [1, 0, True])
+    o = obs.observation(0.01)
+    assert o["observation.i32"][-1].tolist() == [4, 5, 6]
+    assert o["observation.flag"][-1].tolist() == [True, False, True]
+    assert o["observation.h64"][-1].tolist() == [-1e308] * 3
+    for key, value, bad in (("observation.i32", [1.5, 0, 0], "1.5"),
+                            ("observation.i32", [3e9, 0, 0], "3000000000.0"),
+                            ("observation.flag", [2, 0, 1], "2")):
+        with pytest.raises(DataError, match=f"holds {bad}, which the stream's"):
+            obs.push(key, 0.03, value)
+    with pytest.raises(DataError, match="holds 1.5"):
+        obs.push_many("observation.i32", [0.03, 0.04], [[0, 0, 0], [1.5, 0, 0]])
+
+
 def test_snap_instants_is_ingests_rule():
     """The online snap of a tick's few samples equals ingest's (snap_times) on the grid
     around them: samples on instants, half-way between, before the first, far off."""
@@ -279,6 +341,12 @@ def test_snap_instants_is_ingests_rule():
                 assert close == bool(np.isin(want, grid).all())
 
 
+def _jpeg(h: int, w: int, codec: str = "jpeg") -> bytes:
+    from robocache.data.cameras import encode
+
+    return bytes(bytearray(encode(np.full((h, w, 3), 7, np.uint8), codec, 90)))
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda o: o.push("nope", 0.0, np.zeros(8)), "unknown stream 'nope'"),
     (lambda o: o.push("observation.state", float("nan"), np.zeros(8)), "stream "
@@ -300,6 +368,34 @@ def test_snap_instants_is_ingests_rule():
     (lambda o: o.push("observation.images.top", 1.0, 3), "camera frame must be"),
     (lambda o: o.observation(float("nan")), "`t` must be a finite time"),
     (lambda o: (o.observation(1.0), o.observation(0.5)), "before the first tick"),
+    # strict at push: what used to fail later (or pass silently) fails here, naming the stream
+    (lambda o: o.push("observation.state", "1.0", np.zeros(8)), "'observation.state': a time "
+     "must be a number"),
+    (lambda o: o.push("observation.state", None, np.zeros(8)), "a time must be a number"),
+    (lambda o: o.push("observation.state", 1.0, np.ones(8, complex)), "is complex"),
+    (lambda o: o.push("observation.state", 1.0, ["a"] * 8), "is not numeric"),
+    (lambda o: o.push("observation.state", 1.0, [[1.0] * 7, [1.0]]), "not an array of numbers"),
+    (lambda o: o.push("observation.state", 1.0, None), "is not numeric"),
+    (lambda o: o.push_many("observation.state", [0.1, 0.2], np.ones((2, 8), complex)),
+     "must be real numbers"),
+    (lambda o: o.push_many("observation.state", [0.1, 0.2, 0.3], np.zeros((2, 8))),
+     "3 messages need 3 x 8 values"),
+    (lambda o: o.push_many("observation.state", ["a", "b"], np.zeros((2, 8))),
+     "`times` must be numbers"),
+    (lambda o: (o.push("observation.state", 1.0, np.zeros(8)),
+                o.push("observation.ee_pose", 1e6, np.zeros(9))), "more than future_s = 10 s"),
+    (lambda o: (o.observation(1.0), o.push_many("observation.state", [1.0, 20.0],
+                                                np.zeros((2, 8)))), "more than future_s"),
+    (lambda o: o.push("observation.images.top", 1.0, b"garbage"), "not a JPEG or PNG image"),
+    (lambda o: o.push("observation.images.top", 1.0, _jpeg(16, 16)[:-40]), "truncated JPEG"),
+    (lambda o: o.push("observation.images.top", 1.0, _jpeg(32, 16)),
+     "is a 32x16 JPEG image; this camera's frames are 16x16 JPEG"),
+    (lambda o: o.push("observation.images.top", 1.0, _jpeg(16, 16, "png")),
+     "16x16 PNG image; this camera's frames are 16x16 JPEG"),
+    (lambda o: o.push("observation.images.top", 1.0, np.zeros((8, 8, 3), np.uint8)),
+     r"uint8 array of shape \[8, 8, 3\]"),
+    (lambda o: o.push("observation.images.top", 1.0, torch.zeros(16, 16, 3)),
+     "float32 array of shape"),
 ])
 def test_errors_name_the_stream(sample_caches, call, match):
     obs = Observer.from_cache(sample_caches / "linear", keys=SAMPLE_KEYS)
@@ -315,7 +411,21 @@ def test_errors_name_the_stream(sample_caches, call, match):
     (dict(history=0), "`history` must be"),
     (dict(capacity=1), "`capacity` of stream"),
     (dict(pad="wrap"), "`pad` must be"),
-    (dict(package="core.pt2", device="cuda"), "`package` is for CPU observers"),
+    (dict(package="core.pt2", device="cuda"), "`package` is for CPU observers"
+     if torch.cuda.is_available() else "no CUDA GPU is usable here"),
+    (dict(device="gpu"), "`device` must be 'cpu', 'cuda'"),
+    (dict(device="cuda:99"), "this machine has" if torch.cuda.is_available() else "no CUDA GPU"),
+    (dict(image_size=(224,)), "`image_size` must be None or"),
+    (dict(image_dtype=np.float32), "`image_dtype` must be a torch dtype"),
+    (dict(late_s=-1.0), "`late_s` must be a finite number of seconds >= 0"),
+    (dict(stale_s="1"), "`stale_s` must be"),
+    (dict(tolerance_s=float("nan")), "`tolerance_s` must be"),
+    (dict(future_s=0), "`future_s` must be"),
+    (dict(compile="yes"), "`compile` must be True or False"),
+    (dict(keys="observation.state"), r"pass \['observation.state'\]"),
+    (dict(normalize="bogus"), "`mode` must be one of"),
+    (dict(delta_steps={"observation.state": [-0.5]}), "one integer offset each"),
+    (dict(delta_timestamps={"observation.state": ["a"]}), "`delta_timestamps` must map"),
 ])
 def test_from_cache_validation(sample_caches, kw, match):
     with pytest.raises(DataError, match=match):

@@ -81,6 +81,81 @@ def _finite(v: np.ndarray, ring: np.dtype) -> bool:
                                            float(a.max()) <= float(np.finfo(ring).max))
 
 
+def _seconds(name: str, value: Any, optional: bool = False, positive: bool = False
+             ) -> float | None:
+    """``value`` as a finite number of seconds ``>= 0`` (``> 0`` with ``positive``; ``None``
+    passes with ``optional``), else a DataError naming the argument."""
+    if value is None and optional:
+        return None
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise DataError(f"`{name}` must be a finite number of seconds {'>' if positive else '>='}"
+                        f" 0{' or None' if optional else ''}; got {value!r}.")
+    return float(value)
+
+
+def _device(device: Any) -> torch.device:
+    """``device`` as a CPU or an available CUDA device, else a DataError saying why."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise DataError(f"`device` must be 'cpu', 'cuda' or 'cuda:N'; got {device!r}.") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DataError(f"`device` {device!r}: no CUDA GPU is usable here (torch "
+                            f"{torch.__version__}, CUDA build {torch.version.cuda}); pass "
+                            "device='cpu'.")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DataError(f"`device` {device!r}: this machine has "
+                            f"{torch.cuda.device_count()} CUDA device(s).")
+    elif dev.type != "cpu":
+        raise DataError(f"`device` must be 'cpu', 'cuda' or 'cuda:N'; got {device!r}.")
+    return dev
+
+
+def _seconds_of(what: str, t: Any) -> float:
+    """A message or tick time as a Python float (a DataError naming ``what`` otherwise)."""
+    try:
+        if isinstance(t, (str, bytes)):
+            raise TypeError
+        return float(t)
+    except (TypeError, ValueError):
+        raise DataError(f"{what}: a time must be a number of seconds; got "
+                        f"{type(t).__name__} {t!r:.60}.") from None
+
+
+def _image_header(data: bytes | bytearray) -> tuple[str, int, int] | str:
+    """``(codec, height, width)`` of an encoded JPEG or PNG image from its header (a few
+    marker reads; no decode), or why the bytes are not one."""
+    if data[:3] == b"\xff\xd8\xff":
+        i, n = 2, len(data)
+        while i + 4 <= n:
+            if data[i] != 0xFF:
+                return f"a corrupt JPEG marker at byte {i}"
+            m = data[i + 1]
+            if m == 0xFF:  # fill byte
+                i += 1
+            elif m == 0x01 or 0xD0 <= m <= 0xD8:  # markers without a length
+                i += 2
+            elif 0xC0 <= m <= 0xCF and m not in (0xC4, 0xC8, 0xCC):  # a start of frame
+                if i + 9 > n:
+                    break
+                if data.rfind(b"\xff\xd9", i) < 0:
+                    return "a truncated JPEG: no end-of-image marker"
+                return ("jpeg", int.from_bytes(data[i + 5:i + 7], "big"),
+                        int.from_bytes(data[i + 7:i + 9], "big"))
+            elif m in (0xD9, 0xDA):
+                return "a JPEG without a frame header"
+            else:
+                i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+        return "a truncated JPEG header"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        if len(data) < 24 or data[12:16] != b"IHDR":
+            return "a truncated PNG header"
+        return ("png", int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big"))
+    return f"{len(data)} bytes starting {bytes(data[:8])!r}"
+
+
 def snap_instants(times: list[float], t0: float, rate: float, tolerance_s: float
                   ) -> tuple[list[float], bool]:
     """:func:`robocache.data.cache.snap_times` of a few samples onto the grid ``t0 + k / rate``
@@ -136,6 +211,14 @@ class _StreamSpec:
     times: np.ndarray | None = None
     heads: np.ndarray | None = None
     values: np.ndarray | None = None
+    # the ring's state on the host: its head (mirrored into ``heads``), the latest message's
+    # time, the trailing samples not snapped yet, whether every sample so far was on the grid
+    head: int = 0
+    last: float = -math.inf
+    fresh: int = 0
+    on_grid: bool = True
+    ring: int = 0  # 2 * cap
+    fast: np.dtype | None = None  # a value of this dtype takes push's short path
 
     def __post_init__(self):
         self.dim = int(np.prod(self.shape)) if self.shape else 1
@@ -287,7 +370,8 @@ class Observer:
                  deltas: dict[str, list[int]], squeezed: list[str], norm: dict[str, Any],
                  *, pad: str, image_size, image_dtype: torch.dtype, device: torch.device,
                  stale_s: float | None, tolerance_s: float, task: str | None,
-                 compile: bool = False, package: str | Path | None = None):
+                 future_s: float = 10.0, compile: bool = False,
+                 package: str | Path | None = None):
         self.manifest, self.rate = manifest, float(manifest["rate_hz"])
         self.grid_tolerance_s = tolerance_s
         self.streams = {s.name: s for s in streams}
@@ -347,13 +431,18 @@ class Observer:
             s.times, s.heads = h[f"{g}.times"][s.row], h[f"{g}.head"]
             s.values = h[f"{g}.data"][s.row] if f"{g}.data" in h else h.get(f"{s.name}.values")
             s.full = s.values is not None and s.values.shape[1] == s.dim
+            s.ring = 2 * s.cap
+            if s.values is not None and (s.values.dtype.kind != "f" or
+                                         s.values.dtype.itemsize <= 4):
+                s.fast = s.values.dtype
         self._views = self._arena.views(self._host_buf)
         self._frames = {s.name: [None] * (2 * s.cap) for s in streams if s.kind == "camera"}
         # the frames the last tick decoded (per camera, in time order) and their served tensors
         self._served_frames: tuple[list, list] = ([], [])
-        self._fresh = {s.name: 0 for s in streams}  # trailing samples not snapped yet
-        self._on_grid = {s.name: True for s in streams}
-        self._last = {s.name: -math.inf for s in streams}
+        # the observer's clock: its latest message or tick; messages more than future_s
+        # after it are refused (``_limit``: the latest time accepted)
+        self.future_s = future_s
+        self._latest, self._limit = -math.inf, math.inf
         self.core = ObservationCore(streams, self._groups, norm, pad == "zero", inputs).to(device)
         self._args = ["target", "pre", "horizon", *inputs]
         self._compile, self._package = compile, package
@@ -373,7 +462,7 @@ class Observer:
                    capacity: int | Mapping[str, int] | None = None,
                    late_s: float | None = None, stale_s: float | None = None,
                    lookahead_s: float = 0.1, camera_tolerance_s: float | None = None,
-                   task: str | None = None, compile: bool = False,
+                   future_s: float = 10.0, task: str | None = None, compile: bool = False,
                    package: str | Path | None = None) -> Observer:
         """An observer serving the observations a :class:`~robocache.RobotDataset` over the
         cache at ``path`` would, with the same keyword arguments.
@@ -400,6 +489,10 @@ class Observer:
                 the rings).
             camera_tolerance_s: the cache's ``tolerance_s`` (``--tolerance``): camera steps
                 farther than this from every frame are padded (default: off, as ingest's).
+            future_s: a message more than this many seconds after the observer's clock (the
+                latest message of any stream, or the latest tick, whichever is later) is
+                refused: a time that far ahead is a wrong clock, and accepting it would make
+                every later message of its stream "go backwards" until :meth:`reset`.
             task: the task string served as ``"task"`` (settable later, :attr:`task`).
             compile: compile the core on the first tick (static shapes): on the CPU into an
                 AOTInductor package loaded in this process (a minute or more: gcc), on a GPU
@@ -415,7 +508,8 @@ class Observer:
         Raises:
             FileNotFoundError: no cache at ``path``.
             DataError: an unfinished cache, unknown or action keys, a method that needs the
-                whole episode (``cubic``), future offsets, bad sizes (messages name the
+                whole episode (``cubic``), future offsets, bad sizes, an argument of the wrong
+                type or range, a CUDA device on a machine without one (messages name the
                 argument and the fix).
         """
         from robocache.data.cache import native_streams
@@ -443,6 +537,28 @@ class Observer:
                    torch.device("cpu"), "pass a smaller `history`.")
         if pad not in ("edge", "zero"):
             raise DataError(f"`pad` must be 'edge' or 'zero'; got {pad!r}.")
+        device = _device(device)
+        tolerance_s = _seconds("tolerance_s", tolerance_s, positive=True)
+        late_s = _seconds("late_s", late_s, optional=True)
+        stale_s = _seconds("stale_s", stale_s, optional=True)
+        camera_tolerance_s = _seconds("camera_tolerance_s", camera_tolerance_s, optional=True)
+        future_s = _seconds("future_s", future_s, positive=True)
+        if image_size is not None and not (
+                isinstance(image_size, (tuple, list)) and len(image_size) == 2 and all(
+                    isinstance(x, int) and not isinstance(x, bool) and x > 0
+                    for x in image_size)):
+            raise DataError(f"`image_size` must be None or (height, width) in pixels, two "
+                            f"integers > 0; got {image_size!r}.")
+        if not isinstance(image_dtype, torch.dtype):
+            raise DataError(f"`image_dtype` must be a torch dtype (e.g. torch.float32); got "
+                            f"{image_dtype!r}.")
+        if not isinstance(compile, bool):
+            raise DataError(f"`compile` must be True or False; got {compile!r}.")
+        if task is not None and not isinstance(task, str):
+            raise DataError(f"`task` must be a string or None; got {type(task).__name__}.")
+        if isinstance(keys, str):
+            raise DataError(f"`keys` must be a list of stream names; got the string {keys!r} "
+                            f"(pass [{keys!r}]).")
         specs = manifest["streams"]
         servable = [k for k, s in specs.items() if s["kind"] in ("numeric", "image", "video")]
         keys = list(keys) if keys is not None else \
@@ -459,15 +575,21 @@ class Observer:
         if delta_timestamps is not None and delta_steps is not None:
             raise DataError("pass `delta_timestamps` (seconds) or `delta_steps`, not both.")
         if delta_timestamps is not None:
-            delta_steps = seconds_to_steps(dict(delta_timestamps), rate, tolerance_s, keys)
+            try:
+                delta_steps = seconds_to_steps(dict(delta_timestamps), rate, tolerance_s, keys)
+            except (TypeError, ValueError) as e:
+                raise DataError(f"`delta_timestamps` must map keys to lists of seconds; got "
+                                f"{dict(delta_timestamps)!r} ({e}).") from None
         squeezed: list[str] = []
         if delta_steps is not None:
             if history != 1:
                 raise DataError("per-key offsets replace `history`; pass one or the other.")
             unknown = [k for k in delta_steps if k not in keys]
-            if unknown or any(len(v) == 0 for v in delta_steps.values()):
+            if unknown or any(len(v) == 0 or not all(
+                    isinstance(o, (int, np.integer)) and not isinstance(o, bool) for o in v)
+                    for v in delta_steps.values()):
                 raise DataError(f"`delta_steps` must name served keys ({keys}) with at least "
-                                f"one offset each; got {dict(delta_steps)}.")
+                                f"one integer offset each; got {dict(delta_steps)}.")
             deltas = {k: [int(o) for o in delta_steps.get(k, [0])] for k in keys}
             squeezed = [k for k in keys if k not in delta_steps]
         else:
@@ -507,14 +629,14 @@ class Observer:
                 tuple(s["shape"]) if not camera else (), cap, tol, exact,
                 "each" if (s["kind"] == "numeric" and method in ("previous", "nearest"))
                 or exact else "all",
-                tolerance_s if late_s is None else float(late_s)))
+                tolerance_s if late_s is None else late_s))
         need = sum(2 * st.cap * (8 + st.dtype.itemsize * max(1, math.prod(st.shape))
                                  + (math.prod(specs[st.name]["shape"])
                                     if st.kind == "camera" else 0)) for st in streams)
         check_fits("Observer", f"message buffers of {[st.cap for st in streams]} slots", need,
-                   torch.device(device), "pass a smaller `capacity` (or `lookahead_s`, "
+                   device, "pass a smaller `capacity` (or `lookahead_s`, "
                    "`history`).")
-        if package is not None and torch.device(device).type == "cuda":
+        if package is not None and device.type == "cuda":
             raise DataError("`package` is for CPU observers; on a GPU pass compile=True "
                             "(torch.compile inside the CUDA graph).")
         stats = json.loads((path / manifest["stats_path"]).read_text())
@@ -525,14 +647,17 @@ class Observer:
                       and np.dtype(specs[k]["dtype"]).kind == "f"}
             modes = normalize if isinstance(normalize, str) else \
                 {k: m for k, m in normalize.items() if k in floats}
-            normalizer = Normalizer(floats, modes)
+            try:
+                normalizer = Normalizer(floats, modes)
+            except ValueError as e:
+                raise DataError(str(e)) from None
             # every float stream, in the arithmetic training normalizes it in (float64 for
             # float64: RobotLoader's normalizer)
             norm = {k: normalizer.params(k, torch.device("cpu"), _TORCH[np.dtype(
                 specs[k]["dtype"])]) for k in floats}
         return cls(manifest, streams, deltas, squeezed, norm, pad=pad, image_size=image_size,
-                   image_dtype=image_dtype, device=torch.device(device), stale_s=stale_s,
-                   tolerance_s=float(tolerance_s), task=task, compile=compile,
+                   image_dtype=image_dtype, device=device, stale_s=stale_s,
+                   tolerance_s=tolerance_s, future_s=future_s, task=task, compile=compile,
                    package=package)
 
     # ------------------------------------------------------------------ messages
@@ -545,68 +670,158 @@ class Observer:
     def push(self, stream: str, t: float, value: Any) -> None:
         """One message: ``value`` of ``stream`` at ``t`` (seconds, the cache's clock).
 
-        ``value``: numeric streams an array-like of the stream's shape (any numeric dtype,
-        stored in the stream's); cameras the frame's encoded JPEG/PNG ``bytes`` (as the cache
-        stores them) or a uint8 ``[H, W, C]`` array.
+        ``value``: numeric streams an array-like of the stream's shape (any real numeric
+        dtype that the stream's store holds exactly, stored in the stream's); cameras the
+        frame's encoded JPEG/PNG ``bytes`` (as the cache stores them; video cameras: decoded
+        frames) or an array of the camera's ``[H, W, C]`` shape and dtype.
 
         Raises:
-            DataError: an unknown stream, a NaN or infinite time or value, a value of the
-                wrong size, or a time earlier than the stream's latest by more than ``late_s``.
+            DataError: an unknown stream; a time that is not a number, NaN, infinite, earlier
+                than the stream's latest by more than ``late_s``, or later than the observer's
+                clock by more than ``future_s``; a value that is not real numbers (complex,
+                strings, ragged lists), of the wrong size, NaN or infinite, past the range of
+                the stream's store, or not an integer an integer stream can hold; a camera
+                frame that is not a JPEG/PNG image or an array of the camera's size (bytes are
+                checked by their header: a frame whose header fits but whose data is corrupt
+                still fails at the tick that decodes it).
         """
         s = self.streams.get(stream) or self._spec(stream)
-        t, last = float(t), self._last[stream]
-        if not last - s.late_s <= t < math.inf:  # also NaN
-            if not math.isfinite(t):
-                raise DataError(f"stream {stream!r}: message time {t!r} is not finite.")
-            raise DataError(f"stream {stream!r}: time went backwards: {t!r} s after a message "
-                            f"at {last!r} s (late_s = {s.late_s:g}).")
-        if s.kind == "numeric":
-            v = value if type(value) is np.ndarray else np.asarray(
-                value.detach().cpu() if isinstance(value, torch.Tensor) else value)
-            if v.size != s.dim:  # (a value is written as a row: any shape of that size)
-                raise DataError(f"stream {stream!r}: value has {v.size} elements, expected "
-                                f"{s.dim} (shape {list(s.shape)}).")
-            if v.dtype.kind == "f" and not _finite(v, s.values.dtype):
-                raise DataError(f"stream {stream!r}: value at t = {t!r} s holds NaN or "
-                                f"infinite elements, or elements past {s.values.dtype}'s "
-                                "range (the stream's store).")
-        elif not isinstance(value, (bytes, bytearray, np.ndarray, torch.Tensor)):
-            raise DataError(f"stream {stream!r}: a camera frame must be encoded bytes or a "
-                            f"uint8 [H, W, C] array; got {type(value).__name__}.")
+        if type(t) is not float:
+            t = _seconds_of(f"stream {stream!r}", t)
+        if not s.last - s.late_s <= t <= self._limit:  # also NaN
+            self._refuse_time(s, t)
         if s.kind == "camera":
-            self._insert(s, t, value)
-            return
-        if v.ndim != 1:
-            v = v.reshape(-1)
-        head = int(s.heads[s.row])
-        if t < last or head == 2 * s.cap:  # late, or the ring wraps
-            self._insert(s, t, v)
-            return
-        # in order with room: a few NumPy stores into the ring (what _insert does then)
-        s.times[head] = t
-        if s.full:
-            s.values[head] = v
+            self._insert(s, t, self._checked_frame(s, t, value))
         else:
-            s.values[head, :s.dim] = v
-        s.heads[s.row] = head + 1
-        self._last[stream] = t
-        self._fresh[stream] += 1
+            # the usual message (an array of the store's dtype, 4-byte floats at most): its
+            # size, and finite iff the sum of its elements as Python floats is (one call)
+            if type(value) is np.ndarray and value.dtype is s.fast and value.size == s.dim:
+                v = value if value.ndim == 1 else value.reshape(-1)
+                if s.fast.kind == "f" and not math.isfinite(sum(v.tolist())):
+                    raise DataError(f"stream {stream!r}: value at t = {t!r} s holds NaN or "
+                                    "infinite elements.")
+            else:
+                v = self._value(s, t, value)
+            head = s.head
+            if t < s.last or head == s.ring:  # late, or the ring wraps
+                self._insert(s, t, v)
+            else:  # in order with room: a few NumPy stores into the ring
+                s.times[head] = t
+                if s.full:
+                    s.values[head] = v
+                else:
+                    s.values[head, :s.dim] = v
+                s.head = head + 1
+                s.heads[s.row] = head + 1
+                s.last = t
+                s.fresh += 1
+        if t > self._latest:
+            self._latest, self._limit = t, t + self.future_s
+
+    def _refuse_time(self, s: _StreamSpec, t: float) -> None:
+        if not math.isfinite(t):
+            raise DataError(f"stream {s.name!r}: message time {t!r} is not finite.")
+        if t > self._limit:
+            raise DataError(f"stream {s.name!r}: message time {t!r} s is more than future_s = "
+                            f"{self.future_s:g} s after the observer's clock ({self._latest!r} s: "
+                            "its latest message or tick); fix the sender's clock, or pass a "
+                            "larger `future_s` (or reset() for a new episode).")
+        raise DataError(f"stream {s.name!r}: time went backwards: {t!r} s after a message at "
+                        f"{s.last!r} s (late_s = {s.late_s:g}).")
+
+    def _value(self, s: _StreamSpec, t: float, value: Any) -> np.ndarray:
+        """A numeric message's value, checked: a 1-D array of the stream's size that its
+        store holds (the general case of :meth:`push`)."""
+        where = f"stream {s.name!r}: value at t = {t!r} s"
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            value = (value.float() if value.dtype == torch.bfloat16 else value).numpy()
+        try:
+            v = np.asarray(value)
+        except (TypeError, ValueError) as e:  # ragged lists
+            raise DataError(f"{where} is not an array of numbers ({e}).") from None
+        kind = v.dtype.kind
+        if kind == "c":
+            raise DataError(f"{where} is complex ({v.dtype}); the stream stores real "
+                            f"{s.dtype} values: pass the real part (or the magnitude).")
+        if kind not in "biuf":
+            raise DataError(f"{where} is not numeric (dtype {v.dtype}); pass numbers of shape "
+                            f"{list(s.shape)}.")
+        if v.size != s.dim:  # (a value is written as a row: any shape of that size)
+            raise DataError(f"{where} has {v.size} elements, expected {s.dim} (shape "
+                            f"{list(s.shape)}).")
+        v = v.reshape(-1)
+        store = s.values.dtype
+        if kind == "f" and not _finite(v, store):
+            raise DataError(f"{where} holds NaN or infinite elements, or elements past "
+                            f"{store}'s range (the stream's store).")
+        if store.kind in "biu" and v.dtype != store:
+            bad = [x for x in v.tolist() if not (x in (0, 1) if store.kind == "b" else (
+                x == int(x) and np.iinfo(store).min <= x <= np.iinfo(store).max))]
+            if bad:
+                raise DataError(f"{where} holds {bad[0]!r}, which the stream's {store} store "
+                                "cannot hold exactly.")
+        return v
+
+    def _checked_frame(self, s: _StreamSpec, t: float, frame: Any) -> Any:
+        """A camera message, checked against the camera's spec: encoded bytes by their
+        header (codec and size), arrays and tensors by shape and dtype."""
+        spec = self.manifest["streams"][s.name]
+        (h, w, c), dtype = (tuple(spec["shape"]) + (1,))[:3], spec["dtype"]
+        codec = spec.get("codec", "jpeg")
+        where = f"stream {s.name!r}: the frame at t = {t!r} s"
+        if isinstance(frame, (bytes, bytearray)):
+            if codec not in ("jpeg", "png"):
+                raise DataError(f"{where} is encoded bytes, but this camera is kept as "
+                                f"{codec}: push decoded {dtype} [{h}, {w}, {c}] arrays.")
+            head = _image_header(frame)
+            if isinstance(head, str):
+                raise DataError(f"{where} is not a JPEG or PNG image ({head}).")
+            if head[0] != codec or head[1:] != (h, w):
+                raise DataError(f"{where} is a {head[1]}x{head[2]} {head[0].upper()} image; "
+                                f"this camera's frames are {h}x{w} {codec.upper()} images.")
+            return frame
+        if isinstance(frame, (np.ndarray, torch.Tensor)):
+            got = str(frame.dtype).replace("torch.", "")
+            if got != dtype or tuple(frame.shape) not in ((h, w, c), (h, w) if c == 1 else ()):
+                raise DataError(f"{where} is a {got} array of shape {list(frame.shape)}; this "
+                                f"camera's frames are {dtype} [{h}, {w}, {c}].")
+            return frame
+        raise DataError(f"stream {s.name!r}: a camera frame must be encoded bytes or a "
+                        f"{dtype} [{h}, {w}, {c}] array; got {type(frame).__name__}.")
 
     def push_many(self, stream: str, times: Sequence[float] | np.ndarray,
                   values: Sequence[Any] | np.ndarray) -> None:
         """Several messages of one stream (``times [N]``, ``values [N, ...]``), as :meth:`push`
         one by one, checked at once."""
-        times = np.asarray(times, np.float64).reshape(-1)
         s = self.streams.get(stream) or self._spec(stream)
+        try:
+            times = np.asarray(times, np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise DataError(f"stream {stream!r}: `times` must be numbers of seconds; got "
+                            f"{times!r:.80}.") from None
         n = len(times)
         if s.kind == "camera" or n < 2:
-            for t, v in zip(times, values, strict=True):
+            if not isinstance(values, np.ndarray):
+                values = list(values) if isinstance(values, Sequence) else values
+            if len(values) != n:
+                raise DataError(f"stream {stream!r}: {n} times but {len(values)} values.")
+            for t, v in zip(times.tolist(), values, strict=True):
                 self.push(stream, t, v)
             return
-        v = np.asarray(values).reshape(n, -1)
-        if v.shape[1] != s.dim:
-            raise DataError(f"stream {stream!r}: values hold {v.shape[1]} elements per "
-                            f"message, expected {s.dim} (shape {list(s.shape)}).")
+        try:
+            v = np.asarray(values)
+        except (TypeError, ValueError) as e:
+            raise DataError(f"stream {stream!r}: `values` are not an array of numbers ({e})."
+                            ) from None
+        if v.dtype.kind not in "biuf":
+            hint = " (complex: pass the real part)" if v.dtype.kind == "c" else ""
+            raise DataError(f"stream {stream!r}: `values` must be real numbers; got dtype "
+                            f"{v.dtype}{hint}.")
+        if v.size != n * s.dim:
+            raise DataError(f"stream {stream!r}: {n} messages need {n} x {s.dim} values "
+                            f"(shape {list(s.shape)} each); got {v.size} ({list(v.shape)}).")
+        v = v.reshape(n, s.dim)
         # few NumPy calls (each costs about a microsecond): the times as Python floats, in
         # order iff sorted; their sum is finite iff every one is (seconds cannot overflow)
         tl = times.tolist()
@@ -614,30 +829,37 @@ class Observer:
                                             _finite(v, s.values.dtype))):
             raise DataError(f"stream {stream!r}: NaN or infinite times or values, or values "
                             f"past {s.values.dtype}'s range (the stream's store).")
-        last = self._last[stream]
-        if tl != sorted(tl) or tl[0] < last - s.late_s:
+        if tl != sorted(tl) or tl[0] < s.last - s.late_s:
             raise DataError(f"stream {stream!r}: time went backwards within the messages "
                             "(push_many takes them in time order).")
-        head, ring = int(s.heads[s.row]), 2 * s.cap
-        if tl[0] < last or n > s.cap + 1:  # late, or more than a ring keeps: one by one
+        if tl[-1] > self._limit:
+            self._refuse_time(s, tl[-1])
+        if s.values.dtype.kind in "biu" and v.dtype != s.values.dtype:
+            for t, row in zip(tl, v, strict=True):  # each checked as push checks it
+                self._value(s, t, row)
+        head, ring = s.head, s.ring
+        if tl[0] < s.last or n > s.cap + 1:  # late, or more than a ring keeps: one by one
             for t, row in zip(tl, v, strict=True):
                 self._insert(s, t, row)
-            return
-        if head + n > ring:  # the ring wraps: the latest cap - 1 to the front, as push does
-            keep = s.cap - 1
-            s.times[:keep] = s.times[head - keep:head]
-            s.values[:keep] = s.values[head - keep:head]
-            head = keep
-        # one slice store per array (what n pushes store one by one)
-        s.times[head:head + n] = times
-        s.values[head:head + n, :s.dim] = v
-        s.heads[s.row] = head + n
-        self._last[stream] = tl[-1]
-        self._fresh[stream] = min(self._fresh[stream] + n, head + n)
+        else:
+            if head + n > ring:  # the ring wraps: the latest cap - 1 to the front, as push does
+                keep = s.cap - 1
+                s.times[:keep] = s.times[head - keep:head]
+                s.values[:keep] = s.values[head - keep:head]
+                head = keep
+            # one slice store per array (what n pushes store one by one)
+            s.times[head:head + n] = times
+            s.values[head:head + n, :s.dim] = v
+            s.head = head + n
+            s.heads[s.row] = head + n
+            s.last = tl[-1]
+            s.fresh = min(s.fresh + n, head + n)
+        if tl[-1] > self._latest:
+            self._latest, self._limit = tl[-1], tl[-1] + self.future_s
 
     def _insert(self, s: _StreamSpec, t: float, value: Any) -> None:
-        cap, times, vals, r = s.cap, s.times, s.values, s.row
-        head = int(s.heads[r])
+        cap, times, vals = s.cap, s.times, s.values
+        head = s.head
         if head == 2 * cap:  # keep the latest cap - 1 at the front
             times[:cap - 1] = times[cap + 1:]
             if vals is not None:
@@ -647,8 +869,7 @@ class Observer:
                 f[:cap - 1] = f[cap + 1:]
             head = cap - 1
         at = head
-        last = self._last[s.name]
-        if t < last:  # late: insert in order among the kept samples
+        if t < s.last:  # late: insert in order among the kept samples
             start = max(head - cap, 0)
             at = start + int(np.searchsorted(times[start:head], t, side="right"))
             times[at + 1:head + 1] = times[at:head].copy()
@@ -658,7 +879,7 @@ class Observer:
                 f = self._frames[s.name]
                 f[at + 1:head + 1] = f[at:head]
         else:
-            self._last[s.name] = t
+            s.last = t
         times[at] = t
         if vals is None:
             self._frames[s.name][at] = value
@@ -666,16 +887,20 @@ class Observer:
             vals[at] = value
         else:
             vals[at, :s.dim] = value
-        s.heads[r] = head + 1
-        self._fresh[s.name] = max(self._fresh[s.name] + 1, head + 1 - at)
+        s.head = head + 1
+        s.heads[s.row] = head + 1
+        s.fresh = max(s.fresh + 1, head + 1 - at)
 
     # ------------------------------------------------------------------ ticks
     def start(self, t0: float) -> None:
         """Anchor the grid at ``t0`` (step 0, the episode's first step); by default the first
         :meth:`observation` does."""
-        if not math.isfinite(float(t0)):
+        t0 = _seconds_of("`t0`", t0)
+        if not math.isfinite(t0):
             raise DataError(f"`t0` must be a finite time in seconds; got {t0!r}.")
-        self.t0 = float(t0)
+        self.t0 = t0
+        if t0 > self._latest:  # the grid's start advances the clock that bounds messages
+            self._latest, self._limit = t0, t0 + self.future_s
 
     def reset(self) -> None:
         """Forget every message and the grid (a new episode)."""
@@ -683,16 +908,20 @@ class Observer:
         for n in self._frames:
             self._frames[n] = [None] * len(self._frames[n])
         self._served_frames = ([], [])
-        for n in self.streams:
-            self._fresh[n], self._on_grid[n], self._last[n] = 0, True, -math.inf
+        for st in self.streams.values():
+            st.head, st.last, st.fresh, st.on_grid = 0, -math.inf, 0, True
+        self._latest, self._limit = -math.inf, math.inf
         self.t0, self._pre_set = None, False
 
     def step(self, t: float) -> int:
         """The grid step :meth:`observation` serves at ``t``: the latest at or before it
         (within the grid tolerance)."""
+        t = _seconds_of("`t`", t)
+        if not math.isfinite(t):
+            raise DataError(f"`t` must be a finite time in seconds; got {t!r}.")
         if self.t0 is None:
             self.start(t)
-        return int(math.floor((float(t) - self.t0 + self.grid_tolerance_s) * self.rate))
+        return int(math.floor((t - self.t0 + self.grid_tolerance_s) * self.rate))
 
     def instant(self, k: int) -> float:
         """Grid step ``k``'s time, as ingest computes it (``t0 + k / rate`` in float64)."""
@@ -703,36 +932,36 @@ class Observer:
         step at ``t`` needs to be final: an interpolated stream a message at or after the step
         (pchip: two); a nearest / camera stream that, or a latest message no farther before
         the step than ``t`` is after it."""
+        t = _seconds_of("`t`", t)
         x = self.instant(self.step(t))
         for s in self.streams.values():
             need = _AHEAD[s.method]
-            head = int(s.heads[s.row])
+            head = s.head
             if not need:
                 continue
             if head < need:
                 return False
             latest = s.times[head - need]
             if latest < x and not (s.method in ("nearest", "frame_index") and s.tolerance_s
-                                   is None and x - latest <= float(t) - x):
+                                   is None and x - latest <= t - x):
                 return False
         return True
 
     def _snap(self) -> None:
         """Snap the samples that came since the last tick onto the grid (ingest's rule)."""
         t0, rate, tol = self.t0, self.rate, self.grid_tolerance_s
-        fresh = self._fresh
         for s in self.streams.values():
-            n = fresh[s.name]
+            n = s.fresh
             if not n:
                 continue
-            fresh[s.name] = 0
-            if s.snap == "all" and not self._on_grid[s.name]:
+            s.fresh = 0
+            if s.snap == "all" and not s.on_grid:
                 continue
-            head = int(s.heads[s.row])
+            head = s.head
             n = min(n, head)
             snapped, close = snap_instants(s.times[head - n:head].tolist(), t0, rate, tol)
             if s.snap == "all" and not close:
-                self._on_grid[s.name] = False
+                s.on_grid = False
             else:
                 s.times[head - n:head] = snapped
 
@@ -746,15 +975,17 @@ class Observer:
         clone them before the next one.
 
         Raises:
-            DataError: ``t`` is NaN, or before the first tick.
+            DataError: ``t`` is not a number, NaN, or before the first tick.
         """
-        t = float(t)
+        t = _seconds_of("`t`", t)
         if not math.isfinite(t):
             raise DataError(f"`t` must be a finite time in seconds; got {t!r}.")
         k = self.step(t)
         if k < 0:
             raise DataError(f"`t` = {t!r} s is before the first tick (t0 = {self.t0!r} s); "
                             "call reset() to start a new episode.")
+        if t > self._latest:  # the tick advances the clock that bounds message times
+            self._latest, self._limit = t, t + self.future_s
         self._snap()
         # the window's instants as ingest computes them (t0 + k / rate in float64: Python
         # floats are the same doubles), a few stores into the host arena
