@@ -22,6 +22,7 @@ from robocache.cli import (
     mixture,
     preprocess,
     report,
+    stats,
     view,
 )
 
@@ -48,6 +49,7 @@ app.command("demo")(demo.demo)
 app.command("view")(view.view)
 app.command("audit")(audit.audit)
 app.command("edit")(edit.edit)
+app.command("stats")(stats.stats)
 
 
 def main() -> None:

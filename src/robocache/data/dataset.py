@@ -152,6 +152,14 @@ class RobotDataset(torch.utils.data.Dataset):
             memory at open (each process its own copy), instead of mapping the machine's
             served index and reading frames per batch. For small caches read many times by
             one process; the default serves any size with memory shared by the machine.
+        relative_actions: action keys served relative to the sample's current state, e.g.
+            ``{"action": {"mode": "joint", "state": "observation.state",
+            "absolute_dims": [7]}}``; modes ``"joint"``, ``"ee"`` / ``"base"`` (SE(3)) and
+            the fields are described in :mod:`robocache.data.relative`. Their statistics
+            (:attr:`stats`) are those of the relative chunks, stored in the cache by
+            :func:`robocache.data.stats.relative_action_stats` (``robocache stats CACHE
+            --relative ...``); without them the key has no statistics and normalizing it is
+            refused (:meth:`check_normalizable`).
 
     Items (``ds[i]``, or ``ds[list_of_i]`` for a batch with a leading ``B``): for each
     observation key ``[history, D]``, for each action key ``[horizon, D]`` (with per-key
@@ -191,7 +199,8 @@ class RobotDataset(torch.utils.data.Dataset):
                  episode_keys: str | Path | Mapping[str, int] | None = None,
                  audit: str | Path | Mapping[str, Any] | None = None,
                  drop_flags: Sequence[str] | None = None, version: int | None = None,
-                 split: str | None = None):
+                 split: str | None = None,
+                 relative_actions: Mapping[str, Mapping[str, Any]] | None = None):
         from robocache.ops.normalize import Stats
 
         require("lance", "data", "The Lance cache", "pylance")
@@ -271,6 +280,12 @@ class RobotDataset(torch.utils.data.Dataset):
         # stats normalize float streams; integer and bool streams are served as stored
         self.stats = {k: Stats.from_dict(v) for k, v in stats.items() if k in keys
                       and np.dtype(streams[k]["dtype"]).kind == "f"}
+        self.absolute_stats = dict(self.stats)
+        # relative actions: checked against the streams before anything is read
+        fields = {k: (int(np.prod(streams[k]["shape"], dtype=np.int64)),
+                      np.dtype(streams[k]["dtype"]).kind == "f", k in self.image_keys)
+                  for k in keys}
+        self._set_relative(relative_actions, fields)
 
         if not self.manifest["episodes"]:
             reasons = "; ".join(f"episode {q['index']}: {q['reason']}"
@@ -375,6 +390,10 @@ class RobotDataset(torch.utils.data.Dataset):
             if key.pad_col is not None:
                 self._columns[f"{k}\0pad"] = (key.pad_col, 1)
                 self._offsets[f"{k}\0pad"] = self.deltas[k]
+        if self.relative is not None:  # the current state, in the same gather
+            cols, offs = self.relative.columns(self.layout)
+            self._columns.update(cols)
+            self._offsets.update(offs)
         # where the camera keys' frame numbers are on the host (read ahead of the device)
         self._host = (self.data if self.data.device.type == "cpu" else self._host[0],
                       self.offsets.cpu(), {k: self._columns[k] for k in self.image_keys})
@@ -396,13 +415,95 @@ class RobotDataset(torch.utils.data.Dataset):
             setattr(out, name, getattr(self, name).to(device))
         return out
 
+    def _set_relative(self, spec: Mapping[str, Mapping[str, Any]] | None,
+                      fields: Mapping[str, tuple[int, bool, bool]]) -> None:
+        """Validate ``relative_actions`` (served keys' ``fields``: values per step, float?,
+        camera?) and serve its keys with their relative statistics where the cache has them
+        (:func:`robocache.data.stats.load_relative_stats`), else with none."""
+        from robocache.data.relative import RelativeActions, parse
+        from robocache.data.stats import load_relative_stats
+
+        specs = parse(spec, fields, self.action_keys)
+        old = self.relative.specs if getattr(self, "relative", None) is not None else {}
+        stats = {k: v for k, v in self.stats.items() if k not in old}
+        stats.update((k, self.absolute_stats[k]) for k in old if k in self.absolute_stats)
+        for key, s in specs.items():
+            stats.pop(key, None)
+            found = load_relative_stats(self.location, self.manifest, key, s, self.deltas[key])
+            if found is not None:
+                stats[key] = found
+        self.relative = RelativeActions(specs) if specs else None
+        self.stats = stats
+
+    def with_relative_actions(self, relative_actions: Mapping[str, Mapping[str, Any]] | None
+                              ) -> RobotDataset:
+        """A copy serving ``relative_actions`` (as the constructor's argument; None: every
+        key absolute) instead of this dataset's; this dataset is unchanged.
+
+        Raises:
+            DataError: a bad entry (see :mod:`robocache.data.relative`).
+        """
+        out = copy.copy(self)
+        fields = {k: (key.dim, key.dtype.is_floating_point, k in self.image_keys)
+                  for k, key in self.layout.items()}
+        out._set_relative(relative_actions, fields)
+        out.set_windows()
+        return out
+
+    def check_normalizable(self, stats: Mapping[str, Any] | Sequence[str]) -> None:
+        """Refuse to normalize a relative key (``stats``: the statistics a normalizer would use,
+        or the keys it would normalize) without the statistics of its relative chunks: absolute
+        statistics do not describe what the model sees.
+
+        Raises:
+            DataError: one line naming the key and the command (or function) that computes
+                its statistics.
+        """
+        from robocache.data.stats import command_hint
+
+        if self.relative is None:
+            return
+        for key, spec in self.relative.specs.items():
+            if key not in stats:
+                continue
+            given = stats[key] if isinstance(stats, Mapping) else self.stats.get(key)
+            tag = spec.tag(self.deltas[key])
+            if given is None or getattr(given, "relative", None) != tag:
+                what = f"{self.location} holds only its absolute statistics" if given is None \
+                    else "the normalizer holds its absolute statistics" if given.relative is None \
+                    else "the normalizer holds statistics of other chunks of it"
+                raise DataError(
+                    f"`{key}` is served relative ({spec.mode} against {spec.state!r}, chunks of "
+                    f"{len(self.deltas[key])} steps) and {what}; "
+                    f"compute those of its relative chunks with `{command_hint(self, key)}` "
+                    "(or robocache.data.stats.relative_action_stats), or leave the key out of "
+                    "`normalize`.")
+
     def normalized(self, normalizer) -> RobotDataset:
         """A copy whose packed float columns are normalized once, where they live (affine per
         dimension, so windows of normalized rows equal normalized windows; with
-        ``pad="zero"`` the padding is zero in normalized units)."""
+        ``pad="zero"`` the padding is zero in normalized units). Relative action keys and
+        their state keys are normalized per batch instead, after the transform.
+
+        Raises:
+            DataError: ``normalizer`` holds statistics of a relative key that are not those
+                of its relative chunks (see :meth:`check_normalizable`).
+        """
         out = copy.copy(self)
         out.data = self.data.clone()
+        deferred = set()
+        if self.relative is not None:
+            self.check_normalizable(normalizer.stats)
+            deferred = self.relative.deferred() & set(normalizer.stats)
+            if deferred:
+                from robocache.ops.normalize import Normalizer
+
+                out.relative = self.relative.with_post(Normalizer(
+                    {k: normalizer.stats[k] for k in deferred},
+                    {k: normalizer.modes[k] for k in deferred}, eps=normalizer.eps))
         for k in self.stats:  # every float dtype, in its own dtype (float64 in float64)
+            if k in deferred:
+                continue
             key = self.layout[k]
             cols = slice(key.col, key.col + key.words)
             normed = normalizer({k: key.values(self.data[:, cols])})[k].to(key.dtype)
@@ -510,6 +611,8 @@ class RobotDataset(torch.utils.data.Dataset):
             if k in self.squeezed:
                 value, pad = value[:, 0], pad[:, 0]
             out[k], out[f"{k}_is_pad"] = value, pad
+        if self.relative is not None:  # chunks against the current state, where they are
+            out.update(self.relative.run(out, raw, self))
         return out
 
     def camera_shape(self, key: str) -> tuple[tuple[int, int, int], torch.dtype]:

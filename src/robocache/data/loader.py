@@ -42,6 +42,7 @@ import torch
 
 from robocache.data.dataset import Batch, RobotDataset, _Key
 from robocache.data.frames import stack
+from robocache.data.relative import PerSource
 from robocache.data.sampler import check_position, epoch_order, rank_share
 from robocache.errors import DataError
 from robocache.observability import metrics
@@ -432,6 +433,11 @@ def _pack(mixture: MixedDataset, datasets: list[RobotDataset]) -> _Packed:
     out.horizon = max(d.horizon for d in datasets)
     out.offsets = torch.cat([d.offsets[:-1] + base[i] for i, d in enumerate(datasets)]
                             + [sizes.sum()[None]])
+    # each source's relative actions on its rows (its own widths, states and statistics)
+    out.relative = PerSource([d.relative for d in datasets],
+                             [{k: d.layout[k].dim for k in d.relative.deferred()}
+                              if d.relative is not None else {} for d in datasets]) \
+        if any(d.relative is not None for d in datasets) else None
     out.set_windows()
     # the camera keys' frame numbers on the host too, to read frames ahead of the device
     cams = [k for k in out.image_keys]
@@ -543,14 +549,19 @@ class RobotLoader:
             :meth:`set_epoch` each epoch (or let the epoch advance after each full pass, the
             same on every rank). The default device under DDP is ``cuda:LOCAL_RANK``, so each
             rank's resident cache sits on its own GPU.
+        relative_actions: serve these action keys relative to the current state in every
+            source (:class:`RobotDataset`'s argument, replacing the sources' own); a relative
+            key is normalized with the statistics of its relative chunks, after the transform.
 
     Iteration resumes: :meth:`state_dict` / :meth:`load_state_dict` save and restore the
     position (epoch, samples served), also onto another number of ranks, and breaking out of
     a loop then calling ``iter`` again continues the same epoch.
 
     Raises:
-        DataError: ``batch_size`` < 1, ``rank`` outside ``[0, world_size)``, or the workers
-            path with datasets not on the CPU.
+        DataError: ``batch_size`` < 1, ``rank`` outside ``[0, world_size)``, the workers
+            path with datasets not on the CPU, a bad ``relative_actions`` entry, or a relative
+            key to normalize without the statistics of its relative chunks (one line naming
+            the command that computes them).
     """
 
     def __init__(self, data: RobotDataset | MixedDataset, batch_size: int = 256, *,
@@ -558,7 +569,8 @@ class RobotLoader:
                  drop_last: bool = True, num_workers: int = 0, resident: bool | None = None,
                  normalize: str | Mapping[str, str] | None = "mean_std", seed: int = 0,
                  prefetch_factor: int = 4, cuda_graph: bool = True, rank: int | None = None,
-                 world_size: int | None = None, read_ahead: int = READ_AHEAD):
+                 world_size: int | None = None, read_ahead: int = READ_AHEAD,
+                 relative_actions: Mapping[str, Mapping] | None = None):
         from robocache.ops.normalize import Normalizer
 
         if batch_size < 1:
@@ -580,6 +592,11 @@ class RobotLoader:
         self.mixed = isinstance(data, MixedDataset)
         self.mixture = data if self.mixed else None
         self.datasets = data.datasets if self.mixed else [data]
+        if relative_actions is not None:
+            self.datasets = [d.with_relative_actions(relative_actions) for d in self.datasets]
+        if normalize is not None:  # relative keys only with their relative chunks' statistics
+            for d in self.datasets:
+                d.check_normalizable(d.keys if isinstance(normalize, str) else list(normalize))
         self.sampler = _Sampler(data, batch_size, shuffle, drop_last, seed, rank, world_size)
         # where iteration resumes (see state_dict): the epoch, the position this pass over it
         # started at, and the batches yielded since

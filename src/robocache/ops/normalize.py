@@ -64,6 +64,9 @@ class Stats:
             bin j of dimension d covers ``[(origin + j) 2**e, (origin + j + 1) 2**e)``;
             counts are int64 `[D, bins]`.
         exact_quantiles: whether q01/q99 are exact (one pass) or histogram estimates (merged).
+        relative: for statistics of relative action chunks, the transform and chunk offsets
+            they were computed under (:meth:`robocache.data.relative.KeySpec.tag`); None for
+            statistics of the values as stored.
 
     Treat it as immutable (do not write into its tensors): the normalization parameters derived
     from it are cached on it, per device.
@@ -80,6 +83,7 @@ class Stats:
     hist_origin: torch.Tensor
     hist_counts: torch.Tensor
     exact_quantiles: bool = True
+    relative: str | None = None
     # (mode, eps, device, arithmetic dtype) -> (offset, scale, clip) on that device: `Stats` is
     # immutable, so what `normalize` derives from it is made once per device, not per call
     _derived: PlanCache = field(default_factory=_derived_cache, init=False,
@@ -111,6 +115,8 @@ class Stats:
         d["histogram"] = {"exponent": self.hist_exponent.tolist(),
                           "origin": self.hist_origin.tolist(),
                           "counts": self.hist_counts.tolist()}
+        if self.relative is not None:
+            d["relative"] = self.relative
         return d
 
     @classmethod
@@ -122,7 +128,7 @@ class Stats:
                    hist_exponent=torch.tensor(h["exponent"], dtype=torch.int64),
                    hist_origin=torch.tensor(h["origin"], dtype=torch.int64),
                    hist_counts=torch.tensor(h["counts"], dtype=torch.int64),
-                   exact_quantiles=bool(d["exact_quantiles"]))
+                   exact_quantiles=bool(d["exact_quantiles"]), relative=d.get("relative"))
 
 
 @nvtx.annotate("robocache.compute_stats")
@@ -251,9 +257,10 @@ def merge_stats(parts: Iterable[Stats]) -> Stats:
                  for p in parts)
     q01 = ref.hist_quantile(counts, e, origin, 0.01, lo, hi)
     q99 = ref.hist_quantile(counts, e, origin, 0.99, lo, hi)
+    tags = {p.relative for p in parts}  # statistics of one transform stay tagged with it
     return Stats(count=int(total), mean=mean, std=(m2 / total).sqrt(), min=lo, max=hi,
                  q01=q01, q99=q99, hist_exponent=e, hist_origin=origin, hist_counts=counts,
-                 exact_quantiles=False)
+                 exact_quantiles=False, relative=tags.pop() if len(tags) == 1 else None)
 
 
 def affine_params(stats: Stats, mode: str, *, eps: float = EPS) -> tuple[torch.Tensor,
