@@ -138,3 +138,27 @@ def test_raw_rows_equal_lerobot(caches, name):
         got = torch.stack([r[k] for r in rows]).numpy()
         assert got.dtype == w.dtype and got.shape == w.shape, (k, got.dtype, got.shape)
         assert np.array_equal(got.view(np.uint8), w.view(np.uint8)), k
+
+
+def test_tasks_replaced_after_the_data_files(tmp_path):
+    """As LeRobot's ``modify_tasks``: the data files' ``task_index`` rewritten, then
+    ``meta.tasks`` replaced; the next item serves the new tasks (the changed episodes cached
+    again)."""
+    import shutil
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    root = Path(shutil.copytree(FIXTURES / "channels", tmp_path / "tasks"))
+    ours = robocache.LeRobotDataset("robocache/tasks", root=root, cache=tmp_path / "cache")
+    first = ours[0]
+    assert (first["task"], int(first["task_index"])) == ("reach the shelf", 0)
+    for path in (root / "data").rglob("*.parquet"):
+        table = pq.read_table(path)
+        i = table.schema.get_field_index("task_index")
+        table = table.set_column(i, "task_index", pc.multiply(table.column(i), 0).cast(
+            table.schema.field(i).type).fill_null(0))
+        pq.write_table(table, path)
+    ours.meta.tasks = ours.meta.tasks  # every frame's task is now task 0
+    assert {ours[i]["task"] for i in range(len(ours))} == {"reach the shelf"}
+    assert {int(ours[i]["task_index"]) for i in range(len(ours))} == {0}

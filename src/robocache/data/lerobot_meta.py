@@ -222,8 +222,9 @@ class LeRobotDatasetMetadata:
         self.episodes = EpisodeTable(columns)
         self.task_names = [source._tasks[i] for i in sorted(source._tasks)]
         self.stats = self._stats(self.root)
-        #: times the tasks were replaced (LeRobot's dataset tools do after rewriting the data
-        #: files): a dataset serving this metadata compares its cache with the files again
+        #: times the tasks or the video info were replaced (LeRobot's dataset tools do after
+        #: rewriting files): a dataset serving this metadata compares its cache with the files
+        #: again
         self.edits = 0
 
     @staticmethod
@@ -303,6 +304,24 @@ class LeRobotDatasetMetadata:
             factor = 1000.0 if stored == "m" else 1.0 / 1000.0
             self.stats[key] = {s: v if s == "count" else v * factor
                                for s, v in self.stats[key].items()}
+
+    def update_video_info(self, video_key: str | None = None, video_encoder: Any = None,
+                          preserve_keys: Any = None) -> None:
+        """LeRobot's ``update_video_info`` (the video features' ``info`` probed again from
+        their first files, as LeRobot's dataset tools do after re-encoding them), run on this
+        metadata where LeRobot is installed; a dataset serving it then compares its cache
+        with the files again at its next item.
+
+        Raises:
+            ImportError: LeRobot is not installed (the message says what to do)."""
+        try:
+            from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata as lerobot
+        except ImportError as e:
+            raise ImportError(f"update_video_info probes videos with LeRobot's own code, and "
+                              f"LeRobot is not installed here ({e}); install it (`pip install "
+                              "lerobot`: Python >= 3.12).") from e
+        lerobot.update_video_info(self, video_key, video_encoder, preserve_keys)
+        self.edits += 1
 
     @property
     def names(self) -> dict[str, Any]:
