@@ -17,7 +17,13 @@ Reported per codec:
   for both caches (frames in the page cache: the decode is measured, not the disk);
 - **single**: the same with one frame per camera per sample (``history=1``);
 - **sequential**: the frames/s of decoding the same streams front to back on the CPU, one
-  PyAV decoder per file, every file at once (the decode rate with no random access).
+  PyAV decoder per file, every file at once (the decode rate with no random access), and on
+  a GPU with PyNvVideoCodec the same with one NVDEC decoder per file (``sequential-nvdec``:
+  the GPU's own rate, the ceiling of the GPU serve).
+
+On a CUDA device with PyNvVideoCodec, the video caches are served twice: GOPs decoded by NVDEC
+(``serve-*-video``, H.264; AV1 is not decodable by Hopper's NVDEC, so it is decoded on CPU
+threads either way) and on CPU threads (``serve-*-video-cpu``).
 """
 
 from __future__ import annotations
@@ -83,13 +89,19 @@ def _ingest(src: Path, dest: Path, camera_codec: str) -> float:
     return time.perf_counter() - t0
 
 
-def _serve(cache: Path, cfg: dict, history: int, device: torch.device) -> float:
-    """Samples/s of random batches (frames in the page cache, read once before timing)."""
-    from robocache.data import RobotDataset
+def _serve(cache: Path, cfg: dict, history: int, device: torch.device,
+           nvdec: bool = True) -> float:
+    """Samples/s of random batches (frames in the page cache, read once before timing);
+    ``nvdec``: video GOPs decoded by NVDEC on a CUDA device (else on CPU threads)."""
+    from robocache.data import RobotDataset, nvdec_packets
     from robocache.data.loader import READ_AHEAD
 
     ds = RobotDataset(cache, keys=list(CAMS), history=history, image_size=(224, 224))
-    got = _serve_batches(ds, cfg, device, READ_AHEAD)
+    nvdec_packets.ENABLED = nvdec
+    try:
+        got = _serve_batches(ds, cfg, device, READ_AHEAD)
+    finally:
+        nvdec_packets.ENABLED = True
     return got["samples"] / got["seconds"]
 
 
@@ -110,12 +122,56 @@ def _sequential(files: list[Path]) -> tuple[float, int]:
     return frames / (time.perf_counter() - t0), frames
 
 
+def _sequential_nvdec(files: list[Path]) -> tuple[float, int]:
+    """Frames/s decoding ``files`` front to back by NVDEC, one decoder per file (its packets
+    in decode order, as the GPU serve feeds them, with no flush between GOPs), every file at
+    once; frames left in NVDEC's output (decode only)."""
+    import av
+    import PyNvVideoCodec as nvc
+
+    from robocache.data.nvdec_packets import CODECS, annexb, annexb_header
+
+    def units(path: Path) -> tuple[str, list[np.ndarray]]:
+        with av.open(str(path)) as c:
+            s = c.streams.video[0]
+            codec, extra = s.codec_context.name, bytes(s.codec_context.extradata or b"")
+            head, size = annexb_header(codec, extra)
+            return codec, [np.frombuffer((head if p.is_keyframe else b"") +
+                                         annexb(bytes(p), size), np.uint8)
+                           for p in c.demux(s) if p.size]
+
+    streams = [units(p) for p in files]
+
+    def one(k: int) -> int:
+        codec, data = streams[k]
+        dec = nvc.CreateDecoder(gpuid=0, codec=getattr(nvc.cudaVideoCodec, CODECS[codec]),
+                                cudacontext=0, cudastream=0, usedevicememory=True)
+        n = 0
+        for i, d in enumerate(data):
+            packet = nvc.PacketData()
+            packet.bsl_data, packet.bsl, packet.pts = d.ctypes.data, d.size, i
+            n += len(dec.Decode(packet))
+        end = nvc.PacketData()
+        end.bsl, end.decode_flag = 0, nvc.VideoPacketFlag.ENDOFSTREAM
+        return n + len(dec.Decode(end))
+
+    one(0)  # warm: the first decoder's session
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(files)) as pool:
+        frames = sum(pool.map(one, range(len(files))))
+    torch.cuda.synchronize()
+    return frames / (time.perf_counter() - t0), frames
+
+
 def run(quick: bool = False, copy_gbps: float | None = None, report=None,
         codecs: str | None = None, workdir: str | None = None) -> list[dict]:
     cfg = QUICK if quick else FULL
     out: list[dict] = []
     report = report or out.append
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from robocache.data.cameras import nvdec_available
+
+    nvdec = nvdec_available()
     name_of = f"{len(CAMS)}cams-{cfg['hw'][0]}x{cfg['hw'][1]}-b{cfg['batch']}"
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         tmp = Path(tmp)
@@ -138,16 +194,33 @@ def run(quick: bool = False, copy_gbps: float | None = None, report=None,
                               raw_read_MB_per_s=raw_n / raw_s / 1e6,
                               note=f"{seconds:.1f} s; camera bytes {frame_bytes / video_bytes:.2f}x"
                                    f" the source's videos"))
+            ceiling = None
+            if nvdec:
+                try:
+                    ceiling, frames = _sequential_nvdec(videos)
+                    report(H.case(FAMILY, name, "sequential-nvdec",
+                                  H.summarize([1e3 * frames / ceiling]), frames_per_s=ceiling,
+                                  decoders=len(videos),
+                                  note=f"{ceiling:,.0f} frames/s, one NVDEC decoder per file"))
+                except Exception as e:  # noqa: BLE001 - a codec this GPU's NVDEC lacks
+                    report(H.case(FAMILY, name, "sequential-nvdec",
+                                  H.summarize([float("nan")]),
+                                  note=f"not decodable: {type(e).__name__}: "
+                                       f"{str(e).strip().splitlines()[0] if str(e) else ''}"))
+            served = [("video", True), ("jpeg", True)] + ([("video", False)] if nvdec else [])
             for history, kind in ((cfg["history"], "window"), (1, "single")):
-                rates = {}
-                for stored, cache in caches.items():
-                    rates[stored] = _serve(cache, cfg, history, device)
-                    frames = rates[stored] * len(CAMS) * history
-                    report(H.case(FAMILY, name, f"serve-{kind}-{stored}",
-                                  H.summarize([1e3 * cfg["batch"] / rates[stored]]),
-                                  samples_per_s=rates[stored], frames_per_s=frames,
+                for stored, on_gpu in served:
+                    rate = _serve(caches[stored], cfg, history, device, on_gpu)
+                    frames = rate * len(CAMS) * history
+                    tag = stored if on_gpu else f"{stored}-cpu"
+                    of = f", {frames / ceiling:.0%} of NVDEC's sequential rate" \
+                        if ceiling and stored == "video" and on_gpu else ""
+                    report(H.case(FAMILY, name, f"serve-{kind}-{tag}",
+                                  H.summarize([1e3 * cfg["batch"] / rate]),
+                                  samples_per_s=rate, frames_per_s=frames,
                                   history=history, device=str(device),
-                                  note=f"{rates[stored]:,.0f} samples/s, {frames:,.0f} frames/s"))
+                                  vs_nvdec_sequential=frames / ceiling if ceiling else None,
+                                  note=f"{rate:,.0f} samples/s, {frames:,.0f} frames/s{of}"))
             rate, frames = _sequential(videos)
             report(H.case(FAMILY, name, "sequential-cpu", H.summarize([1e3 * frames / rate]),
                           frames_per_s=rate, threads=len(videos),

@@ -392,7 +392,7 @@ def _hwc(frame: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def nvdec_available() -> bool:
-    """Whether NVDEC can decode at ingest: a CUDA device and PyNvVideoCodec importable."""
+    """Whether NVDEC can decode here: a CUDA device and PyNvVideoCodec importable."""
     import importlib.util
 
     return torch.cuda.is_available() and importlib.util.find_spec("PyNvVideoCodec") is not None
@@ -1122,12 +1122,16 @@ def decode_all(cameras: list[tuple[Any, torch.Tensor]],
             out[i] = torch.stack(frames[:n]) if n else \
                 torch.empty(0, 3, h, w, dtype=torch.uint8, device=device)
             del frames[:n]
+    video = [i for i, (f, _) in enumerate(cameras) if f.codec == "video"]
+    if video:  # the GOPs' packets, read: every camera's GOPs decoded at once
+        from robocache.data.video_store import decode_packs
+
+        got = decode_packs([(cameras[i][0], distinct[i][0]) for i in video], device)
+        for i, frames in zip(video, got, strict=True):
+            out[i] = frames
     for i, (f, _) in enumerate(cameras):
         if out[i] is None:
-            if f.codec == "video":  # the GOPs' packets, read: decoded GOP by GOP
-                out[i] = f.decode(distinct[i][0], device)
-            else:
-                out[i] = _decode_cpu(f, distinct[i][0], device)
+            out[i] = _decode_cpu(f, distinct[i][0], device)
             metrics.count_frames("cpu", distinct[i][0].numel())
     return [(o if inv is None else o[inv]).reshape(*rows.shape, *o.shape[1:])
             for o, inv, (_, rows) in zip(out, inverse, cameras, strict=True)]

@@ -194,52 +194,22 @@ class VideoPackets:
 
     def decode(self, rows: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
         """Frames ``rows`` (int ``[N]``, indices into the frames asked for) decoded: uint8
-        ``[N, 3, H, W]`` on ``device``; each GOP they need decoded once, on threads.
+        ``[N, 3, H, W]`` on ``device``; see :func:`decode_packs`.
 
         Raises:
             DataError: a packet fails to decode, or a frame is not among what its GOP's
                 packets decode to (a damaged cache), naming the frame.
         """
-        from robocache.data.cameras import _threads
-
-        packets = self.wanted[rows.cpu().numpy()]
-        h, w = self.frame_shape[:2]
-        out = np.empty((len(packets), h, w, 3), np.uint8)
-        gop = np.searchsorted(self.gop_starts, packets, side="right") - 1
-        needed = np.unique(gop)
-
-        def run(gops: list[int]) -> None:
-            decoders: dict = {}  # this task's, reused from GOP to GOP
-            for g in gops:
-                mine = np.flatnonzero(gop == g)
-                got = self._decode_gop(g, set(self.pts[packets[mine]].tolist()), decoders)
-                for i in mine.tolist():
-                    frame = got.get(int(self.pts[packets[i]]))
-                    if frame is None:
-                        raise DataError(f"{self._name(int(rows[i]))}: its packets do not decode "
-                                        "to it (a damaged cache); rebuild the cache with "
-                                        "`robocache ingest SOURCE DEST --overwrite`.")
-                    out[i] = frame
-
-        # the GOPs in one task per thread: a decoder opened once a task, not once a GOP (a
-        # two-frame AV1 GOP at 480x640: 10.0 against 18.6 ms on one core of the development
-        # VM); the threads end with the call (a process forked later inherits none)
-        tasks = min(_threads(), len(needed))
-        if tasks > 1:
-            with ThreadPoolExecutor(tasks) as pool:
-                list(pool.map(run, [needed[k::tasks].tolist() for k in range(tasks)]))
-        else:
-            run(needed.tolist())
-        return torch.from_numpy(out).permute(0, 3, 1, 2).to(device)
+        return decode_packs([(self, rows)], device)[0]
 
     def _name(self, i: int) -> str:
         return self.where(i) if callable(self.where) else f"frame {i}"
 
-    def _decode_gop(self, g: int, wanted: set[int], decoders: dict) -> dict[int, np.ndarray]:
+    def _decode_gop(self, g: int, wanted: set[int] | None, decoders: dict) -> dict:
         """GOP ``g``'s packets decoded in decode order from its keyframe: ``{pts: uint8
-        [H, W, 3]}`` of the frames ``wanted`` (display timestamps). ``decoders``: (codec,
-        extradata) -> (decoder, RGB converter), reused (flushed after each GOP) and filled
-        here."""
+        [H, W, 3]}`` of the frames ``wanted`` (display timestamps; None: the first frame that
+        comes out, as PyAV's frame). ``decoders``: (codec, extradata) -> (decoder, RGB
+        converter), reused (flushed after each GOP) and filled here."""
         av = _av()
         from av.video.reformatter import VideoReformatter
 
@@ -252,12 +222,14 @@ class VideoPackets:
             ctx.thread_count = 1  # the GOPs of a batch are decoded on several threads
             decoders[codec, extradata] = (ctx, VideoReformatter())
         ctx, rgb = decoders[codec, extradata]
-        got: dict[int, np.ndarray] = {}
+        got: dict = {}
         raw = self.data.numpy()
 
         def keep(frames) -> None:
             for f in frames:
-                if f.pts in wanted:
+                if wanted is None:
+                    got.setdefault(None, f)
+                elif f.pts in wanted:
                     got[f.pts] = rgb.reformat(f, format="rgb24").to_ndarray()
 
         try:
@@ -265,6 +237,8 @@ class VideoPackets:
                 packet = av.Packet(raw[self.offsets[p]:self.offsets[p + 1]].tobytes())
                 packet.pts, packet.dts = int(self.pts[p]), int(self.dts[p])
                 keep(ctx.decode(packet))
+                if wanted is None and got:
+                    break
             keep(ctx.decode(None))
             ctx.flush_buffers()  # ready for the next GOP
         except av.error.FFmpegError as e:
@@ -277,10 +251,165 @@ class VideoPackets:
                             "--overwrite`.") from e
         return got
 
+    def _first_frame(self, g: int):
+        """GOP ``g``'s first decoded frame, as PyAV gives it (its format and colour
+        description)."""
+        return self._decode_gop(g, None, {}).get(None)
+
     def _gop_name(self, g: int, at: int) -> str:
         packet = int(self.gop_starts[g]) + at
         hit = np.flatnonzero(self.wanted == packet)
         return self._name(int(hit[0])) if len(hit) else f"packet {packet}"
+
+
+def decode_packs(packs: list[tuple[VideoPackets, torch.Tensor]],
+                 device: torch.device | str = "cpu") -> list[torch.Tensor]:
+    """Several cameras' frames decoded together: for each ``(packets, rows)`` (``rows`` int
+    ``[N]``, indices into the frames ``packets`` was read for), uint8 ``[N, 3, H, W]`` on
+    ``device``. Each GOP the frames need is decoded once, the GOPs of every camera at once:
+    on a CUDA ``device`` by NVDEC where it decodes the stream (H.264 and HEVC, 8-bit 4:2:0:
+    :mod:`robocache.data.nvdec_packets`; the same pixels as the CPU's), else, and for a GOP
+    NVDEC fails on, on CPU threads, each task keeping its decoders from GOP to GOP for the
+    call.
+
+    Raises:
+        DataError: a packet fails to decode, or a frame is not among what its GOP's packets
+            decode to (a damaged cache), naming the frame.
+    """
+    from robocache.data import nvdec_packets as nvdec
+    from robocache.data.cameras import _threads, nvdec_available
+    from robocache.observability import metrics
+
+    device = torch.device(device)
+    gpu = device.type == "cuda" and nvdec.ENABLED and nvdec_available()
+    cpu_jobs, gpu_jobs = [], []
+    stages: list = [None] * len(packs)
+    coeffs: list = [None] * len(packs)
+    for k, (pack, rows) in enumerate(packs):
+        packets = pack.wanted[rows.cpu().numpy()]
+        gop = np.searchsorted(pack.gop_starts, packets, side="right") - 1
+        for g in np.unique(gop).tolist():
+            mine = np.flatnonzero(gop == g)
+            colour = _nvdec_colour(pack, g) if gpu else None
+            if colour is None:
+                cpu_jobs.append((k, g, mine, packets[mine]))
+                continue
+            if stages[k] is None:
+                h, w = pack.frame_shape[:2]
+                stages[k] = torch.empty(len(packets), h * w * 3 // 2, dtype=torch.uint8,
+                                        device=device)
+                coeffs[k] = torch.zeros(len(packets), 6, dtype=torch.int32)
+            coeffs[k][mine] = torch.tensor(colour, dtype=torch.int32)
+            gpu_jobs.append((k, g, mine, packets[mine]))
+    host: list = [None] * len(packs)
+
+    def on_cpu(jobs: list) -> None:
+        decoders: dict = {}  # this task's, reused from GOP to GOP
+        for k, g, mine, wanted in jobs:
+            pack = packs[k][0]
+            got = pack._decode_gop(g, set(pack.pts[wanted].tolist()), decoders)
+            for i, p in zip(mine.tolist(), wanted.tolist(), strict=True):
+                frame = got.get(int(pack.pts[p]))
+                if frame is None:
+                    raise DataError(f"{pack._name(int(packs[k][1][i]))}: its packets do not "
+                                    "decode to it (a damaged cache); rebuild the cache with "
+                                    "`robocache ingest SOURCE DEST --overwrite`.")
+                host[k][i] = frame
+
+    streams: set = set()
+    failed: list = []
+
+    def on_gpu(jobs: list) -> None:
+        failed.extend(nvdec.decode_gops(
+            [(packs[k][0], g, dict(zip(wanted.tolist(), mine.tolist(), strict=True)), stages[k],
+              (k, g, mine, wanted)) for k, g, mine, wanted in jobs],
+            device.index if device.index is not None else torch.cuda.current_device(),
+            streams))
+
+    def allocate(jobs: list) -> None:
+        for k, *_ in jobs:
+            if host[k] is None:
+                h, w = packs[k][0].frame_shape[:2]
+                host[k] = np.empty((len(packs[k][1]), h, w, 3), np.uint8)
+
+    def run(work: list) -> None:
+        if len(work) > 1:
+            with ThreadPoolExecutor(len(work)) as pool:
+                for future in [pool.submit(f, part) for f, part in work]:
+                    future.result()
+        elif work:
+            work[0][0](work[0][1])
+
+    # the GOPs in one task per thread: a decoder opened once a task, not once a GOP (a
+    # two-frame AV1 GOP at 480x640: 10.0 against 18.6 ms on one core of the development VM);
+    # the threads end with the call (a process forked later inherits none)
+    allocate(cpu_jobs)
+    n_cpu, n_gpu = min(_threads(), len(cpu_jobs)), min(nvdec.THREADS, len(gpu_jobs))
+    run([(on_cpu, cpu_jobs[i::n_cpu]) for i in range(n_cpu)] +
+        [(on_gpu, gpu_jobs[i::n_gpu]) for i in range(n_gpu)])
+    retried = [job for *_, job in failed]  # the GOPs NVDEC failed on, on the CPU
+    allocate(retried)
+    n_cpu = min(_threads(), len(retried))
+    run([(on_cpu, retried[i::n_cpu]) for i in range(n_cpu)])
+    cpu_jobs += retried
+    metrics.count_frames("cpu", sum(len(job[2]) for job in cpu_jobs))
+    metrics.count_frames("nvdec", sum(len(job[2]) for job in gpu_jobs) -
+                         sum(len(job[2]) for job in retried))
+    out = []
+    for k, (pack, _) in enumerate(packs):
+        h, w = pack.frame_shape[:2]
+        if stages[k] is None:
+            out.append(torch.from_numpy(host[k] if host[k] is not None else
+                                        np.empty((0, h, w, 3), np.uint8)
+                                        ).permute(0, 3, 1, 2).to(device))
+            continue
+        from robocache.kernels.yuv import nv12_to_rgb
+
+        current = torch.cuda.current_stream(device)
+        for stream in streams:
+            current.wait_stream(stream)
+        rgb = nv12_to_rgb(stages[k], h, w, coeffs[k].to(device))
+        on_host = [job[2] for job in cpu_jobs if job[0] == k]
+        if on_host:  # the GOPs NVDEC did not decode
+            at = np.concatenate(on_host)
+            rgb[torch.from_numpy(at).to(device)] = torch.from_numpy(
+                host[k][at]).permute(0, 3, 1, 2).to(device)
+        out.append(rgb)
+    return out
+
+
+_colours: dict[tuple[str, bytes], tuple | None] = {}
+
+
+def _nvdec_colour(pack: VideoPackets, g: int) -> tuple | None:
+    """The swscale coefficients (:func:`robocache.reference.yuv.coefficients`) of the matrix
+    and range of GOP ``g``'s stream when NVDEC decodes it to what the CPU path gives, else
+    None (warned once per codec and pixel format). Known per stream configuration: its first
+    GOP seen is decoded once on the CPU for its first frame's colour description."""
+    from robocache.data import nvdec_packets as nvdec
+    from robocache.data.cameras import _warn_once
+    from robocache.reference.yuv import coefficients
+
+    key = pack.configs[g]
+    if key in _colours:
+        return _colours[key]
+    codec = key[0]
+    h, w = pack.frame_shape[:2]
+    colour = None
+    if codec not in nvdec.CODECS:
+        _warn_once(f"nvdec-{codec}", f"{codec} video is decoded on the CPU: NVDEC decodes "
+                   "H.264 and HEVC here (AV1 is not decodable by the NVDEC of Hopper GPUs).")
+    else:
+        frame = pack._first_frame(g)
+        fmt = frame.format.name if frame is not None else "no frame"
+        if frame is not None and fmt in ("yuv420p", "yuvj420p") and h % 2 == 0 and w % 2 == 0:
+            colour = coefficients(frame.colorspace,
+                                  fmt == "yuvj420p" or frame.color_range == 2)
+        else:
+            _warn_once(f"nvdec-{codec}-{fmt}", f"{codec} video in {fmt} at {h}x{w} is decoded "
+                       "on the CPU: NVDEC decoding here is for 8-bit 4:2:0 of even sizes.")
+    _colours[key] = colour
+    return colour
 
 
 #: The columns :func:`episode_packets` needs.

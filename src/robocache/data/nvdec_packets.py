@@ -1,0 +1,180 @@
+"""NVDEC decoding of a batch's GOPs kept as video (:mod:`robocache.data.video_store`).
+
+Each GOP's packets, in decode order, go to an NVDEC decoder through PyNvVideoCodec's
+``PacketData`` (no container, no demuxer): H.264 and HEVC packets as MP4 stores them (NAL
+units with length prefixes, parameter sets in the ``avcC``/``hvcC`` configuration) are
+rewritten as an Annex B byte stream with the parameter sets before each GOP's keyframe.
+Every packet's ``pts`` is its index in the batch's packets, so each decoded frame names the
+frame it is. A GOP is closed, so the GOPs of a batch go through one decoder one after the
+other, each ended by an end-of-stream packet. The decoded NV12 frames that were asked for are
+copied into one staging tensor on the decoder's own CUDA stream (the decoder reuses its
+output memory), and converted to RGB in one launch with the arithmetic of FFmpeg's swscale,
+so that a frame decoded here equals the CPU path's (PyAV decode, then swscale) bit for bit:
+NVDEC's YUV output is the codec's reconstruction, which every conforming decoder gives
+exactly, and the conversion is :mod:`robocache.reference.yuv`'s.
+
+Several decoders run at once on threads (one per task; a task decodes its share of the GOPs
+one after the other): an H200 decodes 480x640 H.264 at about 1,900 frames/s on one decoder
+and 3,700-4,300 on 4-16. Decoders live on in the process that made them, one pool per GPU
+and codec.
+
+Only H.264 and HEVC, 8-bit 4:2:0, even sizes go to NVDEC (the combinations tested exact);
+AV1 (LeRobot's default codec) is not decodable by the NVDEC of Hopper GPUs (H100/H200,
+``Codec not supported on this GPU``), so it, and any other stream, is decoded on the CPU,
+with one warning naming the codec.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+import numpy as np
+import torch
+
+# FFmpeg's decoder name -> PyNvVideoCodec's codec
+CODECS = {"h264": "H264", "hevc": "HEVC"}
+# decoders working at once for one batch
+THREADS = 8
+#: Whether a batch served on a CUDA device decodes its H.264/HEVC GOPs with NVDEC (True, the
+#: default, where PyNvVideoCodec is installed) or on CPU threads (False: the same pixels; for
+#: comparing the two, or a host whose CPU cores are free and faster than its NVDEC engines).
+ENABLED = True
+_START = b"\0\0\0\1"
+
+
+@functools.cache
+def annexb_header(codec: str, extradata: bytes) -> tuple[bytes, int]:
+    """The parameter sets of an H.264 ``avcC`` / HEVC ``hvcC`` configuration as Annex B NAL
+    units, and the byte length of the packets' NAL size prefixes (0: the packets are Annex B
+    already, the configuration too or empty)."""
+    if not extradata or extradata[:3] == b"\0\0\1" or extradata[:4] == _START:
+        return extradata, 0
+    nals = []
+    if codec == "h264":
+        size, at = (extradata[4] & 3) + 1, 6
+        groups = [extradata[5] & 31]  # sequence parameter sets, then picture parameter sets
+        for g in range(2):
+            count = groups[0] if g == 0 else extradata[at - 1]
+            for _ in range(count):
+                n = int.from_bytes(extradata[at:at + 2], "big")
+                nals.append(extradata[at + 2:at + 2 + n])
+                at += 2 + n
+            at += 1
+    else:
+        size, at = (extradata[21] & 3) + 1, 23
+        for _ in range(extradata[22]):
+            count = int.from_bytes(extradata[at + 1:at + 3], "big")
+            at += 3
+            for _ in range(count):
+                n = int.from_bytes(extradata[at:at + 2], "big")
+                nals.append(extradata[at + 2:at + 2 + n])
+                at += 2 + n
+    return b"".join(_START + nal for nal in nals), size
+
+
+def annexb(packet: bytes, size: int) -> bytes:
+    """A packet of NAL units with ``size``-byte length prefixes as Annex B (start codes)."""
+    if not size:
+        return packet
+    out, at = [], 0
+    while at + size <= len(packet):
+        n = int.from_bytes(packet[at:at + size], "big")
+        out.append(packet[at + size:at + size + n])
+        at += size + n
+    return b"".join(_START + nal for nal in out)
+
+
+class Unsupported(Exception):
+    """NVDEC here does not decode the stream (the codec, or a GOP it fails on)."""
+
+
+_pools: dict[tuple, list] = {}
+_lock = threading.Lock()
+
+
+def _take(gpu: int, codec: str):
+    """A decoder (and the CUDA stream it works on) for ``codec`` on ``gpu`` from this
+    process's pool, made when the pool is empty."""
+    key = (os.getpid(), gpu, codec)
+    with _lock:
+        pool = _pools.setdefault(key, [])
+        if pool:
+            return pool.pop()
+    import PyNvVideoCodec as nvc
+
+    stream = torch.cuda.Stream(device=gpu)
+    decoder = nvc.CreateDecoder(gpuid=gpu, codec=getattr(nvc.cudaVideoCodec, CODECS[codec]),
+                                cudacontext=0, cudastream=stream.cuda_stream,
+                                usedevicememory=True)
+    return decoder, stream
+
+
+def _give(gpu: int, codec: str, item) -> None:
+    with _lock:
+        _pools.setdefault((os.getpid(), gpu, codec), []).append(item)
+
+
+def decode_gops(jobs: list, gpu: int, streams: set) -> list:
+    """Decode ``jobs`` one after the other on one decoder per codec. A job is ``(packets,
+    gop, slots, stage, tag)``: a :class:`~robocache.data.video_store.VideoPackets`, a GOP of
+    it, ``{packet index: row of stage}`` of the frames wanted, and the uint8 ``[N, H * W * 3
+    / 2]`` tensor on GPU ``gpu`` their NV12 bytes are copied into. Returns the ``tag`` of
+    each job NVDEC failed on (for the CPU to decode), and adds the CUDA streams it used to
+    ``streams``."""
+    import PyNvVideoCodec as nvc
+
+    from robocache.data.cameras import _warn_once
+
+    failed = []
+    held: dict[str, tuple] = {}
+    try:
+        for packets, g, slots, stage, tag in jobs:
+            codec = packets.configs[g][0]
+            try:
+                if codec not in held:
+                    held[codec] = _take(gpu, codec)
+                decoder, stream = held[codec]
+                streams.add(stream)
+                _decode_one(nvc, decoder, stream, packets, g, slots, stage)
+            except Exception as e:  # noqa: BLE001 - NVDEC's errors are untyped; the CPU decides
+                held.pop(codec, None)  # a failed decoder is not reused
+                failed.append(tag)
+                said = (str(e).strip().splitlines() or [""])[0]
+                _warn_once(f"nvdec-failed-{codec}", f"NVDEC failed on {codec} video "
+                           f"({type(e).__name__}: {said}); such groups of pictures are "
+                           "decoded on the CPU.")
+    finally:
+        for codec, item in held.items():
+            _give(gpu, codec, item)
+    return failed
+
+
+def _decode_one(nvc, decoder, stream, packets, g: int, slots: dict[int, int],
+                stage: torch.Tensor) -> None:
+    a, b = int(packets.gop_starts[g]), int(packets.gop_starts[g + 1])
+    codec, extradata = packets.configs[g]
+    head, size = annexb_header(codec, extradata)
+    raw = packets.data.numpy()
+    left = dict(slots)
+
+    def keep(frames) -> None:
+        for f in frames:
+            row = left.pop(int(f.getPTS()), None)
+            if row is not None:
+                stage[row].copy_(torch.from_dlpack(f).reshape(-1))
+
+    with torch.cuda.stream(stream):
+        order = (a + np.argsort(packets.dts[a:b], kind="stable")).tolist()
+        for k, p in enumerate(order):
+            unit = annexb(raw[packets.offsets[p]:packets.offsets[p + 1]].tobytes(), size)
+            data = np.frombuffer(head + unit if k == 0 else unit, np.uint8)
+            packet = nvc.PacketData()
+            packet.bsl_data, packet.bsl, packet.pts = data.ctypes.data, data.size, p
+            keep(decoder.Decode(packet))
+        end = nvc.PacketData()
+        end.bsl, end.decode_flag = 0, nvc.VideoPacketFlag.ENDOFSTREAM
+        keep(decoder.Decode(end))
+    if left:
+        raise Unsupported(f"{len(left)} frames not decoded")
