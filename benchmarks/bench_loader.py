@@ -119,7 +119,8 @@ def _measure(batches, n: int, repeats: int, device) -> tuple[H.Timing, int]:
     batch = None
     for _ in range(3):
         batch = next(batches)
-    nbytes = sum(v.numel() * v.element_size() for v in batch.values())
+    nbytes = sum(v.numel() * v.element_size() for v in batch.values()
+                 if isinstance(v, torch.Tensor))  # a mixture's prompts: strings too
     samples = []
     for _ in range(repeats):
         sync()

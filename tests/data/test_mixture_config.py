@@ -7,6 +7,7 @@ weights equal the balance computed from the manifests by hand."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -142,26 +143,34 @@ def test_relative_actions_passed_to_the_dataset(caches, tmp_path, monkeypatch):
     import inspect
 
     config = base(caches)
-    config["datasets"][0]["action"] = {"key": "action", "relative": "joint",
-                                       "absolute_dims": [1]}
+    config["datasets"][0] = {"name": "panda", "path": str(caches["panda"]),
+                             "state": "observation.state",
+                             "action": {"key": "action", "absolute_dims": [7],
+                                        "relative": {"mode": "joint",
+                                                     "state_dims": list(range(7))}}}
     path = write(tmp_path, config)
-    assert resolve(path).sources[0].relative == {"mode": "joint", "state": "observation.state",
-                                                 "absolute_dims": [1]}
+    want = {"mode": "joint", "state": "observation.state", "absolute_dims": [7],
+            "state_dims": list(range(7))}
+    assert resolve(path).sources[0].relative == want
     if "relative_actions" not in inspect.signature(RobotDataset).parameters:
-        with pytest.raises(DataError, match="dataset 'arm'.*relative"):
+        with pytest.raises(DataError, match="dataset 'panda'.*relative"):
             MixedDataset.from_config(path)
         return
+    # fields beyond mode go to RobotDataset as they are; its refusals name the dataset
+    config["datasets"][0]["action"]["relative"] = {"mode": "joint", "no_such_field": 1}
+    with pytest.raises(DataError, match=r"bad.yaml: dataset 'panda': .*no_such_field"):
+        MixedDataset.from_config(write(tmp_path, config, "bad.yaml"))
     given = []
     real = RobotDataset.__init__
 
+    @functools.wraps(real)
     def spy(self, *args, **kw):
         given.append(kw.get("relative_actions"))
         real(self, *args, **kw)
 
     monkeypatch.setattr(RobotDataset, "__init__", spy)
     MixedDataset.from_config(path)
-    assert given[0] == {"action": {"mode": "joint", "state": "observation.state",
-                                   "absolute_dims": [1]}}
+    assert given[0] == {"action": want}
     assert given[1:] == [None, None]
 
 
@@ -228,6 +237,10 @@ BAD = {
                         "joint_dims": [0, 1, 2]},
             action={"key": "action", "to_ee": True}),
         r"dataset 'hand': the URDF .* has 7 joints, but action 'action' has 3 joint dims"),
+    "relative-renamed": (
+        lambda c: c["datasets"][1].update(action={"key": "observation.state",
+                                                  "relative": "joint"}, state="action"),
+        r"dataset 'mobile': relative actions are served under the stream names .* rename"),
     "to-ee-without-urdf": (_set(["datasets", 0, "state"], {"key": "observation.state",
                                                             "to_ee": True}),
                            r"dataset 'arm': `state.to_ee` .* add `kinematics"),

