@@ -171,7 +171,7 @@ def _three(tmp: Path, cfg: dict, keep) -> None:
 FILE_ROBOTS = [(6 + 2 * i, 6 + i, (5.0, 10.0, 15.0, 30.0, 50.0)[i % 5], (2 + 2 * i) / 110,
                 float(1 + i), 3 * (i % 2)) for i in range(10)]
 FILE_PAD = {"state": 32, "action": 32}
-FILE_FULL = {"steps": 200_000, "length": 200, "batches": 200, "repeats": 5,
+FILE_FULL = {"steps": 100_000, "length": 200, "batches": 200, "repeats": 5,
              "composition_batches": 10_000}
 FILE_QUICK = {"steps": 6_000, "length": 60, "batches": 20, "repeats": 2,
               "composition_batches": 10_000}
