@@ -306,3 +306,17 @@ def test_check_prints_the_resolved_table(caches, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     shapes = json.loads(result.stdout)["batch"]
     assert shapes["action"] == [8, 3, 8] and shapes["task"] == [8]
+
+
+def test_the_docs_example_uses_known_keys():
+    from robocache.data import mixture as M
+
+    text = (Path(__file__).parents[2] / "docs" / "mixtures.md").read_text()
+    config = yaml.safe_load(text.split("```yaml\n")[1].split("```")[0])
+    M._unknown(config, M.TOP_KEYS, "docs", "the file")
+    assert len(config["datasets"]) == 3
+    for entry in config["datasets"]:
+        M._unknown(entry, M.DATASET_KEYS, "docs", "the dataset")
+        for slot in ("state", "action"):
+            M._stream(entry[slot], slot, "docs")
+        M._unknown(entry.get("kinematics", {}), M.KINEMATICS_KEYS, "docs", "kinematics")
