@@ -468,12 +468,9 @@ def test_core_traces_as_one_graph(sample_caches, cache):
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
-@pytest.mark.parametrize("case", ["linear", "hold", "normalized", "native", "integer",
-                                  "tolerance"])
-def test_fused_kernel_matches_core(sample_caches, tmp_path, kernel_device, case):
-    """The GPU tick's one Triton launch (the interpreter on the CPU) gives the reference core's
-    outputs bit for bit (interpolated values within one float32 ulp on a GPU), tick after
-    tick of a replayed episode: linear, nearest, previous
+def _tick_case(case: str, sample_caches: Path, tmp_path: Path):
+    """An observer and the messages of one replayed episode for the fast ticks' tests (the
+    fused kernel, the CPU host tick), and how often to tick: linear, nearest, previous
     (native: exact) streams of float, integer and bool dtypes, cameras' frame slots (with a
     tolerance), normalized and zero-padded."""
     source, keys, kw, episode = SAMPLE, SAMPLE_KEYS, {"history": 3}, 0
@@ -493,25 +490,63 @@ def test_fused_kernel_matches_core(sample_caches, tmp_path, kernel_device, case)
     if case == "tolerance":
         kw["camera_tolerance_s"] = 0.01
     obs = Observer.from_cache(cache, **kw)
-    run, outputs = obs.fused(kernel_device)
-    arena = torch.zeros_like(obs._host_buf, device=kernel_device)
     messages = log(source, cache, episode, keys)
     obs.start(messages[0][0])
-    compared, every = 0, 1 if case in ("native", "integer") else 7
+    return obs, messages, 1 if case in ("native", "integer") else 7
+
+
+def _ticks(obs: Observer, messages, every: int):
+    """Push the messages, and every ``every`` messages tick: yields the core's outputs of
+    each tick (the reference the fast ticks are compared with)."""
     for i, (t, name, value) in enumerate(messages):
         obs.push(name, t, value)
         if i % every or t < obs.t0:
             continue
         obs.observation(t)
+        yield i, obs.core(*obs.example_inputs())
+
+
+@pytest.mark.parametrize("case", ["linear", "hold", "normalized", "native", "integer",
+                                  "tolerance"])
+def test_fused_kernel_matches_core(sample_caches, tmp_path, kernel_device, case):
+    """The GPU tick's one Triton launch (the interpreter on the CPU) gives the reference core's
+    outputs bit for bit (interpolated values within one float32 ulp on a GPU), tick after
+    tick of a replayed episode (the cases of :func:`_tick_case`)."""
+    obs, messages, every = _tick_case(case, sample_caches, tmp_path)
+    run, outputs = obs.fused(kernel_device)
+    arena = torch.zeros_like(obs._host_buf, device=kernel_device)
+    compared = 0
+    for i, want in _ticks(obs, messages, every):
         arena.copy_(obs._host_buf)
         run(arena)
-        for a, b in zip(obs.core(*obs.example_inputs()), outputs, strict=True):
+        for a, b in zip(want, outputs, strict=True):
             # (a GPU's float32 division may round otherwise than the CPU's)
             assert a.dtype == b.dtype and (torch.equal(a, b.cpu()) or (
                 kernel_device == "cuda" and a.is_floating_point() and within_ulp(b, a))), \
                 (i, a, b)
         compared += 1
     assert compared > 20
+
+
+@pytest.mark.parametrize("case", ["linear", "hold", "normalized", "native", "tolerance"])
+def test_host_tick_matches_core(sample_caches, tmp_path, case):
+    """The CPU tick without torch operators (Python floats rounded as float32, a few NumPy
+    calls) gives the reference core's outputs bit for bit, tick after tick; the observer uses
+    it by default where it covers the streams (integer interpolation runs the core)."""
+    from robocache.online import _HostTick
+
+    obs, messages, every = _tick_case(case, sample_caches, tmp_path)
+    assert _HostTick.covers(obs)
+    compared = 0
+    for i, want in _ticks(obs, messages, every):
+        assert obs._host_tick is not None
+        for name, a, b in zip(obs.core.outputs, want, obs._static_out, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), \
+                (i, name, a, b)
+        compared += 1
+    assert compared > 20
+    obs, _, _ = _tick_case("integer", sample_caches, tmp_path / "int")
+    assert not _HostTick.covers(obs)
 
 
 def test_top_level_export():

@@ -36,18 +36,22 @@ also report ``<key>_age`` (seconds since the sample held) and, with ``stale_s``,
 when older. Time going backwards (more than ``late_s``), NaN and unknown streams raise
 :class:`~robocache.errors.DataError` naming the stream.
 
-The per-tick numeric work is one module (:class:`ObservationCore`, plain PyTorch): the CPU
-path, exportable with ``torch.export`` (:meth:`Observer.export`) and runnable as an
-AOTInductor package in a process without RoboCache. On a GPU the tick is one captured CUDA
-graph: the arena's copy and one Triton launch (:mod:`robocache.kernels.online`, tested
-against the core) where every stream is ``linear``, ``previous``, ``nearest`` or a camera,
-the core otherwise. See docs/online.md.
+The per-tick numeric work is one module (:class:`ObservationCore`, plain PyTorch): the
+reference, exportable with ``torch.export`` (:meth:`Observer.export`) and runnable as an
+AOTInductor package in a process without RoboCache. On the CPU, where every stream is
+``linear`` float32, ``previous``, ``nearest`` or a camera, the tick runs it without torch
+operators (Python floats rounded as float32, a few NumPy calls; bit for bit the core's).
+On a GPU the tick is one captured CUDA graph: the arena's copy and one Triton launch
+(:mod:`robocache.kernels.online`, tested against the core) where every stream is
+``linear``, ``previous``, ``nearest`` or a camera, the core otherwise. See docs/online.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from array import array
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,6 +362,176 @@ class ObservationCore(torch.nn.Module):
         return tuple(out)
 
 
+def _f32(xs: list[float]) -> list[float]:
+    """Python floats rounded to float32 (one C cast each; a float32 sum, product or quotient
+    of float32 values computed in float64 and rounded so is the float32 operation's result)."""
+    return array("f", xs).tolist()
+
+
+class _HostTick:
+    """The tick's numeric work on the CPU without torch operators, where every stream is
+    ``linear`` float32, ``previous``, ``nearest`` or a camera (the usual case; the core runs
+    otherwise). Each stream's window is found with ``bisect`` and weighed in Python floats
+    rounded as the core's float32 arithmetic rounds; the rows of a group of linear streams
+    are gathered, mixed and normalized together in a few NumPy calls, into preallocated
+    arrays that the served tensors view. For a handful of values a torch operator costs
+    microseconds (one eager core call makes ~180), a Python float operation tens of
+    nanoseconds. The outputs are the core's bit for bit (tested tick after tick)."""
+
+    @staticmethod
+    def covers(obs: Observer) -> bool:
+        return all(s.method in ("previous", "nearest", "frame_index") or (
+            s.method == "linear" and s.dtype == np.float32) for s in obs.streams.values()) \
+            and all(obs.streams[k].dtype == np.float32 for k in obs.core.norm_keys)
+
+    def __init__(self, obs: Observer):
+        core, u = obs.core, len(obs._offset_list)
+        arrays: dict[str, np.ndarray] = {}
+        self.linear, self.indexed = [], []
+        for g, (method, _, names) in enumerate(obs._groups):
+            specs = [obs.streams[n] for n in names]
+            if method != "linear":
+                for s in specs:
+                    camera = s.kind == "camera"
+                    value = np.zeros(u, np.int64) if camera else np.zeros((u, s.dim), s.dtype)
+                    pad = np.zeros(u, np.bool_)
+                    arrays[s.name], arrays[f"{s.name}_is_pad"] = value, pad
+                    age = None
+                    if s.method == "previous":
+                        age = arrays[f"{s.name}_age"] = np.zeros(u, np.float32)
+                    tol = None if s.tolerance_s is None else float(np.float32(s.tolerance_s))
+                    norm = None
+                    if s.name in core.norm_keys:
+                        j = core.norm_keys.index(s.name)
+                        norm = (getattr(core, f"offset{j}").numpy(),
+                                getattr(core, f"scale{j}").numpy(), bool(core.clip[s.name]))
+                    self.indexed.append((s, value, pad, age, tol, norm,
+                                         core.zero_pad and not camera))
+                continue
+            data = obs._host[f"g{g}.data"]  # [B, 2 cap, D] float32, the group's rings
+            b, ring, dim = data.shape
+            value = np.zeros((b, u, dim), np.float32)
+            pad = np.zeros((b, u), np.bool_)
+            offset = np.zeros((b, 1, dim), np.float32)  # (x - 0) * 1 is x, bit for bit
+            scale = np.ones((b, 1, dim), np.float32)
+            lo, hi = np.full((b, 1, 1), -np.inf, np.float32), np.full((b, 1, 1), np.inf,
+                                                                     np.float32)
+            for r, s in enumerate(specs):
+                arrays[s.name] = value[r, :, :s.dim]
+                arrays[f"{s.name}_is_pad"] = pad[r]
+                if s.name in core.norm_keys:
+                    j = core.norm_keys.index(s.name)
+                    offset[r, 0, :s.dim] = getattr(core, f"offset{j}").numpy()
+                    scale[r, 0, :s.dim] = getattr(core, f"scale{j}").numpy()
+                    if core.clip[s.name]:
+                        lo[r], hi[r] = -1.0, 1.0
+            normed = any(s.name in core.norm_keys for s in specs)
+            clipped = bool((hi < np.inf).any())
+            # per tick: the slots of each instant's two samples, their rows, their weights
+            slots = (np.zeros(b * u, np.intp), np.zeros(b * u, np.intp))
+            other = np.zeros((b * u, dim), np.float32)
+            weights = (np.zeros((b * u, 1), np.float32), np.zeros((b * u, 1), np.float32))
+            self.linear.append((specs, data.reshape(b * ring, dim), ring, value,
+                                value.reshape(b * u, dim), other, pad.reshape(-1), slots,
+                                weights, (offset, scale) if normed else None,
+                                (lo, hi) if clipped else None, core.zero_pad))
+        # the served tensors: views of these arrays, refilled each tick
+        self.outputs = tuple(torch.from_numpy(arrays[n]) for n in core.outputs)
+
+    @staticmethod
+    def _window(s: _StreamSpec) -> tuple[int, int, list[float]]:
+        """The stream's kept samples as the core reads them: first slot, count (an empty
+        ring: one padded sample) and times."""
+        head, cap = s.head, s.cap
+        start = head - cap if head > cap else 0
+        n = head - start or 1
+        return start, n, s.times[start:start + n].tolist()
+
+    def __call__(self, target: list[float], pre: list[bool] | None, horizon: float) -> None:
+        for specs, rows, ring, value, flat, other, pad, (i0, i1), (wa, wb), norm, clip, \
+                zero in self.linear:
+            slots, slots1, h, d, pads = [], [], [], [], []
+            for r, s in enumerate(specs):
+                start, n, tl = self._window(s)
+                base, last, empty = r * ring + start, tl[-1], s.head == 0
+                for j, x in enumerate(target):
+                    cnt = bisect_right(tl, x)
+                    seg = cnt - 1 if cnt > 1 else 0
+                    if seg > n - 2:
+                        seg = n - 2 if n > 2 else 0
+                    seg1 = seg + 1 if seg + 1 < n else n - 1
+                    slots.append(base + seg)
+                    slots1.append(base + seg1)
+                    h.append(tl[seg1] - tl[seg])
+                    d.append(x - tl[seg])
+                    pads.append(empty or cnt == 0 or x > last or (
+                        pre is not None and pre[j]))
+            h = _f32(h)
+            w = _f32([a / b if b > 0 else 0.0 for a, b in zip(_f32(d), h, strict=True)])
+            w = [0.0 if a < 0 else 1.0 if a > 1 else a for a in w]
+            wa[:, 0] = [1.0 - a for a in w]  # (stored as float32: the core's rounding)
+            wb[:, 0] = w
+            i0[:] = slots
+            i1[:] = slots1
+            rows.take(i0, 0, flat)
+            rows.take(i1, 0, other)
+            np.multiply(flat, wa, out=flat)
+            np.multiply(other, wb, out=other)
+            np.add(flat, other, out=flat)
+            pad[:] = pads
+            if norm is not None:
+                np.subtract(value, norm[0], out=value)
+                np.multiply(value, norm[1], out=value)
+                if clip is not None:
+                    np.clip(value, clip[0], clip[1], out=value)
+            if zero and pre is not None:
+                value[:, pre] = 0
+        for s, value, pad, age, tol, norm, zero in self.indexed:
+            start, n, tl = self._window(s)
+            first, last, method, empty = tl[0], tl[-1], s.method, s.head == 0
+            slots, d, pads = [], [], []
+            for j, x in enumerate(target):
+                cnt = bisect_right(tl, x)
+                p = empty or (pre is not None and pre[j])
+                if method == "previous":
+                    at = cnt - 1 if cnt > 0 else 0
+                    d.append(x - tl[at])
+                else:  # nearest, frame_index: the nearer of the samples around x, ties earlier
+                    seg = cnt - 1 if cnt > 1 else 0
+                    if seg > n - 2:
+                        seg = n - 2 if n > 2 else 0
+                    seg1 = seg + 1 if seg + 1 < n else n - 1
+                    at = seg1 if tl[seg1] - x < x - tl[seg] else seg
+                    if tol is not None:
+                        d.append(abs(tl[at] - x))
+                    else:
+                        # outside the samples, unless past the latest with the horizon (the
+                        # tick's time) at least as far away: no nearer message can come
+                        p = p or ((cnt == 0 or x > last) and not (
+                            x > last and x - last <= horizon - x and x >= first))
+                slots.append(start + at)
+                pads.append(p)
+            if method == "previous":
+                ages = _f32(d)
+                age[:] = ages
+                pads = [p or (a != 0 if s.exact else a < 0) for p, a in zip(pads, ages,
+                                                                             strict=True)]
+            elif tol is not None:
+                pads = [p or not a <= tol for p, a in zip(pads, _f32(d), strict=True)]
+            pad[:] = pads
+            if s.kind == "camera":
+                value[:] = slots
+            else:
+                np.take(s.values, slots, axis=0, out=value)
+                if norm is not None:
+                    np.subtract(value, norm[0], out=value)
+                    np.multiply(value, norm[1], out=value)
+                    if norm[2]:
+                        np.clip(value, -1.0, 1.0, out=value)
+                if zero and pre is not None:
+                    value[pre] = 0
+
+
 class Observer:
     """The training-time observation of a cache, built online from live messages.
 
@@ -447,6 +621,8 @@ class Observer:
         self._args = ["target", "pre", "horizon", *inputs]
         self._compile, self._package = compile, package
         self._core = None  # made at the first tick (see _make_core)
+        self._host_tick: _HostTick | None = None  # the CPU tick without torch operators
+        self._inputs = None  # its last (target, pre, horizon), for example_inputs()
         self._graph = None
         self.t0: float | None = None
 
@@ -919,6 +1095,9 @@ class Observer:
         t = _seconds_of("`t`", t)
         if not math.isfinite(t):
             raise DataError(f"`t` must be a finite time in seconds; got {t!r}.")
+        return self._step_at(t)
+
+    def _step_at(self, t: float) -> int:
         if self.t0 is None:
             self.start(t)
         return int(math.floor((t - self.t0 + self.grid_tolerance_s) * self.rate))
@@ -971,16 +1150,18 @@ class Observer:
         (``<key>`` and ``<key>_is_pad``, ``timestamp`` float64, ``index``: the step since
         ``t0``), plus ``<key>_age`` (float32 seconds) of ``previous`` streams and ``task``
         when set. Tensors live on the observer's device; on a GPU they are the CUDA graph's
-        outputs, and ``timestamp``/``index`` host tensors, refilled by every tick: read or
-        clone them before the next one.
+        outputs, on the CPU (where the tick runs without torch operators, see
+        :class:`_HostTick`) views of the tick's arrays, and ``timestamp``/``index`` host
+        tensors: refilled by every tick, read or clone them before the next one.
 
         Raises:
             DataError: ``t`` is not a number, NaN, or before the first tick.
         """
-        t = _seconds_of("`t`", t)
+        if type(t) is not float:
+            t = _seconds_of("`t`", t)
         if not math.isfinite(t):
             raise DataError(f"`t` must be a finite time in seconds; got {t!r}.")
-        k = self.step(t)
+        k = self._step_at(t)
         if k < 0:
             raise DataError(f"`t` = {t!r} s is before the first tick (t0 = {self.t0!r} s); "
                             "call reset() to start a new episode.")
@@ -989,21 +1170,42 @@ class Observer:
         self._snap()
         # the window's instants as ingest computes them (t0 + k / rate in float64: Python
         # floats are the same doubles), a few stores into the host arena
-        t0, rate, h = self.t0, self.rate, self._host
-        target = [t0 + (k + o if k + o > 0 else 0) / rate for o in self._offset_list]
-        h["target"][:] = target
-        if self._pre_set or k + self._offset_list[0] < 0:  # (else still all False)
-            pre = [k + o < 0 for o in self._offset_list]
-            h["pre"][:] = pre
-            self._pre_set = pre[0]
-        h["horizon"][0] = t
-        outs = self._run()
+        t0, rate, offsets = self.t0, self.rate, self._offset_list
+        target = [t0 + (k + o if k + o > 0 else 0) / rate for o in offsets]
+        pre = [k + o < 0 for o in offsets] if k + offsets[0] < 0 else None
+        if self._host_tick is not None:  # (the arena's copies are written when asked for)
+            self._host_tick(target, pre, t)
+            self._inputs = (target, pre, t)
+            outs = self._static_out
+        else:
+            self._write_inputs(target, pre, t)
+            outs = self._run(target, pre, t)
         return self._assemble(outs, k, target[-1] if self._offset_list[-1] == 0
                               else self.instant(k))
 
-    def _run(self) -> tuple[torch.Tensor, ...]:
+    def _write_inputs(self, target: list[float], pre: list[bool] | None, horizon: float
+                      ) -> None:
+        """The tick's instants, pad rows and time into the host arena (a few stores)."""
+        h = self._host
+        h["target"][:] = target
+        if self._pre_set or pre is not None:  # (else still all False)
+            h["pre"][:] = pre or False
+            self._pre_set = pre is not None
+        h["horizon"][0] = horizon
+
+    def _run(self, target: list[float], pre: list[bool] | None, horizon: float
+             ) -> tuple[torch.Tensor, ...]:
         if self.device.type != "cuda":
             if self._core is None:
+                if self._package is None and _HostTick.covers(self):
+                    self._host_tick = _HostTick(self)
+                    self._static_out = self._host_tick.outputs
+                    self._step = (torch.zeros((), dtype=torch.float64),
+                                  torch.zeros((), dtype=torch.int64))
+                    self._step_np = tuple(x.numpy() for x in self._step)
+                    self._host_tick(target, pre, horizon)
+                    self._inputs = (target, pre, horizon)
+                    return self._static_out
                 self._core = self._make_core()
             v = self._views
             return self._core(*(v[n] for n in self._args))
@@ -1147,7 +1349,8 @@ class Observer:
         self._step_np = tuple(x.numpy() for x in self._step)  # (their stores, no view per tick)
 
     def _assemble(self, outs, k: int, timestamp: float) -> dict[str, Any]:
-        if self._graph is None:
+        static = self._graph is not None or self._host_tick is not None
+        if not static:
             out: dict[str, Any] = {"timestamp": torch.tensor(timestamp, dtype=torch.float64),
                                    "index": torch.tensor(k, dtype=torch.int64)}
         else:
@@ -1159,7 +1362,7 @@ class Observer:
             out.update(self._served)
         else:
             served = self._serve(outs)
-            if self._graph is not None and self._views_only:
+            if static and self._views_only:
                 self._served = served
             out.update(served)
         if self.task is not None:
@@ -1290,6 +1493,8 @@ class Observer:
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         """The core's inputs now (``target``, ``pre``, the ring arrays), as fresh tensors on
         the observer's device: what :meth:`export` traces with."""
+        if self._host_tick is not None and self._inputs is not None:
+            self._write_inputs(*self._inputs)
         v = self._views
         return tuple(v[n].clone().to(self.device) for n in self._args)
 
