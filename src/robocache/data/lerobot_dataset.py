@@ -150,7 +150,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
         tolerance_s: LeRobot's tolerance: for ``delta_timestamps`` and, when > 0, for the
             frames' timestamps when the cache is built (else the cache's default, 1e-4 s).
         revision: the Hub revision whose snapshot to read when ``root`` is None.
-        force_cache_sync: rebuild the RoboCache cache.
+        force_cache_sync: rebuild the RoboCache cache (and, where LeRobot is installed, let
+            LeRobot sync the dataset's files with the Hub first, as its own does).
         return_uint8: serve video features as uint8 ``[C, H, W]`` (LeRobot's fast path; image
             features stay float32, as LeRobot).
         depth_output_unit: ``"mm"`` or ``"m"``: depth features (LeRobot's depth images,
@@ -159,11 +160,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
             ``[1, H, W]`` in this unit (converted from the ``depth_unit`` recorded in their
             ``info``; as stored where none is), their ``meta.stats`` rescaled to it.
         download_videos, video_backend, token: LeRobot's download and decode arguments:
-            RoboCache downloads nothing itself (where files of the served episodes are missing
-            and LeRobot is installed, LeRobot fetches them with these arguments as on its own
-            first read), and videos are decoded by PyAV once when the cache is built
-            (LeRobot's ``"pyav"`` and ``"torchcodec"`` give the same frames; any other value,
-            ``token`` and ``download_videos=False`` are said once per process).
+            RoboCache downloads nothing itself (where LeRobot is installed and the dataset is
+            not on disk, files of the served episodes are missing, or ``force_cache_sync``,
+            LeRobot fetches them with these arguments as on its own first read: with
+            ``root=None`` into its Hub snapshot cache, which is then read), and videos are
+            decoded by PyAV once when the cache is built (LeRobot's ``"pyav"`` and
+            ``"torchcodec"`` give the same frames; any other value, ``token`` and
+            ``download_videos=False`` are said once per process).
         cache: the cache directory (default :func:`default_cache_dir`).
         device: where the cache is gathered: ``"cpu"`` (default) or ``"cuda"``.
         camera_codec: how video frames are stored in the cache: ``"jpeg"`` (default, q95,
@@ -211,6 +214,12 @@ class LeRobotDataset(torch.utils.data.Dataset):
         if camera_codec not in ("jpeg", "png"):
             raise DataError(f"`camera_codec` must be 'jpeg' or 'png'; got {camera_codec!r}.")
         check_jpeg(camera_quality, camera_chroma)
+        self._requested_root = None if root is None else Path(root)  # LeRobot's _download
+        fetch = {"revision": revision, "download_videos": download_videos, "token": token}
+        fetched = force_cache_sync or not _on_disk(repo_id, root, revision)
+        if fetched:  # LeRobot fetches it, where installed, and its root is read
+            root = _lerobot_fetch(repo_id, root, episodes=episodes,
+                                  force_cache_sync=force_cache_sync, **fetch) or root
         self.meta = LeRobotDatasetMetadata(repo_id, root, revision)
         self.repo_id, self.root, self.revision = repo_id, self.meta.root, self.meta.revision
         total = self.meta.total_episodes
@@ -239,9 +248,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.cache = Path(cache) if cache is not None else default_cache_dir(
             self.root, camera_codec, camera_quality, camera_chroma)
         self.build_timeout_s = build_timeout_s
-        self._requested_root = None if root is None else Path(root)  # LeRobot's _download
         self._reader = None  # made again for these settings
-        self._fetch_missing(revision, download_videos, token)
+        if not fetched:
+            self._fetch_missing(fetch)
         manifest = self._ensure_cache(force_cache_sync, build_timeout_s)
         streams = manifest["streams"]
         if not self.meta.stats:  # no meta/stats.json: the cache's, in LeRobot's layout
@@ -279,30 +288,25 @@ class LeRobotDataset(torch.utils.data.Dataset):
                       "used only to fetch missing data files through LeRobot, where it is "
                       "installed: RoboCache itself downloads nothing.")
 
-    def _fetch_missing(self, revision: str | None, download_videos: bool, token) -> None:
-        """Where files of the served episodes are not on disk and LeRobot is installed, let
-        LeRobot fetch them as it would on its first read (its own ``LeRobotDataset`` with the
-        same ``root``, ``episodes``, ``revision``, ``download_videos`` and ``token``); without
-        LeRobot, or when it fails (said once), the missing files fail their episodes."""
+    def _fetch_missing(self, fetch: dict[str, Any]) -> None:
+        """Where files of the served episodes are not on disk, let LeRobot fetch them
+        (:func:`_lerobot_fetch` with the same ``root``, ``episodes`` and ``fetch``
+        arguments); without LeRobot, or when it fails (said once), the missing files fail
+        their episodes. LeRobot does not read Lance-stored datasets: nothing is fetched
+        for them."""
         from robocache.data.formats.lerobot import LeRobotSource
 
         source = LeRobotSource(self.root)
+        if source.lance:
+            return
         wanted = self.episodes if self.episodes is not None else source.episode_indices()
         files = dict.fromkeys(f for e in wanted for f in source.files(e))  # v3.0: shared
-        missing = [f for f in files if not f.exists() and (download_videos or f.suffix != ".mp4")]
-        if not missing:
-            return
-        try:
-            lerobot = _lerobot_class("fetch")
-        except ImportError:
-            return
-        try:
-            lerobot(self.repo_id, root=self.root, episodes=self.episodes, revision=revision,
-                    download_videos=download_videos, token=token)
-        except Exception as e:  # noqa: BLE001 (LeRobot's or the Hub's, whatever they are)
-            _say_once("fetch", f"robocache.LeRobotDataset: {len(missing)} files of {self.root} "
-                      f"are missing (e.g. {missing[0]}) and LeRobot could not fetch them "
-                      f"({type(e).__name__}: {e}).")
+        missing = [f for f in files if not f.exists()
+                   and (fetch["download_videos"] or f.suffix != ".mp4")]
+        if missing:
+            _lerobot_fetch(self.repo_id, self.root, episodes=self.episodes,
+                           missing=f"{len(missing)} files of {self.root} are missing (e.g. "
+                           f"{missing[0]})", **fetch)
 
     def _ensure_cache(self, force: bool, timeout_s: float) -> dict[str, Any]:
         """Build (or extend) the cache with the served episodes, once for all the processes
@@ -873,6 +877,36 @@ def _lerobot_class(call: str):
                           "elsewhere and read the dataset with robocache.LeRobotDataset(repo_id, "
                           "root=...).") from e
     return lerobot
+
+
+def _on_disk(repo_id: str, root: str | Path | None, revision: str | None) -> bool:
+    """Whether a local copy of the dataset is found (:func:`find_root`)."""
+    from robocache.data.lerobot_meta import find_root
+
+    try:
+        find_root(repo_id, root, revision)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _lerobot_fetch(repo_id: str, root: str | Path | None, missing: str | None = None,
+                   **kwargs: Any) -> Path | None:
+    """LeRobot's own ``LeRobotDataset(repo_id, root=root, **kwargs)`` made, which fetches
+    from the Hub what its first read needs (all of it with ``force_cache_sync=True``; with
+    ``root=None`` into its snapshot cache): its root, or None without LeRobot or when it
+    fails (said once, with ``missing``, what is missing, where given)."""
+    try:
+        lerobot = _lerobot_class("fetch")
+    except ImportError:
+        return None
+    try:
+        return Path(lerobot(repo_id, root=root, **kwargs).root)
+    except Exception as e:  # noqa: BLE001 (LeRobot's or the Hub's, whatever they are)
+        what = missing or f"{repo_id!r} (root={root})"
+        _say_once("fetch", f"robocache.LeRobotDataset: {what}, and LeRobot could not fetch "
+                  f"it ({type(e).__name__}: {e}).")
+        return None
 
 
 def _lerobot_reader(ds: LeRobotDataset):
