@@ -259,7 +259,7 @@ def _file(tmp: Path, cfg: dict, keep) -> None:
     language = mixed.language
     name = f"b{BATCH}-h{HISTORY}-H{HORIZON}-{rows}steps-file10"
     single_rate = None
-    for impl, data, lang in (("single-cache", one, None), ("mixture-10", mixed, None),
+    for impl, data, lang in (("single-cache", one, []), ("mixture-10", mixed, []),
                              ("mixture-10+tokens", mixed, language)):
         if data is mixed:
             mixed.language = lang
@@ -271,7 +271,7 @@ def _file(tmp: Path, cfg: dict, keep) -> None:
         keep(H.case(FAMILY, name, impl, timing, nbytes=nbytes, samples_per_s=rate,
                     ratio_vs_single=rate / single_rate, steps=len(data), sources=10
                     if data is mixed else 1, cuda_graph=loader.graphed is not None,
-                    prompts=len(language.strings) if lang is not None else 0,
+                    prompts=sum(len(x.strings) for x in lang),
                     note=f"{rate:,.0f} samples/s, {rate / single_rate:.2f}x single"))
         del loader
     mixed.language = language

@@ -18,6 +18,8 @@ ROBOTS = {"arm": (3, 2, 10.0, "observation.images.top"),
           "panda": (7, 8, 10.0, None)}
 CAM = (4, 5, 3)
 TASKS = ["pick the red cube", "open the drawer", "wipe the table clean"]
+# the arm's string stream: (step, subtask) events per episode, from its third step
+SUBTASKS = [(2, "reach"), (5, "grasp the cube"), (7, "lift")]
 
 
 def episodes(state: int, action: int, fps: float, camera: str | None, seed: int):
@@ -27,6 +29,8 @@ def episodes(state: int, action: int, fps: float, camera: str | None, seed: int)
              "action": StreamSpec("action", "numeric", "float32", (action,), fps)}
     if camera:
         specs[camera] = StreamSpec(camera, "image", "uint8", CAM, fps)
+    if seed == 0:
+        specs["language.subtask"] = StreamSpec("language.subtask", "event", "str", (), None)
     out = []
     for i in range(3):
         n = int(rng.integers(8, 14))
@@ -34,7 +38,9 @@ def episodes(state: int, action: int, fps: float, camera: str | None, seed: int)
         data = {"observation.state": rng.uniform(-1.5, 1.5, (n, state)),
                 "action": rng.normal(-seed, 0.5, (n, action)),
                 camera: rng.integers(0, 255, (n, *CAM))}
-        out.append(Episode(i, {k: Stream(s, t, data[k].astype(s.dtype))
+        data["language.subtask"] = np.array([f"{text} {i}" for _, text in SUBTASKS], object)
+        times = {"language.subtask": np.array([k for k, _ in SUBTASKS]) / fps}
+        out.append(Episode(i, {k: Stream(s, times.get(k, t), data[k].astype(s.dtype))
                                for k, s in specs.items()},
                            {"tasks": [TASKS[(i + seed) % len(TASKS)]]}))
     return out, specs

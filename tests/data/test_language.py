@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from mixture_caches import TASKS, WordTokenizer, make_caches
+from mixture_caches import SUBTASKS, TASKS, WordTokenizer, make_caches
 
 from robocache.data import MixedDataset, RobotDataset, RobotLoader
 from robocache.data.language import Language, Strings, read_instructions, tokenize
@@ -34,7 +34,8 @@ def mixture(tmp_path_factory):
     config = {"history": 1, "horizon": 2, "pad": {"state": 7, "action": 8},
               "datasets": [
                   {"name": "arm", "path": str(caches["arm"]), "state": "observation.state",
-                   "action": "action", "instructions": "instructions.json"},
+                   "action": "action", "instructions": "instructions.json",
+                   "language": {"subtask": "language.subtask"}},
                   {"name": "mobile", "path": str(caches["mobile"]),
                    "state": "observation.state", "action": "action"},
                   {"name": "panda", "path": str(caches["panda"]), "action": "action"}]}
@@ -59,11 +60,13 @@ def test_tokens_identical_to_the_tokenizer_per_sample(mixture):
     tok = WordTokenizer()
     mixed = MixedDataset.from_config(path, tokenizer=tok)
     calls = tok.calls
-    assert calls == 2 and tok.strings == 2 * len(mixed.language.strings)  # once per string
+    # one call to measure and one to pad, per batch key; each distinct string once in each
+    assert calls == 2 * len(mixed.language)
+    assert tok.strings == 2 * sum(len(lang.strings) for lang in mixed.language)
     distinct = set(TASKS) | {s for v in INSTRUCTIONS.values()
                              for s in (v.values() if isinstance(v, dict) else v) if s}
-    assert set(mixed.language.strings) <= distinct
-    width = max(len(tok(s)["input_ids"]) for s in mixed.language.strings)
+    assert set(mixed.language[0].strings) <= distinct
+    width = max(len(tok(s)["input_ids"]) for s in mixed.language[0].strings)
     for batch in batches(mixed, 6):
         ids, mask = batch["task.input_ids"], batch["task.attention_mask"]
         assert ids.dtype == mask.dtype == torch.int64 and ids.shape == (32, width)
@@ -71,7 +74,7 @@ def test_tokens_identical_to_the_tokenizer_per_sample(mixture):
             want = tok(text, padding="max_length", truncation=True, max_length=width)
             assert ids[i].tolist() == want["input_ids"]
             assert mask[i].tolist() == want["attention_mask"]
-        assert [mixed.language.strings[j] for j in batch["task_index"].tolist()] == \
+        assert [mixed.language[0].strings[j] for j in batch["task_index"].tolist()] == \
             list(batch["task"])
     truncated = MixedDataset.from_config(path, tokenizer=tok, max_length=3)
     batch = batches(truncated, 1)[0]
@@ -103,6 +106,37 @@ def test_task_per_step_and_instructions_per_episode(mixture):
         counts = [chosen[(episode, t)] for t in texts]
         assert min(counts) > 0
         assert max(counts) < 3 * min(counts) + 10
+
+
+def test_string_streams_per_step(mixture):
+    """A string stream (LeRobot's string features: subtasks) at each step: the event the
+    cache holds there (the latest so far), "" before the first and for robots without it."""
+    import lance
+
+    path, caches = mixture
+    tok = WordTokenizer()
+    mixed = MixedDataset.from_config(path, tokenizer=tok)
+    assert [lang.key for lang in mixed.language] == ["task", "subtask"]
+    table = lance.dataset(str(caches["arm"] / "data.lance")).to_table(
+        columns=["episode_index", "step", "language/subtask"]).to_pylist()
+    held = {(r["episode_index"], r["step"]): r["language/subtask"] or "" for r in table}
+    own = RobotDataset(caches["arm"])
+    seen = set()
+    for batch in batches(mixed, 10):
+        width = batch["subtask.input_ids"].shape[1]
+        for i, text in enumerate(batch["subtask"]):
+            if mixed.names[int(batch["source"][i])] != "arm":
+                assert text == ""
+                continue
+            row = int(batch["index"][i])
+            want = held[(int(own.episode_index[row]), int(own.step[row]))]
+            assert text == want
+            if want:
+                assert want.rsplit(" ", 1)[0] in {t for _, t in SUBTASKS}
+            seen.add(want)
+            assert batch["subtask.input_ids"][i].tolist() == tok(
+                text, padding="max_length", truncation=True, max_length=width)["input_ids"]
+    assert "" in seen and len(seen) > 3
 
 
 def test_choice_is_seeded_and_resumes(mixture):

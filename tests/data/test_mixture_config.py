@@ -241,6 +241,12 @@ BAD = {
         lambda c: c["datasets"][1].update(action={"key": "observation.state",
                                                   "relative": "joint"}, state="action"),
         r"dataset 'mobile': relative actions are served under the stream names .* rename"),
+    "language-not-a-string-stream": (
+        _set(["datasets", 0, "language"], {"subtask": "observation.state"}),
+        r"dataset 'arm': `language.subtask` maps to 'observation.state', which the cache .* "
+        r"does not have; map it to one of its event streams: language.subtask"),
+    "language-reserved-key": (_set(["datasets", 0, "language"], {"task": "language.subtask"}),
+                              r"dataset 'arm': `language` key 'task' must be a plain name"),
     "to-ee-without-urdf": (_set(["datasets", 0, "state"], {"key": "observation.state",
                                                             "to_ee": True}),
                            r"dataset 'arm': `state.to_ee` .* add `kinematics"),

@@ -13,7 +13,11 @@ are a gather of that table on the batch's device (no tokenizer call, no host wor
 sample), bit for bit what the tokenizer returns for each string on its own with
 ``padding="max_length", truncation=True, max_length=L``.
 
-Batch keys (``key``: ``"task"`` by default): ``task`` (a :class:`Strings`, the batch's
+A string stream of the cache (LeRobot's ``dtype: "string"`` features, e.g. subtask
+annotations) is served the same way under its own key, each step its held event
+(:func:`event_strings`).
+
+Batch keys (``key``: ``"task"`` for the prompt): ``task`` (a :class:`Strings`, the batch's
 ``B`` strings, copied to the host when first read), ``task_index`` (int64 ``[B]``, into
 :attr:`Language.strings`) and, with a tokenizer, ``task.input_ids`` and
 ``task.attention_mask`` (int64 ``[B, L]``, as the tokenizer returns them).
@@ -149,6 +153,42 @@ def read_instructions(source: str | Path | Mapping[str, Any], where: str,
                             f"got {value!r}.")
         out[_index(str(key), names, f"{where}: {name}")] = [s for s in items if s]
     return out
+
+
+def event_strings(ds, stream: str) -> tuple[list[str], np.ndarray]:
+    """A string (event) stream of ``ds``'s cache at each served step: the latest event so far,
+    ``""`` before the first (as the cache holds it), as ``(names, ids [rows])``; one scan of
+    the cache's step keys and that column.
+
+    Raises:
+        DataError: ``stream`` is not a string stream of the cache.
+    """
+    import pyarrow.compute as pc
+
+    spec = ds.manifest["streams"].get(stream)
+    if spec is None or spec["kind"] != "event":
+        raise DataError(f"{ds.location}: {stream!r} is not a string (event) stream of the "
+                        "cache.")
+    table = ds.location.lance("data.lance", version=ds.served.meta.get("data_version"))
+    scale = 1 << 32  # (episode, step) as one int64 key
+    want = ds.episode_index.numpy() * scale + ds.step.numpy()
+    order = np.argsort(want, kind="stable")
+    names: dict[str, int] = {"": 0}
+    ids = np.zeros(len(want), np.int64)
+    with ds.location.reading("data.lance"):
+        for batch in table.to_batches(columns=["episode_index", "step", spec["column"]],
+                                      batch_size=1 << 16):
+            key = batch.column(0).to_numpy() * scale + batch.column(1).to_numpy()
+            at = np.searchsorted(want, key, sorter=order)
+            at = np.minimum(at, len(want) - 1)
+            hit = (len(want) > 0) & (want[order[at]] == key)
+            if not hit.any():
+                continue
+            text = pc.fill_null(batch.column(2), "").filter(hit).dictionary_encode()
+            lut = np.array([names.setdefault(t, len(names)) for t in
+                            text.dictionary.to_pylist()] or [0], np.int64)
+            ids[order[at[hit]]] = lut[text.indices.to_numpy(zero_copy_only=False)]
+    return list(names), ids
 
 
 class Language:

@@ -73,9 +73,9 @@ class MixedDataset:
             to their widest source's width where widths differ.
 
     Attributes:
-        language: a :class:`robocache.data.language.Language` the loader serves each batch's
-            prompts from (strings, and tokens when it has a tokenizer's), or None;
-            :meth:`from_config` sets it.
+        language: the :class:`robocache.data.language.Language` tables the loader serves each
+            batch's strings from (and tokens, when made with a tokenizer): the prompt
+            (``task``) first, then any string streams; :meth:`from_config` sets them.
 
     Raises:
         DataError: no datasets, a key that is an action in one source and an observation in
@@ -136,7 +136,7 @@ class MixedDataset:
                                 f"source's width); got {w!r}.")
             self.shapes[k] = ((steps, w), dtype)
             self.dim_masked.add(k)
-        self.language = None
+        self.language: list = []
         self.config = None  # the resolved mixture file (robocache.data.mixture.Mixture)
         self.keys = list(roles)
         self.action_keys = [k for k, r in roles.items() if r == "action"]
@@ -725,9 +725,9 @@ class RobotLoader:
     def _epoch(self) -> Iterator[Batch]:
         self.consumed, self.batch = self.position(), 0
         self.sampler.epoch, self.sampler.consumed = self.epoch, self.consumed
-        language = self.mixture.language if self.mixed else None
+        languages = self.mixture.language if self.mixed else []
         for batch in self._batches():
-            if language is not None:
+            for language in languages:
                 batch.update(self._language(language, batch))
             self.batch += 1
             yield batch

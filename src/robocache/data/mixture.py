@@ -20,6 +20,7 @@ The file (docs/mixtures.md has a complete one)::
         state: observation.state
         action: {key: action, relative: joint, absolute_dims: [7]}
         instructions: droid_instructions.json # several per episode, one chosen per sample
+        language: {subtask: language.subtask} # string streams, served per step
       - name: aloha
         path: /data/aloha.cache
         kinematics: {urdf: arm.urdf, end_link: gripper, joint_dims: [0, 1, 2, 3, 4, 5]}
@@ -27,8 +28,8 @@ The file (docs/mixtures.md has a complete one)::
         action: {key: action, to_ee: true}
 
 Every source is served under one schema: ``observation.images.<role>`` per camera role,
-``observation.state``, ``action``, and the prompt as ``task`` (see
-:mod:`robocache.data.language`); each source is normalized with its own statistics
+``observation.state``, ``action``, the prompt as ``task`` and string streams under their
+``language`` keys (see :mod:`robocache.data.language`); each source is normalized with its own statistics
 (:class:`robocache.RobotLoader` keeps one normalizer per source), and a batch carries
 ``source`` (the dataset's index) per sample.
 
@@ -49,13 +50,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from robocache.errors import DataError, URDFError
 
 #: Top-level keys of a mixture file.
 TOP_KEYS = ("datasets", "history", "horizon", "balance", "pad", "language")
 #: Keys of one dataset's entry.
 DATASET_KEYS = ("name", "path", "storage_options", "weight", "embodiment", "episodes", "cameras",
-                "state", "action", "instructions", "episode_keys", "kinematics")
+                "state", "action", "language", "instructions", "episode_keys", "kinematics")
+#: Batch keys a ``language`` entry may not take (the prompt's, and the batch's own).
+RESERVED = ("task", "source", "index", "episode_index", "timestamp")
 #: Keys of a ``state`` / ``action`` mapping.
 STREAM_KEYS = {"state": ("key", "to_ee"),
                "action": ("key", "to_ee", "relative", "absolute_dims")}
@@ -95,6 +100,7 @@ class Source:
     relative: dict[str, Any] | None = None
     to_ee: list[str] = field(default_factory=list)
     kinematics: dict[str, Any] | None = None
+    language: dict[str, str] = field(default_factory=dict)
     instructions: Any = None
     episode_keys: Any = None
     storage_options: dict[str, Any] | None = None
@@ -128,7 +134,7 @@ class Mixture:
         return [{"name": s.name, "path": s.path, "embodiment": s.embodiment,
                  "episodes": s.episodes, "frames": s.frames, "weight": s.weight,
                  "widths": {k: self.pad.get(k, w) for k, w in s.widths.items()},
-                 "own_widths": dict(s.widths), "mapping": dict(s.mapping),
+                 "own_widths": dict(s.widths), "mapping": {**s.mapping, **s.language},
                  "action_encoding": s.encoding(),
                  "instructions": None if s.instructions is None else str(s.instructions)}
                 for s in self.sources]
@@ -285,6 +291,15 @@ def _source(path: Path, i: int, entry: Any) -> Source:
                         "{primary: observation.images.top}.")
     for role, key in cameras.items():
         src.mapping[f"{CAMERA}{role}"] = stream(str(key), f"cameras.{role}", ("image", "video"))
+    language = entry.get("language") or {}
+    if not isinstance(language, dict):
+        raise DataError(f"{where}: `language` must map batch keys to string streams of the "
+                        "cache, e.g. {subtask: language.subtask}.")
+    for key, name in language.items():
+        if not str(key).isidentifier() or key in RESERVED:
+            raise DataError(f"{where}: `language` key {key!r} must be a plain name other than "
+                            f"{', '.join(RESERVED)} (the prompt is `task`); rename it.")
+        src.language[key] = stream(str(name), f"language.{key}", ("event",))
     slots = {}
     for slot, common in (("state", STATE), ("action", ACTION)):
         if entry.get(slot) is not None:
@@ -437,7 +452,7 @@ def open_mixture(path: str | Path, *, tokenizer: Any = None, **overrides):
             (:data:`DATASET_KWARGS`).
     """
     from robocache.data.dataset import RobotDataset
-    from robocache.data.language import Language, read_instructions
+    from robocache.data.language import Language, event_strings, read_instructions
     from robocache.data.loader import MixedDataset
 
     kwargs = {k: overrides.pop(k) for k in list(overrides) if k in DATASET_KWARGS}
@@ -474,10 +489,18 @@ def open_mixture(path: str | Path, *, tokenizer: Any = None, **overrides):
         datasets.append(ds.renamed({v: k for k, v in s.mapping.items()}))
     mixed = MixedDataset(datasets, [s.weight for s in mixture.sources],
                          names=[s.name for s in mixture.sources], widths=mixture.pad)
-    mixed.language = Language.build(
+    mixed.language = [Language.build(
         [(d.task_names, d.task_id.numpy(), d.episode_index.numpy(), inst)
          for d, inst in zip(datasets, instructions, strict=True)],
-        tokenizer, mixture.max_length)
+        tokenizer, mixture.max_length)]
+    keys = dict.fromkeys(k for s in mixture.sources for k in s.language)
+    for key in keys:  # string streams (LeRobot's string features: subtasks...), per step
+        rows = []
+        for d, s in zip(datasets, mixture.sources, strict=True):
+            names, ids = event_strings(d, s.language[key]) if key in s.language else \
+                ([""], np.zeros(len(d), np.int64))
+            rows.append((names, ids, d.episode_index.numpy(), {}))
+        mixed.language.append(Language.build(rows, tokenizer, mixture.max_length, key))
     mixed.config = mixture
     return mixed
 
