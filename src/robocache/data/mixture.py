@@ -29,9 +29,9 @@ The file (docs/mixtures.md has a complete one)::
 
 Every source is served under one schema: ``observation.images.<role>`` per camera role,
 ``observation.state``, ``action``, the prompt as ``task`` and string streams under their
-``language`` keys (see :mod:`robocache.data.language`); each source is normalized with its own statistics
-(:class:`robocache.RobotLoader` keeps one normalizer per source), and a batch carries
-``source`` (the dataset's index) per sample.
+``language`` keys (see :mod:`robocache.data.language`); each source is normalized with its
+own statistics (:class:`robocache.RobotLoader` keeps one normalizer per source), and a batch
+carries ``source`` (the dataset's index) per sample.
 
 ``resolve`` checks the whole file against the caches' manifests (metadata only: no episode
 is read) and refuses bad input with one line naming the file, the dataset and the fix: an
