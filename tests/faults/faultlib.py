@@ -213,9 +213,9 @@ robocache.cli.main()
 """
 
 
-def cli_process(*args: str, fsize: int, timeout: float = 120) -> Result:
+def cli_process(*args: str, fsize: int = -1, timeout: float = 120) -> Result:
     """Run ``robocache <args>`` in a subprocess whose files may not grow past ``fsize`` bytes
-    (a full disk)."""
+    (a full disk; -1: no limit)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     p = subprocess.run([sys.executable, "-c", RUNNER, str(fsize), *map(str, args)],
                        env=env, capture_output=True, text=True, timeout=timeout)

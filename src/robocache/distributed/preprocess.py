@@ -100,11 +100,7 @@ def connect(address: str | None) -> None:
     import warnings
 
     # A local Ray says its (secure) default of token authentication on every start: noise on
-    # a one-line command (a warning that it is off still shows). Ray Data's "E ...
-    # core_worker.cc: Actor ... has constructor arguments in the object store" line, logged
-    # for every actor pool whatever its arguments (ray-project/ray#57733), stays: its C++ log
-    # level (RAY_BACKEND_LOG_LEVEL) prints a line of its own and hides Ray's real errors, and
-    # max_restarts=0 would give up the actors' restarts.
+    # a one-line command (a warning that it is off still shows).
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
         _quiet_auth)
     main = threading.current_thread() is threading.main_thread()
@@ -123,6 +119,56 @@ def connect(address: str | None) -> None:
             # Ray's failure signal handler takes SIGTERM over (a 50-line stack, then abort):
             # SIGTERM stops this process as it did before, one line and exit 143 from the CLI
             signal.signal(signal.SIGTERM, sigterm)
+
+
+#: What Ray's core worker logs (an "E" line on stderr, once per process) when it first creates
+#: a restartable actor with a constructor argument in the object store.
+RESTART_NOTE = "has constructor arguments in the object store and max_restarts > 0"
+_restart_note_spent = False
+
+
+class _Spender:
+    """An actor created only to spend :data:`RESTART_NOTE` (see :func:`_spend_restart_note`)."""
+
+    def __init__(self, arg: Any) -> None:
+        pass
+
+
+def _spend_restart_note(ray) -> None:
+    """Spend Ray's once-per-process :data:`RESTART_NOTE` on an actor of ours, fd 2 caught in a
+    file for that one call and everything else written there meanwhile written back.
+
+    Ray Data passes every actor pool's actors its data context and transform through the
+    object store and makes them restartable, so the first pool of each preprocess printed the
+    line (ray-project/ray#57733), whatever the pool's own arguments: a note on Ray's restart
+    of such actors (ray-project/ray#53727) that no argument of ours changes (Ray Data holds
+    those objects for the pool's lifetime). The other ways were worse: Ray's C++ log level
+    (RAY_BACKEND_LOG_LEVEL) hides its real errors and prints a line of its own, and
+    ``max_restarts=0`` gives up the actors' restarts."""
+    global _restart_note_spent
+    import os
+    import sys
+    import tempfile
+
+    if _restart_note_spent:
+        return
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as caught:
+        saved = os.dup(2)
+        try:
+            os.dup2(caught.fileno(), 2)
+            actor = ray.remote(num_cpus=0, max_restarts=1)(_Spender).remote(ray.put(None))
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        rest = [line for line in caught.read().decode(errors="replace").splitlines(True)
+                if RESTART_NOTE not in line]
+    if rest:
+        sys.stderr.write("".join(rest))
+        sys.stderr.flush()
+    ray.kill(actor)
+    _restart_note_spent = True
 
 
 def _quiet_auth(record: logging.LogRecord) -> bool:
@@ -378,6 +424,7 @@ def preprocess(source: str | Path, dest: str | Path, config: CacheConfig | None 
                 # no more actors than groups to give them (the others would wait idle, and
                 # Ray Data warns of a pool larger than its input)
                 pool = min(actors, len(groups))
+                _spend_restart_note(ray)
                 ds = ray.data.from_items([{"indices": g} for g in groups],
                                          override_num_blocks=min(len(groups), 4000))
                 ds = ds.map_batches(_read, batch_size=1, num_cpus=1,
