@@ -212,6 +212,7 @@ class Language:
         self.strings, self.key = strings, key
         self.task, self.first, self.count, self.flat = task, first, count, flat
         self.tokens = tokens
+        self.choices = bool(count.numel()) and bool(count.max() > 0)
         self._on: dict[torch.device, Language] = {}
 
     @classmethod
@@ -261,11 +262,14 @@ class Language:
         (int64 ``[B]``, where each sample is in the epoch: the instruction chosen is a hash of
         ``seed``, ``epoch`` and the position)."""
         lang = self.to(rows.device)
-        count = lang.count[rows]
-        pick = _mix(positions, seed, epoch) % count.clamp_min(1)
-        ids = torch.where(count > 0, lang.flat[(lang.first[rows] + pick)
-                                                .clamp_max(lang.flat.shape[0] - 1)],
-                          lang.task[rows])
+        if self.choices:
+            count = lang.count[rows]
+            pick = _mix(positions, seed, epoch) % count.clamp_min(1)
+            ids = torch.where(count > 0, lang.flat[(lang.first[rows] + pick)
+                                                    .clamp_max(lang.flat.shape[0] - 1)],
+                              lang.task[rows])
+        else:  # no episode has instructions: each row's own string (one gather)
+            ids = lang.task[rows]
         out: dict[str, Any] = {self.key: Strings(ids, self.strings), f"{self.key}_index": ids}
         if lang.tokens is not None:
             out[f"{self.key}.input_ids"] = lang.tokens[0][ids]
