@@ -23,6 +23,16 @@ Cases:
   windows (history 2, horizon 16, batches of 256 at random) read from the edited and from an
   unedited copy, samples/s each (the best of three, alternated): deletions should cost
   nothing when reading.
+- ``cameras``: the audit's camera checks against serving's decode of the same frames, for
+  the target of 50 %. bench video's LeRobot dataset (4 cameras of textured moving scenes,
+  480x640, 6 episodes of 100 frames at 30 fps, LeRobot's recording settings) as AV1 and H.264,
+  ingested with the frames kept as video, and the H.264 one decoded into JPEG q95 (the
+  default). Per cache: frames/s of a whole :func:`~robocache.data.audit.audit` (every frame
+  decoded and checked; the numeric checks and the scans included) and of
+  ``RobotLoader`` batches of single frames of the 4 cameras (``history=1``, uint8, no resize)
+  over one epoch, every frame once, in random order (training's) and in order (the best a
+  video GOP can do), on the same device; ``vs_serve``: the audit's rate over the faster
+  of the two. Frames are in the page cache (read once before timing).
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ from robocache.bench.standalone import main
 FAMILY = "audit"
 FULL = {"episodes": 76_000, "steps": 300, "copies": 300}
 QUICK = {"episodes": 600, "steps": 60, "copies": 20}
+CAMERAS_FULL = {"hw": (480, 640), "episodes": 6, "length": 100, "batch": 64}
+CAMERAS_QUICK = {"hw": (48, 64), "episodes": 3, "length": 12, "batch": 4}
+PARTS = ("checks", "cache", "cameras")
 RATE = 15.0
 
 
@@ -234,15 +247,94 @@ def run_cache(episodes: int, steps: int, copies: int, device: str) -> list[dict]
     return [rec, edited]
 
 
-def run(quick: bool = False, copy_gbps: float | None = None) -> list[dict]:
+def _serve_frames(cache: Path, keys: list[str], cfg: dict, device: str, shuffle: bool
+                  ) -> float:
+    """Frames/s of one epoch of ``RobotLoader`` single-frame batches of ``keys`` (every
+    frame once), after two batches (the frames are in the page cache: the audit read them)."""
+    from robocache.data import RobotDataset, RobotLoader
+
+    ds = RobotDataset(cache, keys=keys, history=1, image_dtype=torch.uint8)
+    loader = RobotLoader(ds, cfg["batch"], device=device, shuffle=shuffle, drop_last=False,
+                         normalize=None, seed=0)
+    warm = iter(loader)
+    next(warm)
+    next(warm)
+    del warm
+    t0 = time.perf_counter()
+    for _ in loader:
+        pass
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return len(ds) * len(keys) / (time.perf_counter() - t0)
+
+
+def run_cameras(cfg: dict, device: str, report) -> None:
+    import shutil
+    import sys
+
+    import lance
+
+    from robocache.data.audit import audit
+    from robocache.data.cache import build
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_video import CAMS, source
+
+    name = f"{len(CAMS)}cams-{cfg['hw'][0]}x{cfg['hw'][1]}-E{cfg['episodes']}x{cfg['length']}"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for codec, stored in (("av1", "video"), ("h264", "video"), ("h264", "jpeg")):
+            src = tmp / f"src-{codec}"
+            if not src.exists():
+                source(src, cfg, codec)
+            cache = tmp / f"cache-{codec}-{stored}"
+            build(src, cache, rate_hz="native", progress=False, device=device,
+                  camera_codec=stored)
+            audit(cache, device=device)  # its frames into the page cache
+            t0 = time.perf_counter()
+            audit(cache, device=device)
+            seconds = time.perf_counter() - t0
+            frames = sum(lance.dataset(str(p)).count_rows()
+                         for p in (cache / "frames").glob("*.lance"))
+            audit_rate = frames / seconds
+            serve = {order: _serve_frames(cache, list(CAMS), cfg, device, order == "random")
+                     for order in ("random", "in_order")}
+            best = max(serve.values())
+            report(H.case(FAMILY, f"{codec}-{stored}-{name}", "cameras",
+                          H.summarize([seconds * 1e3]), frames=frames, device=device,
+                          audit_frames_per_s=audit_rate,
+                          serve_frames_per_s=serve, vs_serve=audit_rate / best,
+                          note=f"audit {audit_rate:,.0f} frames/s, serving "
+                               f"{serve['random']:,.0f} (random) / {serve['in_order']:,.0f} "
+                               f"(in order): {audit_rate / best:.0%}"))
+            shutil.rmtree(cache)
+
+
+def run(quick: bool = False, copy_gbps: float | None = None, report=None,
+        parts: str | None = None) -> list[dict]:
     cuda = torch.cuda.is_available() and not quick
     size = QUICK if quick or not cuda else FULL
     device = "cuda" if cuda else "cpu"
-    out = run_checks(size["episodes"], size["steps"], device, copy_gbps)
-    if cuda:
-        out += run_checks(min(size["episodes"], 2000), size["steps"], "cpu", copy_gbps)
-    return out + run_cache(size["episodes"], size["steps"], size["copies"], device)
+    chosen = (parts or ",".join(PARTS)).split(",")
+    if set(chosen) - set(PARTS):
+        raise SystemExit(f"--parts: choose among {', '.join(PARTS)}; got {parts!r}.")
+    out: list[dict] = []
+    report = report or out.append
+    if "checks" in chosen:
+        for rec in run_checks(size["episodes"], size["steps"], device, copy_gbps):
+            report(rec)
+        if cuda:
+            for rec in run_checks(min(size["episodes"], 2000), size["steps"], "cpu",
+                                  copy_gbps):
+                report(rec)
+    if "cache" in chosen:
+        for rec in run_cache(size["episodes"], size["steps"], size["copies"], device):
+            report(rec)
+    if "cameras" in chosen:
+        run_cameras(CAMERAS_QUICK if quick else CAMERAS_FULL, device, report)
+    return out
 
 
 if __name__ == "__main__":
-    main(run, __doc__)
+    main(run, __doc__, {"parts": (str, "comma-separated parts of checks,cache,cameras "
+                                       "(default: all)")})

@@ -130,6 +130,18 @@ def test_cameras_kept_as_video_are_checked_as_served(video_cache, monkeypatch):
     for batch in (1, 3):  # GOPs of 2 frames cut by every batch, or by every other
         monkeypatch.setattr(A, "FRAME_BATCH", batch)
         assert A.audit(video_cache, device="cpu")["episodes"] == report["episodes"]
+    monkeypatch.setattr(A, "STAT_PIXELS", 200)  # every 4th pixel of every 4th row
+    assert A.audit(video_cache, device="cpu")["episodes"] == report["episodes"]
+
+
+@pytest.mark.gpu
+def test_the_gpu_audit_of_video_cameras_equals_the_cpu_audit(video_cache):
+    """Decoded on CPU threads either way, checked on the GPU: the same counts."""
+    cpu = A.audit(video_cache, device="cpu")
+    gpu = A.audit(video_cache, device="cuda")
+    assert [r.get("cameras") for r in gpu["episodes"]] == \
+        [r.get("cameras") for r in cpu["episodes"]]
+    assert [r["flags"] for r in gpu["episodes"]] == [r["flags"] for r in cpu["episodes"]]
 
 
 def test_a_damaged_video_packet_fails_the_audit_naming_its_frame(video_cache, tmp_path):
