@@ -787,8 +787,8 @@ class RobotLoader:
 
     def _order(self) -> torch.Tensor:
         """The resident path's order of this epoch's remaining samples (see
-        :meth:`_Sampler.order`), on the host; the next epoch's, from its start, is then drawn
-        on a thread while this one is served (a mixture's draws, sort and gather are a pass
+        :meth:`_Sampler.order`), on the host; a mixture's next epoch, from its start, is then
+        drawn on a thread while this one is served (a mixture's draws, sort and gather are a pass
         over the epoch on the host: 75-90 ms per 110,000 draws on the development VM, two
         busy cores, against 8 ms for one cache's permutation; a GPU serves such an epoch in
         tens of ms)."""
@@ -796,6 +796,8 @@ class RobotLoader:
         key = (s.epoch, s.consumed, s.rank, s.world_size)
         ahead, self._ahead = self._ahead, None
         order = ahead[1].result() if ahead is not None and ahead[0] == key else s.order()
+        if not self.mixed:  # a permutation: nothing worth a thread
+            return order
         following = copy.copy(s)
         following._blocks, following.epoch, following.consumed = {}, s.epoch + 1, 0
         if self._pool is None:
