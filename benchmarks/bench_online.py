@@ -201,8 +201,11 @@ def _observer(cache: Path, device: str, compiled: bool):
     return obs
 
 
-def run(quick: bool = False, copy_gbps: float | None = None,
-        devices: str | None = None) -> list[dict]:
+def run(quick: bool = False, copy_gbps: float | None = None, devices: str | None = None,
+        ticks: int | None = None, report=None) -> list[dict]:
+    """The cases, each handed to ``report`` as it finishes (printed and saved at once, so a
+    run stopped at a time limit keeps them); ``ticks``: per numeric row, instead of the
+    default 10,000 (``--quick``: 500)."""
     import json
 
     from robocache.ops.normalize import Stats
@@ -210,10 +213,11 @@ def run(quick: bool = False, copy_gbps: float | None = None,
     cfg = QUICK if quick else FULL
     if hasattr(os, "sched_getaffinity"):  # `taskset -c 0`: one intra-op thread, not one per core
         torch.set_num_threads(len(os.sched_getaffinity(0)))
-    ticks = cfg["ticks"] + 200
+    ticks = (ticks or cfg["ticks"]) + 200
     devices = (devices.split(",") if devices else
                ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
-    rows = []
+    rows: list[dict] = []
+    report = report or (lambda row: None)
     with tempfile.TemporaryDirectory() as tmp:
         for case, numeric, rate in (("4 streams (500/100/333 Hz + events) -> 50 Hz, history 2",
                                      STREAMS, RATE),
@@ -225,6 +229,8 @@ def run(quick: bool = False, copy_gbps: float | None = None,
             hand = Handwritten({k: Stats.from_dict(v) for k, v in stats.items()})
             glue = record(case, "handwritten", per_tick_us(hand, log, lambda: None, rate=rate),
                           "cpu", messages_per_tick=msgs)
+            rows.append(glue)
+            report(glue)
             for dev in devices:
                 sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
                 # on a GPU: the core eager and compiled (its first, warm-up tick compiles);
@@ -239,7 +245,7 @@ def run(quick: bool = False, copy_gbps: float | None = None,
                     row["p99_over_handwritten"] = row["p99_us"] / glue["p99_us"]
                     row["p50_over_handwritten"] = row["p50_us"] / glue["p50_us"]
                     rows.append(row)
-            rows.append(glue)
+                    report(row)
 
         cam = make_cache(Path(tmp) / "camera", cameras=True)
         for dev in devices:
@@ -248,6 +254,7 @@ def run(quick: bool = False, copy_gbps: float | None = None,
             obs = camera_observer(cam, dev)
             rows.append(record("camera 480x640 JPEG 30 Hz -> 224x224 float32, history 2",
                                "robocache", per_tick_us(obs, camera_log(n), sync), dev))
+            report(rows[-1])
     return rows
 
 
@@ -275,4 +282,5 @@ def camera_log(ticks: int) -> list[list[tuple[str, float, bytes]]]:
 
 if __name__ == "__main__":
     main(run, __doc__, {"devices": (str, "comma-separated devices to measure on (default: cpu "
-                                         "and cuda where present)")})
+                                         "and cuda where present)"),
+                        "ticks": (int, "ticks per numeric row (default 10,000)")})
