@@ -326,3 +326,19 @@ def test_the_docs_example_uses_known_keys():
         for slot in ("state", "action"):
             M._stream(entry[slot], slot, "docs")
         M._unknown(entry.get("kinematics", {}), M.KINEMATICS_KEYS, "docs", "kinematics")
+
+
+def test_epochs_drawn_ahead_equal_epochs_drawn_fresh(caches, tmp_path):
+    """The resident loader draws a mixture's next epoch on a thread; each epoch equals the one
+    a fresh loader draws for it."""
+    mixed = MixedDataset.from_config(write(tmp_path, base(caches)))
+    loader = RobotLoader(mixed, 16, device="cpu", seed=2, normalize=None)
+    for epoch in range(3):
+        got = [(b["source"].clone(), b["index"].clone()) for b in loader]
+        fresh = RobotLoader(mixed, 16, device="cpu", seed=2, normalize=None)
+        fresh.set_epoch(epoch)
+        want = [(b["source"], b["index"]) for b in fresh]
+        assert len(got) == len(want) > 0
+        for (s1, i1), (s2, i2) in zip(got, want, strict=True):
+            assert torch.equal(s1, s2) and torch.equal(i1, i2)
+    assert loader._ahead is not None and loader._ahead[0][0] == 3
