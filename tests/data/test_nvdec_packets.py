@@ -126,9 +126,15 @@ def test_nvdec_serves_the_cpu_paths_frames(tmp_path, seed, codec, options):
 
     rng = np.random.default_rng(seed)
     path = tmp_path / "v.mp4"
-    n, shape = 24, (160, 192, 3)  # NVDEC decodes HEVC from 144x144 up
-    write_video(path, _clip(rng, n, *shape[:2]), 30.0, codec, options)
+    n, shape = 36, (160, 192, 3)  # NVDEC decodes HEVC from 144x144 up
+    # a textured scene moving: the encoders use B-frames where asked (not on noise)
+    scene = _clip(rng, 1, shape[0] // 8, shape[1] // 8)[0].repeat(8, 0).repeat(8, 1)
+    write_video(path, np.stack([np.roll(scene, 5 * i, axis=1) for i in range(n)]), 30.0,
+                codec, options)
     table, _, _ = packet_table(0, path, 0.0, (n - 1) / 30, 1e-4, shape, "cam")
+    if options:  # frames decoded out of display order
+        assert (np.diff(table.column("dts").to_numpy()[
+            np.argsort(table.column("pts").to_numpy())]) < 0).any()
     wanted = np.arange(n)
     cpu = episode_packets(table, wanted, shape).decode(torch.arange(n))
     assert isinstance(cpu, torch.Tensor) and cpu.device.type == "cpu"

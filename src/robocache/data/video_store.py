@@ -347,7 +347,7 @@ def decode_packs(packs: list[tuple[VideoPackets, torch.Tensor]],
     n_cpu, n_gpu = min(_threads(), len(cpu_jobs)), min(nvdec.THREADS, len(gpu_jobs))
     run([(on_cpu, cpu_jobs[i::n_cpu]) for i in range(n_cpu)] +
         [(on_gpu, gpu_jobs[i::n_gpu]) for i in range(n_gpu)])
-    retried = [job for *_, job in failed]  # the GOPs NVDEC failed on, on the CPU
+    retried = list(failed)  # the GOPs NVDEC failed on, on the CPU
     allocate(retried)
     n_cpu = min(_threads(), len(retried))
     run([(on_cpu, retried[i::n_cpu]) for i in range(n_cpu)])
