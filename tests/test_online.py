@@ -570,6 +570,28 @@ def test_cuda_graph_replay_matches_cache(sample_caches, compiled):
     assert replay(obs, ds, SAMPLE, 1) > 100
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_replay_matches_cache_under_gpu_load(sample_caches):
+    """The observation stays the dataset's item, camera frames bit for bit, while three other
+    processes decode JPEGs with nvJPEG and multiply matrices on the same GPU (what the GPU
+    tests running in three workers do to each other)."""
+    from robocache.bench.load import busy_gpu
+    from robocache.data.cameras import encode
+
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:480, 0:640]
+    base = np.stack([x * 255 // 639, y * 255 // 479, (x + y) * 255 // 1118], -1)
+    jpegs = [bytes(bytearray(encode(np.clip(base + rng.integers(0, 24, base.shape), 0, 255)
+                                    .astype(np.uint8), "jpeg", 95))) for _ in range(8)]
+    with busy_gpu(jpegs, processes=3, seconds=300):
+        ds = robocache.RobotDataset(sample_caches / "linear", history=2,
+                                    keys=SAMPLE_KEYS).to("cuda")
+        obs = Observer.from_cache(sample_caches / "linear", history=2, device="cuda")
+        assert replay(obs, ds, SAMPLE, 0, interpolated=SAMPLE_KEYS[:2]) > 100
+        assert replay(obs, ds, SAMPLE, 3, interpolated=SAMPLE_KEYS[:2]) > 100
+
+
 _FRESH = """
 import sys, torch
 assert "robocache" not in sys.modules
