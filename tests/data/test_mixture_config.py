@@ -342,3 +342,40 @@ def test_epochs_drawn_ahead_equal_epochs_drawn_fresh(caches, tmp_path):
         for (s1, i1), (s2, i2) in zip(got, want, strict=True):
             assert torch.equal(s1, s2) and torch.equal(i1, i2)
     assert loader._ahead is not None and loader._ahead[0][0] == 3
+
+
+def test_relative_actions_from_the_file_end_to_end(caches, tmp_path):
+    """`robocache mixture FILE --stats` stores the relative chunks' statistics the file's
+    relative actions need; the mixture then serves each relative source's chunks as that
+    source alone serves them (relative, normalized with those statistics, padded)."""
+    if "relative_actions" not in __import__("inspect").signature(RobotDataset).parameters:
+        pytest.skip("RobotDataset has no relative actions")
+    relative = {"mode": "joint", "state_dims": list(range(7))}
+    config = {"history": 2, "horizon": 3, "pad": {"state": 8, "action": 8}, "datasets": [
+        {"name": "panda", "path": str(caches["panda"]), "state": "observation.state",
+         "action": {"key": "action", "relative": relative, "absolute_dims": [7]}},
+        {"name": "mobile", "path": str(caches["mobile"]), "state": "observation.state",
+         "action": "action"}]}
+    path = write(tmp_path, config)
+    with pytest.raises(DataError, match=r"panda holds only its absolute statistics"):
+        RobotLoader(MixedDataset.from_config(path), 16, device="cpu")
+    result = CliRunner().invoke(_app(), ["mixture", str(path), "--check", "--stats",
+                                         "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "panda: statistics of action's relative chunks" in result.stdout
+    mixed = MixedDataset.from_config(path)
+    spec = {"action": {**relative, "state": "observation.state", "absolute_dims": [7]}}
+    alone = RobotLoader(RobotDataset(caches["panda"], history=2, horizon=3,
+                                     relative_actions=spec), 4, device="cpu").packed
+    seen = 0
+    for batch in RobotLoader(mixed, 16, device="cpu", seed=4):
+        rows = batch["source"] == 0
+        if not rows.any():
+            continue
+        want = alone.fetch(batch["index"][rows])
+        torch.testing.assert_close(batch["action"][rows][..., :8], want["action"])
+        torch.testing.assert_close(batch["observation.state"][rows][..., :7],
+                                   want["observation.state"])
+        assert not batch["observation.state"][rows][..., 7:].any()
+        seen += int(rows.sum())
+    assert seen > 0

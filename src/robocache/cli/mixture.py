@@ -2,14 +2,17 @@
 
     $ robocache mixture mixture.yaml --check          # the caches' manifests only
     $ robocache mixture mixture.yaml                  # also opens the caches, serves a batch
+    $ robocache mixture mixture.yaml --stats          # relative actions' statistics, stored
 
 The table has one row per dataset: its episodes and frames (from the cache's manifest), its
-weight after balancing (normalized), its state and action widths (own -> served, padded to
-the file's ``pad``), the action encoding, and the key mapping onto the common schema. With
+weight after balancing (normalized), its state and action widths (own -> served, padded to the
+file's ``pad``), the action encoding, and the key mapping onto the common schema. With
 ``--check`` nothing but the manifests is read; without it, the mixture is opened as training
 opens it (:meth:`robocache.MixedDataset.from_config`) and one batch of 8 is served on the CPU,
-its keys and shapes printed. Exit codes: 0 the file is good, 2 a bad file (one line naming
-the file, the dataset and the fix), 1 an internal error.
+its keys and shapes printed. ``--stats`` computes the statistics of the relative action chunks
+of every dataset whose action is relative (the file's horizon, the whole cache; on the GPU when
+there is one) and stores them in its cache, where training finds them. Exit codes: 0 the file
+is good, 2 a bad file (one line naming the file, the dataset and the fix), 1 an internal error.
 """
 
 from __future__ import annotations
@@ -28,16 +31,25 @@ def mixture(
     check: Annotated[bool, typer.Option(
         "--check", help="Check the file against the caches' manifests and print the resolved "
                         "table; read no episode.")] = False,
+    stats: Annotated[bool, typer.Option(
+        "--stats", help="Compute and store the statistics of the relative action chunks of "
+                        "the datasets whose action is relative.")] = False,
+    device: Annotated[str, typer.Option(help="--stats: cuda or cpu (default: cuda when there "
+                                             "is one).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", help=VERBOSE_OPTION_HELP)] = False,
 ):
     """Check a mixture file (datasets, key mapping, weights, widths) and print its table."""
-    from robocache.data.mixture import open_mixture, resolve
+    from robocache.data.mixture import open_mixture, relative_stats, resolve
 
     with cli_errors(verbose):
         resolved = resolve(file)
         rows = resolved.table()
-        shapes = None
+        shapes = computed = None
+        if stats:
+            computed = {name: {k: {"count": v.count, "relative": v.relative} for k, v in
+                               keys.items()}
+                        for name, keys in relative_stats(file, device=device).items()}
         if not check:
             import torch
 
@@ -51,9 +63,17 @@ def mixture(
         typer.echo(json.dumps({"file": str(file), "balance": resolved.balance,
                                "pad": resolved.pad, "history": resolved.history,
                                "horizon": resolved.horizon, "datasets": rows,
-                               **({"batch": shapes} if shapes is not None else {})}, indent=2))
+                               **({"batch": shapes} if shapes is not None else {}),
+                               **({"stats": computed} if computed is not None else {})},
+                              indent=2, default=str))
         return
     _print(resolved, rows, shapes)
+    for name, keys in (computed or {}).items():
+        for key, facts in keys.items():
+            typer.echo(f"{name}: statistics of {key}'s relative chunks ({facts['count']:,} rows) "
+                       "stored in its cache")
+    if computed == {}:
+        typer.echo("no dataset's action is relative: no statistics to compute")
 
 
 def _print(resolved, rows: list[dict], shapes: dict | None) -> None:

@@ -505,6 +505,35 @@ def open_mixture(path: str | Path, *, tokenizer: Any = None, **overrides):
     return mixed
 
 
+def relative_stats(path: str | Path, *, device: str | None = None,
+                   **overrides) -> dict[str, dict[str, Any]]:
+    """The statistics of the relative action chunks of every dataset of a mixture file whose
+    action is relative, computed over its whole cache with the file's horizon and stored there
+    (:func:`robocache.data.stats.relative_action_stats`), where :meth:`MixedDataset.from_config`
+    then finds them: the file drives the statistics as it drives training.
+
+    Returns:
+        dataset name -> ``{action key: robocache.Stats}``.
+    """
+    from robocache.data.stats import relative_action_stats
+
+    mixture = resolve(path, **overrides)
+    if mixture.horizon < 1:
+        raise DataError(f"{mixture.path}: relative action statistics are of chunks; set "
+                        "`horizon` >= 1.")
+    out = {}
+    for s in mixture.sources:
+        if s.relative is None:
+            continue
+        try:
+            out[s.name] = relative_action_stats(
+                s.path if "://" in s.path else Path(s.path), {s.mapping[ACTION]: s.relative},
+                mixture.horizon, device=device, storage_options=s.storage_options)
+        except DataError as e:
+            raise DataError(f"{_where(mixture.path, s.name)}: {e}") from e
+    return out
+
+
 def to_ee(ds, key: str, chain, joint_dims: list[int] | None = None):
     """``ds`` serving joint stream ``key`` as the end-effector pose through ``chain``
     (:func:`robocache.kinematics.fk` of its ``joint_dims``, default all): position (m) and
