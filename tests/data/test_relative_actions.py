@@ -221,6 +221,9 @@ def test_item_and_batch_paths_agree(cache):
 def test_stored_stats_normalize_in_the_loader(fresh):
     stats = relative_action_stats(fresh, JOINT, H, device="cpu")["action"]
     assert len(list((fresh / RELATIVE_DIR).glob("*.json"))) == 1
+    from robocache.data.owned import owned
+
+    assert fresh / RELATIVE_DIR in owned(fresh)  # --overwrite removes them with the cache
     ds = RobotDataset(fresh, horizon=H, relative_actions=JOINT)
     torch.testing.assert_close(ds.stats["action"].q99, stats.q99, rtol=0, atol=0)
     assert ds.stats["observation.state"] is ds.absolute_stats["observation.state"]
@@ -268,6 +271,30 @@ def test_mixture_applies_each_source_its_own(cache):
             rows = batch["source"] == i
             want = d[batch["index"][rows]]
             torch.testing.assert_close(batch["action"][rows], want["action"], rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_cuda_batches_and_stats_equal_the_cpu(fresh):
+    """On the GPU: the same chunks (joint bit for bit, SE(3) within float32), the same exact
+    quantiles, and resident batches replayed from CUDA graphs normalized as on the CPU."""
+    spec = {**JOINT, **EE}
+    cpu = relative_action_stats(fresh, spec, H, device="cpu", store=False)
+    gpu = relative_action_stats(fresh, spec, H, device="cuda")
+    for k in spec:
+        for f in ("q01", "q99", "min", "max"):
+            if k == "action":
+                torch.testing.assert_close(getattr(gpu[k], f), getattr(cpu[k], f), rtol=0,
+                                           atol=0)
+        torch.testing.assert_close(gpu[k].mean, cpu[k].mean, rtol=1e-5, atol=1e-6)
+    ds = RobotDataset(fresh, horizon=H, relative_actions=spec)
+    idx = torch.arange(len(ds))
+    want, got = ds[idx], ds.to("cuda")[idx.cuda()]
+    torch.testing.assert_close(got["action"].cpu(), want["action"], rtol=0, atol=0)
+    torch.testing.assert_close(got["action.ee"].cpu(), want["action.ee"], rtol=1e-5, atol=1e-5)
+    ref = next(iter(RobotLoader(ds, batch_size=64, device="cpu", shuffle=False)))
+    batch = next(iter(RobotLoader(ds, batch_size=64, device="cuda", shuffle=False)))
+    for k in ("action", "action.ee", "observation.state"):
+        torch.testing.assert_close(batch[k].cpu(), ref[k], rtol=1e-4, atol=1e-4)
 
 
 # --------------------------------------------------------------------------- refusals

@@ -658,7 +658,9 @@ class RobotDataset(torch.utils.data.Dataset):
                 "rate_hz": self.manifest["rate_hz"], "history": self.history,
                 "horizon": self.horizon,
                 "dims": {k: key.dim for k, key in self.layout.items()},
-                "offsets": dict(self.deltas)}
+                "offsets": dict(self.deltas),
+                "relative": {k: s.canonical() for k, s in self.relative.specs.items()}
+                if self.relative is not None else {}}
 
 
 def _filtered(manifest: Mapping[str, Any], episodes: Sequence[int] | None, keep_ranges,

@@ -1,6 +1,7 @@
 """What a cache directory's manifest says the cache owns, so that nothing else is ever deleted.
 
-A cache owns ``manifest.json``, its stats file, the ``data.lance`` table, one
+A cache owns ``manifest.json``, its stats file (and ``relative_stats/``, the statistics of
+relative action chunks), the ``data.lance`` table, one
 ``frames/<stream>.lance`` table per camera stream the manifest lists, and the temporary files of
 its atomic JSON writes (``.<name>.tmp``); the lock file (``.robocache.lock``) is held, not
 removed. Anything else in the directory (notes, checkpoints, a training run's outputs) is the
@@ -23,6 +24,8 @@ from robocache.errors import DataError
 
 DATA = "data.lance"
 FRAMES = "frames"
+#: Statistics of relative action chunks (robocache.data.stats.RELATIVE_DIR).
+RELATIVE_STATS = "relative_stats"
 
 
 def _manifest(dest: Path) -> dict[str, Any] | None:
@@ -44,7 +47,7 @@ def owned(dest: Path) -> list[Path]:
     docstring; with an unreadable manifest, every ``frames/*.lance`` table)."""
     m = _manifest(dest)
     stats = (m or {}).get("stats_path") or "stats.json"
-    names = ["manifest.json", stats, DATA]
+    names = ["manifest.json", stats, DATA, RELATIVE_STATS]
     names += [f".{n}.tmp" for n in ("manifest.json", stats)]
     if m is not None:
         names += [f"{FRAMES}/{name}.lance" for name in _cameras(m)]

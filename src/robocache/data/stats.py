@@ -49,11 +49,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from robocache.data.owned import RELATIVE_STATS
 from robocache.data.relative import KeySpec
 from robocache.errors import DataError
 
-#: The folder of the relative statistics, inside the cache.
-RELATIVE_DIR = "relative_stats"
+#: The folder of the relative statistics, inside the cache (a cache's own: ``--overwrite``
+#: removes it with the cache).
+RELATIVE_DIR = RELATIVE_STATS
 FORMAT = "robocache-relative-stats/1"
 QUANTILES = (0.01, 0.99)
 DIGIT = 16  # bits counted per pass
@@ -133,17 +135,19 @@ def _key_dtype(dtype: torch.dtype) -> tuple[torch.dtype, int]:
 
 
 def order_keys(x: torch.Tensor) -> torch.Tensor:
-    """int64 keys of float values ``x`` in the same order (``-0.0`` just below ``+0.0``): the
-    bits as a signed integer, the magnitude bits flipped for negative values."""
+    """Integer keys of float values ``x`` in the same order (``-0.0`` just below ``+0.0``):
+    the bits as a signed integer, the magnitude bits flipped for negative values; int32 for
+    16- and 32-bit floats, int64 for float64."""
     kind, bits = _key_dtype(x.dtype)
-    i = x.contiguous().view(kind).long()
-    return torch.where(i < 0, i ^ ((1 << (bits - 1)) - 1), i)
+    i = x.contiguous().view(kind)
+    i = i.int() if bits == 16 else i  # room for the digits' arithmetic
+    return i ^ ((i >> (bits - 1)) & ((1 << (bits - 1)) - 1))
 
 
 def from_keys(keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The float values of :func:`order_keys`' keys (its inverse)."""
     kind, bits = _key_dtype(dtype)
-    i = torch.where(keys < 0, keys ^ ((1 << (bits - 1)) - 1), keys)
+    i = keys ^ ((keys >> (bits - 1)) & ((1 << (bits - 1)) - 1))
     return i.to(kind).view(dtype)
 
 
@@ -174,47 +178,49 @@ def numpy_lerp(a: np.ndarray, b: np.ndarray, t: float) -> np.ndarray:
 # --------------------------------------------------------------------------- the passes
 
 class _Pass:
-    """One pass's per-chunk reduction of one key's values ``x [N, D]`` (valid ``[N]``) and
-    the merge of the chunks' results (in chunk order)."""
+    """One pass's per-chunk reduction of one key's valid values ``xt [D, N]`` (one dimension
+    per row: every step along contiguous memory) and the merge of the chunks' results (in
+    chunk order). Level 0: count, mean and squared deviations (float64), extremes, and the
+    counts of the keys' top 16 bits; level l > 0: the counts of the keys' digit l among the
+    values whose higher digits equal one of ``prefixes`` (``[S, D]``, distinct rows); and,
+    with ``grid``, the dyadic histogram of :class:`robocache.Stats`."""
 
     def __init__(self, level: int, bits: int, dim: int, prefixes: torch.Tensor | None,
                  grid: tuple[torch.Tensor, torch.Tensor] | None):
         self.level, self.bits, self.dim = level, bits, dim
-        self.prefixes, self.grid = prefixes, grid  # [R, D] key prefixes; (exponent, origin)
+        self.prefixes, self.grid = prefixes, grid  # [S, D] key prefixes; (scale, origin)
 
-    def chunk(self, x: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
-        d, dev = self.dim, x.device
+    def chunk(self, xt: torch.Tensor) -> dict[str, torch.Tensor]:
+        d, dev = self.dim, xt.device
         out: dict[str, torch.Tensor] = {}
-        keys = order_keys(x)
-        dims = torch.arange(d, device=dev)
+        keys = order_keys(xt)
+        base = (torch.arange(d, device=dev, dtype=keys.dtype) * BINS)[:, None]
         if self.level == 0:
-            x64 = torch.where(valid[:, None], x.double(), 0.0)
-            n = valid.sum().double()
-            mean = x64.sum(0) / n.clamp_min(1)
-            dev2 = torch.where(valid[:, None], x64 - mean, 0.0)
-            out.update(n=n, mean=mean, m2=dev2.square().sum(0),
-                       lo=torch.where(valid[:, None], x, torch.inf).amin(0).double(),
-                       hi=torch.where(valid[:, None], x, -torch.inf).amax(0).double(),
-                       nan=(x.isnan() & valid[:, None]).any(0))
-            idx = torch.where(valid[:, None], _digit(keys, 0, self.bits) + dims * BINS, d * BINS)
-            out["counts"] = torch.bincount(idx.reshape(-1), minlength=d * BINS + 1)[:-1]
+            n = xt.shape[1]
+            x64 = xt.double()
+            mean = x64.sum(1) / max(n, 1)
+            lo, hi = torch.aminmax(xt, dim=1) if n else (torch.full((d,), torch.inf, device=dev),
+                                                         torch.full((d,), -torch.inf,
+                                                                    device=dev))
+            out.update(n=torch.tensor(float(n), dtype=torch.float64, device=dev), mean=mean,
+                       m2=x64.sub_(mean[:, None]).square_().sum(1), lo=lo.double(),
+                       hi=hi.double())
+            out["counts"] = torch.bincount((_digit(keys, 0, self.bits) + base).view(-1),
+                                           minlength=d * BINS)
         elif self.prefixes is not None:
             shift = self.bits - DIGIT * self.level
-            high, digit = keys >> shift, _digit(keys, self.level, self.bits)
-            r = self.prefixes.shape[0]
-            slot = torch.arange(r, device=dev)[:, None, None]
-            hit = (high[None] == self.prefixes[:, None, :]) & valid[None, :, None]
-            idx = torch.where(hit, digit[None] + (dims * BINS)[None, None] + slot * (d * BINS),
-                              r * d * BINS)
-            out["counts"] = torch.bincount(idx.reshape(-1), minlength=r * d * BINS + 1)[:-1]
+            high, idx = keys >> shift, _digit(keys, self.level, self.bits) + base
+            out["counts"] = torch.stack([
+                torch.bincount(idx[high == p.to(high.dtype)[:, None]], minlength=d * BINS)
+                for p in self.prefixes])
         if self.grid is not None:  # the dyadic histogram of robocache.Stats
             from robocache.ops.normalize import DEFAULT_BINS
 
-            e, origin = self.grid
-            j = torch.floor(torch.ldexp(x.double(), -e.double())).long() - origin
-            j = j.clamp(0, DEFAULT_BINS - 1) + dims * DEFAULT_BINS
-            j = torch.where(valid[:, None], j, d * DEFAULT_BINS)
-            out["hist"] = torch.bincount(j.reshape(-1), minlength=d * DEFAULT_BINS + 1)[:-1]
+            scale, origin = self.grid  # float64 [D, 1]: 2**-e and the first bin's index
+            # floor(x / 2**e) - origin: the scaling is exact, as in reference.grid_index
+            j = xt.double().mul_(scale).floor_().sub_(origin).clamp_(0, DEFAULT_BINS - 1)
+            j = j.int() + (torch.arange(d, device=dev, dtype=torch.int32) * DEFAULT_BINS)[:, None]
+            out["hist"] = torch.bincount(j.view(-1), minlength=d * DEFAULT_BINS)
         return out
 
     @staticmethod
@@ -231,7 +237,7 @@ class _Pass:
             out.update(n=n, mean=acc["mean"] + delta * w,
                        m2=acc["m2"] + part["m2"] + delta.square() * na * w,
                        lo=torch.minimum(acc["lo"], part["lo"]),
-                       hi=torch.maximum(acc["hi"], part["hi"]), nan=acc["nan"] | part["nan"])
+                       hi=torch.maximum(acc["hi"], part["hi"]))
         return out
 
 
@@ -264,8 +270,9 @@ def _scan(view, passes: Mapping[str, _Pass], device: torch.device, threads: int,
         batch = view.fetch(torch.arange(*span, device=device))
         out = {}
         for k, p in passes.items():
-            x = batch[k].reshape(-1, view.layout[k].dim)
-            out[k] = p.chunk(x, ~batch[f"{k}_is_pad"].reshape(-1))
+            # the valid steps' values, one dimension per row
+            xt = batch[k][~batch[f"{k}_is_pad"]].t().contiguous()
+            out[k] = p.chunk(xt)
         return out
 
     acc: dict[str, dict[str, torch.Tensor] | None] = dict.fromkeys(passes)
@@ -413,7 +420,7 @@ def relative_action_stats(source, relative_actions: Mapping[str, Mapping[str, An
         if n == 0:
             raise DataError(f"`{k}` has no valid value in its relative chunks (every step is "
                             "padded); check the cache and `horizon`.")
-        bad = (acc["nan"] | ~torch.isfinite(acc["lo"]) | ~torch.isfinite(acc["hi"])).cpu()
+        bad = (~torch.isfinite(acc["lo"]) | ~torch.isfinite(acc["hi"])).cpu()  # (NaN too)
         if bool(bad.any()):
             raise DataError(f"`{k}`'s relative chunks hold NaN or infinity (dimension "
                             f"{int(bad.nonzero()[0])}); repair the cache's values (or the "
@@ -424,22 +431,27 @@ def relative_action_stats(source, relative_actions: Mapping[str, Mapping[str, An
         within = torch.tensor(ranks, device=device)[:, None].expand(-1, specs[k].width)
         bins, rest = _locate(acc["counts"].view(1, -1, BINS).expand(len(ranks), -1, -1),
                              within.contiguous())
+        origin = ref.grid_index(lo, e)
+        grid = (torch.ldexp(torch.ones_like(lo), -e.double())[:, None].to(device),
+                origin.double()[:, None].to(device))
         state[k] = {"n": n, "acc": acc, "ranks": ranks, "prefix": bins - (1 << (DIGIT - 1)),
-                    "rest": rest, "grid": (e.to(device), ref.grid_index(lo, e).to(device))}
+                    "rest": rest, "grid": grid, "dyadic": (e, origin)}
     hist = {}
     for level in range(1, npasses):
         passes = {}
         for k in specs:
             s = state[k]
             deeper = level < levels[k]
-            passes[k] = _Pass(level, kinds[k], specs[k].width, s["prefix"] if deeper else None,
+            # one slot per distinct row of prefixes (a quantile's two ranks mostly share it)
+            slots, s["slot"] = torch.unique(s["prefix"], dim=0, return_inverse=True)
+            passes[k] = _Pass(level, kinds[k], specs[k].width, slots if deeper else None,
                               s["grid"] if level == npasses - 1 else None)
         found = _scan(view, passes, device, threads, progress, done, total)
         for k, acc in found.items():
             s = state[k]
             if level < levels[k]:
-                r = len(s["ranks"])
-                digit, s["rest"] = _locate(acc["counts"].view(r, -1, BINS), s["rest"])
+                counts = acc["counts"].view(-1, specs[k].width, BINS)[s["slot"]]
+                digit, s["rest"] = _locate(counts, s["rest"])
                 s["prefix"] = (s["prefix"] << DIGIT) + digit
             if "hist" in acc:
                 hist[k] = acc["hist"].view(specs[k].width, N.DEFAULT_BINS).cpu()
@@ -453,7 +465,7 @@ def relative_action_stats(source, relative_actions: Mapping[str, Mapping[str, An
         for q in QUANTILES:
             a, b, t = numpy_ranks(s["n"], q)
             quant.append(torch.from_numpy(numpy_lerp(row[a], row[b], t)))
-        e, origin = (g.cpu() for g in s["grid"])
+        e, origin = s["dyadic"]
         out[k] = N.Stats(count=s["n"], mean=acc["mean"].cpu(),
                          std=(acc["m2"] / s["n"]).sqrt().cpu(), min=acc["lo"].cpu(),
                          max=acc["hi"].cpu(), q01=quant[0], q99=quant[1], hist_exponent=e,
