@@ -203,3 +203,14 @@ def test_cuda_language_matches_cpu(mixture):
     for g, w in zip(got, want, strict=True):
         assert list(g["task"]) == list(w["task"])
         assert torch.equal(g["task.input_ids"].cpu(), w["task.input_ids"])
+
+
+def test_workers_path_serves_the_same_prompts(mixture):
+    path, _ = mixture
+    mixed = MixedDataset.from_config(path, tokenizer=WordTokenizer())
+    want = list(RobotLoader(mixed, 32, device="cpu", seed=7))
+    got = list(RobotLoader(mixed, 32, device="cpu", seed=7, num_workers=1))
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want, strict=True):
+        assert list(g["task"]) == list(w["task"]) and list(g["subtask"]) == list(w["subtask"])
+        assert torch.equal(g["task.input_ids"], w["task.input_ids"])
