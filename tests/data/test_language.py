@@ -161,8 +161,7 @@ def test_language_tables_by_hand():
                            (["c", "d"], np.array([1, 0]), np.array([4, 4]), {})],
                           WordTokenizer())
     assert lang.strings == ["a b", "c", "x", "y z", "d"]
-    assert lang.task.tolist() == [0, 1, 1, 4, 1]
-    assert lang.count.tolist() == [0, 2, 2, 0, 0]
+    assert lang.count.tolist() == [1, 2, 2, 1, 1]  # a row's own task, or its instructions
     out = lang(torch.arange(5), torch.arange(5), seed=0, epoch=0)
     assert out["task"][0] == "a b" and out["task"][3:] == ["d", "c"]
     assert set(out["task"][1:3]) <= {"x", "y z"}

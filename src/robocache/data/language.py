@@ -196,23 +196,26 @@ class Language:
     :class:`robocache.MixedDataset` stacks them) as ids into :attr:`strings`, with the token
     table when a tokenizer was given.
 
+    Each row's candidates are ``count[row]`` string ids from ``flat[first[row]]`` on: its
+    episode's instructions, or (``count`` 1) its own task, kept after the instructions in
+    ``flat``; a sample serves candidate ``hash % count``. So a batch is a few gathers and
+    integer ops on its device, whatever it holds.
+
     Args:
         strings: the distinct strings.
-        task: int64 ``[rows]``, each row's own task (an index into ``strings``).
-        first, count: int64 ``[rows]``, where each row's episode instructions start in
-            ``flat`` and how many there are (0: the row serves its task).
-        flat: int64 ``[n]``, the instructions' string indices.
+        first, count: int64 ``[rows]``, where each row's candidates start in ``flat`` and how
+            many there are (>= 1).
+        flat: int64 ``[n]``, the candidates' string indices.
         tokens: ``(input_ids, attention_mask)`` of ``strings`` (:func:`tokenize`), or None.
         key: the batch key (``task``).
     """
 
-    def __init__(self, strings: list[str], task: torch.Tensor, first: torch.Tensor,
-                 count: torch.Tensor, flat: torch.Tensor,
-                 tokens: tuple[torch.Tensor, torch.Tensor] | None = None, key: str = "task"):
+    def __init__(self, strings: list[str], first: torch.Tensor, count: torch.Tensor,
+                 flat: torch.Tensor, tokens: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 key: str = "task"):
         self.strings, self.key = strings, key
-        self.task, self.first, self.count, self.flat = task, first, count, flat
-        self.tokens = tokens
-        self.choices = bool(count.numel()) and bool(count.max() > 0)
+        self.first, self.count, self.flat, self.tokens = first, count, flat, tokens
+        self.choices = bool(count.numel()) and bool(count.max() > 1)
         self._on: dict[torch.device, Language] = {}
 
     @classmethod
@@ -223,7 +226,7 @@ class Language:
         """The language of sources stacked in order, each given as ``(task_names, task_id
         [rows], episode_index [rows], instructions {episode: [str]})``."""
         strings: dict[str, int] = {}
-        tasks, firsts, counts, flat = [], [], [], []
+        tasks, episodes, flat = [], [], []
         for names, task_id, episode_index, instructions in rows:
             lut = np.array([strings.setdefault(t, len(strings)) for t in names] or [0],
                            np.int64)
@@ -235,41 +238,43 @@ class Language:
                 first[ep], count[ep] = len(flat), len(texts)
                 flat.extend(strings.setdefault(t, len(strings)) for t in texts)
             episode_index = np.asarray(episode_index, np.int64)
-            firsts.append(first[episode_index])
-            counts.append(count[episode_index])
+            episodes.append((first[episode_index], count[episode_index]))
+        # a row without instructions: one candidate, its task, kept after the instructions
+        base = len(flat)
+        tail = np.concatenate(tasks or [np.zeros(0, np.int64)])
+        own = base + np.arange(len(tail), dtype=np.int64)
+        first = np.concatenate([f for f, _ in episodes] or [np.zeros(0, np.int64)])
+        count = np.concatenate([c for _, c in episodes] or [np.zeros(0, np.int64)])
+        listed = count > 0
         table = list(strings)
         tokens = tokenize(table, tokenizer, max_length) if tokenizer is not None else None
-        cat = lambda parts: torch.from_numpy(np.concatenate(parts or [np.zeros(0, np.int64)]))
-        return cls(table, cat(tasks), cat(firsts), cat(counts),
-                   torch.tensor(flat or [0], dtype=torch.int64), tokens, key)
+        return cls(table, torch.from_numpy(np.where(listed, first, own)),
+                   torch.from_numpy(np.where(listed, count, 1)),
+                   torch.from_numpy(np.concatenate([np.array(flat, np.int64), tail])),
+                   tokens, key)
 
     def to(self, device: torch.device | str) -> Language:
         """This language's tables on ``device`` (made once per device)."""
         device = torch.device(device)
-        if self.task.device == device:
+        if self.first.device == device:
             return self
         if device not in self._on:
             move = lambda t: t.to(device)
             self._on[device] = Language(
-                self.strings, move(self.task), move(self.first), move(self.count),
-                move(self.flat), None if self.tokens is None else tuple(map(move, self.tokens)),
-                self.key)
+                self.strings, move(self.first), move(self.count), move(self.flat),
+                None if self.tokens is None else tuple(map(move, self.tokens)), self.key)
         return self._on[device]
 
     def __call__(self, rows: torch.Tensor, positions: torch.Tensor, seed: int,
                  epoch: int) -> dict[str, Any]:
-        """The prompts of stacked rows ``rows`` (int64 ``[B]``) drawn at epoch ``positions``
+        """The strings of stacked rows ``rows`` (int64 ``[B]``) drawn at epoch ``positions``
         (int64 ``[B]``, where each sample is in the epoch: the instruction chosen is a hash of
         ``seed``, ``epoch`` and the position)."""
         lang = self.to(rows.device)
+        at = lang.first[rows]
         if self.choices:
-            count = lang.count[rows]
-            pick = _mix(positions, seed, epoch) % count.clamp_min(1)
-            ids = torch.where(count > 0, lang.flat[(lang.first[rows] + pick)
-                                                    .clamp_max(lang.flat.shape[0] - 1)],
-                              lang.task[rows])
-        else:  # no episode has instructions: each row's own string (one gather)
-            ids = lang.task[rows]
+            at = at + _mix(positions, seed, epoch) % lang.count[rows]
+        ids = lang.flat[at]
         out: dict[str, Any] = {self.key: Strings(ids, self.strings), f"{self.key}_index": ids}
         if lang.tokens is not None:
             out[f"{self.key}.input_ids"] = lang.tokens[0][ids]
@@ -279,10 +284,10 @@ class Language:
 
 def _mix(positions: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
     """A 31-bit hash of (``seed``, ``epoch``, each position) in int64 arithmetic that never
-    overflows (32-bit words times 28-bit constants), the same on every device."""
+    overflows (32-bit words times constants below 2^28), the same on every device; eleven
+    element-wise ops (a batch's choice is launch-bound on a GPU)."""
     mask = 0xFFFFFFFF
     key = (seed * 0x9E3779B1 + epoch * 0x85EBCA77) & mask
-    x = (positions & mask) ^ (positions >> 32) ^ key
-    for _ in range(3):
-        x = ((x ^ (x >> 16)) * 0x45D9F3B) & mask
-    return (x ^ (x >> 16)) & 0x7FFFFFFF
+    x = (((positions & mask) * 0x2C1B3C6) ^ key) & mask
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & mask
+    return (x ^ (x >> 15)) & 0x7FFFFFFF
