@@ -91,6 +91,34 @@ def test_a_stop_of_a_video_ingest_and_its_workers_is_one_line(tmp_path, sig, cod
     assert not left and holder(dest) is None
 
 
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker processes from /proc")
+def test_ctrl_c_of_a_demo_serving_with_workers_is_one_line(tmp_path):
+    """Ctrl-C while `robocache demo` serves through DataLoader worker processes: one line and
+    exit 130, the workers quiet (42 lines and a traceback per worker before)."""
+    dest = tmp_path / "demo"
+    args = ["demo", "--dest", dest, "--device", "cpu", "--workers", "2", "--batches", "100000"]
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C + fl.RUNNER, "-1", *map(str, args)],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        # the cache is built (its manifest says complete), then the loader's workers are up
+        while not ((dest / "cache" / "manifest.json").exists() and
+                   '"complete"' in (dest / "cache" / "manifest.json").read_text() and
+                   len(_forked_children(proc.pid)) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stopped = fl.Result(proc.returncode, out, err)
+    fl.record("Ctrl-C of `demo` serving with --workers 2", f"one line, exit {stopped.code}; "
+              "the workers end quietly", traceback=stopped.traceback)
+    assert stopped.code == 130 and stopped.one_line and "interrupted" in err, err
+
+
 RAY_DRIVER = """
 import sys, time
 import typer

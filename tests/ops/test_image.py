@@ -131,7 +131,8 @@ def test_public_op_cpu_and_validation():
 
 @pytest.mark.gpu
 def test_cuda_matches_torchvision_live():
-    from torchvision.transforms.v2 import functional as F
+    F = pytest.importorskip("torchvision.transforms.v2.functional",
+                            reason="needs torchvision (pip install 'robocache[vision]')")
 
     frames = torch.randint(0, 256, (6, 3, 31, 37), dtype=torch.uint8)
     p = sample_image_transforms(6, (31, 37), ImageTransformsConfig(max_num_transforms=5),
