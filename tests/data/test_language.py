@@ -213,3 +213,12 @@ def test_workers_path_serves_the_same_prompts(mixture):
     for g, w in zip(got, want, strict=True):
         assert list(g["task"]) == list(w["task"]) and list(g["subtask"]) == list(w["subtask"])
         assert torch.equal(g["task.input_ids"], w["task.input_ids"])
+
+
+def test_instructions_by_episode_name(tmp_path):
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"lab-a--ep-7": 3}))
+    got = read_instructions({"lab-a--ep-7": {"language_instruction1": "stack the cups",
+                                             "language_instruction2": ""}},
+                            "mix.yaml: dataset 'droid'", keys)
+    assert got == {3: ["stack the cups"]}

@@ -247,6 +247,13 @@ BAD = {
         r"does not have; map it to one of its event streams: language.subtask"),
     "language-reserved-key": (_set(["datasets", 0, "language"], {"task": "language.subtask"}),
                               r"dataset 'arm': `language` key 'task' must be a plain name"),
+    "urdf-bad-end-link": (
+        lambda c: c["datasets"][1].update(
+            kinematics={"urdf": asset_path("panda.urdf"), "end_link": "gripper"},
+            state={"key": "observation.state", "to_ee": True}),
+        r"dataset 'mobile': kinematics: end_link 'gripper' is not a link of robot"),
+    "episodes-not-cached": (_set(["datasets", 0, "episodes"], [0, 9]),
+                            r"dataset 'arm': `episodes` must list episodes the cache holds"),
     "to-ee-without-urdf": (_set(["datasets", 0, "state"], {"key": "observation.state",
                                                             "to_ee": True}),
                            r"dataset 'arm': `state.to_ee` .* add `kinematics"),
@@ -379,3 +386,17 @@ def test_relative_actions_from_the_file_end_to_end(caches, tmp_path):
         assert not batch["observation.state"][rows][..., 7:].any()
         seen += int(rows.sum())
     assert seen > 0
+
+
+def test_an_episode_subset(caches, tmp_path):
+    config = base(caches)
+    config["datasets"][1]["episodes"] = [0, 2]
+    config["balance"] = "frames"
+    path = write(tmp_path, config)
+    manifest = json.loads((caches["mobile"] / "manifest.json").read_text())
+    rows = {e["index"]: e["rows"] for e in manifest["episodes"]}
+    source = resolve(path).sources[1]
+    assert (source.episodes, source.frames) == (2, rows[0] + rows[2])
+    mixed = MixedDataset.from_config(path)
+    assert len(mixed.datasets[1]) == rows[0] + rows[2]
+    assert set(mixed.datasets[1].episode_index.tolist()) == {0, 2}
