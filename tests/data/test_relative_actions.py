@@ -35,9 +35,9 @@ class _Source:
 
     format = "synthetic"
 
-    def __init__(self, path, episodes: int, seed: int):
-        self.path, self.count, self.seed = path, episodes, seed
-        self.specs = {k: StreamSpec(k, "numeric", "float32", (d,), 10.0)
+    def __init__(self, path, episodes: int, seed: int, dtype: str = "float32"):
+        self.path, self.count, self.seed, self.dtype = path, episodes, seed, dtype
+        self.specs = {k: StreamSpec(k, "numeric", dtype, (d,), 10.0)
                       for k, d in WIDTHS.items()}
 
     def episode_indices(self):
@@ -51,7 +51,7 @@ class _Source:
         q = rng.normal(size=(n, 4))
         data["observation.quat"][:, 3:7] = q / np.linalg.norm(q, axis=1, keepdims=True)
         data["action"][:, 6] = rng.integers(0, 2, n)  # a gripper: two values, many ties
-        streams = {k: Stream(self.specs[k], t, v.astype(np.float32)) for k, v in data.items()}
+        streams = {k: Stream(self.specs[k], t, v.astype(self.dtype)) for k, v in data.items()}
         return Episode(i, streams, {"tasks": ["t"]})
 
 
@@ -175,6 +175,21 @@ def test_stats_equal_numpy(fresh):
     assert int(stats.hist_counts.sum(1)[0]) == len(ref)
 
 
+def test_stats_of_float64_actions_equal_numpy(tmp_path):
+    """float64 values: the selection takes four 16-bit digits (four passes)."""
+    (tmp_path / "src").mkdir()
+    build(_Source(tmp_path / "src", 6, seed=3, dtype="float64"), tmp_path / "cache",
+          rate_hz=10.0, progress=False, device="cpu")
+    ds = RobotDataset(tmp_path / "cache", horizon=H, relative_actions=JOINT)
+    assert ds.layout["action"].dtype == torch.float64
+    batch = ds[torch.arange(len(ds))]
+    ref = batch["action"][~batch["action_is_pad"]].numpy()
+    stats = relative_action_stats(ds, device="cpu", store=False)["action"]
+    for q, got in ((0.01, stats.q01), (0.99, stats.q99)):
+        np.testing.assert_array_equal(got.numpy(), np.quantile(ref, q, axis=0))
+    np.testing.assert_allclose(stats.std.numpy(), ref.std(0), rtol=1e-12)
+
+
 def test_stats_same_for_any_threads_and_chunking(fresh, monkeypatch):
     from robocache.data import stats as S
 
@@ -238,6 +253,15 @@ def test_stored_stats_normalize_in_the_loader(fresh):
         torch.testing.assert_close(batch["observation.state"],
                                    (raw["observation.state"] - state.mean.float())
                                    / state.std.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_worker_processes_serve_the_same_batches(fresh):
+    relative_action_stats(fresh, JOINT, H, device="cpu")
+    ds = RobotDataset(fresh, horizon=H, relative_actions=JOINT)
+    kwargs = {"batch_size": 16, "device": "cpu", "shuffle": False}
+    want = next(iter(RobotLoader(ds, resident=False, **kwargs)))
+    got = next(iter(RobotLoader(ds, num_workers=1, **kwargs)))
+    torch.testing.assert_close(got["action"], want["action"], rtol=0, atol=0)
 
 
 def test_zero_padding_stays_zero(fresh):
