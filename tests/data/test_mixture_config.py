@@ -254,6 +254,9 @@ BAD = {
         r"dataset 'mobile': kinematics: end_link 'gripper' is not a link of robot"),
     "episodes-not-cached": (_set(["datasets", 0, "episodes"], [0, 9]),
                             r"dataset 'arm': `episodes` must list episodes the cache holds"),
+    "instructions-missing": (_set(["datasets", 0, "instructions"], "nowhere.json"),
+                             r"dataset 'arm': `instructions` names .*nowhere.json, which is not "
+                             r"a file; fix the path"),
     "to-ee-without-urdf": (_set(["datasets", 0, "state"], {"key": "observation.state",
                                                             "to_ee": True}),
                            r"dataset 'arm': `state.to_ee` .* add `kinematics"),

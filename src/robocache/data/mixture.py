@@ -78,13 +78,20 @@ class Source:
     """One dataset of a mixture file, resolved against its cache's manifest.
 
     Attributes:
-        name, path, embodiment: as the file gives them (``path`` relative to the file).
+        name, embodiment: as the file gives them (defaults: the cache folder's name).
+        path: the cache (a relative path resolved against the file's folder).
+        given_weight: the file's ``weight``; ``weight``: the sampling weight after balancing,
+            normalized over the mixture.
         mapping: common key -> the cache's stream.
         widths: common numeric key -> its served width (after a conversion to EE poses).
-        episodes, frames: what the cache serves (from its manifest).
-        weight: the sampling weight after balancing, normalized over the mixture.
+        episodes, frames: what the cache serves (from its manifest); ``episode_list``: the
+            file's ``episodes`` (None: all).
         relative: the ``relative_actions`` entry given to :class:`RobotDataset`, or None.
-        to_ee: common keys converted from joints to the end-effector pose.
+        to_ee: common keys converted from joints to the end-effector pose through
+            ``kinematics`` (the file's entry, with its parsed ``chain``).
+        language: batch key -> the cache's string stream served under it.
+        instructions, episode_keys: the episode instructions file (or mapping) and the names
+            of its episodes; storage_options: object-store settings of ``path``.
     """
 
     name: str
@@ -106,7 +113,8 @@ class Source:
     storage_options: dict[str, Any] | None = None
 
     def encoding(self) -> str:
-        """The action encoding in words (``joint relative (absolute: 7)``...)."""
+        """The action encoding in words (``as stored, relative joint (absolute dims [7])``,
+        ``ee, absolute``...)."""
         if ACTION not in self.mapping:
             return "-"
         space = "ee" if ACTION in self.to_ee else "as stored"
@@ -357,6 +365,11 @@ def _source(path: Path, i: int, entry: Any) -> Source:
         src.instructions = str(path.parent / src.instructions)
     if isinstance(src.episode_keys, str) and not Path(src.episode_keys).is_absolute():
         src.episode_keys = str(path.parent / src.episode_keys)
+    for what in ("instructions", "episode_keys"):
+        value = getattr(src, what)
+        if isinstance(value, str) and not Path(value).is_file():
+            raise DataError(f"{where}: `{what}` names {value}, which is not a file; fix the "
+                            "path (relative paths are relative to the mixture file).")
     return src
 
 
