@@ -3,6 +3,9 @@ pipe or a log file (CI) gets Markdown tables that never wrap, one row per line."
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -27,3 +30,21 @@ def print_table(table: Table, out: Console | None = None) -> None:
             out.print(table.title)
             table.title = None
     out.print(table)
+
+
+@contextmanager
+def progress_bar(enabled: bool, label: str, unit: str
+                 ) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich progress bar on stderr (a terminal only) as a callback ``(done, total)``, counted
+    in ``unit``; None when off or not on a terminal."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    err = Console(stderr=True)
+    if not (enabled and err.is_terminal):
+        yield None
+        return
+    with Progress(TextColumn(label), BarColumn(), TextColumn("{task.completed:,} of "
+                  f"{{task.total:,}} {unit}"), TimeRemainingColumn(), console=err,
+                  transient=True) as bar:
+        task = bar.add_task(label, total=0)
+        yield lambda done, total: bar.update(task, completed=done, total=total)

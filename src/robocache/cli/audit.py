@@ -20,7 +20,6 @@ JSON report (``--json`` or ``--out``) lists every episode with its flags
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -168,7 +167,9 @@ def audit(
         if device not in (None, "cpu", "cuda") and not str(device).startswith("cuda:"):
             raise CommandError(f"--device must be cpu or cuda; got {device!r}",
                                "pass --device cpu or --device cuda")
-        with _bar(progress) as tick:
+        from robocache._console import progress_bar
+
+        with progress_bar(progress, "audit", "steps") as tick:
             if source:
                 from robocache.cli.ingest import source_options
                 from robocache.data.audit import audit_source
@@ -193,24 +194,6 @@ def audit(
     else:
         _print(report, rows)
     raise typer.Exit(EXIT_FLAGGED if report["flagged"] else EXIT_OK)
-
-
-@contextmanager
-def _bar(enabled: bool):
-    """A rich progress bar of the rows checked on stderr (a terminal only), as a callback
-    ``(done, total)``; None when off."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    if not (enabled and console.is_terminal):
-        yield None
-        return
-    with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed:,} of "
-                  "{task.total:,} steps"), TimeRemainingColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("audit", total=0)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _is_source(where) -> bool:

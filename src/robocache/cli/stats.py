@@ -119,6 +119,8 @@ def stats(
     no_store: Annotated[bool, typer.Option("--no-store", help="Print them only; store "
                                                               "nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar (on a terminal).")]
+    = True,
     storage_option: list[str] = storage_option_flag(),
     verbose: Annotated[bool, typer.Option("--verbose", help=VERBOSE_OPTION_HELP)] = False,
 ):
@@ -167,9 +169,12 @@ def stats(
         if device and device.startswith("cuda") and not torch.cuda.is_available():
             raise CommandError("--device cuda but torch sees no CUDA device",
                                "pass --device cpu")
-        result = relative_action_stats(where, spec, chunk, device=device,
-                                       store=False if no_store else None,
-                                       storage_options=options)
+        from robocache._console import progress_bar
+
+        with progress_bar(progress and not as_json, "relative statistics", "chunks") as tick:
+            result = relative_action_stats(where, spec, chunk, device=device,
+                                           store=False if no_store else None,
+                                           storage_options=options, progress=tick)
         out = {k: s.to_dict() for k, s in result.items()}
         if as_json:
             typer.echo(json.dumps({k: {f: v[f] for f in ("count", "mean", "std", "min", "max",
