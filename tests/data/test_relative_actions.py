@@ -195,7 +195,12 @@ def test_stats_same_for_any_threads_and_chunking(fresh, monkeypatch):
 
     one = relative_action_stats(fresh, JOINT, H, device="cpu", threads=1, store=False)["action"]
     monkeypatch.setitem(S.CHUNK_VALUES, "cpu", 7 * H * 5)  # chunks of 5 starts
+    sizes = []
+    fetch = RobotDataset.fetch
+    monkeypatch.setattr(RobotDataset, "fetch", lambda self, idx, frames=None: (
+        sizes.append(len(idx)), fetch(self, idx, frames))[1])
     many = relative_action_stats(fresh, JOINT, H, device="cpu", threads=3, store=False)["action"]
+    assert max(sizes) == 5 and sum(sizes) == 2 * len(RobotDataset(fresh))  # two passes
     for f in ("mean", "std", "q01", "q99", "hist_counts"):
         torch.testing.assert_close(getattr(many, f), getattr(one, f), rtol=1e-14, atol=0)
 
