@@ -31,6 +31,9 @@ def episodes(state: int, action: int, fps: float, camera: str | None, seed: int)
         specs[camera] = StreamSpec(camera, "image", "uint8", CAM, fps)
     if seed == 0:
         specs["language.subtask"] = StreamSpec("language.subtask", "event", "str", (), None)
+    if seed == 2:  # the hand's gripper opening: a stream of its own
+        specs["observation.gripper"] = StreamSpec("observation.gripper", "numeric", "float32",
+                                                  (1,), fps)
     out = []
     for i in range(3):
         n = int(rng.integers(8, 14))
@@ -39,6 +42,7 @@ def episodes(state: int, action: int, fps: float, camera: str | None, seed: int)
                 "action": rng.normal(-seed, 0.5, (n, action)),
                 camera: rng.integers(0, 255, (n, *CAM))}
         data["language.subtask"] = np.array([f"{text} {i}" for _, text in SUBTASKS], object)
+        data["observation.gripper"] = rng.uniform(0.0, 0.08, (n, 1))
         times = {"language.subtask": np.array([k for k, _ in SUBTASKS]) / fps}
         out.append(Episode(i, {k: Stream(s, times.get(k, t), data[k].astype(s.dtype))
                                for k, s in specs.items()},

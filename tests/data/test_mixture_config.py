@@ -403,3 +403,35 @@ def test_an_episode_subset(caches, tmp_path):
     mixed = MixedDataset.from_config(path)
     assert len(mixed.datasets[1]) == rows[0] + rows[2]
     assert set(mixed.datasets[1].episode_index.tolist()) == {0, 2}
+
+
+def test_streams_joined_into_one_key(caches, tmp_path):
+    """`state: [a, b]` serves the streams side by side as the state, with the statistics of
+    the joined values (per dimension, those of each stream)."""
+    config = base(caches)
+    config["datasets"][2]["state"] = ["observation.state", "observation.gripper"]
+    path = write(tmp_path, config)
+    source = resolve(path).sources[2]
+    assert source.widths["observation.state"] == 3
+    assert resolve(path).table()[2]["mapping"]["observation.state"] == \
+        "observation.state + observation.gripper"
+    mixed = MixedDataset.from_config(path)
+    hand = mixed.datasets[2]
+    assert "observation.gripper" not in hand.keys
+    own = RobotDataset(caches["hand"], history=2, horizon=3)
+    idx = torch.arange(len(own))
+    raw = own.fetch(idx)
+    want = torch.cat([raw["observation.state"], raw["observation.gripper"]], -1)
+    torch.testing.assert_close(hand.fetch(idx)["observation.state"], want)
+    stats = hand.stats["observation.state"]
+    torch.testing.assert_close(stats.mean.float(), torch.cat(
+        [own.stats["observation.state"].mean, own.stats["observation.gripper"].mean]).float())
+    batch = next(iter(RobotLoader(mixed, 64, device="cpu", seed=1)))
+    rows = batch["source"] == 2
+    assert rows.any()
+    mask = batch["observation.state_dim_mask"][rows]
+    assert mask[:, :3].all() and not mask[:, 3:].any()
+    config["datasets"][2]["action"] = {"key": "action", "relative": "joint"}
+    with pytest.raises(DataError, match=r"dataset 'hand': relative actions are served from one "
+                                        r"state and one action stream"):
+        resolve(write(tmp_path, config, "rel.yaml"))

@@ -532,11 +532,18 @@ class RobotDataset(torch.utils.data.Dataset):
         out.set_windows()
         return out
 
-    def replaced(self, key: str, values: torch.Tensor, stats) -> RobotDataset:
+    def replaced(self, key: str, values: torch.Tensor, stats, pad: torch.Tensor | None = None,
+                 drop: Sequence[str] = ()) -> RobotDataset:
         """A copy serving ``values`` (``[len(self), D]``, one row per served step, any width
         and dtype) as ``key``, normalized with ``stats`` (a :class:`robocache.Stats`), e.g. a
-        joint stream as the end-effector pose; the packed matrix is copied into this
-        process's memory with the new columns appended. This dataset is unchanged."""
+        joint stream as the end-effector pose, or several streams joined into one; the packed
+        matrix is copied into this process's memory with the new columns appended. This
+        dataset is unchanged.
+
+        Args:
+            pad: bool ``[len(self)]``, the steps without a sample (default: ``key``'s own).
+            drop: keys no longer served (the streams joined into ``key``).
+        """
         old = self.layout[key]
         if values.dim() != 2 or values.shape[0] != len(self):
             raise DataError(f"`values` must be [{len(self)}, D] (one row per step); got "
@@ -544,11 +551,22 @@ class RobotDataset(torch.utils.data.Dataset):
         raw = values.to(self.device).contiguous().view(torch.uint8).reshape(len(self), -1)
         words = -(-raw.shape[1] // 4)
         raw = torch.nn.functional.pad(raw, (0, 4 * words - raw.shape[1]))
+        blocks, pad_col = [self.data, raw.view(torch.int32)], old.pad_col
+        if pad is not None:
+            pad_col = self.data.shape[1] + words
+            blocks.append(pad.to(self.device, torch.int32)[:, None])
         out = copy.copy(self)
-        out.data = torch.cat([self.data, raw.view(torch.int32)], 1)
+        out.data = torch.cat(blocks, 1)
         out.layout = {**self.layout, key: _Key(self.data.shape[1], words, values.dtype,
-                                               values.shape[1], old.pad_col)}
+                                               values.shape[1], pad_col)}
         out.stats = {**self.stats, key: stats}
+        if drop:
+            gone = set(drop) - {key}
+            for attr in ("layout", "deltas", "stats", "frames"):
+                setattr(out, attr, {k: v for k, v in getattr(out, attr).items()
+                                    if k not in gone})
+            for attr in ("obs_keys", "action_keys", "image_keys", "squeezed"):
+                setattr(out, attr, [k for k in getattr(self, attr) if k not in gone])
         out.set_windows()
         return out
 

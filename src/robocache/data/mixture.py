@@ -90,6 +90,8 @@ class Source:
         to_ee: common keys converted from joints to the end-effector pose through
             ``kinematics`` (the file's entry, with its parsed ``chain``).
         language: batch key -> the cache's string stream served under it.
+        joined: common key -> the streams joined (in order) into it, where there are several
+            (``mapping`` names the first).
         instructions, episode_keys: the episode instructions file (or mapping) and the names
             of its episodes; storage_options: object-store settings of ``path``.
     """
@@ -108,6 +110,7 @@ class Source:
     to_ee: list[str] = field(default_factory=list)
     kinematics: dict[str, Any] | None = None
     language: dict[str, str] = field(default_factory=dict)
+    joined: dict[str, list[str]] = field(default_factory=dict)
     instructions: Any = None
     episode_keys: Any = None
     storage_options: dict[str, Any] | None = None
@@ -142,7 +145,9 @@ class Mixture:
         return [{"name": s.name, "path": s.path, "embodiment": s.embodiment,
                  "episodes": s.episodes, "frames": s.frames, "weight": s.weight,
                  "widths": {k: self.pad.get(k, w) for k, w in s.widths.items()},
-                 "own_widths": dict(s.widths), "mapping": {**s.mapping, **s.language},
+                 "own_widths": dict(s.widths),
+                 "mapping": {**s.mapping, **{k: " + ".join(v) for k, v in s.joined.items()},
+                             **s.language},
                  "action_encoding": s.encoding(),
                  "instructions": None if s.instructions is None else str(s.instructions)}
                 for s in self.sources]
@@ -197,14 +202,18 @@ def load(path: str | Path, **overrides) -> dict[str, Any]:
 
 
 def _stream(entry: Any, slot: str, where: str) -> dict[str, Any]:
-    """A ``state`` / ``action`` entry as a mapping (a bare string is its ``key``)."""
-    if isinstance(entry, str):
-        return {"key": entry}
-    if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
-        raise DataError(f"{where}: `{slot}` must be a stream name or a mapping with `key` (the "
-                        f"stream); got {entry!r}.")
+    """A ``state`` / ``action`` entry as a mapping whose ``key`` is a list of streams (a bare
+    name or list is its ``key``)."""
+    names = lambda k: [k] if isinstance(k, str) else k  # noqa: E731
+    if isinstance(entry, (str, list)):
+        entry = {"key": entry}
+    key = entry.get("key") if isinstance(entry, dict) else None
+    if not (isinstance(key, str) or (isinstance(key, list) and key
+                                     and all(isinstance(k, str) for k in key))):
+        raise DataError(f"{where}: `{slot}` must be a stream name, a list of them (joined in "
+                        f"order), or a mapping with `key`; got {entry!r}.")
     _unknown(entry, STREAM_KEYS[slot], where, f"`{slot}`")
-    return entry
+    return {**entry, "key": names(key)}
 
 
 def resolve(path: str | Path, **overrides) -> Mixture:
@@ -312,8 +321,14 @@ def _source(path: Path, i: int, entry: Any) -> Source:
     for slot, common in (("state", STATE), ("action", ACTION)):
         if entry.get(slot) is not None:
             slots[slot] = _stream(entry[slot], slot, where)
-            src.mapping[common] = stream(slots[slot]["key"], slot, ("numeric",))
-            src.widths[common] = int(math.prod(streams[src.mapping[common]]["shape"]))
+            parts = [stream(k, slot, ("numeric",)) for k in slots[slot]["key"]]
+            if len(set(parts)) != len(parts):
+                raise DataError(f"{where}: `{slot}` names a stream twice ({parts}); name each "
+                                "once.")
+            src.mapping[common] = parts[0]
+            if len(parts) > 1:
+                src.joined[common] = parts
+            src.widths[common] = sum(int(math.prod(streams[k]["shape"])) for k in parts)
     chain = _kinematics(path, name, entry.get("kinematics"), slots, src, uri)
     if chain is not None:
         src.kinematics = {**entry["kinematics"], "chain": chain}
@@ -336,6 +351,10 @@ def _source(path: Path, i: int, entry: Any) -> Source:
         if STATE not in src.mapping:
             raise DataError(f"{where}: `action.relative: {mode}` is relative to the state; map "
                             "`state` to the robot's state stream.")
+        if src.joined:
+            raise DataError(f"{where}: relative actions are served from one state and one "
+                            f"action stream; this dataset joins {src.joined}; cache them as "
+                            "one stream each, or drop `action.relative`.")
         if src.to_ee:
             raise DataError(f"{where}: `to_ee` and `action.relative` together are not served "
                             "yet; cache the end-effector pose as a stream and map it, or drop "
@@ -486,16 +505,20 @@ def open_mixture(path: str | Path, *, tokenizer: Any = None, **overrides):
                             read_instructions(s.instructions, where, s.episode_keys))
     datasets = []
     for s in mixture.sources:
-        keys = list(s.mapping.values())
+        keys = list(dict.fromkeys([*s.mapping.values(), *(k for v in s.joined.values()
+                                                          for k in v)]))
+        actions = s.joined.get(ACTION, [s.mapping[ACTION]] if ACTION in s.mapping else [])
         extra = {"relative_actions": {s.mapping[ACTION]: s.relative}} if s.relative else {}
         try:
             ds = RobotDataset(s.path if "://" in s.path else Path(s.path),
                               history=mixture.history, horizon=mixture.horizon, keys=keys,
-                              action_keys=[s.mapping[ACTION]] if ACTION in s.mapping else [],
+                              action_keys=actions,
                               episodes=s.episode_list, storage_options=s.storage_options,
                               **kwargs, **extra)
         except DataError as e:
             raise DataError(f"{_where(mixture.path, s.name)}: {e}") from e
+        for parts in s.joined.values():
+            ds = join(ds, parts)
         for common in s.to_ee:
             ds = to_ee(ds, s.mapping[common], s.kinematics["chain"],
                        s.kinematics.get("joint_dims"))
@@ -545,6 +568,25 @@ def relative_stats(path: str | Path, *, device: str | None = None,
         except DataError as e:
             raise DataError(f"{_where(mixture.path, s.name)}: {e}") from e
     return out
+
+
+def join(ds, keys: list[str]):
+    """``ds`` serving streams ``keys`` joined in order as ``keys[0]`` (float32, float64 when
+    one of them is; the others no longer served): padded where any of them is, with the
+    statistics of the joined values computed here over the served steps."""
+    import torch
+
+    from robocache.ops.normalize import compute_stats
+
+    parts = [ds.layout[k] for k in keys]
+    dtype = torch.float64 if any(p.dtype == torch.float64 for p in parts) else torch.float32
+    values = torch.cat([p.values(ds.data[:, p.col:p.col + p.words]).to(dtype) for p in parts],
+                       1)
+    pad = torch.zeros(len(ds), dtype=torch.bool, device=ds.device)
+    for p in parts:
+        if p.pad_col is not None:
+            pad |= ds.data[:, p.pad_col] != 0
+    return ds.replaced(keys[0], values, compute_stats(values[~pad]), pad=pad, drop=keys[1:])
 
 
 def to_ee(ds, key: str, chain, joint_dims: list[int] | None = None):
