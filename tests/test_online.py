@@ -317,6 +317,20 @@ def test_value_range_is_the_stores(typed_cache):
         obs.push_many("observation.i32", [0.03, 0.04], [[0, 0, 0], [1.5, 0, 0]])
 
 
+def test_core_tick_leaves_the_thread_count(typed_cache):
+    """A tick the host tick does not cover (float64 interpolation) runs the core on one
+    intra-op thread and gives the caller's thread count back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        obs = Observer.from_cache(typed_cache, keys=["observation.x64"])
+        obs.push("observation.x64", 0.0, np.ones(3))
+        assert obs.observation(0.0)["observation.x64"].dtype == torch.float64
+        assert obs._host_tick is None and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_snap_instants_is_ingests_rule():
     """The online snap of a tick's few samples equals ingest's (snap_times) on the grid
     around them: samples on instants, half-way between, before the first, far off."""
