@@ -267,18 +267,29 @@ class Language:
 
     def __call__(self, rows: torch.Tensor, positions: torch.Tensor, seed: int,
                  epoch: int) -> dict[str, Any]:
-        """The strings of stacked rows ``rows`` (int64 ``[B]``) drawn at epoch ``positions``
-        (int64 ``[B]``, where each sample is in the epoch: the instruction chosen is a hash of
-        ``seed``, ``epoch`` and the position)."""
+        """The batch keys of stacked rows ``rows`` drawn at epoch ``positions`` (see
+        :meth:`ids` and :meth:`serve`)."""
+        return self.serve(self.ids(rows, positions, seed, epoch))
+
+    def ids(self, rows: torch.Tensor, positions: torch.Tensor, seed: int,
+            epoch: int) -> torch.Tensor:
+        """The string ids of stacked rows ``rows`` (int64 ``[N]``) drawn at epoch
+        ``positions`` (int64 ``[N]``, where each sample is in the epoch: the instruction chosen
+        is a hash of ``seed``, ``epoch`` and the position), on ``rows``' device."""
         lang = self.to(rows.device)
         at = lang.first[rows]
         if self.choices:
             at = at + _mix(positions, seed, epoch) % lang.count[rows]
-        ids = lang.flat[at]
+        return lang.flat[at]
+
+    def serve(self, ids: torch.Tensor) -> dict[str, Any]:
+        """A batch's keys from its string ids (int64 ``[B]``): the strings, the ids and, with
+        tokens, their ``input_ids`` and ``attention_mask`` (two gathers on ``ids``' device)."""
         out: dict[str, Any] = {self.key: Strings(ids, self.strings), f"{self.key}_index": ids}
-        if lang.tokens is not None:
-            out[f"{self.key}.input_ids"] = lang.tokens[0][ids]
-            out[f"{self.key}.attention_mask"] = lang.tokens[1][ids]
+        if self.tokens is not None:
+            tokens = self.to(ids.device).tokens
+            out[f"{self.key}.input_ids"] = tokens[0][ids]
+            out[f"{self.key}.attention_mask"] = tokens[1][ids]
         return out
 
 

@@ -647,6 +647,8 @@ class RobotLoader:
         # the resident path's next epoch order, drawn ahead on a thread (see _order)
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: tuple | None = None
+        # a mixture's string ids of the epoch's positions, drawn with its order (resident)
+        self._epoch_ids: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -730,8 +732,8 @@ class RobotLoader:
         self.sampler.epoch, self.sampler.consumed = self.epoch, self.consumed
         languages = self.mixture.language if self.mixed else []
         for batch in self._batches():
-            for language in languages:
-                batch.update(self._language(language, batch))
+            for i, language in enumerate(languages):
+                batch.update(self._language(i, language, batch))
             self.batch += 1
             yield batch
         self.epoch, self.consumed, self.batch = self.epoch + 1, 0, 0
@@ -795,7 +797,9 @@ class RobotLoader:
         s = self.sampler
         key = (s.epoch, s.consumed, s.rank, s.world_size)
         ahead, self._ahead = self._ahead, None
-        order = ahead[1].result() if ahead is not None and ahead[0] == key else s.order()
+        order, ids = ahead[1].result() if ahead is not None and ahead[0] == key \
+            else self._draw(s)
+        self._epoch_ids = [x.to(self.device) for x in ids]
         if not self.mixed:  # a permutation: nothing worth a thread
             return order
         following = copy.copy(s)
@@ -803,14 +807,30 @@ class RobotLoader:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, "robocache-order")
         self._ahead = ((following.epoch, 0, s.rank, s.world_size),
-                       self._pool.submit(following.order))
+                       self._pool.submit(self._draw, following))
         return order
 
-    def _language(self, language, batch: Batch) -> dict:
-        """The prompts of a mixture's batch (see :class:`robocache.data.language.Language`):
-        its rows in the sources stacked in order, drawn at this rank's positions of the
-        epoch."""
+    def _draw(self, sampler: _Sampler) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``sampler``'s order of its epoch's remaining samples and, for a mixture with
+        language, the string ids of every position of it (those :meth:`_language` would draw
+        batch by batch: a resident batch then slices them, and gathers its tokens)."""
+        order = sampler.order()
+        languages = self.mixture.language if self.mixed else []
+        if not languages:
+            return order, []
+        positions = sampler._positions(torch.arange(sampler.remaining())).reshape(-1)
+        return order, [lang.ids(order, positions, sampler.seed, sampler.epoch)
+                       for lang in languages]
+
+    def _language(self, i: int, language, batch: Batch) -> dict:
+        """The strings of a mixture's batch from its ``i``-th language (see
+        :class:`robocache.data.language.Language`): its rows in the sources stacked in order,
+        drawn at this rank's positions of the epoch; on the resident path, a slice of the
+        ids drawn with the epoch's order."""
         s, dev = self.sampler, batch["index"].device
+        if self._epoch_ids is not None and i < len(self._epoch_ids):
+            n = s.batch_size
+            return language.serve(self._epoch_ids[i][self.batch * n:(self.batch + 1) * n])
         if self._bases[0] != dev:
             sizes = torch.tensor([len(d) for d in self.datasets], device=dev)
             self._bases = (dev, torch.cumsum(sizes, 0) - sizes)
