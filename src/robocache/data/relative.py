@@ -73,14 +73,18 @@ class KeySpec:
     def absolute_dims(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.width) if i not in self.dims)
 
-    def canonical(self) -> dict[str, Any]:
-        """What defines the transform (the key's name aside): the statistics' identity."""
-        out: dict[str, Any] = {"mode": self.mode, "state": self.state, "width": self.width,
+    def entry(self) -> dict[str, Any]:
+        """This key's ``relative_actions`` entry, every field resolved."""
+        out: dict[str, Any] = {"mode": self.mode, "state": self.state,
                                "absolute_dims": list(self.absolute_dims),
                                "state_dims": list(self.state_dims)}
         if self.mode != "joint":
             out.update(rotation=self.rotation, state_rotation=self.state_rotation)
         return out
+
+    def canonical(self) -> dict[str, Any]:
+        """What defines the transform (the key's name aside): the statistics' identity."""
+        return {**self.entry(), "width": self.width}
 
     def tag(self, offsets: Sequence[int]) -> str:
         """The identity of statistics of this transform over chunks at row ``offsets``
@@ -299,6 +303,19 @@ def now_column(state: str) -> str:
     return f"{state}\0now"
 
 
+def state_columns(states: Sequence[str], layout: Mapping[str, Any]) -> tuple[dict, dict]:
+    """The extra :func:`robocache.key_windows` columns and offsets of a dataset's relative
+    keys: each state key at the current step (and its alignment-pad flag, where it has one)."""
+    cols, offs = {}, {}
+    for state in states:
+        key = layout[state]
+        cols[now_column(state)], offs[now_column(state)] = (key.col, key.words), [0]
+        if key.pad_col is not None:
+            cols[f"{now_column(state)}\0pad"] = (key.pad_col, 1)
+            offs[f"{now_column(state)}\0pad"] = [0]
+    return cols, offs
+
+
 class RelativeActions:
     """A dataset's relative keys (:func:`parse`), applied to each batch in
     :meth:`~robocache.data.dataset.RobotDataset.finish`; ``post``: a
@@ -328,16 +345,7 @@ class RelativeActions:
         return set(self.specs) | set(self.states)
 
     def columns(self, layout: Mapping[str, Any]) -> tuple[dict, dict]:
-        """The extra :func:`robocache.key_windows` columns and offsets: each state key at the
-        current step (and its alignment-pad flag, where it has one)."""
-        cols, offs = {}, {}
-        for state in self.states:
-            key = layout[state]
-            cols[now_column(state)], offs[now_column(state)] = (key.col, key.words), [0]
-            if key.pad_col is not None:
-                cols[f"{now_column(state)}\0pad"] = (key.pad_col, 1)
-                offs[f"{now_column(state)}\0pad"] = [0]
-        return cols, offs
+        return state_columns(self.states, layout)
 
     def _indices(self, spec: KeySpec, width: int, device: torch.device):
         hit = self._index.get((spec.key, width, device))
@@ -399,7 +407,7 @@ class PerSource:
         return set().union(*(r.deferred() for r in self.sources if r is not None))
 
     def columns(self, layout: Mapping[str, Any]) -> tuple[dict, dict]:
-        return RelativeActions.columns(self, layout)
+        return state_columns(self.states, layout)
 
     def run(self, out: dict[str, torch.Tensor], raw: Mapping[str, torch.Tensor], dataset
             ) -> dict[str, torch.Tensor]:

@@ -372,7 +372,7 @@ def relative_action_stats(source, relative_actions: Mapping[str, Mapping[str, An
     if isinstance(source, RobotDataset):
         dataset = source
         spec = relative_actions if relative_actions is not None else \
-            {k: _entry(s) for k, s in (source.relative.specs.items() if source.relative
+            {k: s.entry() for k, s in (source.relative.specs.items() if source.relative
                                        else ())}
     else:
         if relative_actions is None or horizon is None:
@@ -478,16 +478,6 @@ def relative_action_stats(source, relative_actions: Mapping[str, Mapping[str, An
     return out
 
 
-def _entry(spec: KeySpec) -> dict[str, Any]:
-    """A validated :class:`KeySpec` as a ``relative_actions`` entry again."""
-    out: dict[str, Any] = {"mode": spec.mode, "state": spec.state,
-                           "absolute_dims": list(spec.absolute_dims),
-                           "state_dims": list(spec.state_dims)}
-    if spec.mode != "joint":
-        out.update(rotation=spec.rotation, state_rotation=spec.state_rotation)
-    return out
-
-
 def _store(dataset, key: str, spec: KeySpec, offsets: list[int], stats, seconds: float,
            device: torch.device) -> str:
     """Write ``stats`` to :func:`stats_file` (atomically); returns its path in the cache."""
@@ -495,7 +485,7 @@ def _store(dataset, key: str, spec: KeySpec, offsets: list[int], stats, seconds:
 
     rel = stats_file(dataset.manifest, key, spec, offsets)
     doc = {"format": FORMAT, "key": key, "relative": spec.tag(offsets),
-           "transform": _entry(spec), "offsets": offsets,
+           "transform": spec.entry(), "offsets": offsets,
            "cache": _identity(dataset.manifest),
            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "seconds": round(seconds, 3), "device": str(device), "stats": stats.to_dict()}
