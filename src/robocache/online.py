@@ -977,7 +977,7 @@ class Observer:
         n = len(times)
         if s.kind == "camera" or n < 2:
             if not isinstance(values, np.ndarray):
-                values = list(values) if isinstance(values, Sequence) else values
+                values = list(values)
             if len(values) != n:
                 raise DataError(f"stream {stream!r}: {n} times but {len(values)} values.")
             for t, v in zip(times.tolist(), values, strict=True):
