@@ -619,9 +619,16 @@ class Observer:
         self._args = ["target", "pre", "horizon", *inputs]
         self._compile, self._package = compile, package
         self._core = None  # made at the first tick (see _make_core)
-        self._host_tick: _HostTick | None = None  # the CPU tick without torch operators
-        self._inputs = None  # its last (target, pre, horizon), for example_inputs()
         self._graph = None
+        # the CPU tick without torch operators, where it covers the streams (a package given
+        # runs instead); its last (target, pre, horizon), for example_inputs()
+        self._host_tick: _HostTick | None = None
+        self._inputs = None
+        if device.type == "cpu" and package is None and _HostTick.covers(self):
+            self._host_tick = _HostTick(self)
+            self._static_out = self._host_tick.outputs
+            self._step = (torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.int64))
+            self._step_np = tuple(x.numpy() for x in self._step)
         self.t0: float | None = None
 
     # ------------------------------------------------------------------ construction
@@ -1177,7 +1184,7 @@ class Observer:
             outs = self._static_out
         else:
             self._write_inputs(target, pre, t)
-            outs = self._run(target, pre, t)
+            outs = self._run()
         return self._assemble(outs, k, target[-1] if self._offset_list[-1] == 0
                               else self.instant(k))
 
@@ -1191,19 +1198,9 @@ class Observer:
             self._pre_set = pre is not None
         h["horizon"][0] = horizon
 
-    def _run(self, target: list[float], pre: list[bool] | None, horizon: float
-             ) -> tuple[torch.Tensor, ...]:
+    def _run(self) -> tuple[torch.Tensor, ...]:
         if self.device.type != "cuda":
             if self._core is None:
-                if self._package is None and _HostTick.covers(self):
-                    self._host_tick = _HostTick(self)
-                    self._static_out = self._host_tick.outputs
-                    self._step = (torch.zeros((), dtype=torch.float64),
-                                  torch.zeros((), dtype=torch.int64))
-                    self._step_np = tuple(x.numpy() for x in self._step)
-                    self._host_tick(target, pre, horizon)
-                    self._inputs = (target, pre, horizon)
-                    return self._static_out
                 self._core = self._make_core()
             v = self._views
             # one intra-op thread for the core's tiny operators: a pool of threads woken for
