@@ -32,7 +32,9 @@ Cases:
   ``RobotLoader`` batches of single frames of the 4 cameras (``history=1``, uint8, no resize)
   over one epoch, every frame once, in random order (training's) and in order (the best a
   video GOP can do), on the same device; ``vs_serve``: the audit's rate over the faster
-  of the two. Frames are in the page cache (read once before timing).
+  of the two. Frames are in the page cache (read once before timing). Each also records the
+  process's CPU time a frame (every thread's), which a shared machine's load changes less
+  than the rates.
 """
 
 from __future__ import annotations
@@ -247,10 +249,19 @@ def run_cache(episodes: int, steps: int, copies: int, device: str) -> list[dict]
     return [rec, edited]
 
 
+def _cpu_s() -> float:
+    """This process's CPU seconds so far (every thread's, user and system)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _serve_frames(cache: Path, keys: list[str], cfg: dict, device: str, shuffle: bool
-                  ) -> float:
+                  ) -> tuple[float, float]:
     """Frames/s of one epoch of ``RobotLoader`` single-frame batches of ``keys`` (every
-    frame once), after two batches (the frames are in the page cache: the audit read them)."""
+    frame once), after two batches (the frames are in the page cache: the audit read them),
+    and the CPU ms a frame it took."""
     from robocache.data import RobotDataset, RobotLoader
 
     ds = RobotDataset(cache, keys=keys, history=1, image_dtype=torch.uint8)
@@ -260,12 +271,13 @@ def _serve_frames(cache: Path, keys: list[str], cfg: dict, device: str, shuffle:
     next(warm)
     next(warm)
     del warm
-    t0 = time.perf_counter()
+    cpu, t0 = _cpu_s(), time.perf_counter()
     for _ in loader:
         pass
     if device == "cuda":
         torch.cuda.synchronize()
-    return len(ds) * len(keys) / (time.perf_counter() - t0)
+    frames = len(ds) * len(keys)
+    return frames / (time.perf_counter() - t0), 1e3 * (_cpu_s() - cpu) / frames
 
 
 def run_cameras(cfg: dict, device: str, report) -> None:
@@ -291,18 +303,21 @@ def run_cameras(cfg: dict, device: str, report) -> None:
             build(src, cache, rate_hz="native", progress=False, device=device,
                   camera_codec=stored)
             audit(cache, device=device)  # its frames into the page cache
-            t0 = time.perf_counter()
+            cpu, t0 = _cpu_s(), time.perf_counter()
             audit(cache, device=device)
-            seconds = time.perf_counter() - t0
+            seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu
             frames = sum(lance.dataset(str(p)).count_rows()
                          for p in (cache / "frames").glob("*.lance"))
             audit_rate = frames / seconds
-            serve = {order: _serve_frames(cache, list(CAMS), cfg, device, order == "random")
-                     for order in ("random", "in_order")}
+            got = {order: _serve_frames(cache, list(CAMS), cfg, device, order == "random")
+                   for order in ("random", "in_order")}
+            serve = {order: rate for order, (rate, _) in got.items()}
             best = max(serve.values())
             report(H.case(FAMILY, f"{codec}-{stored}-{name}", "cameras",
                           H.summarize([seconds * 1e3]), frames=frames, device=device,
                           audit_frames_per_s=audit_rate,
+                          audit_cpu_ms_per_frame=1e3 * cpu / frames,
+                          serve_cpu_ms_per_frame={o: c for o, (_, c) in got.items()},
                           serve_frames_per_s=serve, vs_serve=audit_rate / best,
                           note=f"audit {audit_rate:,.0f} frames/s, serving "
                                f"{serve['random']:,.0f} (random) / {serve['in_order']:,.0f} "
