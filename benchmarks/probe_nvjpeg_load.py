@@ -116,19 +116,23 @@ def main() -> None:
                                                                        strict=True)]
     result["cpu"] = {"mismatches": sum(d > 0 for d in diff), "compared": len(diff),
                      "max_abs_diff": max(diff)}
-    result["idle"] = run_modes(decoder, jpegs, reference, opts.rounds)
-    with busy_gpu(jpegs[:6], processes=opts.load, seconds=300):
-        result["load"] = run_modes(decoder, jpegs, reference, opts.rounds)
     print(f"decoder {result['decoder']}; frames {len(names)}; cpu decode vs gpu: "
           f"{result['cpu']['mismatches']}/{len(names)} differ, max {result['cpu']['max_abs_diff']}")
     print(f"{'mode':14s} {'load':>5s} {'mismatch':>12s} {'max diff':>9s} {'call p50':>9s} "
-          f"{'p99 us':>9s}")
-    for load in ("idle", "load"):
+          f"{'p99 us':>9s}", flush=True)
+
+    def measure(load: str) -> None:  # printed and written as each part ends
+        result[load] = run_modes(decoder, jpegs, reference, opts.rounds)
         for mode, r in result[load].items():
             print(f"{mode:14s} {load:>5s} {r['mismatches']:>5d}/{r['compared']:<6d} "
-                  f"{r['max_abs_diff']:>9d} {r['call_p50_us']:>9.0f} {r['call_p99_us']:>9.0f}")
-    if opts.json:
-        Path(opts.json).write_text(json.dumps(result, indent=1))
+                  f"{r['max_abs_diff']:>9d} {r['call_p50_us']:>9.0f} {r['call_p99_us']:>9.0f}",
+                  flush=True)
+        if opts.json:
+            Path(opts.json).write_text(json.dumps(result, indent=1))
+
+    measure("idle")
+    with busy_gpu(jpegs[:6], processes=opts.load, seconds=300):
+        measure("load")
 
 
 if __name__ == "__main__":
