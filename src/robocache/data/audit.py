@@ -58,7 +58,9 @@ FLAGS = ("short", "timestamp_gap", "timestamp_jitter", "stream_gap", "nonfinite"
 SHIFT_PHASES = 4
 #: Camera frames decoded at once by the pixel checks, at most ...
 FRAME_BATCH = 1024
-#: ... and at most this many bytes of decoded pixels (a GOP of a video may hold more).
+#: ... and at most this many bytes of decoded pixels (a GOP of a video may hold more); on a
+#: GPU 4 times as many (the frames decode into its memory, and larger nvJPEG batches spread
+#: each call's fixed cost).
 FRAME_BYTES = 1 << 27
 #: Pixels of a frame (at least; strided evenly) whose mean and standard deviation say whether
 #: it is black or uniform: a 480x640 frame's every 4th pixel of every 4th row. All of them
@@ -574,9 +576,9 @@ def _decoded(location, table, rel: str, s: Mapping[str, Any], name: str, ids: np
     decodes them (:func:`robocache.data.cameras.decode_all`), in (episode, frame) order
     whatever the table's row order: ``(positions in ids, frame numbers, frames [N, C, H,
     W])`` a batch at a time, each batch at most :data:`FRAME_BATCH` frames and
-    :data:`FRAME_BYTES` of pixels, read by row address (an index of 32 bytes a frame first).
-    Frames kept as video are cut into batches at their GOPs' starts (a GOP longer than a
-    batch is a batch of its own) and each GOP decoded once."""
+    :data:`FRAME_BYTES` of pixels (4 times as many on a GPU), read by row address (an index
+    of 32 bytes a frame first). Frames kept as video are cut into batches at their GOPs'
+    starts (a GOP longer than a batch is a batch of its own) and each GOP decoded once."""
     from robocache.data.cameras import decode_all
     from robocache.data.export import _scan, _take
     from robocache.data.frames import EncodedFrames
@@ -594,7 +596,8 @@ def _decoded(location, table, rel: str, s: Mapping[str, Any], name: str, ids: np
         first = np.ones(len(ep), bool)
         first[1:] = (ep[1:] != ep[:-1]) | (gop[1:] != gop[:-1])
         cuts = np.r_[np.flatnonzero(first), len(ep)]
-    step = max(1, min(FRAME_BATCH, FRAME_BYTES // (int(np.prod(shape))
+    budget = FRAME_BYTES * (4 if dev.type == "cuda" else 1)
+    step = max(1, min(FRAME_BATCH, budget // (int(np.prod(shape))
                                                    * np.dtype(s["dtype"]).itemsize)))
     columns = ["episode_index", "frame"] + (PACKET_COLUMNS if video else ["encoded"])
     configs: dict[int, tuple[str, bytes]] = {}  # each episode's video decoder settings
