@@ -145,3 +145,39 @@ def test_the_gpu_loader_serves_the_same_frames(video_cache):
     loader = RobotLoader(ds, 4, device="cuda", normalize=None, shuffle=False, drop_last=False)
     got = torch.cat([b[CAM].cpu() for b in loader])
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("case", ["vfr", "missing", "jump"])
+@pytest.mark.parametrize("camera_codec", ["video", "jpeg"])
+def test_frame_timing_is_lerobots(tmp_path, case, camera_codec):
+    """A variable frame rate, a missing frame and a timestamp jump (LeRobot's H.264 fixture
+    remuxed with its timestamps edited, tests/fixtures/cameras/make_timing_fixtures.py): an
+    episode LeRobot 0.6.1 serves every item of is served with LeRobot's frames; one where it
+    refuses an item is quarantined naming the camera and where (never a neighbour's frame
+    served in its place)."""
+    import json
+
+    want = np.load(FIXTURES / "timing.npz")
+    ok, frames = want[f"{case}_ok"], want[f"{case}_frames"]
+    dest = tmp_path / "c"
+    build(FIXTURES / f"timing_{case}", dest, progress=False, device="cpu",
+          camera_codec=camera_codec)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    lengths = [8, 6]
+    starts = np.cumsum([0] + lengths)
+    good = [e for e in range(2) if ok[starts[e]:starts[e + 1]].all()]
+    assert sorted(q["index"] for q in manifest["quarantined"]) == \
+        [e for e in range(2) if e not in good]
+    for q in manifest["quarantined"]:
+        assert CAM in q["reason"] or "timestamps jump" in q["reason"], q["reason"]
+    if not good:
+        return
+    ds = RobotDataset(dest, keys=[CAM], image_dtype=torch.uint8)
+    rows = np.concatenate([np.arange(starts[e], starts[e + 1]) for e in good])
+    got = served(ds, torch.arange(len(ds)))
+    if camera_codec == "video":
+        np.testing.assert_array_equal(got, frames[rows])
+        return
+    # JPEG q95: each frame LeRobot's own frame within the codec's loss, not a neighbour's
+    err = ((got.astype(float) - frames[rows]) ** 2).mean(axis=(1, 2, 3))
+    assert (10 * np.log10(255 ** 2 / np.maximum(err, 1e-12)) > 35).all()

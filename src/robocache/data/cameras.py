@@ -161,11 +161,19 @@ def _covered(times: list[float], end_s: float, tolerance_s: float, rate: float |
 
 
 def _check_span(path, times: list[float], end_s: float, tolerance_s: float,
-                rate: float | None) -> None:
-    if not _covered(times, end_s, tolerance_s, rate):
-        got = f"up to {times[-1]:.4f} s" if times else "no frame"
-        raise DataError(f"video {path}: truncated; frames are needed up to {end_s:.4f} s, the "
-                        f"file decodes {got}.")
+                rate: float | None, later: float | None = None) -> None:
+    """Refuse a span whose frames stop before ``end_s``: a truncated file, or (``later``: the
+    time of a frame after the span) one whose timestamps jump past the span's end."""
+    if _covered(times, end_s, tolerance_s, rate):
+        return
+    if later is not None:
+        last = f"{times[-1]:.4f} s" if times else "the span's start"
+        raise DataError(f"video {path}: frames are needed up to {end_s:.4f} s, but the file's "
+                        f"timestamps jump from {last} to {later:.4f} s (missing frames or a "
+                        "timestamp jump).")
+    got = f"up to {times[-1]:.4f} s" if times else "no frame"
+    raise DataError(f"video {path}: truncated; frames are needed up to {end_s:.4f} s, the "
+                    f"file decodes {got}.")
 
 
 def _frame_numbers(t: np.ndarray, rate: float | None) -> np.ndarray:
@@ -179,7 +187,8 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
     """Decode the frames of ``path`` shown in ``[start_s, end_s]`` (file seconds) with PyAV,
     one at a time: yields (uint8 ``[H, W, 3]`` frame, file timestamp), so a caller holds only
     the frames it keeps. ``info``: when given, ``info["rate"]`` is set to the stream's average
-    rate (or ``None``) once the file is open, and ``info["shape"]`` to each frame's decoded
+    rate (or ``None``) once the file is open, ``info["later"]`` to the time of the first frame
+    after the span when one is met, and ``info["shape"]`` to each frame's decoded
     ``(H, W, 3)`` before it is yielded. ``threads``: FFmpeg's decoder threads (0: its own
     choice, frame and slice threads over the cores). ``size``: ``(height, width)`` the frames
     are converted to in the same swscale pass as the colour conversion (bilinear, antialiased
@@ -222,6 +231,8 @@ def video_frames(path, start_s: float, end_s: float, tolerance_s: float = 1e-4,
                     if t < start_s - tolerance_s:
                         continue
                     if t > end_s + tolerance_s:
+                        if info is not None:
+                            info["later"] = t
                         break
                     times.append(t)
                     if info is not None:
@@ -253,7 +264,7 @@ def _decode_pyav(path, start_s: float, end_s: float, tolerance_s: float, each=No
         kept.append(image if each is None else each(image))
         times.append(t)
     rate = info.get("rate")
-    _check_span(path, times, end_s, tolerance_s, rate)
+    _check_span(path, times, end_s, tolerance_s, rate, info.get("later"))
     t = np.asarray(times, np.float64)
     return kept, t, _frame_numbers(t, rate)
 
@@ -284,12 +295,13 @@ def _scan(path, start_s: float, end_s: float, tolerance_s: float):
             first = (stream.start_time or 0) * tb
             if start_s > 0:
                 container.seek(int(start_s / tb), stream=stream, backward=True)
-            after = 0
+            after, later = 0, None
             for packet in container.demux(stream):
                 if packet.pts is None:
                     continue
                 t = packet.pts * tb
                 if t > end_s + tolerance_s:
+                    later = t if later is None else min(later, t)
                     after += 1
                     if after >= _REORDER_PACKETS:
                         break
@@ -298,7 +310,7 @@ def _scan(path, start_s: float, end_s: float, tolerance_s: float):
     except (av.error.FFmpegError, OSError, IndexError) as e:
         raise DataError(f"video {path}: cannot decode ({type(e).__name__}: {e}).") from e
     times = sorted(set(pts))
-    _check_span(path, times, end_s, tolerance_s, rate)
+    _check_span(path, times, end_s, tolerance_s, rate, later)
     t = np.asarray(times, np.float64)
     if rate is None:
         raise _NotForNvdec(f"{path}: a stream without an average frame rate")

@@ -92,7 +92,8 @@ def packet_table(episode: int, path, start_s: float, end_s: float, tolerance_s: 
     _check_whole(gop, inside, keys_a, where)
     order = np.flatnonzero(inside)[np.argsort(pts_a[inside], kind="stable")]
     times = (pts_a[order] * tb).tolist()
-    _check_span(path, times, end_s, tolerance_s, rate)
+    past = t_all[t_all > end_s + tolerance_s]
+    _check_span(path, times, end_s, tolerance_s, rate, float(past.min()) if len(past) else None)
     n = len(order)
     # each frame's GOP as the frame number of its first (display-order) frame
     frame_of = np.full(len(pts), -1, np.int64)

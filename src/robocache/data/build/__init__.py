@@ -27,7 +27,9 @@ timestamp within ``grid_tolerance_s`` of a grid instant is snapped onto it befor
   stream's own dtype (``previous``/``nearest`` copy samples; interpolation rounds back to it).
 - image / video → ``frame_index``: the source frame shown at each step (``<col>/frame``, -1 when
   none) and ``<col>/offset`` (t_frame - t_step, seconds). Video frames are decoded once here
-  and stored like image frames (JPEG by default, ``camera_codec``).
+  and stored like image frames (JPEG by default, ``camera_codec``). At the native rate a
+  camera at that rate has a frame within ``grid_tolerance_s`` of every step, or the episode is
+  quarantined (a missing frame, a variable frame rate, a timestamp jump).
 - event (sparse strings) → ``previous``: the latest event so far (null before the first) and its
   age in seconds (``<col>/age``).
 

@@ -367,8 +367,38 @@ def _plan(episode: Episode, t: np.ndarray, snapped: dict[str, np.ndarray],
                 s.data.reshape(len(s), -1),
                 np.float64 if np.dtype(spec.dtype) == np.float64 else np.float32))
         else:
+            if config.rate_hz == "native" and spec.rate_hz is not None and \
+                    abs(spec.rate_hz - rate) <= 1e-9 * rate:
+                _check_frames(episode, name, snapped[name], t, tol)
             inputs[name] = ("frame_index", snapped[name], None)
     return _Plan(t, exact, inputs)
+
+
+def _check_frames(episode: Episode, name: str, times: np.ndarray, t: np.ndarray,
+                  tolerance_s: float) -> None:
+    """A camera at the grid's own rate has a frame within ``tolerance_s`` of every step, as
+    LeRobot's decoder asks of each frame it serves (the nearest frame, within its
+    ``tolerance_s``): a missing frame, a variable frame rate or a timestamp jump would
+    otherwise serve a neighbour's frame at a step.
+
+    Raises:
+        DataError: naming the episode, camera, step and the nearest frame.
+    """
+    if not len(times):
+        return
+    at = np.clip(np.searchsorted(times, t), 1, max(len(times) - 1, 1))
+    before = times[at - 1] if len(times) > 1 else times[at * 0]
+    after = times[at] if len(times) > 1 else before
+    nearest = np.where(np.abs(after - t) < np.abs(t - before), after, before)
+    far = np.flatnonzero(np.abs(nearest - t) > tolerance_s)
+    if far.size:
+        k = int(far[0])
+        raise DataError(f"episode {episode.index}: camera {name!r} has no frame within "
+                        f"{tolerance_s:g} s of step {k} (t = {float(t[k]):.4f} s; the nearest "
+                        f"is at {float(nearest[k]):.4f} s; {far.size} of {len(t)} steps have "
+                        "none): a missing frame, a variable frame rate or a timestamp jump, which "
+                        "LeRobot's decoder refuses too. Fix the video, or ingest at an explicit "
+                        "rate (--rate HZ), where each step serves the latest frame shown.")
 
 
 def _padded(rows: list[np.ndarray], width: int) -> np.ndarray:
