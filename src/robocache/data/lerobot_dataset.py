@@ -8,19 +8,20 @@
                                           "action": [k / 10 for k in range(16)]})
     item = ds[0]     # LeRobot's keys, dtypes and shapes; "task" a string
 
-The first use of a dataset directory ingests the episodes asked for at their native rate (every
-frame bit-exact, see :mod:`robocache.data.cache`) into a cache directory next to nothing of the
-source's (default ``$ROBOCACHE_HOME`` or ``~/.cache/robocache``, one sub-directory per source
-path); later uses reuse it and add the episodes it lacks. Items follow LeRobot 0.6.1's
-``__getitem__``: every feature (per ``delta_timestamps`` key a window ``[K, ...]`` and
-``<key>_is_pad``, the current frame otherwise), features of shape ``[1]`` as scalars, floats as
-float32, integers as int64, bools as bool, image and video features as float32 ``[C, H, W]`` in
-[0, 1] (video features uint8 with ``return_uint8=True``; image features keep their PNG bytes,
-videos are decoded once when the cache is built and stored as JPEG frames, or PNG with
-``camera_codec="png"``; depth features float32 ``[1, H, W]`` in ``depth_output_unit``; a video
-key's window of one offset ``[C, H, W]``), ``string`` features and language columns as
-LeRobot serves them (read from the data files), plus ``timestamp`` (float32),
-``frame_index``, ``episode_index``, ``index``, ``task_index`` (int64) and ``task`` (str).
+The first use of a dataset directory (LeRobot v3.0 or v2.1, or v3.0 in LeRobot's Lance layout)
+ingests the episodes asked for at their native rate (every frame bit-exact, see
+:mod:`robocache.data.cache`) into a cache directory next to nothing of the source's (default
+``$ROBOCACHE_HOME`` or ``~/.cache/robocache``, one sub-directory per source path); later uses reuse
+it and add the episodes it lacks. Items follow LeRobot 0.6.1's ``__getitem__``: every feature (per
+``delta_timestamps`` key a window ``[K, ...]`` and ``<key>_is_pad``, the current frame otherwise),
+features of shape ``[1]`` as scalars, floats as float32, integers as int64, bools as bool, image
+and video features as float32 ``[C, H, W]`` in [0, 1] (video features uint8 with
+``return_uint8=True``; image features keep their PNG bytes, videos are decoded once when the cache
+is built and stored as JPEG frames, or PNG with ``camera_codec="png"``; depth features float32
+``[1, H, W]`` in ``depth_output_unit``; a video key's window of one offset ``[C, H, W]``),
+``string`` features and language columns as LeRobot serves them (read from the data files), plus
+``timestamp`` (float32), ``frame_index``, ``episode_index``, ``index``, ``task_index`` (int64) and
+``task`` (str).
 
 ``LeRobotDataset.create`` / ``resume`` record through LeRobot's own writer (where LeRobot is
 installed); after ``finalize()`` the dataset serves what was saved.
