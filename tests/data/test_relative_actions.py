@@ -175,15 +175,16 @@ def test_stats_equal_numpy(fresh):
     assert int(stats.hist_counts.sum(1)[0]) == len(ref)
 
 
-def test_stats_of_float64_actions_equal_numpy(tmp_path):
-    """float64 values: the selection takes four 16-bit digits (four passes)."""
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_stats_of_other_dtypes_equal_numpy(tmp_path, dtype):
+    """float16 values: one 16-bit digit (a second pass for the histogram); float64: four."""
     (tmp_path / "src").mkdir()
-    build(_Source(tmp_path / "src", 6, seed=3, dtype="float64"), tmp_path / "cache",
+    build(_Source(tmp_path / "src", 6, seed=3, dtype=dtype), tmp_path / "cache",
           rate_hz=10.0, progress=False, device="cpu")
     ds = RobotDataset(tmp_path / "cache", horizon=H, relative_actions=JOINT)
-    assert ds.layout["action"].dtype == torch.float64
+    assert ds.layout["action"].dtype == getattr(torch, dtype)
     batch = ds[torch.arange(len(ds))]
-    ref = batch["action"][~batch["action_is_pad"]].numpy()
+    ref = batch["action"][~batch["action_is_pad"]].double().numpy()
     stats = relative_action_stats(ds, device="cpu", store=False)["action"]
     for q, got in ((0.01, stats.q01), (0.99, stats.q99)):
         np.testing.assert_array_equal(got.numpy(), np.quantile(ref, q, axis=0))
