@@ -270,6 +270,19 @@ def test_worker_processes_serve_the_same_batches(fresh):
     torch.testing.assert_close(got["action"], want["action"], rtol=0, atol=0)
 
 
+def test_pickled_dataset_serves_the_same(cache):
+    """What a ``spawn`` / ``forkserver`` worker gets: the spec travels, the per-device index
+    tensors do not."""
+    import pickle
+
+    ds = RobotDataset(cache, horizon=H, relative_actions={**JOINT, **EE})
+    ds[0]  # (index tensors made)
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.relative._index == {}
+    for k in ("action", "action.ee"):
+        torch.testing.assert_close(again[3][k], ds[3][k], rtol=0, atol=0)
+
+
 def test_zero_padding_stays_zero(fresh):
     relative_action_stats(fresh, JOINT, H, device="cpu")
     ds = RobotDataset(fresh, horizon=H, relative_actions=JOINT, pad="zero")
