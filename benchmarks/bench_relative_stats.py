@@ -107,11 +107,13 @@ def write_cache(root: Path, frames: int, seed: int = 0) -> int:
     return len(lengths)
 
 
-def _chunks(dataset) -> np.ndarray:
-    """Every valid relative chunk value of ``dataset``'s action (the loader's own values),
+def _chunks(dataset, device: str = "cpu") -> np.ndarray:
+    """Every valid relative chunk value of ``dataset``'s action as the loader serves it on
+    ``device`` (SE(3) chunks computed on a GPU differ from the CPU's in float32's last bits),
     float64 ``[values, 7]``: the alternative's materialized array."""
-    batch = dataset[torch.arange(len(dataset))]
-    return batch["action"][~batch["action_is_pad"]].double().numpy()
+    idx = torch.arange(len(dataset))
+    batch = (dataset if device == "cpu" else dataset.to(device))[idx.to(device)]
+    return batch["action"][~batch["action_is_pad"]].double().cpu().numpy()
 
 
 def _equal(stats, values: np.ndarray) -> bool:
@@ -159,7 +161,8 @@ def run(quick: bool = False, copy_gbps: float | None = None, frames: int | None 
                          counted=stats["action"].count * DIM, first_s=first,
                          write_cache_s=written, device=device)
             if whole:
-                chunks = _chunks(RobotDataset(cache, horizon=HORIZON, relative_actions=spec))
+                chunks = _chunks(RobotDataset(cache, horizon=HORIZON, relative_actions=spec),
+                                 device)
                 t0 = time.perf_counter()
                 ref = (chunks.mean(0), chunks.std(0), np.quantile(chunks, [0.01, 0.99], axis=0))
                 alt = time.perf_counter() - t0
@@ -176,7 +179,7 @@ def run(quick: bool = False, copy_gbps: float | None = None, frames: int | None 
             sample = RobotDataset(cache, horizon=HORIZON, relative_actions=spec,
                                   episodes=list(range(SAMPLE_EPISODES)))
             part = relative_action_stats(sample, device=device, store=False)["action"]
-            rec["equal_numpy"] = _equal(part, _chunks(sample))
+            rec["equal_numpy"] = _equal(part, _chunks(sample, device))
             rec["equal_numpy_over"] = f"first {SAMPLE_EPISODES} episodes"
             done(rec)
     return out

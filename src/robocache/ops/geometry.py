@@ -311,7 +311,8 @@ def make_pose(rotation: torch.Tensor, translation: torch.Tensor) -> torch.Tensor
     _check("make_pose", "translation", translation, (3,))
     lead = torch.broadcast_shapes(rotation.shape[:-2], translation.shape[:-1])
     top = torch.cat((rotation.expand(*lead, 3, 3), translation.expand(*lead, 3).unsqueeze(-1)), -1)
-    bottom = top.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(*lead, 1, 4)
+    bottom = torch.zeros_like(top[..., :1, :])  # no host copy: CUDA graphs capture it
+    bottom[..., 0, 3] = 1.0
     return torch.cat((top, bottom), -2)
 
 
