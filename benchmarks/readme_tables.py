@@ -248,6 +248,9 @@ ONLC = "camera 480x640 JPEG 30 Hz -> 224x224 float32, history 2"
 PRE = "benchmarks/results/preprocess-h200x4-2026-11-27-936286f.json"
 PREN = "240000ep-12s-numeric"
 RAY = "benchmarks/results/preprocess-h100x4-2026-11-28-424fcad.json"
+VID = "benchmarks/results/video-nvdec-h200-2026-12-02.json"
+REL = "benchmarks/results/relative_stats-h200-2026-12-02.json"
+MIXF = "benchmarks/results/mixture-file-h200-2026-12-02.json"
 RAYN = "120000ep-12s-numeric"
 RAY200 = "benchmarks/results/preprocess-h200x4-2026-11-27-4b4709d.json"
 RAY200N = "61966ep-12s-numeric"
@@ -300,6 +303,14 @@ def _sbs_cells(r: Results, path: str) -> str:
 
 def _opens(r: Results, name: str) -> str:
     return f"{_open_s(r, name, 'first-open'):.2f} / {_open_s(r, name, 'open'):.2f} s"
+
+
+def _vid(r: Results, codec: str, impl: str, key: str = "samples_per_s") -> float:
+    return r.case("video", f"{codec}-4cams-480x640-b32", impl)[key]
+
+
+def _mixf(r: Results, impl: str) -> float:
+    return r.case("mixture", "b256-h2-H16-99000steps-file10", impl)["samples_per_s"]
 
 
 def _mix(r: Results, kind: str) -> float:
@@ -499,6 +510,36 @@ DATA = [
                     and _sbs(r, "RoboCache Robot", "x_source") <= 1.1
                     and _sbs(r, "RoboCache Robot", "open_s")
                     <= _sbs(r, "lerobot-lancedb LanceDBDataset (forkserver)", "open_s"))]),
+    Row("video kept as video, 4 cameras 480×640 H.264 (LeRobot's settings: a keyframe every 2 "
+        "frames), windows of 8 at random positions, batch 32, one H200: GOPs decoded by NVDEC",
+        VID, lambda r: [f"**{rate(_vid(r, 'h264', 'serve-window-video'))}** samples/s = "
+                        f"{rate(_vid(r, 'h264', 'serve-window-video', 'frames_per_s'))} frames/s "
+                        f"= {_vid(r, 'h264', 'serve-window-video', 'vs_nvdec_sequential'):.0%} of "
+                        f"NVDEC's sequential {rate(_vid(r, 'h264', 'sequential-nvdec', 'frames_per_s'))}",  # noqa: E501
+                        f"CPU threads (16 cores): {rate(_vid(r, 'h264', 'serve-window-video-cpu'))}"
+                        f"; JPEG frames: {rate(_vid(r, 'h264', 'serve-window-jpeg'))}; AV1 "
+                        f"(Hopper's NVDEC lacks it, CPU threads): "
+                        f"{rate(_vid(r, 'av1', 'serve-window-video'))}"],
+        lambda r: [("≥ 70 % of NVDEC's sequential rate",
+                    _vid(r, "h264", "serve-window-video", "vs_nvdec_sequential") >= 0.7)]),
+    Row("relative-action statistics (mean, std, exact q01/q99) of 50-step chunks, 3.8M frames "
+        "of 7-D actions, one H200", REL,
+        lambda r: [f"joint **{r.ms('relative_stats', 'joint-frames3800000-H50-D7', 'robocache') / 1e3:.2f} s**, "  # noqa: E501
+                   f"SE(3) {r.ms('relative_stats', 'ee-frames3800000-H50-D7', 'robocache') / 1e3:.2f} s; "  # noqa: E501
+                   "quantiles equal NumPy's", ""],
+        lambda r: [("≤ 10 min, equal NumPy's", all(
+            r.case("relative_stats", n, "robocache")["equal_numpy"]
+            and r.ms("relative_stats", n, "robocache") <= 600e3
+            for n in ("joint-frames3800000-H50-D7", "ee-frames3800000-H50-D7")))]),
+    Row("a 10-dataset mixture from one file, batch 256, one H200", MIXF,
+        lambda r: [f"composition within **{r.case('mixture', 'b256-10000batches-10sources', 'composition')['max_dev_pp']:.3f} pp** "  # noqa: E501
+                   f"over 10,000 batches; {rate(_mixf(r, 'mixture-10'))} samples/s; with "
+                   f"prompt tokens {rate(_mixf(r, 'mixture-10+tokens'))}",
+                   f"one cache of the same rows: {rate(_mixf(r, 'single-cache'))}"],
+        lambda r: [("±1 pp", r.case("mixture", "b256-10000batches-10sources",
+                                    "composition")["max_dev_pp"] <= 1),
+                   ("≥ 0.9× one cache", _mixf(r, "mixture-10") >= 0.9 * _mixf(r, "single-cache")),
+                   ("≥ 500k samples/s with tokens", _mixf(r, "mixture-10+tokens") >= 5e5)]),
     Row("loader with Prometheus metrics on vs off", LOAD,
         lambda r: [f"{r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-on') / r.ms('loader', 'b256-h2-H16-D40', 'robocache-resident+metrics-off') - 1:+.1%} time",  # noqa: E501
                    ""],
