@@ -491,10 +491,11 @@ def _columns(episode: Episode, plan: _Plan, aligned: dict, specs: dict[str, Stre
             method = plan.inputs[name][0]
             cols[col] = _numeric_column(episode.streams[name].data, values, method, spec)
             if method == "previous":  # held after its last sample, as an event (and online)
-                pad = t < episode.streams[name].times[0]
+                pad = t < plan.inputs[name][1][0]  # its first sample, snapped onto the grid
         elif spec.kind == "event":
-            # an event holds until the next one: only steps before the first are padding
-            pad = t < episode.streams[name].times[0]
+            # an event holds until the next one: only steps before the first are padding (its
+            # time snapped onto the grid: a float32 time just after its step is at the step)
+            pad = t < plan.inputs[name][1][0]
             events = episode.streams[name].data
             ids = values[:, 0].round().astype(np.int64)
             cols[col] = np.where(pad, None, events[ids.clip(0, len(events) - 1)])

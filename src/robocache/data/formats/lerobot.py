@@ -16,9 +16,13 @@ column as a stream, which times its frames). ``dtype: "image"`` features keep th
 bytes (never re-encoded; JPEG where the structs hold JPEG; depth maps: LeRobot's uint16 or
 float32 TIFF), with the dtype and channels of the stored frames
 (read from the first one); camera shapes declared channel-first (``[C, H, W]``, older
-datasets) are read as ``[H, W, C]``. LeRobot's language columns (``dtype: "language"``) are not
-streams (:class:`robocache.LeRobotDataset` serves them from the data files); a feature of a
-dtype not known here is left out, said once in one line, and the rest read.
+datasets) are read as ``[H, W, C]``. LeRobot's language columns (``dtype: "language"``:
+``language_persistent``, ``language_events``, lists of message rows per frame, as
+``lerobot-annotate`` writes them) are read as string event streams
+``language.<style>.<role>`` (:func:`language_columns`), which a cache holds as it holds
+``string`` features (the latest message so far, and its age); :class:`robocache.LeRobotDataset`
+serves the columns themselves from the data files. A feature of a dtype not known here is left
+out, said once in one line, and the rest read.
 Video features are referenced by file and timestamp and decoded
 only on request (:func:`robocache.data.formats.video.decode_frames`): as RGB, or, for a depth
 video (``is_depth_map``), as its 12-bit grey codes (uint16 ``[H, W, 1]``).
@@ -119,6 +123,72 @@ def _known(dtype) -> bool:
         return isinstance(dtype, str) and np.dtype(dtype).kind in "biuf"
     except TypeError:
         return False
+
+
+# LeRobot's language columns: message rows holding from their own time / emitted at their frame
+PERSISTENT, EVENTS = "language_persistent", "language_events"
+
+
+def language_columns(table: pa.Table, names: set[str]) -> dict[str, pa.Array]:
+    """The string columns ``language.<style>.<role>`` in ``names`` (null where no message)
+    of a data table's rows (in ``index`` order, with ``episode_index`` and ``timestamp``)
+    from its LeRobot language columns, as LeRobot's recipes resolve them at each frame:
+
+    - a persistent row (``language_persistent``: every frame of an episode lists all of the
+      episode's) is placed at the episode's first frame at or after its own ``timestamp``,
+      so that the latest message so far at a frame is LeRobot's ``active_at(t, style=...,
+      role=...)`` there (rows of one style and role at one time: the last listed);
+    - an event row (``language_events``: the rows emitted at that frame) is placed at its
+      frame, as ``emitted_at`` finds it (several of one style and role: the last listed).
+
+    View-dependent rows of different cameras share their style's stream."""
+    n = len(table)
+    out: dict[str, list] = {name: [None] * n for name in names}
+    if not n:
+        return {k: pa.array(v, pa.string()) for k, v in out.items()}
+
+    def put(row: int, message: dict) -> None:
+        key = f"language.{message.get('style')}.{message.get('role')}"
+        if key in out and message.get("content") is not None:
+            out[key][row] = str(message["content"])
+
+    times = table.column("timestamp").to_numpy().astype(np.float64)
+    episodes = table.column("episode_index").to_numpy()
+    if PERSISTENT in table.column_names:
+        col = table.column(PERSISTENT)
+        starts = np.flatnonzero(np.r_[True, episodes[1:] != episodes[:-1]])
+        for lo, hi in zip(starts, np.r_[starts[1:], n], strict=True):
+            for message in sorted(col[int(lo)].as_py() or [],
+                                  key=lambda m: float(m.get("timestamp") or 0.0)):
+                at = lo + int(np.searchsorted(times[lo:hi],
+                                              float(message.get("timestamp") or 0.0) - 1e-6))
+                if at < hi:
+                    put(int(at), message)
+    if EVENTS in table.column_names:
+        col = table.column(EVENTS)
+        lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+        for row in np.flatnonzero(lengths).tolist():
+            for message in col[row].as_py():
+                put(row, message)
+    return {k: pa.array(v, pa.string()) for k, v in out.items()}
+
+
+def _language_keys(paths: list[Path]) -> list[str]:
+    """The ``language.<style>.<role>`` streams of LeRobot language columns in data files."""
+    keys: set[str] = set()
+    for path in paths:
+        file = pq.ParquetFile(path)
+        have = [c for c in (PERSISTENT, EVENTS) if c in file.schema_arrow.names]
+        for batch in file.iter_batches(columns=have) if have else ():
+            for name in have:
+                flat = pc.list_flatten(batch.column(name))
+                if len(flat):
+                    pairs = pa.Table.from_arrays([flat.field("style"), flat.field("role")],
+                                                 ["s", "r"]).group_by(["s", "r"]).aggregate([])
+                    keys.update(f"language.{s}.{r}" for s, r in zip(
+                        pairs.column("s").to_pylist(), pairs.column("r").to_pylist(),
+                        strict=True))
+    return sorted(keys)
 
 
 def _spec(name: str, feature: dict, fps: float,
@@ -341,6 +411,7 @@ class LeRobotSource:
         self._paths: dict[str, Path] = {}
         self._tables: dict[str, object] = {}  # the Lance layout's tables, opened on first use
         self._videos: dict[tuple[str, int, int], tuple[int, int]] | None = None
+        self._language: set[str] = set()  # LeRobot language columns' streams (set below)
         self._episodes = self._read_episodes()
         self._tasks = self._read_tasks()
         self._first_rows = self._file_starts()
@@ -361,6 +432,12 @@ class LeRobotSource:
             stored = self._stored_formats(images)
             self.specs = {k: _spec(k, f, self.fps, stored.get(k)) for k, f in features.items()
                           if k not in INDEX_COLUMNS and k not in self.unread}
+            # LeRobot's language columns as string streams, one per style and role present
+            if not self.lance and "language" in self.unread.values():
+                self._language = set(_language_keys(list(dict.fromkeys(
+                    self._data_path(e) for e in self._episodes))))
+                self.specs.update({k: StreamSpec(k, "event", "str", (), None)
+                                   for k in sorted(self._language)})
             if all(s.kind == "event" for s in self.specs.values()):
                 # only strings (or nothing) to read: the frames timed by their frame_index
                 self.specs["frame_index"] = StreamSpec("frame_index", "numeric", "int64", (),
@@ -558,13 +635,23 @@ class LeRobotSource:
         every episode in it with the same reason (without reading it again)."""
         if path in self._bad_files:
             raise DataError(self._bad_files[path])
+        language = self._language if columns is None else self._language.intersection(columns)
         try:
             file = pq.ParquetFile(path)
             if columns is not None:
                 have = set(file.schema_arrow.names)
-                columns = [c for c in dict.fromkeys(columns) if c in have]
+                columns = [c for c in dict.fromkeys(
+                    [*columns, *((PERSISTENT, EVENTS) if language else ())]) if c in have]
             batches = list(file.iter_batches(batch_size=READ_BATCH_ROWS, columns=columns))
-            return pa.Table.from_batches(batches) if batches else file.read(columns=columns)
+            table = pa.Table.from_batches(batches) if batches else file.read(columns=columns)
+            if not language:
+                return table
+            derived = language_columns(table, language)
+            table = table.drop_columns([c for c in (PERSISTENT, EVENTS)
+                                        if c in table.column_names])
+            for name, col in derived.items():
+                table = table.append_column(name, col)
+            return table
         except (pa.ArrowException, OSError) as e:
             self._bad_files[path] = f"{path} is unreadable ({type(e).__name__}: {e})"
             raise DataError(self._bad_files[path]) from e
