@@ -448,3 +448,16 @@ def test_cli(fresh):
         res = runner.invoke(app, ["stats", str(fresh), *args])
         assert res.exit_code == 2, res.output
         assert text in res.output and res.output.count("\n") == 1
+
+
+def test_extra_action_dims_listed_absolute_pair_the_rest_with_the_state_in_order():
+    """An 8-D action (7 joints and a gripper) against a 7-D state: the gripper listed in
+    ``absolute_dims`` is enough, the joints pair with the state's dimensions in order."""
+    from robocache.data.relative import parse
+
+    fields = {"action": (8, True, False), "observation.state": (7, True, False)}
+    got = parse({"action": {"mode": "joint", "state": "observation.state",
+                            "absolute_dims": [7]}}, fields, ["action"])
+    assert got["action"].state_dims == tuple(range(7))
+    with pytest.raises(DataError, match="pass `state_dims`"):
+        parse({"action": {"mode": "joint", "state": "observation.state"}}, fields, ["action"])

@@ -18,7 +18,9 @@ Per action key, one entry (:func:`parse`):
   whatever that key's own window).
 - ``absolute_dims`` (default none): action dimensions served as stored (a gripper).
 - ``state_dims`` (default: the relative dimensions' own indices, when the state is as wide as
-  the action): the state dimension paired with each relative action dimension, in order.
+  the action; the state's dimensions in order, when it is as wide as the relative dimensions,
+  e.g. a gripper listed in ``absolute_dims``): the state dimension paired with each relative
+  action dimension, in order.
 - ``rotation`` (``ee`` / ``base``; default ``"auto"``): ``"rotvec"`` (axis * angle, 3),
   ``"quat"`` (wxyz, 4), ``"quat_xyzw"`` (4), ``"rot6d"`` (6), ``"matrix"`` (row-major, 9) or
   ``"euler_<order>"`` (SciPy's order, e.g. ``"euler_xyz"``, 3). ``"auto"`` reads it off the
@@ -200,6 +202,8 @@ def parse(spec: Mapping[str, Any] | None, fields: Mapping[str, tuple[int, bool, 
                                f"{state!r} ({state_width} values)")
         elif state_width == width:
             state_dims = dims
+        elif len(dims) == state_width:  # the action's extra dims listed absolute: in order
+            state_dims = tuple(range(state_width))
         else:
             _fail(key, f"is {width} values wide but its state {state!r} is {state_width}; "
                   "pass `state_dims` (the state dimension of each relative action dimension, "
