@@ -34,6 +34,10 @@ def video_cache(request, tmp_path_factory):
     return request.param, dest
 
 
+def served_key(ds: RobotDataset, key: str, idx: torch.Tensor) -> np.ndarray:
+    return ds[idx][key][:, -1].permute(0, 2, 3, 1).numpy()
+
+
 def served(ds: RobotDataset, idx: torch.Tensor) -> np.ndarray:
     return ds[idx][CAM][:, -1].permute(0, 2, 3, 1).numpy()
 
@@ -181,3 +185,54 @@ def test_frame_timing_is_lerobots(tmp_path, case, camera_codec):
     # JPEG q95: each frame LeRobot's own frame within the codec's loss, not a neighbour's
     err = ((got.astype(float) - frames[rows]) ** 2).mean(axis=(1, 2, 3))
     assert (10 * np.log10(255 ** 2 / np.maximum(err, 1e-12)) > 35).all()
+
+
+def test_raw_frames_are_encoded_once_as_h264(tmp_path):
+    """A zarr camera of raw frames with ``camera_codec="video"``: encoded once (H.264, a
+    keyframe every 2 frames), served as each stored packet decodes (exactly), close to the
+    source pixels, in a few of JPEG's bytes; an odd-sized camera is stored as JPEG."""
+    import av
+    import lance
+    import pyarrow as pa
+    import pyarrow.compute  # noqa: F401
+    import zarr
+
+    y, x = np.mgrid[0:48, 0:64]
+    rgb = np.stack([np.stack([(x * 4 + 3 * i) % 256, (y * 5 + i) % 256,
+                              np.full_like(x, 60 + i)], -1) for i in range(10)]).astype(np.uint8)
+    odd = rgb[:, :47, :63]
+    root = zarr.open_group(str(tmp_path / "rb.zarr"), mode="w", zarr_format=2)
+    root.create_array("data/camera", data=rgb)
+    root.create_array("data/odd", data=np.ascontiguousarray(odd))
+    root.create_array("data/state", data=np.arange(20, dtype=np.float32).reshape(10, 2))
+    root.create_array("meta/episode_ends", data=np.array([4, 10]))
+    m = build(tmp_path / "rb.zarr", tmp_path / "c", progress=False, device="cpu",
+              source_options={"fps": 10.0}, camera_codec="video")
+    assert m["streams"]["camera"]["codec"] == "video" and "h264" in m["streams"]["camera"][
+        "encoder"]
+    assert m["streams"]["odd"]["codec"] == "jpeg"
+    ds = RobotDataset(tmp_path / "c", keys=["camera"], image_dtype=torch.uint8)
+    got = served_key(ds, "camera", torch.arange(len(ds)))
+    table = lance.dataset(str(tmp_path / "c" / "frames" / "camera.lance")).to_table()
+    table = table.sort_by([("episode_index", "ascending"), ("frame", "ascending")])
+    assert table.column("codec")[0].as_py() == "h264"
+    np.testing.assert_array_equal(table.column("timestamp").to_numpy(),
+                                  np.r_[np.arange(4), np.arange(6)] / 10.0)
+    want = []
+    for e in (0, 1):  # each episode's packets, decoded by FFmpeg as they are stored
+        rows = table.filter(pa.compute.equal(table.column("episode_index"), e))
+        ctx = av.CodecContext.create("h264", "r")
+        ctx.extradata = rows.column("extradata")[0].as_py()
+        frames = []
+        for data, pts, dts in zip(rows.column("encoded").to_pylist(),
+                                  rows.column("pts").to_pylist(),
+                                  rows.column("dts").to_pylist(), strict=True):
+            packet = av.Packet(data)
+            packet.pts, packet.dts = pts, dts
+            frames += ctx.decode(packet)
+        frames += ctx.decode(None)
+        want += [f.to_ndarray(format="rgb24") for f in sorted(frames, key=lambda f: f.pts)]
+    np.testing.assert_array_equal(got, np.stack(want))
+    err = ((got.astype(float) - rgb) ** 2).mean()
+    assert 10 * np.log10(255 ** 2 / err) > 30
+    assert sum(len(b) for b in table.column("encoded").to_pylist()) < rgb.nbytes / 10

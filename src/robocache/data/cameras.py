@@ -645,7 +645,7 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
             (the message is the episode's quarantine reason).
     """
     from robocache.data.build.encode import kept_as_video
-    from robocache.data.video_store import packet_table
+    from robocache.data.video_store import encoded_table, packet_table
 
     sizes = sizes or {}
     tables, pending = {}, {}
@@ -657,6 +657,16 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
         if spec.kind not in ("image", "video") or s is None:
             continue
         if not (spec.kind == "video" and s.video is not None and s.data is None):
+            if video and kept_as_video(spec, "video"):  # raw frames encoded once, H.264
+                if len(s) == 0:
+                    raise DataError(f"episode {episode.index}: stream {name!r} has no "
+                                    "samples.")
+                source = episode.meta.get("source_frame", {}).get(
+                    name, np.arange(len(s), dtype=np.int64))
+                tables[name] = encoded_table(episode.index, np.asarray(s.data), s.times,
+                                             source, spec.rate_hz,
+                                             f"episode {episode.index}: stream {name!r}")
+                continue
             tables[name] = frames_table(episode, name, spec, fmt, sizes.get(name))
             continue
         if len(s) == 0:

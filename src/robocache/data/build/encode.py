@@ -26,11 +26,14 @@ def frame_format(config: CacheConfig) -> FrameFormat:
 
 
 def kept_as_video(spec: StreamSpec, codec: str) -> bool:
-    """Whether camera ``spec`` is stored as its source's video (``codec`` ``"video"``): an RGB
-    video stream. Other cameras of such a build are stored as JPEG (a source's own JPEG/PNG
-    bytes kept as they come)."""
-    return codec == "video" and spec.kind == "video" and spec.dtype == "uint8" and \
-        len(spec.shape) == 3 and spec.shape[2] == 3
+    """Whether camera ``spec`` is stored as video (``codec`` ``"video"``): an RGB video stream
+    (its source's packets), or RGB raw frames of even size (encoded once, H.264:
+    :func:`robocache.data.video_store.encoded_table`). Other cameras of such a build are
+    stored as JPEG (a source's own JPEG/PNG bytes kept as they come)."""
+    rgb = spec.dtype == "uint8" and len(spec.shape) == 3 and spec.shape[2] == 3
+    raw = spec.kind == "image" and spec.encoding is None and rgb and \
+        spec.shape[0] % 2 == 0 and spec.shape[1] % 2 == 0
+    return codec == "video" and ((spec.kind == "video" and rgb) or raw)
 
 
 def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
@@ -39,7 +42,10 @@ def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
     if spec.kind not in ("image", "video"):
         return {}
     if kept_as_video(spec, config.camera_codec):
-        return {"codec": "video", "quality": None}
+        from robocache.data.video_store import RAW_ENCODER
+
+        return {"codec": "video", "quality": None} if spec.kind == "video" else \
+            {"codec": "video", "quality": None, "encoder": RAW_ENCODER}
     size = stored_size(spec, config)
     kept = spec.encoding if size is None else None  # a source's own bytes, unless resized
     codec = kept or ("png" if spec.dtype == "uint16" else
