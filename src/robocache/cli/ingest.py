@@ -215,8 +215,8 @@ def ingest(
     = None,
     camera_codec: Annotated[str, typer.Option(
         help="Camera frames as jpeg (GPU-decodable), png (lossless) or video (a video "
-             "camera's packets kept as they are, decoded per batch; other cameras jpeg); "
-             "depth is always png.")]
+             "camera's packets kept as they are, raw RGB frames encoded once to H.264; "
+             "decoded per batch; a source's own JPEG/PNG kept); depth is always png.")]
     = "jpeg",
     camera_quality: CameraQualityOpt = 95,
     camera_chroma: CameraChromaOpt = "444",
