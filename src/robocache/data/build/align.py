@@ -146,10 +146,7 @@ def snap_many(times: list[np.ndarray], grids: list[np.ndarray], tolerance_s: flo
         return out
     if len(rows) == 1:  # one stream (an online message): NumPy's search, no padded rows
         b = rows[0]
-        x, t = times[b], grids[b]
-        j = np.clip(np.searchsorted(t, x), 1, max(len(t) - 1, 1))
-        lo = t[j - 1]
-        moved, close = _nearest(x, lo, t[j] if len(t) > 1 else lo, tolerance_s)
+        moved, close = _nearest(times[b], *_around(times[b], grids[b]), tolerance_s)
         if close.all() or not all_or_none:
             out[b] = moved
         return out
@@ -170,6 +167,14 @@ def snap_many(times: list[np.ndarray], grids: list[np.ndarray], tolerance_s: flo
         if whole[r] or not all_or_none:
             out[b] = moved[r, :nx[r]]
     return out
+
+
+def _around(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The instants of the sorted grid ``t`` (non-empty) on each side of each sample ``x``:
+    ``(lo, hi)``, clamped to the grid's ends (both its one instant for a grid of one)."""
+    j = np.clip(np.searchsorted(t, x), 1, max(len(t) - 1, 1))
+    lo = t[j - 1]
+    return lo, (t[j] if len(t) > 1 else lo)
 
 
 def _nearest(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, tolerance_s: float
@@ -386,13 +391,12 @@ def _check_frames(episode: Episode, name: str, times: np.ndarray, t: np.ndarray,
     """
     if not len(times):
         return
-    at = np.clip(np.searchsorted(times, t), 1, max(len(times) - 1, 1))
-    before = times[at - 1] if len(times) > 1 else times[at * 0]
-    after = times[at] if len(times) > 1 else before
-    nearest = np.where(np.abs(after - t) < np.abs(t - before), after, before)
-    far = np.flatnonzero(np.abs(nearest - t) > tolerance_s)
+    lo, hi = _around(t, times)  # the steps are the samples here, the frames the instants
+    _, close = _nearest(t, lo, hi, tolerance_s)
+    far = np.flatnonzero(~close)
     if far.size:
         k = int(far[0])
+        nearest = lo if abs(t[k] - lo[k]) <= abs(hi[k] - t[k]) else hi
         raise DataError(f"episode {episode.index}: camera {name!r} has no frame within "
                         f"{tolerance_s:g} s of step {k} (t = {float(t[k]):.4f} s; the nearest "
                         f"is at {float(nearest[k]):.4f} s; {far.size} of {len(t)} steps have "
