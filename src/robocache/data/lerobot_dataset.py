@@ -58,7 +58,7 @@ from robocache._optional import require
 from robocache.data.dataset import RobotDataset
 from robocache.data.jpeg import DEFAULT_CHROMA, DEFAULT_QUALITY
 from robocache.data.jpeg import check as check_jpeg
-from robocache.data.lerobot_meta import LeRobotDatasetMetadata
+from robocache.data.lerobot_meta import LeRobotDatasetMetadata, lerobot_part
 from robocache.errors import DataError
 
 Batch = dict[str, Any]
@@ -869,15 +869,10 @@ def _lerobot_class(call: str):
 
     Raises:
         ImportError: LeRobot is not installed (the message says what to do)."""
-    try:
-        from lerobot.datasets.lerobot_dataset import LeRobotDataset as lerobot
-    except ImportError as e:
-        raise ImportError(f"robocache.LeRobotDataset.{call}() records through LeRobot's own "
-                          f"writer, and LeRobot is not installed here ({e}); install it "
-                          "(`pip install lerobot`: Python >= 3.12), or record with LeRobot "
-                          "elsewhere and read the dataset with robocache.LeRobotDataset(repo_id, "
-                          "root=...).") from e
-    return lerobot
+    return lerobot_part("lerobot.datasets.lerobot_dataset", "LeRobotDataset",
+                        f"robocache.LeRobotDataset.{call}() records through LeRobot's own "
+                        "writer", ", or record with LeRobot elsewhere and read the dataset with "
+                        "robocache.LeRobotDataset(repo_id, root=...)")
 
 
 def _on_disk(repo_id: str, root: str | Path | None, revision: str | None) -> bool:
@@ -916,19 +911,18 @@ def _lerobot_reader(ds: LeRobotDataset):
 
     Raises:
         ImportError: LeRobot is not installed (the message says what to do)."""
-    try:
-        from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata as Metadata
-        from lerobot.datasets.dataset_reader import DatasetReader
-        from lerobot.utils.import_utils import get_safe_default_video_backend
-    except ImportError as e:
-        raise ImportError(f"robocache.LeRobotDataset.reader is LeRobot's own DatasetReader, and "
-                          f"LeRobot is not installed here ({e}); install it (`pip install "
-                          "lerobot`: Python >= 3.12), or read items through the dataset "
-                          "itself.") from e
-    reader = DatasetReader(
-        meta=Metadata(ds.repo_id, root=ds.root, revision=ds.revision), root=ds.root,
+    why = "robocache.LeRobotDataset.reader is LeRobot's own DatasetReader"
+    instead = ", or read items through the dataset itself"
+    metadata = lerobot_part("lerobot.datasets.dataset_metadata", "LeRobotDatasetMetadata",
+                            why, instead)
+    dataset_reader = lerobot_part("lerobot.datasets.dataset_reader", "DatasetReader", why,
+                                  instead)
+    default_backend = lerobot_part("lerobot.utils.import_utils",
+                                   "get_safe_default_video_backend", why, instead)
+    reader = dataset_reader(
+        meta=metadata(ds.repo_id, root=ds.root, revision=ds.revision), root=ds.root,
         episodes=ds.episodes, tolerance_s=ds.tolerance_s,
-        video_backend=ds.video_backend or get_safe_default_video_backend(),
+        video_backend=ds.video_backend or default_backend(),
         delta_timestamps=ds.delta_timestamps, image_transforms=ds.image_transforms,
         return_uint8=ds.return_uint8, depth_output_unit=ds.depth_output_unit)
     reader.try_load()

@@ -34,6 +34,21 @@ def lerobot_home() -> Path:
     return Path(os.environ.get("HF_LEROBOT_HOME", Path(hf_home) / "lerobot")).expanduser()
 
 
+def lerobot_part(module: str, name: str, why: str, instead: str = "") -> Any:
+    """LeRobot's own ``module.name``, for what LeRobot itself does (``why``: the sentence
+    that says so; ``instead``: what to do without LeRobot, after the install advice).
+
+    Raises:
+        ImportError: LeRobot is not installed (the message says what to do)."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise ImportError(f"{why}, and LeRobot is not installed here ({e}); install it (`pip "
+                          f"install lerobot`: Python >= 3.12){instead}.") from e
+
+
 def find_root(repo_id: str, root: str | Path | None = None,
               revision: str | None = None) -> Path:
     """The local directory of dataset ``repo_id``: ``root`` when given; else
@@ -314,12 +329,8 @@ class LeRobotDatasetMetadata:
 
         Raises:
             ImportError: LeRobot is not installed (the message says what to do)."""
-        try:
-            from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata as lerobot
-        except ImportError as e:
-            raise ImportError(f"update_video_info probes videos with LeRobot's own code, and "
-                              f"LeRobot is not installed here ({e}); install it (`pip install "
-                              "lerobot`: Python >= 3.12).") from e
+        lerobot = lerobot_part("lerobot.datasets.dataset_metadata", "LeRobotDatasetMetadata",
+                               "update_video_info probes videos with LeRobot's own code")
         lerobot.update_video_info(self, video_key, video_encoder, preserve_keys)
         self.edits += 1
 
