@@ -37,7 +37,8 @@ import torch
 # FFmpeg's decoder name -> PyNvVideoCodec's codec
 CODECS = {"h264": "H264", "hevc": "HEVC"}
 # decoders working at once for one batch (on an H200, 480x640 H.264 windows: 4 decoders
-# 3,745 distinct frames/s, 8 decoders 2,465)
+# 2,743 distinct frames/s against 8 decoders' 2,465 in the same run;
+# benchmarks/results/nvdec-serve-variants-h200-2026-12-02.json)
 THREADS = 4
 #: Whether a batch served on a CUDA device decodes its H.264/HEVC GOPs with NVDEC (True, the
 #: default, where PyNvVideoCodec is installed) or on CPU threads (False: the same pixels; for
@@ -162,10 +163,11 @@ _END_OF_SEQUENCE = {"h264": _START + b"\x0a", "hevc": _START + b"\x48\x01"}
 def _decode_run(decoder, stream, jobs: list) -> None:
     """Feed ``jobs``' GOPs (one codec) to ``decoder`` as one stream, each GOP ended by an
     end-of-sequence NAL unit (the next keyframe starts a new sequence), the run by NVDEC's
-    end of stream (one wait for the last frames, not one per GOP: 1,635 against 2,743 frames/s
-    on an H200); each packet's ``pts`` its frame's number in the run in display order, which
-    the frame it decodes to carries back (NVDEC hands the decoded frames the packets' times
-    sorted, so times in decode order would name B-frames wrongly)."""
+    end of stream (one wait for the last frames, not one per GOP: 2,465 against 1,635 frames/s
+    with 8 decoders on an H200, nvdec-serve-variants-h200-2026-12-02.json); each packet's
+    ``pts`` its frame's number in the run in display order, which the frame it decodes to
+    carries back (NVDEC hands the decoded frames the packets' times sorted, so times in
+    decode order would name B-frames wrongly)."""
     import PyNvVideoCodec as nvc
 
     wanted: dict[int, tuple[torch.Tensor, int]] = {}
