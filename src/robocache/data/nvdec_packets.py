@@ -15,9 +15,9 @@ every conforming decoder gives exactly, and the conversion is
 :mod:`robocache.reference.yuv`'s.
 
 Several decoders run at once on threads (one per task; a task decodes its share of the GOPs
-one after the other): an H200 decodes 480x640 H.264 front to back at about 1,900 frames/s on
-one decoder and 6,100 on four. Decoders live on in the process that made them, one pool per
-GPU and codec.
+one after the other): four decoders on an H200 decode 480x640 H.264 front to back at 6,107
+frames/s (benchmarks/results/video-nvdec-h200-2026-12-02.json). Decoders live on in the
+process that made them, one pool per GPU and codec.
 
 Only H.264 and HEVC, 8-bit 4:2:0, even sizes go to NVDEC (the combinations tested exact);
 AV1 (LeRobot's default codec) is not decodable by the NVDEC of Hopper GPUs (H100/H200,
