@@ -28,6 +28,8 @@ LeRobot's PyAV decode gives, bit for bit.
 
 from __future__ import annotations
 
+import functools
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -46,6 +48,102 @@ def _av():
     return require("av", "video", "Reading video streams")
 
 
+# ``packet_table`` reads an MP4's packets from its sample table (robocache.data.mp4) where
+# the file's first packets agree with PyAV's demuxer; False: always through the demuxer
+MP4_INDEX = True
+# packets compared with PyAV's demuxer before a file's sample table is trusted
+CHECKED_PACKETS = 2 * REORDER_PACKETS
+
+
+def _indexed(path, container, stream):
+    """``path``'s sample table (:func:`robocache.data.mp4.video_track`) when it describes
+    the stream PyAV opened (same time base and packet count) and its first
+    :data:`CHECKED_PACKETS` packets are PyAV's (times, keyframe flags, sizes); else ``None``
+    (the caller demuxes). Moves ``container``'s read position."""
+    from fractions import Fraction
+
+    from robocache.data.mp4 import video_track
+
+    track = video_track(path) if MP4_INDEX else None
+    if track is None or stream.time_base != Fraction(1, track.timescale) or \
+            stream.frames != len(track.pts):
+        return None
+    k = 0
+    for packet in container.demux(stream):
+        if k == CHECKED_PACKETS or k == len(track.pts):
+            break
+        if not packet.size:
+            continue
+        if (packet.pts, packet.dts, bool(packet.is_keyframe), packet.size) != (
+                track.pts[k], track.dts[k], track.key[k], track.size[k]):
+            return None
+        k += 1
+    return track
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What :func:`packet_table` needs of a video file beyond its packets."""
+
+    codec: str  # FFmpeg's decoder name
+    extradata: bytes  # the stream's codec configuration
+    time_base: float  # seconds a tick of pts and dts
+    rate: float | None  # FFmpeg's average frame rate
+    size: tuple[int, int]  # height, width
+    track: object  # robocache.data.mp4.Track, or None: demuxed by PyAV
+
+
+@functools.lru_cache(maxsize=64)
+def _source(path: str, size: int, mtime_ns: int, mp4: bool) -> _Source:
+    """``path``'s :class:`_Source`, read once a process while the file is unchanged (a
+    LeRobot v3.0 file holds many episodes); ``mp4``: its sample table where trusted."""
+    with _av().open(path) as container:
+        stream = container.streams.video[0]
+        ctx = stream.codec_context
+        return _Source(ctx.name, bytes(ctx.extradata or b""), float(stream.time_base),
+                       float(stream.average_rate or 0) or None, (ctx.height, ctx.width),
+                       _indexed(path, container, stream) if mp4 else None)
+
+
+def _demuxed(container, stream, start_s: float, end_s: float, tolerance_s: float,
+             tb: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[bytes]]:
+    """Packets of ``stream`` from the keyframe before ``start_s`` (file seconds) to
+    :data:`REORDER_PACKETS` past ``end_s``, by PyAV's demuxer: pts, dts, keyframe flags and
+    bytes, in decode order."""
+    pts, dts, keys, data = [], [], [], []
+    if start_s > 0:
+        container.seek(int(start_s / tb), stream=stream, backward=True)
+    after = 0
+    for packet in container.demux(stream):
+        if packet.pts is None or not packet.size:
+            continue
+        if packet.pts * tb > end_s + tolerance_s:
+            after += 1
+            if after >= REORDER_PACKETS:
+                break
+        pts.append(packet.pts)
+        dts.append(packet.dts if packet.dts is not None else packet.pts)
+        keys.append(bool(packet.is_keyframe))
+        data.append(bytes(packet))
+    return (np.asarray(pts, np.int64), np.asarray(dts, np.int64), np.asarray(keys, bool),
+            data)
+
+
+def _span(track, start_s: float, end_s: float, tolerance_s: float, tb: float) -> np.ndarray:
+    """The packets :func:`_demuxed` gives for the same span, as indices into ``track``: from
+    the last keyframe whose decode time is at or before ``start_s`` (where FFmpeg's backward
+    seek in an MP4 lands) to :data:`REORDER_PACKETS` past ``end_s``."""
+    first = 0
+    if start_s > 0:
+        before = np.flatnonzero(track.key & (track.dts <= int(start_s / tb)))
+        first = int(before[-1]) if len(before) else 0
+    pick = np.arange(first, len(track.pts))
+    pick = pick[track.size[pick] > 0]
+    late = track.pts[pick] * tb > end_s + tolerance_s
+    stop = np.flatnonzero(late & (np.cumsum(late) >= REORDER_PACKETS))
+    return pick[:stop[0]] if len(stop) else pick
+
+
 def packet_table(episode: int, path, start_s: float, end_s: float, tolerance_s: float,
                  shape: tuple[int, ...], where: str):
     """The frames table of the video ``path``'s span ``[start_s, end_s]`` (file seconds) kept as
@@ -60,32 +158,21 @@ def packet_table(episode: int, path, start_s: float, end_s: float, tolerance_s: 
 
     pa = require("pyarrow", "data", "Arrow tables")
     av = _av()
-    pts, dts, keys, data = [], [], [], []
     try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            ctx = stream.codec_context
-            tb = float(stream.time_base)
-            rate = float(stream.average_rate or 0) or None
-            codec, extradata = ctx.name, bytes(ctx.extradata or b"")
-            _check_shape((ctx.height, ctx.width, 3), shape, where)
-            if start_s > 0:
-                container.seek(int(start_s / tb), stream=stream, backward=True)
-            after = 0
-            for packet in container.demux(stream):
-                if packet.pts is None or not packet.size:
-                    continue
-                if packet.pts * tb > end_s + tolerance_s:
-                    after += 1
-                    if after >= REORDER_PACKETS:
-                        break
-                pts.append(packet.pts)
-                dts.append(packet.dts if packet.dts is not None else packet.pts)
-                keys.append(bool(packet.is_keyframe))
-                data.append(bytes(packet))
+        st = os.stat(path)
+        src = _source(os.fspath(path), st.st_size, st.st_mtime_ns, MP4_INDEX)
+        _check_shape((*src.size, 3), shape, where)
+        codec, extradata, tb, rate, track = (src.codec, src.extradata, src.time_base,
+                                             src.rate, src.track)
+        if track is None:
+            with av.open(str(path)) as container:
+                pts_a, dts_a, keys_a, data = _demuxed(container, container.streams.video[0],
+                                                      start_s, end_s, tolerance_s, tb)
+        else:  # the same packets from the file's sample table
+            pick = _span(track, start_s, end_s, tolerance_s, tb)
+            pts_a, dts_a, keys_a = track.pts[pick], track.dts[pick], track.key[pick]
     except (av.error.FFmpegError, OSError, IndexError) as e:
         raise DataError(f"video {path}: cannot read ({type(e).__name__}: {e}).") from e
-    pts_a, keys_a = np.asarray(pts, np.int64), np.asarray(keys, bool)
     t_all = pts_a * tb
     inside = (t_all >= start_s - tolerance_s) & (t_all <= end_s + tolerance_s)
     gop = _closed_gops(pts_a, keys_a)
@@ -95,9 +182,16 @@ def packet_table(episode: int, path, start_s: float, end_s: float, tolerance_s: 
     past = t_all[t_all > end_s + tolerance_s]
     _check_span(path, times, end_s, tolerance_s, rate, float(past.min()) if len(past) else None)
     n = len(order)
+    if track is None:
+        encoded = pa.array([data[i] for i in order], pa.binary())
+    else:
+        try:
+            buf, offsets = track.read(path, pick[order])
+        except OSError as e:
+            raise DataError(f"video {path}: cannot read ({type(e).__name__}: {e}).") from e
+        encoded = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(
+            offsets.astype(np.int32)), pa.py_buffer(buf)])
     # each frame's GOP as the frame number of its first (display-order) frame
-    frame_of = np.full(len(pts), -1, np.int64)
-    frame_of[order] = np.arange(n)
     first = np.full(gop.max() + 1 if len(gop) else 0, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(first, gop[order], np.arange(n))
     head = [None] * n
@@ -108,8 +202,7 @@ def packet_table(episode: int, path, start_s: float, end_s: float, tolerance_s: 
     table = pa.table({
         "episode_index": np.full(n, episode, np.int64), "frame": np.arange(n, dtype=np.int64),
         "source_frame": _frame_numbers(t, rate), "timestamp": t,
-        "encoded": pa.array([data[i] for i in order], pa.binary()),
-        "pts": pts_a[order], "dts": np.asarray(dts, np.int64)[order],
+        "encoded": encoded, "pts": pts_a[order], "dts": dts_a[order],
         "gop": first[gop[order]], "codec": pa.array(head, pa.string()),
         "extradata": pa.array(configs, pa.binary())})
     return table, t, _frame_numbers(t, rate)
@@ -187,18 +280,26 @@ def _check_whole(gop: np.ndarray, inside: np.ndarray, keys: np.ndarray, where: s
     """
     if not inside.any():
         return
-    touched = np.unique(gop[inside])
-    for g in touched.tolist():
-        members = np.flatnonzero(gop == g)
-        if not inside[members[0]] or not keys[members[0]]:
-            raise DataError(f"{where}: its span of the video starts inside a group of "
-                            "pictures (its first frame is not a keyframe), so it cannot be "
-                            "kept as video; ingest with --camera-codec jpeg.")
-        within = members[inside[members]]
-        if (~inside[members] & (members < within[-1])).any():
-            raise DataError(f"{where}: frames of its span of the video need packets shown "
-                            "after it (a group of pictures crosses its end), so it cannot be "
-                            "kept as video; ingest with --camera-codec jpeg.")
+    at = np.arange(len(gop))  # GOP numbers are 0.. in decode order (each GOP's packets together)
+    groups = int(gop.max()) + 1
+    first = np.searchsorted(gop, np.arange(groups))
+    touched = np.zeros(groups, bool)
+    touched[gop[inside]] = True
+    starts_inside = touched & ~(inside[first] & keys[first])
+    last_inside = np.full(groups, -1, np.int64)
+    np.maximum.at(last_inside, gop[inside], at[inside])
+    crosses = np.zeros(groups, bool)
+    crosses[gop[touched[gop] & ~inside & (at < last_inside[gop])]] = True
+    bad = np.flatnonzero(starts_inside | crosses)
+    if not len(bad):
+        return
+    if starts_inside[bad[0]]:  # the first GOP at fault, its first fault
+        raise DataError(f"{where}: its span of the video starts inside a group of "
+                        "pictures (its first frame is not a keyframe), so it cannot be "
+                        "kept as video; ingest with --camera-codec jpeg.")
+    raise DataError(f"{where}: frames of its span of the video need packets shown "
+                    "after it (a group of pictures crosses its end), so it cannot be "
+                    "kept as video; ingest with --camera-codec jpeg.")
 
 
 @dataclass
