@@ -236,3 +236,157 @@ def test_raw_frames_are_encoded_once_as_h264(tmp_path):
     err = ((got.astype(float) - rgb) ** 2).mean()
     assert 10 * np.log10(255 ** 2 / err) > 30
     assert sum(len(b) for b in table.column("encoded").to_pylist()) < rgb.nbytes / 10
+
+
+# mixtures: caches keeping the camera as video (H.264, AV1) beside one keeping it as JPEG, and
+# a source without the camera (its rows serve the blank frame)
+
+@pytest.fixture(scope="module")
+def mix_caches(tmp_path_factory):
+    root = tmp_path_factory.mktemp("video-mixture")
+    out = {}
+    for name, fixture, camera_codec in (("h264", "lerobot_h264", "video"),
+                                        ("av1", "lerobot_av1", "video"),
+                                        ("jpeg", "lerobot_h264", "jpeg")):
+        build(FIXTURES / fixture, root / name, rate_hz=10.0, progress=False, device="cpu",
+              camera_codec=camera_codec)
+        out[name] = root / name
+    return out
+
+
+def mix_sources(caches, **kw) -> list[RobotDataset]:
+    """H.264 video, AV1 video, JPEG, and the H.264 cache without its camera."""
+    kw = {"history": 2, "horizon": 2, "image_dtype": torch.uint8, **kw}
+    return [RobotDataset(caches["h264"], **kw), RobotDataset(caches["av1"], **kw),
+            RobotDataset(caches["jpeg"], **kw),
+            RobotDataset(caches["h264"], keys=["observation.state", "action"], **kw)]
+
+
+def test_stacked_video_and_jpeg_frames_decode_as_each_caches_own(mix_caches, frames,
+                                                                  monkeypatch):
+    """A mixture's camera stacked over two videos of different codecs, a JPEG cache and the
+    blank frame: each row decodes to its cache's own frame, the blank to zeros exactly, and
+    each GOP a batch needs is decoded once."""
+    from robocache.data.cameras import decode_all
+    from robocache.data.frames import EncodedFrames, StackedFrames, stack
+    from robocache.data.video_store import VideoPackets
+
+    parts = [d.frames[CAM] for d in mix_sources(mix_caches)[:3]]
+    stacked = stack(parts)
+    assert isinstance(stacked, StackedFrames) and stacked.codec == "mixed"
+    jpeg = decode_all([(parts[2], torch.arange(len(parts[2])))])[0]
+    want = torch.cat([torch.from_numpy(frames["lerobot_h264"]).permute(0, 3, 1, 2),
+                      torch.from_numpy(frames["lerobot_av1"]).permute(0, 3, 1, 2), jpeg,
+                      torch.zeros(1, *jpeg.shape[1:], dtype=torch.uint8)])
+    assert len(stacked) == len(want)
+    decoded = []
+    real = VideoPackets._decode_gop
+
+    def once(self, g, wanted, decoders):
+        decoded.append((id(self), g))
+        return real(self, g, wanted, decoders)
+
+    monkeypatch.setattr(VideoPackets, "_decode_gop", once)
+    gen = torch.Generator().manual_seed(1)
+    for rows in (torch.randint(0, len(want), (6, 3), generator=gen),
+                 torch.arange(len(want)).flip(0), torch.tensor([len(want) - 1] * 2),
+                 torch.tensor([3, 3, 20, 20, 20]), torch.zeros(0, dtype=torch.int64)):
+        decoded.clear()
+        got = decode_all([(stacked, rows)])[0]
+        assert got.shape == (*rows.shape, 3, 48, 64)
+        assert torch.equal(got, want[rows]), rows
+        assert len(decoded) == len(set(decoded))  # each GOP once
+    # read ahead (the read on a thread, the decode later) decodes the same
+    rows = torch.arange(len(want))
+    assert torch.equal(decode_all([stacked.read(rows)])[0], want)
+    # in memory the JPEG cache's frames join the videos' the same way
+    ram = stack([*parts[:2], parts[2].load()])
+    assert torch.equal(decode_all([(ram, rows)])[0], want)
+    # frames of another size do not stack (one line naming the shapes)
+    small = EncodedFrames(torch.zeros(0, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64),
+                          (24, 32, 3), "uint8", "png")
+    with pytest.raises(DataError, match=r"differ in shape or dtype .*\(24, 32, 3\)"):
+        stack([parts[0], small])
+
+
+@pytest.mark.parametrize("workers,in_memory", [(0, False), (0, True), (2, False)])
+def test_a_mixture_of_video_and_jpeg_caches_serves_each_caches_items(mix_caches, workers,
+                                                                      in_memory):
+    """RobotLoader over H.264 video, AV1 video, JPEG and a source without the camera (resident
+    and with 2 forked workers, frames read per batch or ``in_memory``): each sample's frames
+    are its cache's own item's, the camera-less source's zeros padded everywhere."""
+    from robocache.data import MixedDataset, RobotLoader
+
+    sources = mix_sources(mix_caches, in_memory=in_memory)
+    mixed = MixedDataset(sources, weights=[1.0] * len(sources))
+    loader = RobotLoader(mixed, 12, device="cpu", seed=2, normalize=None,
+                         num_workers=workers)
+    seen = set()
+    for batch in loader:
+        assert batch[CAM].shape == (12, 2, 3, 48, 64) and batch[CAM].dtype == torch.uint8
+        for i, d in enumerate(sources):
+            rows = batch["source"] == i
+            if not rows.any():
+                continue
+            seen.add(i)
+            if CAM not in d.keys:
+                assert not batch[CAM][rows].any() and batch[f"{CAM}_is_pad"][rows].all()
+                continue
+            want = d.fetch(batch["index"][rows])
+            assert torch.equal(batch[CAM][rows], want[CAM])
+            assert torch.equal(batch[f"{CAM}_is_pad"][rows], want[f"{CAM}_is_pad"])
+    assert seen == set(range(len(sources)))
+
+
+def test_robocache_mixture_accepts_video_and_jpeg_caches(mix_caches, tmp_path):
+    """``robocache mixture FILE --check`` (manifests) and without it (one batch served)."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from robocache.cli import app
+
+    roles = {"primary": CAM}
+    config = {"history": 2, "horizon": 2, "datasets": [
+        {"name": name, "path": str(mix_caches[name]), "cameras": roles,
+         "state": "observation.state", "action": "action"} for name in mix_caches]}
+    config["datasets"].append({"name": "blind", "path": str(mix_caches["h264"]),
+                               "state": "observation.state", "action": "action"})
+    path = tmp_path / "mix.yaml"
+    path.write_text(yaml.safe_dump(config))
+    runner = CliRunner()
+    result = runner.invoke(app, ["mixture", str(path), "--check"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["mixture", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["batch"]["observation.images.primary"] == [8, 2, 3, 48, 64]
+
+
+@pytest.mark.gpu
+def test_the_gpu_serves_a_video_and_jpeg_mixture_as_each_cache(mix_caches):
+    """Resident on the GPU (NVDEC for H.264, CPU threads for AV1, nvJPEG for JPEG, zeros for
+    the blank frame, in one batch): each sample's frames are its cache's own on the GPU."""
+    from robocache.data import MixedDataset, RobotLoader
+
+    sources = mix_sources(mix_caches)
+    mixed = MixedDataset(sources, weights=[1.0] * len(sources))
+    seen = set()
+    for batch in RobotLoader(mixed, 12, device="cuda", seed=2, normalize=None):
+        for i, d in enumerate(sources):
+            rows = (batch["source"] == i).cpu()
+            if not rows.any():
+                continue
+            seen.add(i)
+            got = batch[CAM].cpu()[rows]
+            if CAM not in d.keys:
+                assert not got.any() and batch[f"{CAM}_is_pad"].cpu()[rows].all()
+                continue
+            own = d.to("cuda").fetch(batch["index"][rows.to(batch["index"].device)])
+            if i < 2:  # video (NVDEC or CPU threads): the CPU's frames, exactly
+                assert torch.equal(got, own[CAM].cpu())
+                assert torch.equal(got, d.fetch(batch["index"].cpu()[rows])[CAM])
+            else:  # nvJPEG, in a batch of another size than the cache's own (a level apart
+                # at most, should its backend differ with the batch)
+                torch.testing.assert_close(got, own[CAM].cpu(), rtol=0, atol=1)
+    assert seen == set(range(len(sources)))

@@ -55,7 +55,7 @@ import torch
 from robocache._optional import require
 from robocache.data import jpeg
 from robocache.data.episode import Episode, Stream, StreamSpec
-from robocache.data.frames import EncodedFrames
+from robocache.data.frames import EncodedFrames, StackedRead
 from robocache.errors import DataError
 from robocache.observability import metrics
 
@@ -1104,7 +1104,10 @@ def decode_all(cameras: list[tuple[Any, torch.Tensor]],
     one copy (one sync when they live on the GPU), and on CUDA the RGB JPEG cameras' frames
     are decoded in one nvJPEG batch. Each distinct frame of a camera is decoded once (rows
     repeat at padded steps, in overlapping windows, and at a mixture's blank frame for the
-    sources without the camera), then gathered back to its rows on ``device``."""
+    sources without the camera), then gathered back to its rows on ``device``. A mixture's
+    camera (:class:`~robocache.data.frames.StackedRead`) is decoded source by source, each
+    source's frames with the other cameras' of their kind (JPEGs in the nvJPEG batch, video
+    GOPs in one :func:`~robocache.data.video_store.decode_packs`), its blank frame as zeros."""
     device = torch.device(device)
     if not cameras:
         return []
@@ -1125,38 +1128,63 @@ def decode_all(cameras: list[tuple[Any, torch.Tensor]],
         parts = index.to(device, non_blocking=True).split([inverse[i].numel() for i in gathered])
         for i, part in zip(gathered, parts, strict=True):
             inverse[i] = part
-    out: list[torch.Tensor | None] = [None] * len(cameras)
-    batch = [i for i, (f, _) in enumerate(cameras) if device.type == "cuda" and
+    # what is decoded: each camera's frames, a mixture's source by source; then joined back
+    units: list[tuple[Any, torch.Tensor]] = []
+    joins: list[tuple[list[int], int]] = []  # per camera: its units, its blank frames
+    for (f, _), (rows, _) in zip(cameras, distinct, strict=True):
+        pieces, blanks = f.split(rows) if isinstance(f, StackedRead) else ([(f, rows)], 0)
+        joins.append((list(range(len(units), len(units) + len(pieces))), blanks))
+        units += pieces
+    got = _decode_units(units, device)
+    out = []
+    for (f, _), (mine, blanks) in zip(cameras, joins, strict=True):
+        frames = [got[u] for u in mine]
+        if blanks or not frames:  # the blank frame: zeros, never decoded
+            h, w = f.frame_shape[:2]
+            frames.append(torch.zeros(blanks, f.channels, h, w, dtype=getattr(torch, f.dtype),
+                                      device=device))
+        out.append(frames[0] if len(frames) == 1 else torch.cat(frames))
+    return [(o if inv is None else o[inv]).reshape(*rows.shape, *o.shape[1:])
+            for o, inv, (_, rows) in zip(out, inverse, cameras, strict=True)]
+
+
+def _decode_units(units: list[tuple[Any, torch.Tensor]], device: torch.device
+                  ) -> list[torch.Tensor]:
+    """Each ``(frames, rows)`` of ``units`` (an :class:`EncodedFrames` or a
+    :class:`~robocache.data.video_store.VideoPackets`, distinct rows) decoded: ``[N, C, H,
+    W]`` on ``device``; the RGB JPEGs of all in one nvJPEG batch on CUDA, the video GOPs of
+    all at once."""
+    out: list[torch.Tensor | None] = [None] * len(units)
+    batch = [i for i, (f, _) in enumerate(units) if device.type == "cuda" and
              f.codec == "jpeg" and f.channels == 3]
     decode_jpeg = _nvjpeg() if batch else None
     if decode_jpeg is not None:
-        parts = [p for i in batch for p in cameras[i][0].slices(distinct[i][0])]
+        parts = [p for i in batch for p in units[i][0].slices(units[i][1])]
         try:
             frames = decode_jpeg(parts, mode="RGB", device=device) if parts else []
         except RuntimeError:  # name the frame: the CPU decoder says which one it is
             for i in batch:
-                _decode_cpu(cameras[i][0], distinct[i][0], torch.device("cpu"))
+                _decode_cpu(units[i][0], units[i][1], torch.device("cpu"))
             raise
         metrics.count_frames("nvjpeg", len(parts))
-        for i in batch:  # each camera stacked, its per-frame tensors freed
-            f, n = cameras[i][0], distinct[i][0].numel()
+        for i in batch:  # each unit stacked, its per-frame tensors freed
+            f, n = units[i][0], units[i][1].numel()
             h, w = f.frame_shape[:2]
             out[i] = torch.stack(frames[:n]) if n else \
                 torch.empty(0, 3, h, w, dtype=torch.uint8, device=device)
             del frames[:n]
-    video = [i for i, (f, _) in enumerate(cameras) if f.codec == "video"]
+    video = [i for i, (f, _) in enumerate(units) if f.codec == "video"]
     if video:  # the GOPs' packets, read: every camera's GOPs decoded at once
         from robocache.data.video_store import decode_packs
 
-        got = decode_packs([(cameras[i][0], distinct[i][0]) for i in video], device)
+        got = decode_packs([units[i] for i in video], device)
         for i, frames in zip(video, got, strict=True):
             out[i] = frames
-    for i, (f, _) in enumerate(cameras):
+    for i, (f, rows) in enumerate(units):
         if out[i] is None:
-            out[i] = _decode_cpu(f, distinct[i][0], device)
-            metrics.count_frames("cpu", distinct[i][0].numel())
-    return [(o if inv is None else o[inv]).reshape(*rows.shape, *o.shape[1:])
-            for o, inv, (_, rows) in zip(out, inverse, cameras, strict=True)]
+            out[i] = _decode_cpu(f, rows, device)
+            metrics.count_frames("cpu", rows.numel())
+    return out
 
 
 def _decode_cpu(frames: EncodedFrames, rows: torch.Tensor, device: torch.device

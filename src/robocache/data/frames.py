@@ -12,7 +12,10 @@ episodes' frames in (episode, frame) order), their decoded ``frame_shape``, ``dt
   store); a read takes the distinct rows a batch needs from the table version the dataset
   opened (Lance's random access: only those frames' bytes are read).
 - :class:`StackedFrames`: several caches' stores one after the other (a mixture), plus one
-  all-zero frame for the sources that lack the camera.
+  all-zero frame for the sources that lack the camera; the caches may keep the camera in
+  different codecs (video, JPEG, PNG). A read returns a :class:`StackedRead`: each part's own
+  read (JPEG/PNG frames, a video's GOP packets), which the decoders decode each as its own
+  store would be, and the blank frame as zeros.
 """
 
 from __future__ import annotations
@@ -65,28 +68,21 @@ class EncodedFrames(FrameStore):
         return self.where(i) if self.where is not None else f"frame {i}"
 
     @staticmethod
-    def cat(parts: list[EncodedFrames], blank: bool = False) -> EncodedFrames:
-        """Frames of several caches one after the other (plus one all-zero frame at the end
-        when ``blank``, for rows whose source lacks the camera).
+    def cat(parts: list[EncodedFrames]) -> EncodedFrames:
+        """Frames of several stores one after the other, in one buffer.
 
         Raises:
             DataError: the parts differ in frame shape, dtype or codec.
         """
-        first = check_alike(parts)
+        first = check_alike(parts, codec=True)
         datas = [p.data for p in parts]
-        if blank:
-            datas.append(_blank(first))
         sizes = torch.tensor([0] + [d.numel() for d in datas]).cumsum(0)
         offsets = [p.offsets[:-1] - p.offsets[0] + sizes[i] for i, p in enumerate(parts)]
-        if blank:
-            offsets.append(sizes[-2:-1])
         counts = np.cumsum([0] + [len(p) for p in parts])
         wheres = [p.where for p in parts]
 
         def where(i: int) -> str:
             part = int(np.searchsorted(counts, i, side="right")) - 1
-            if part >= len(parts):
-                return "the blank frame"
             w = wheres[part]
             return w(i - int(counts[part])) if w is not None else f"frame {i}"
 
@@ -134,28 +130,22 @@ class EncodedFrames(FrameStore):
                              lambda i: self.describe(base[i]))
 
 
-def check_alike(parts: list) -> Any:
-    """The first of ``parts`` (frame stores), once they agree in frame shape, dtype, codec.
+def check_alike(parts: list, codec: bool = False) -> Any:
+    """The first of ``parts`` (frame stores), once they agree in frame shape and dtype (and
+    codec, with ``codec``: frames packed in one buffer decode with one decoder).
 
     Raises:
         DataError: they differ.
     """
     first = parts[0]
-    if any((p.frame_shape, p.dtype, p.codec) != (first.frame_shape, first.dtype, first.codec)
-           for p in parts):
-        raise DataError("camera frames differ in shape, dtype or codec between caches "
-                        f"({sorted({(p.frame_shape, p.dtype, p.codec) for p in parts})}); "
-                        "ingest them with the same --camera-codec and frame size.")
+    key = (lambda p: (p.frame_shape, p.dtype, p.codec)) if codec else \
+        (lambda p: (p.frame_shape, p.dtype))
+    if any(key(p) != key(first) for p in parts):
+        what = "shape, dtype or codec" if codec else "shape or dtype"
+        raise DataError(f"camera frames differ in {what} between caches "
+                        f"({sorted({key(p) for p in parts}, key=str)}); serve a camera role "
+                        "from caches ingested at one frame size (--camera-size) and dtype.")
     return first
-
-
-def _blank(like) -> torch.Tensor:
-    """One all-zero frame of ``like``'s shape, dtype and codec, encoded."""
-    from robocache.data.cameras import DEFAULT_QUALITY, encode
-
-    zero = np.zeros(like.frame_shape, np.dtype(like.dtype))
-    return torch.frombuffer(bytearray(encode(zero, like.codec, DEFAULT_QUALITY)),
-                            dtype=torch.uint8)
 
 
 class LanceFrames(FrameStore):
@@ -356,43 +346,86 @@ class VideoFrames(LanceFrames):
 class StackedFrames(FrameStore):
     """Several frame stores one after the other, plus one all-zero frame at the end (for
     rows whose source lacks the camera): frame ``i`` of part ``p`` is row ``base[p] + i``.
+    The parts may differ in codec (a cache keeping the camera as video beside one keeping
+    it as JPEG or PNG, videos of different codecs): :meth:`read` lets each part read its
+    own frames.
 
     Raises:
-        DataError: the parts differ in frame shape, dtype or codec.
+        DataError: the parts differ in frame shape or dtype.
     """
 
     def __init__(self, parts: list):
         first = check_alike(parts)
         self.parts = parts
-        self.frame_shape, self.dtype, self.codec = first.frame_shape, first.dtype, first.codec
+        self.frame_shape, self.dtype = first.frame_shape, first.dtype
+        codecs = {p.codec for p in parts}
+        self.codec = first.codec if len(codecs) == 1 else "mixed"
         self.base = np.cumsum([0] + [len(p) for p in parts])
-        zero = _blank(first)
-        self.blank = EncodedFrames(zero, torch.tensor([0, zero.numel()]), self.frame_shape,
-                                   self.dtype, self.codec, lambda i: "the blank frame")
 
     def __len__(self) -> int:
         return int(self.base[-1]) + 1
 
-    def read(self, rows: torch.Tensor) -> tuple[EncodedFrames, torch.Tensor]:
-        """Each part's frames of ``rows`` read by that part, stacked (see
-        :meth:`LanceFrames.read`)."""
+    def read(self, rows: torch.Tensor) -> tuple[StackedRead, torch.Tensor]:
+        """Each part's distinct frames of ``rows`` (int ``[...]``) read by that part (its
+        :meth:`LanceFrames.read`: the frames, or a video's GOPs, only those), and ``rows``
+        renumbered into them (on ``rows``' device): the parts' frames in order, then the
+        blank frame.
+
+        Raises:
+            DataError: a row outside ``[0, len(self))``, or a part's read fails.
+        """
         host = rows.reshape(-1).cpu()
         distinct, inverse = torch.unique(host, return_inverse=True)
+        if distinct.numel() and (int(distinct[0]) < 0 or int(distinct[-1]) >= len(self)):
+            raise DataError(f"frame rows outside [0, {len(self)}) asked for.")
         part = np.searchsorted(self.base, distinct.numpy(), side="right") - 1
-        encs = [self.blank if p == len(self.parts) else
-                self.parts[p].take(distinct[torch.from_numpy(part == p)] - int(self.base[p]))
-                for p in np.unique(part).tolist()]
-        out = EncodedFrames.cat(encs) if encs else self.blank
+        pieces = [self.parts[p].read(distinct[torch.from_numpy(part == p)] - int(self.base[p]))
+                  for p in np.unique(part[part < len(self.parts)]).tolist()]
+        blank = bool(len(part)) and int(part[-1]) == len(self.parts)
+        out = StackedRead(pieces, blank, self.frame_shape, self.dtype)
         return out, inverse.reshape(rows.shape).to(rows.device)
 
 
-def stack(parts: list) -> EncodedFrames | StackedFrames:
-    """Frame stores one after the other plus a blank frame: in one buffer when they are all
-    in memory (:meth:`EncodedFrames.cat`), else read part by part (:class:`StackedFrames`)."""
-    if any(p.codec == "video" for p in parts):
-        raise DataError("cameras kept as video (--camera-codec video) cannot be mixed with "
-                        "other caches yet; ingest the caches of a mixture with --camera-codec "
-                        "jpeg or png.")
-    if all(isinstance(p, EncodedFrames) for p in parts):
-        return EncodedFrames.cat(parts, blank=True)
+class StackedRead(FrameStore):
+    """What :meth:`StackedFrames.read` returns: ``pieces``, each part's read ``(frames,
+    rows)`` (an :class:`EncodedFrames` or a
+    :class:`~robocache.data.video_store.VideoPackets`, and the indices into it of the part's
+    frames), one after the other, then the blank frame when ``blank``: frame ``i`` is
+    piece ``p``'s ``i - start[p]``-th, the last (with ``blank``) all zeros. The decoders
+    (:func:`robocache.data.cameras.decode_all`) decode each piece as its store's reads are
+    decoded (a video's GOPs with the other cameras' GOPs, JPEGs in the nvJPEG batch) and the
+    blank frame as zeros, never through a decoder."""
+
+    codec = "stacked"
+
+    def __init__(self, pieces: list, blank: bool, frame_shape: tuple[int, ...], dtype: str):
+        self.pieces, self.blank = pieces, blank
+        self.frame_shape, self.dtype = tuple(frame_shape), dtype
+        self.start = np.cumsum([0] + [int(r.numel()) for _, r in pieces])
+
+    def __len__(self) -> int:
+        return int(self.start[-1]) + int(self.blank)
+
+    def read(self, rows: torch.Tensor) -> tuple[StackedRead, torch.Tensor]:
+        """Already read: ``(self, rows)`` (a batch read ahead)."""
+        return self, rows
+
+    def split(self, rows: torch.Tensor) -> tuple[list[tuple[Any, torch.Tensor]], int]:
+        """The frames ``rows`` (int ``[N]``, sorted ascending) as each piece's ``(frames,
+        rows into it)`` (those with a frame among ``rows``, in order) and the number of
+        ``rows`` at the blank frame (the last ones): decoded and concatenated in that order,
+        they are the frames of ``rows``."""
+        rows = rows.cpu().to(torch.int64)
+        at = torch.searchsorted(rows, torch.from_numpy(self.start))
+        out = []
+        for p, (frames, mine) in enumerate(self.pieces):
+            a, b = int(at[p]), int(at[p + 1])
+            if b > a:
+                out.append((frames, mine[rows[a:b] - int(self.start[p])]))
+        return out, rows.numel() - int(at[-1])
+
+
+def stack(parts: list) -> StackedFrames:
+    """Frame stores of several caches one after the other plus a blank frame (see
+    :class:`StackedFrames`)."""
     return StackedFrames(parts)
