@@ -343,3 +343,102 @@ def test_a_cache_in_an_object_store_audits_as_on_disk(planted, s3_server):
     flags = [x for k, v in s3_server.options().items() for x in ("--storage-option", f"{k}={v}")]
     res = CliRunner().invoke(app, ["audit", uri, "--json", "--device", "cpu", *flags])
     assert res.exit_code == 3 and json.loads(res.output)["flagged"] == local["flagged"]
+
+
+@pytest.fixture(scope="module")
+def three_cameras(tmp_path_factory):
+    """Three PNG cameras at the grid's rate, a defect on a different episode of each: camera 0
+    black frames in episode 1, camera 1 one frame shown 1.6 s in episode 3, camera 2 uniform
+    frames in episode 2."""
+    from robocache.data.episode import Episode, Stream, StreamSpec
+
+    root = tmp_path_factory.mktemp("three")
+    rate, n = 10.0, 30
+    cams = [f"observation.images.cam{c}" for c in range(3)]
+    specs = {"observation.state": StreamSpec("observation.state", "numeric", "float32", (2,),
+                                             rate),
+             **{c: StreamSpec(c, "image", "uint8", (6, 8, 3), rate) for c in cams}}
+    rng = np.random.default_rng(11)
+    eps = []
+    for e in range(5):
+        t = np.arange(n) / rate
+        streams = {"observation.state": Stream(specs["observation.state"], t, np.cumsum(
+            rng.normal(size=(n, 2)), 0).astype(np.float32))}
+        for c, cam in enumerate(cams):
+            x = rng.integers(20, 235, (n, 6, 8, 3), np.uint8)
+            if (c, e) == (0, 1):
+                x[5:15] = 0
+            elif (c, e) == (1, 3):
+                x[4:21] = x[4]
+            elif (c, e) == (2, 2):
+                x[10:20] = 128
+            streams[cam] = Stream(specs[cam], t, x)
+        eps.append(Episode(e, streams, {"tasks": ["stack"]}))
+    write_lerobot(root / "src", eps, specs, fps=rate)
+    build(root / "src", root / "cache", progress=False, device="cpu", camera_codec="png")
+    return root / "cache", cams
+
+
+def test_camera_checks_read_ahead_equal_the_served_frames(three_cameras, monkeypatch):
+    """Batches read ahead across cameras on threads, decoded on another, checked here: each
+    camera's counts are those of the frames a RobotDataset serves, checked one after the
+    other, whatever the batches and the reads ahead; the batches read and not yet checked
+    stay within READ_AHEAD + 1."""
+    from robocache.data import RobotDataset
+    from robocache.data.location import Location
+
+    cache, cams = three_cameras
+    location = Location(cache)
+    manifest = location.manifest()
+    cameras = {c: manifest["streams"][c] for c in cams}
+    expected = A._episode_rows(manifest)
+    ds = RobotDataset(cache, keys=cams, image_dtype=torch.uint8)
+    served = ds[torch.arange(len(ds))]
+    want = {}
+    for cam in cams:
+        frames = served[cam].reshape(len(ds), -1).float() / 255
+        got = {k: np.zeros(len(expected), np.int64) for k in ("frames", "black", "constant",
+                                                               "repeated")}
+        for e in range(len(expected)):
+            x = frames[int(ds.offsets[e]):int(ds.offsets[e + 1])]
+            got["frames"][e] = len(x)
+            got["black"][e] = int((x.mean(1) <= 0.03).sum())
+            got["constant"][e] = int(((x.std(1, correction=0) <= 0.01)
+                                      & (x.mean(1) > 0.03)).sum())
+            run = 0
+            for same in (x[1:] == x[:-1]).all(1).tolist():
+                run = run + 1 if same else 0
+                got["repeated"][e] = max(got["repeated"][e], run)
+        want[cam] = got
+    assert [int(want[c][k].sum()) for c, k in ((cams[0], "black"), (cams[2], "constant"))] \
+        == [10, 10] and want[cams[1]]["repeated"][3] == 16
+
+    real_read, real_ahead = A._read, A._ahead
+    reads, behind = [0], []
+
+    def read(*args):
+        reads[0] += 1
+        return real_read(*args)
+
+    def ahead(items):  # the reads begun beyond the batches handed over, at each hand-over
+        for i, item in enumerate(real_ahead(items)):
+            behind.append(reads[0] - (i + 1))
+            yield item
+
+    monkeypatch.setattr(A, "_read", read)
+    monkeypatch.setattr(A, "_ahead", ahead)
+    for batch, read_ahead in ((1024, 1), (7, 4), (1, 16), (4, 2)):
+        monkeypatch.setattr(A, "FRAME_BATCH", batch)
+        monkeypatch.setattr(A, "READ_AHEAD", read_ahead)
+        reads[0], behind[:] = 0, []
+        got = A._pixels(location, manifest, cameras, expected, A.AuditConfig(),
+                        torch.device("cpu"))
+        assert list(got) == cams
+        for cam in cams:
+            for k in want[cam]:
+                np.testing.assert_array_equal(got[cam][k], want[cam][k], err_msg=f"{cam} {k}")
+        assert reads[0] == len(behind) == 3 * -(-150 // batch)
+        assert max(behind) <= read_ahead + 1
+    report = A.audit(cache, device="cpu")
+    assert [r["flags"] for r in report["episodes"]] == \
+        [[], ["camera_black"], ["camera_constant"], ["camera_duplicate"], []]

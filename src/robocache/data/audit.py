@@ -10,12 +10,13 @@ gathered as their rows arrive and checked :data:`CHUNK_ROWS` rows at a time with
 vectorised checks of :mod:`robocache.ops.audit`, on the GPU when there is one. Memory is
 bounded by a chunk plus, per episode, a few numbers and its trajectory signature
 (:data:`SHIFT_PHASES` x ``signature_points`` samples x the dimensions of the signature
-streams, float16, and a mask) for the near-duplicate search (and, for the pixel checks, an
-index of 32 bytes a frame of one camera). A camera's timing is checked
-from the offset of the frame served at each step; its pixels (black, uniform and repeated
-frames) from a second pass, over its frame table in (episode, frame) order, decoded a batch
-at a time by serving's decoders (nvJPEG on a GPU; cameras kept as video GOP by GOP;
-``cameras=False`` skips it).
+streams, float16, and a mask) for the near-duplicate search (and, for the pixel checks, a
+few batches of frames and the indexes of two or three cameras, 24 bytes a frame: see
+:func:`_pixels`). A camera's timing is checked from the offset of the frame served at each
+step; its pixels (black, uniform and repeated frames) from a second pass, over its frame
+table in (episode, frame) order, decoded a batch at a time by serving's decoders (nvJPEG on
+a GPU; cameras kept as video GOP by GOP; ``cameras=False`` skips it), the next batches read
+meanwhile, across cameras, as serving reads them.
 
 Every threshold is a field of :class:`AuditConfig` (a CLI option of ``robocache audit``);
 ranges are in units of the dataset's q01..q99 range per dimension (``stats.json``), so one
@@ -67,6 +68,9 @@ FRAME_BYTES = 1 << 27
 #: cost 23 ms a frame on the development VM's CPU, 4 times its decode; repeats are compared
 #: on every pixel.
 STAT_PIXELS = 150 * 150
+#: Batches of camera frames read ahead of their decode by the pixel checks, each on a thread
+#: of its own (as serving reads; Lance's reads release the GIL), across cameras.
+READ_AHEAD = 4
 
 #: Task strings that say no task was recorded (compared lower-case, stripped).
 PLACEHOLDER_TASKS = ("unknown", "none", "null", "n/a", "na", "nan", "task", "default",
@@ -570,23 +574,56 @@ def _vertex(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return torch.where(usable, vertex.clamp(min=0), b)
 
 
-def _decoded(location, table, rel: str, s: Mapping[str, Any], name: str, ids: np.ndarray,
-             dev: torch.device):
-    """Camera ``name``'s frames of the episodes ``ids`` (its table ``rel``) decoded as serving
-    decodes them (:func:`robocache.data.cameras.decode_all`), in (episode, frame) order
-    whatever the table's row order: ``(positions in ids, frame numbers, frames [N, C, H,
-    W])`` a batch at a time, each batch at most :data:`FRAME_BATCH` frames and
-    :data:`FRAME_BYTES` of pixels (4 times as many on a GPU), read by row address (an index
-    of 32 bytes a frame first). Frames kept as video are cut into batches at their GOPs'
-    starts (a GOP longer than a batch is a batch of its own) and each GOP decoded once."""
-    from robocache.data.cameras import decode_all
-    from robocache.data.export import _scan, _take
-    from robocache.data.frames import EncodedFrames
-    from robocache.data.video_store import PACKET_COLUMNS, episode_packets
+@dataclass
+class _Camera:
+    """A camera's frames to check: its frame table ``rel`` and, in (episode, frame) order,
+    each frame's episode, number and row address (24 bytes a frame), cut into ``batches``
+    (``[a, b)`` of those)."""
 
+    name: str
+    spec: Mapping[str, Any]
+    rel: str
+    table: Any
+    episode: np.ndarray
+    frame: np.ndarray
+    address: np.ndarray
+    batches: list[tuple[int, int]]
+
+    @property
+    def video(self) -> bool:
+        return self.spec["codec"] == "video"
+
+    def where(self, a: int, b: int) -> Callable[[int], str]:
+        """Frame ``i`` of batch ``[a, b)`` named, for a decoder's error."""
+        e, f = self.episode[a:b], self.frame[a:b]
+
+        def where(i: int) -> str:
+            return f"camera {self.name!r}, episode {int(e[i])}, frame {int(f[i])}"
+
+        return where
+
+
+def _camera(location, manifest, name: str, s: Mapping[str, Any], ids: np.ndarray,
+            dev: torch.device) -> _Camera | None:
+    """Camera ``name``'s frames of the episodes ``ids``, or None where it has no frame table:
+    its index read (an int64 episode, frame and row address a frame) and cut into as few
+    batches as hold at most :data:`FRAME_BATCH` frames and :data:`FRAME_BYTES` of pixels (4
+    times as many on a GPU) each, of even sizes. Frames kept as video are cut at their GOPs'
+    starts (a GOP longer than a batch is a batch of its own), so that each GOP is decoded
+    once."""
+    from robocache.data import versions
+    from robocache.data.export import _scan
+    from robocache.data.location import LANCE
+
+    rel = f"frames/{name}.lance"
     video = s["codec"] == "video"
-    shape = tuple(s["shape"])
-    index = _scan(location, rel, table, ["episode_index", "frame"] + (["gop"] if video else []))
+    with LANCE.call():
+        try:
+            table = versions.open_table(location, manifest, rel)
+        except FileNotFoundError:
+            return None
+        index = _scan(location, rel, table,
+                      ["episode_index", "frame"] + (["gop"] if video else []))
     ep, frame = index["episode_index"], index["frame"]
     order = np.lexsort((frame, ep))
     order = order[np.isin(ep[order], ids)]
@@ -597,29 +634,106 @@ def _decoded(location, table, rel: str, s: Mapping[str, Any], name: str, ids: np
         first[1:] = (ep[1:] != ep[:-1]) | (gop[1:] != gop[:-1])
         cuts = np.r_[np.flatnonzero(first), len(ep)]
     budget = FRAME_BYTES * (4 if dev.type == "cuda" else 1)
-    step = max(1, min(FRAME_BATCH, budget // (int(np.prod(shape))
+    step = max(1, min(FRAME_BATCH, budget // (int(np.prod(s["shape"]))
                                                    * np.dtype(s["dtype"]).itemsize)))
-    columns = ["episode_index", "frame"] + (PACKET_COLUMNS if video else ["encoded"])
-    configs: dict[int, tuple[str, bytes]] = {}  # each episode's video decoder settings
+    if len(ep):  # as few batches, of even sizes (no small last one paying a call's fixed cost)
+        step = -(-len(ep) // -(-len(ep) // step))
+    batches = []
     a = 0
     while a < len(ep):
         b = min(a + step, len(ep))
         if video:  # the last GOP start in reach, else the end of the GOP at ``a``
             k = int(np.searchsorted(cuts, b, side="right")) - 1
             b = int(cuts[k]) if cuts[k] > a else int(cuts[k + 1])
-        e, f = ep[a:b], frame[a:b]
-
-        def where(i: int, e=e, f=f) -> str:
-            return f"camera {name!r}, episode {int(e[i])}, frame {int(f[i])}"
-
-        rows = _take(location, rel, table, address[a:b], columns)
-        if video:
-            frames = episode_packets(rows, np.arange(b - a), shape, configs)
-            frames.where = where
-        else:
-            frames = EncodedFrames.from_table(rows, shape, s["dtype"], s["codec"], where)
-        yield np.searchsorted(ids, e), f, decode_all([(frames, torch.arange(b - a))], dev)[0]
+        batches.append((a, b))
         a = b
+    return _Camera(name, s, rel, table, ep, frame, address, batches)
+
+
+def _read(location, cam: _Camera, a: int, b: int):
+    """Batch ``[a, b)`` of ``cam``'s frames read by row address (on a reading thread: Lance's
+    reads release the GIL): a JPEG/PNG camera's as :class:`EncodedFrames`, a video's as its
+    table rows (made packets in order on the decoding thread: a GOP's decoder settings come
+    from its episode's first row, which an earlier batch may hold)."""
+    from robocache.data.export import _take
+    from robocache.data.frames import EncodedFrames
+    from robocache.data.location import LANCE
+    from robocache.data.video_store import PACKET_COLUMNS
+
+    columns = ["episode_index", "frame"] + (PACKET_COLUMNS if cam.video else ["encoded"])
+    with LANCE.call():
+        rows = _take(location, cam.rel, cam.table, cam.address[a:b], columns)
+    if cam.video:
+        return rows
+    s = cam.spec
+    return EncodedFrames.from_table(rows, tuple(s["shape"]), s["dtype"], s["codec"],
+                                    cam.where(a, b))
+
+
+def _decoded(location, manifest, cameras: Mapping[str, Any], ids: np.ndarray,
+             dev: torch.device, opened: list[str]):
+    """Every camera's frames of the episodes ``ids`` decoded as serving decodes them
+    (:func:`robocache.data.cameras.decode_all`), camera after camera, each in (episode,
+    frame) order whatever its table's row order: ``(camera, positions in ids, frame numbers,
+    frames [N, C, H, W])`` a batch at a time (:func:`_camera`'s batches). ``opened`` gets the
+    name of each camera whose frame table exists, in order.
+
+    As serving does, :data:`READ_AHEAD` batches are read ahead of their decode, each on a
+    thread of its own, across the cameras' boundaries (the next camera's table is opened and
+    indexed on those threads while this one's batches are read); the decodes run one call at
+    a time, in order, on the calling thread (nvJPEG decodes one call at a time; a video's GOP
+    needs its episode's settings, which an earlier batch may hold)."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    from robocache.data.cameras import decode_all
+    from robocache.data.video_store import episode_packets
+
+    names = [n for n, s in cameras.items() if s.get("codec") is not None]
+    with ThreadPoolExecutor(READ_AHEAD, "robocache-audit-read") as pool:
+
+        def plan(k: int):
+            return pool.submit(_camera, location, manifest, names[k], cameras[names[k]], ids,
+                               dev) if k < len(names) else None
+
+        def batches():  # (camera, a, b) in order, each camera planned one camera ahead
+            coming = plan(0)
+            for k in range(len(names)):
+                cam, coming = coming.result(), plan(k + 1)
+                if cam is not None:
+                    opened.append(cam.name)
+                    for a, b in cam.batches:
+                        yield cam, a, b
+
+        jobs = batches()
+        reads: deque = deque()
+
+        def submit() -> None:
+            job = next(jobs, None)
+            if job is not None:
+                reads.append((job, pool.submit(_read, location, *job)))
+
+        try:
+            for _ in range(READ_AHEAD):
+                submit()
+            configs: dict[int, tuple[str, bytes]] = {}  # a video's decoder settings by episode
+            last = None
+            while reads:
+                (cam, a, b), read = reads.popleft()
+                submit()
+                frames = read.result()
+                if cam.video:
+                    if cam is not last:
+                        configs = {}
+                    frames = episode_packets(frames, np.arange(b - a), tuple(cam.spec["shape"]),
+                                             configs)
+                    frames.where = cam.where(a, b)
+                last = cam
+                yield (cam.name, np.searchsorted(ids, cam.episode[a:b]), cam.frame[a:b],
+                       decode_all([(frames, torch.arange(b - a))], dev)[0])
+        finally:  # left early (an error): the reads not started are dropped
+            for _, read in reads:
+                read.cancel()
 
 
 def _ahead(items: Iterator[Any]) -> Iterator[Any]:
@@ -640,59 +754,65 @@ def _pixels(location, manifest, cameras: Mapping[str, Any], expected: Mapping[in
     pixels: mean and standard deviation in units of full scale) and longest run of frames
     identical to the one before, from a scan of its frame table decoded as serving decodes it
     (:func:`_decoded`: nvJPEG on a GPU; video GOP by GOP on CPU threads). Arrays are indexed
-    like ``sorted(expected)``."""
-    from robocache.data import versions
+    like ``sorted(expected)``.
 
+    Three stages overlap, as serving's: :data:`READ_AHEAD` batches read (on as many threads),
+    one decoded (on a thread) and one checked (here), camera after camera in (episode, frame)
+    order: the results are those of one batch after the other. Memory: the encoded frames
+    of ``READ_AHEAD + 1`` batches, the pixels of 2 (each at most :data:`FRAME_BYTES`, 4 times
+    as many on a GPU) and the indexes (24 bytes a frame) of the cameras of those batches and
+    of the next camera (two or three cameras' of a cache with more than ``READ_AHEAD + 2``
+    batches a camera)."""
     ids = np.array(sorted(expected), np.int64)
-    out = {}
-    for name, s in cameras.items():
-        if s.get("codec") is None:
-            continue
-        rel = f"frames/{name}.lance"
-        try:
-            table = versions.open_table(location, manifest, rel)
-        except FileNotFoundError:
-            continue
-        kind = np.dtype(s["dtype"])
-        full = float(np.iinfo(kind).max) if kind.kind in "ui" else 1.0
-        res = {k: np.zeros(len(ids), np.int64) for k in ("frames", "black", "constant",
+
+    def zeros() -> dict[str, np.ndarray]:
+        return {k: np.zeros(len(ids), np.int64) for k in ("frames", "black", "constant",
                                                            "repeated")}
-        carry = None  # (episode position, frame number, pixels, run) of the last frame seen
-        for pos, frame, px in _ahead(_decoded(location, table, rel, s, name, ids, dev)):
-            n = len(pos)
-            # every k-th pixel of every k-th row (about STAT_PIXELS of them): a strided view
-            k = max(1, math.ceil(math.sqrt(px.shape[-2] * px.shape[-1] / STAT_PIXELS)))
-            sample = px[..., ::k, ::k].reshape(n, -1)
-            values = sample.to(torch.float32)
-            # mean and variance from the sums (a third of var_mean's time on the CPU)
-            mean = values.mean(1)
-            var = ((values * values).mean(1) - mean * mean).clamp(min=0)
-            del values
-            black = mean <= config.black_level * full
-            constant = (var <= (config.constant_std * full) ** 2) & ~black
-            same = np.zeros(n, bool)
-            if n > 1:  # frames whose samples equal the one before's, compared whole
-                near = (sample[1:] == sample[:-1]).all(1).cpu().numpy()
-                for i in np.flatnonzero(near).tolist():
-                    same[i + 1] = torch.equal(px[i + 1], px[i])
-            follows = np.r_[False, (pos[1:] == pos[:-1]) & (frame[1:] == frame[:-1] + 1)]
-            if carry is not None and carry[0] == pos[0] and carry[1] + 1 == frame[0]:
-                follows[0] = True
-                same[0] = bool(torch.equal(carry[2], px[0]))
-            rep = same & follows
-            # each frame's run of repeats so far; the first run continues the last batch's
-            at = np.arange(n)
-            last_new = np.maximum.accumulate(np.where(~rep, at, -1))
-            runs = at - last_new
-            if carry is not None:
-                runs = np.where(last_new < 0, runs + carry[3], runs)
-            np.add.at(res["frames"], pos, 1)
-            np.add.at(res["black"], pos, black.cpu().numpy().astype(np.int64))
-            np.add.at(res["constant"], pos, constant.cpu().numpy().astype(np.int64))
-            np.maximum.at(res["repeated"], pos, runs)
-            carry = (int(pos[-1]), int(frame[-1]), px[-1].clone(), int(runs[-1]))
-        out[name] = res
-    return out
+
+    found: dict[str, dict[str, np.ndarray]] = {}
+    opened: list[str] = []
+    current = None
+    for name, pos, frame, px in _ahead(_decoded(location, manifest, cameras, ids, dev,
+                                                opened)):
+        if name != current:  # the next camera's first batch
+            current = name
+            kind = np.dtype(cameras[name]["dtype"])
+            full = float(np.iinfo(kind).max) if kind.kind in "ui" else 1.0
+            res = found[name] = zeros()
+            carry = None  # (episode position, frame number, pixels, run) of the last frame
+        n = len(pos)
+        # every k-th pixel of every k-th row (about STAT_PIXELS of them): a strided view
+        k = max(1, math.ceil(math.sqrt(px.shape[-2] * px.shape[-1] / STAT_PIXELS)))
+        sample = px[..., ::k, ::k].reshape(n, -1)
+        values = sample.to(torch.float32)
+        # mean and variance from the sums (a third of var_mean's time on the CPU)
+        mean = values.mean(1)
+        var = ((values * values).mean(1) - mean * mean).clamp(min=0)
+        del values
+        black = mean <= config.black_level * full
+        constant = (var <= (config.constant_std * full) ** 2) & ~black
+        same = np.zeros(n, bool)
+        if n > 1:  # frames whose samples equal the one before's, compared whole
+            near = (sample[1:] == sample[:-1]).all(1).cpu().numpy()
+            for i in np.flatnonzero(near).tolist():
+                same[i + 1] = torch.equal(px[i + 1], px[i])
+        follows = np.r_[False, (pos[1:] == pos[:-1]) & (frame[1:] == frame[:-1] + 1)]
+        if carry is not None and carry[0] == pos[0] and carry[1] + 1 == frame[0]:
+            follows[0] = True
+            same[0] = bool(torch.equal(carry[2], px[0]))
+        rep = same & follows
+        # each frame's run of repeats so far; the first run continues the last batch's
+        at = np.arange(n)
+        last_new = np.maximum.accumulate(np.where(~rep, at, -1))
+        runs = at - last_new
+        if carry is not None:
+            runs = np.where(last_new < 0, runs + carry[3], runs)
+        np.add.at(res["frames"], pos, 1)
+        np.add.at(res["black"], pos, black.cpu().numpy().astype(np.int64))
+        np.add.at(res["constant"], pos, constant.cpu().numpy().astype(np.int64))
+        np.maximum.at(res["repeated"], pos, runs)
+        carry = (int(pos[-1]), int(frame[-1]), px[-1].clone(), int(runs[-1]))
+    return {name: found.get(name) or zeros() for name in opened}
 
 
 def _report(location, manifest, version: int, config: AuditConfig, plans, idle, signature,
