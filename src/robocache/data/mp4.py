@@ -39,6 +39,7 @@ class Track:
             (the edit list's shift applied).
         key: bool ``[N]``, keyframes (``stss``; every sample when the box is absent).
         offset, size: int64 ``[N]``, each sample's byte range in the file.
+        keyframes: int64, the indices of the keyframes.
     """
 
     timescale: int
@@ -47,6 +48,7 @@ class Track:
     key: np.ndarray
     offset: np.ndarray
     size: np.ndarray
+    keyframes: np.ndarray
 
     def read(self, path, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The bytes of samples ``index`` (int ``[K]``) read from ``path``: one buffer (uint8)
@@ -195,7 +197,8 @@ def _track(moov: bytes) -> Track | None:
                 _, start, rate, frac = struct.unpack_from(fmt, moov, elst[0][0] + 8)
                 if start < 0 or rate != 1 or frac != 0:
                     return None
-        return Track(timescale, dts - start, dts + shift - start, key, offset, size)
+        return Track(timescale, dts - start, dts + shift - start, key, offset, size,
+                     np.flatnonzero(key))
     return None
 
 

@@ -133,14 +133,22 @@ def _span(track, start_s: float, end_s: float, tolerance_s: float, tb: float) ->
     """The packets :func:`_demuxed` gives for the same span, as indices into ``track``: from
     the last keyframe whose decode time is at or before ``start_s`` (where FFmpeg's backward
     seek in an MP4 lands) to :data:`REORDER_PACKETS` past ``end_s``."""
+    n = len(track.pts)
     first = 0
-    if start_s > 0:
-        before = np.flatnonzero(track.key & (track.dts <= int(start_s / tb)))
-        first = int(before[-1]) if len(before) else 0
-    pick = np.arange(first, len(track.pts))
-    pick = pick[track.size[pick] > 0]
-    late = track.pts[pick] * tb > end_s + tolerance_s
-    stop = np.flatnonzero(late & (np.cumsum(late) >= REORDER_PACKETS))
+    if start_s > 0:  # decode times never decrease: the last keyframe at or before the target
+        k = np.searchsorted(track.keyframes, np.searchsorted(
+            track.dts, int(start_s / tb), side="right")) - 1
+        first = int(track.keyframes[k]) if k >= 0 else 0
+    # a packet decoded after end_s is shown after it too (pts >= dts): the REORDER_PACKETS-th
+    # late packet is at most that many past the first of those, unless empty packets intervene
+    end = int(np.searchsorted(track.dts, int((end_s + tolerance_s) / tb) + 1))
+    for upper in (min(n, end + REORDER_PACKETS + 1), n):
+        pick = np.arange(first, upper)
+        pick = pick[track.size[pick] > 0]
+        late = track.pts[pick] * tb > end_s + tolerance_s
+        stop = np.flatnonzero(late & (np.cumsum(late) >= REORDER_PACKETS))
+        if len(stop) or upper == n:
+            break
     return pick[:stop[0]] if len(stop) else pick
 
 
