@@ -19,6 +19,10 @@ Reported per codec:
   8 frames (``history=8``) at random positions, resized to 224x224 on the serving device,
   for both caches (frames in the page cache: the decode is measured, not the disk);
 - **single**: the same with one frame per camera per sample (``history=1``);
+- **LeRobot 0.6.1** (where installed): its own ``LeRobotDataset`` (PyAV backend) over the
+  same source with the same windows, through a shuffled ``DataLoader`` with no workers and
+  with one per core (``serve-*-lerobot-w<N>``), and our fastest serve of the kept video
+  over it (``ours_vs_lerobot``);
 - **sequential**: the frames/s of decoding the same streams front to back on the CPU, one
   PyAV decoder per file, every file at once (the decode rate with no random access), and on
   a GPU with PyNvVideoCodec the same with one NVDEC decoder per file (``sequential-nvdec``:
@@ -52,9 +56,9 @@ from bench_serve import _serve_batches, evict, jpeg_pool, tree_bytes  # noqa: E4
 FAMILY = "video"
 CAMS = tuple(f"observation.images.cam{i}" for i in range(4))
 FULL = {"hw": (480, 640), "episodes": 12, "length": 100, "batch": 32, "history": 8,
-        "batches": 20, "copies": 300}
+        "batches": 20, "copies": 300, "peer_batches": 2}
 QUICK = {"hw": (48, 64), "episodes": 3, "length": 12, "batch": 4, "history": 3, "batches": 2,
-         "copies": 3}
+         "copies": 3, "peer_batches": 1}
 CODECS = {"av1": "libsvtav1", "h264": "libx264"}
 
 
@@ -161,6 +165,35 @@ def _serve(cache: Path, cfg: dict, history: int, device: torch.device,
     finally:
         nvdec_packets.ENABLED = True
     return got["samples"] / got["seconds"]
+
+
+def _lerobot(src: Path, cfg: dict, history: int, workers: int) -> dict | None:
+    """Samples/s of LeRobot's own ``LeRobotDataset`` (PyAV decoding, its backend that needs no
+    FFmpeg libraries beside PyAV's) over the same dataset and windows, through a shuffled
+    ``DataLoader`` of ``workers`` processes (0: in this process), timed after its first
+    batches (worker start-up excluded). Frames at the source's size, no resize (less work
+    than the serve above does). ``None`` where LeRobot is not installed."""
+    try:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    except ImportError:
+        return None
+    from torch.utils.data import DataLoader
+
+    ds = LeRobotDataset("bench/video", root=src, video_backend="pyav", delta_timestamps={
+        cam: [(i - history + 1) / 30 for i in range(history)] for cam in CAMS})
+    loader = DataLoader(ds, cfg["batch"], shuffle=True, num_workers=workers,
+                        generator=torch.Generator().manual_seed(0))
+    timed = cfg["peer_batches"] * max(1, workers)
+    it = iter(loader)
+    for _ in range(max(1, workers)):  # every worker's first batch: its start-up
+        next(it)
+    t0 = time.perf_counter()
+    for _ in range(timed):
+        next(it)
+    seconds = time.perf_counter() - t0
+    del it
+    return {"samples_per_s": timed * cfg["batch"] / seconds, "workers": workers,
+            "batches": timed}
 
 
 def _sequential(files: list[Path]) -> tuple[float, int]:
@@ -288,9 +321,12 @@ def run(quick: bool = False, copy_gbps: float | None = None, report=None,
             # AV1 is decoded on CPU threads either way (Hopper's NVDEC lacks it)
             served = [("video", True), ("jpeg", True)] + \
                 ([("video", False)] if ceiling else [])
+            best_video = {}  # our fastest serve of the kept video, per kind
             for history, kind in ((cfg["history"], "window"), (1, "single")):
                 for stored, on_gpu in served:
                     rate = _serve(caches[stored], cfg, history, device, on_gpu)
+                    if stored == "video":
+                        best_video[kind] = max(best_video.get(kind, 0.0), rate)
                     frames = rate * len(CAMS) * history
                     tag = stored if on_gpu else f"{stored}-cpu"
                     of = f", {frames / ceiling:.0%} of NVDEC's sequential rate" \
@@ -301,6 +337,17 @@ def run(quick: bool = False, copy_gbps: float | None = None, report=None,
                                   history=history, device=str(device),
                                   vs_nvdec_sequential=frames / ceiling if ceiling else None,
                                   note=f"{rate:,.0f} samples/s, {frames:,.0f} frames/s{of}"))
+                for workers in (0, os.cpu_count() or 1):
+                    peer = _lerobot(src, cfg, history, workers)
+                    if peer is None:
+                        break
+                    ours = best_video[kind]
+                    speedup = ours / peer["samples_per_s"]
+                    report(H.case(FAMILY, name, f"serve-{kind}-lerobot-w{workers}",
+                                  H.summarize([1e3 * cfg["batch"] / peer["samples_per_s"]]),
+                                  **peer, history=history, ours_vs_lerobot=speedup,
+                                  note=f"LeRobot 0.6.1: {peer['samples_per_s']:,.1f} samples/s "
+                                       f"({workers} workers); ours {speedup:.1f}x"))
             rate, frames = _sequential(videos)
             report(H.case(FAMILY, name, "sequential-cpu", H.summarize([1e3 * frames / rate]),
                           frames_per_s=rate, threads=len(videos),
