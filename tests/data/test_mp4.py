@@ -11,16 +11,19 @@ from robocache.data.mp4 import video_track  # noqa: E402
 
 
 def _encode(path, codec: str, n: int = 24, options=None, audio: bool = False,
-            container_options=None, fmt=None):
-    """``n`` frames of moving noise (48x64) encoded by ``codec`` into ``path``."""
+            container_options=None, fmt=None, fresh: bool = False):
+    """``n`` frames of moving noise (48x64) encoded by ``codec`` into ``path``; ``fresh``:
+    new noise every frame (every frame coded as a keyframe, B-frames configured)."""
     rng = np.random.default_rng(0)
-    base = rng.integers(0, 256, (48, 128, 3), dtype=np.uint8)
+    base = rng.integers(0, 256, (48, 128 if not fresh else 64 + n, 3), dtype=np.uint8)
     with av.open(str(path), "w", format=fmt, options=container_options or {}) as c:
         s = c.add_stream(codec, rate=30, options=options or {})
         s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
         a = c.add_stream("aac", rate=8000) if audio else None
         for i in range(n):
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(base[:, i:i + 64]), "rgb24")
+            pixels = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) if fresh else \
+                base[:, i:i + 64]
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), "rgb24")
             for p in s.encode(frame):
                 c.mux(p)
             if a is not None:
@@ -48,6 +51,8 @@ def _demuxed(path):
 
 CASES = {
     "h264": ("libx264", {"g": "2", "bf": "0"}),
+    # keyframes whose decode time is the next one's display time (an edit list shifts both)
+    "h264-fresh": ("libx264", {"g": "2"}),
     "h264-bframes": ("libx264", {"g": "12", "bf": "2"}),
     "hevc": ("libx265", {"x265-params": "log-level=none:keyint=6:bframes=2:open-gop=0"}),
     "av1": ("libsvtav1", {"g": "2"}),
@@ -59,7 +64,7 @@ def test_samples_equal_pyav_demux(tmp_path, case):
     codec, options = CASES[case]
     if codec not in av.codecs_available:
         pytest.skip(f"PyAV's FFmpeg lacks {codec}")
-    path = _encode(tmp_path / "v.mp4", codec, options=options)
+    path = _encode(tmp_path / "v.mp4", codec, options=options, fresh=case.endswith("fresh"))
     pts, dts, key, data, tb = _demuxed(path)
     t = video_track(path)
     assert t is not None and t.timescale == tb.denominator and tb.numerator == 1
@@ -110,7 +115,7 @@ def test_truncated_file_raises_on_read(tmp_path):
         t.read(cut, np.arange(len(t.pts)))
 
 
-@pytest.mark.parametrize("case", ["h264", "h264-bframes", "hevc", "av1"])
+@pytest.mark.parametrize("case", ["h264", "h264-fresh", "h264-bframes", "av1"])
 def test_packet_tables_from_the_sample_table_equal_pyavs(tmp_path, monkeypatch, case):
     """Every span of whole GOPs, and spans that are not, give the same table (or the same
     refusal) from the sample table as from PyAV's demuxer."""
@@ -122,7 +127,8 @@ def test_packet_tables_from_the_sample_table_equal_pyavs(tmp_path, monkeypatch, 
     codec, options = CASES[case]
     if codec not in av.codecs_available:
         pytest.skip(f"PyAV's FFmpeg lacks {codec}")
-    path = _encode(tmp_path / "v.mp4", codec, n=36, options=options)
+    path = _encode(tmp_path / "v.mp4", codec, n=36, options=options,
+                   fresh=case.endswith("fresh"))
     with av.open(str(path)) as c:  # the sample table is the one used
         assert video_store._indexed(path, c, c.streams.video[0]) is not None
     pts, _, key, _, tb = _demuxed(path)

@@ -40,6 +40,10 @@ class Track:
         key: bool ``[N]``, keyframes (``stss``; every sample when the box is absent).
         offset, size: int64 ``[N]``, each sample's byte range in the file.
         keyframes: int64, the indices of the keyframes.
+        seek_target: int64 ``[N]``, where FFmpeg's seek looks for a sample: a requested
+            time ``t`` (ticks, as a display time) lands on the last keyframe whose
+            ``seek_target`` is at most ``t`` (its index's decode times before the edit list,
+            against ``t`` less the smallest display time).
     """
 
     timescale: int
@@ -49,6 +53,7 @@ class Track:
     offset: np.ndarray
     size: np.ndarray
     keyframes: np.ndarray
+    seek_target: np.ndarray
 
     def read(self, path, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The bytes of samples ``index`` (int ``[K]``) read from ``path``: one buffer (uint8)
@@ -168,6 +173,8 @@ def _track(moov: bytes) -> Track | None:
             ctts = _table(moov, box[b"ctts"][0], 2)
             shift = np.repeat(ctts[:, 1].astype(np.uint32).view(np.int32).astype(np.int64),
                               ctts[:, 0])[:count]
+            if (shift < 0).any():  # FFmpeg shifts decode times then (dts_shift)
+                return None
         if len(dts) != count or len(shift) != count:
             return None
         key = np.ones(count, bool)
@@ -197,8 +204,9 @@ def _track(moov: bytes) -> Track | None:
                 _, start, rate, frac = struct.unpack_from(fmt, moov, elst[0][0] + 8)
                 if start < 0 or rate != 1 or frac != 0:
                     return None
-        return Track(timescale, dts - start, dts + shift - start, key, offset, size,
-                     np.flatnonzero(key))
+        pts = dts + shift - start
+        return Track(timescale, dts - start, pts, key, offset, size, np.flatnonzero(key),
+                     dts + int(pts.min()) if count else dts)
     return None
 
 

@@ -64,7 +64,8 @@ def _indexed(path, container, stream):
 
     from robocache.data.mp4 import video_track
 
-    track = video_track(path) if MP4_INDEX else None
+    # HEVC: FFmpeg's seek steps back past leading pictures (RASL) that this does not model
+    track = video_track(path) if MP4_INDEX and stream.codec_context.name != "hevc" else None
     if track is None or stream.time_base != Fraction(1, track.timescale) or \
             stream.frames != len(track.pts):
         return None
@@ -131,13 +132,13 @@ def _demuxed(container, stream, start_s: float, end_s: float, tolerance_s: float
 
 def _span(track, start_s: float, end_s: float, tolerance_s: float, tb: float) -> np.ndarray:
     """The packets :func:`_demuxed` gives for the same span, as indices into ``track``: from
-    the last keyframe whose decode time is at or before ``start_s`` (where FFmpeg's backward
-    seek in an MP4 lands) to :data:`REORDER_PACKETS` past ``end_s``."""
+    where FFmpeg's backward seek in an MP4 lands for ``start_s`` (``track.seek_target``) to
+    :data:`REORDER_PACKETS` past ``end_s``."""
     n = len(track.pts)
     first = 0
-    if start_s > 0:  # decode times never decrease: the last keyframe at or before the target
+    if start_s > 0:  # the last keyframe at or before the target (seek_target never decreases)
         k = np.searchsorted(track.keyframes, np.searchsorted(
-            track.dts, int(start_s / tb), side="right")) - 1
+            track.seek_target, int(start_s / tb), side="right")) - 1
         first = int(track.keyframes[k]) if k >= 0 else 0
     # a packet decoded after end_s is shown after it too (pts >= dts): the REORDER_PACKETS-th
     # late packet is at most that many past the first of those, unless empty packets intervene
