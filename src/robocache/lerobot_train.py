@@ -1,12 +1,15 @@
 """LeRobot's training entry point (``lerobot-train``) with RoboCache serving the dataset.
 
     $ python -m robocache.lerobot_train --dataset.repo_id=user/pusht --policy.type=act \\
-          --robocache.camera_codec=png ...
+          --robocache.camera_codec=jpeg ...
 
 The one change from LeRobot: ``python -m robocache.lerobot_train`` instead of
 ``lerobot-train``, in LeRobot's own environment with robocache installed. Every argument is
-``lerobot-train``'s, plus ``--robocache.camera_codec=jpeg|png`` (how video frames are stored in
-the cache; ``png``: exactly the frames LeRobot decodes), ``--robocache.camera_quality=1..100``
+``lerobot-train``'s, plus ``--robocache.camera_codec=auto|jpeg|png|video`` (how video frames are
+stored in the cache: ``auto``, the default, keeps the videos' packets, about their bytes, and
+decodes each batch's frames from them, exactly the frames LeRobot decodes, NVDEC on a GPU for
+H.264/HEVC and CPU threads for AV1; ``jpeg`` decodes them once into JPEG frames, the fastest to
+serve at many times the bytes; ``png`` lossless frames), ``--robocache.camera_quality=1..100``
 and ``--robocache.camera_chroma=444|422|420`` (JPEG's; ``420`` and a lower quality: the
 smallest cache) and ``--robocache.cache=DIR`` (the cache directory; default
 :func:`robocache.data.lerobot_dataset.default_cache_dir`). Batches
@@ -65,8 +68,9 @@ def split_argv(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     arguments, in order.
 
     Raises:
-        SystemExit: an unknown ``--robocache.`` option, one without ``=VALUE`` or a
-            ``camera_quality`` that is not an integer (exit code 2, one line naming it).
+        SystemExit: an unknown ``--robocache.`` option, one without ``=VALUE``, a
+            ``camera_codec`` not among the accepted ones or a ``camera_quality`` that is not
+            an integer (exit code 2, one line naming it).
     """
     options, rest = {}, []
     for arg in argv:
@@ -77,6 +81,14 @@ def split_argv(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
         if name not in _OPTIONS or not eq:
             raise SystemExit(f"error: {arg!r}: use --robocache.NAME=VALUE with NAME one of "
                              f"{', '.join(_OPTIONS)}.")
+        if name == "camera_codec":
+            from robocache.data.build.config import check_camera_codec
+            from robocache.errors import DataError
+
+            try:
+                check_camera_codec(value, "--robocache.camera_codec")
+            except DataError as e:
+                raise SystemExit(f"error: {e}") from None
         if name == "camera_quality":
             if not value.isdigit():
                 raise SystemExit(f"error: {arg!r}: camera_quality must be an integer in "

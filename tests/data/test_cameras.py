@@ -1,8 +1,11 @@
-"""Camera streams: LeRobot-written videos (AV1, H.264) decoded at ingest, stored as JPEG/PNG,
-served per batch; checked against LeRobot's own decode (tests/fixtures/cameras)."""
+"""Camera streams: LeRobot-written videos (AV1, H.264) kept as video (the default) or decoded
+at ingest and stored as JPEG/PNG, served per batch; checked against LeRobot's own decode
+(tests/fixtures/cameras)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 import threading
 from pathlib import Path
@@ -48,7 +51,7 @@ def served(cache: Path, **kw) -> np.ndarray:
 @pytest.mark.parametrize("codec", ["av1", "h264"])
 def test_lerobot_video_frames_match_lerobot_decode(tmp_path, frames, codec):
     m = build(FIXTURES / f"lerobot_{codec}", tmp_path / "c", rate_hz=10.0, progress=False,
-              device="cpu")
+              device="cpu", camera_codec="jpeg")
     assert m["counts"]["cached"] == 2 and m["streams"][CAM]["codec"] == "jpeg"
     got = served(tmp_path / "c")
     want, original = frames[f"lerobot_{codec}"], frames[f"original_{codec}"]
@@ -80,10 +83,10 @@ def test_lerobot_dataset_serves_lerobot_videos(tmp_path, frames, codec):
     assert got.dtype == torch.float32 and got.shape == (len(want), 2, 3, 48, 64)
     assert got.min() >= 0 and got.max() <= 1
     now = (got[:, 1].flip(-1).permute(0, 2, 3, 1) * 255).round().to(torch.uint8).numpy()
-    for step in range(len(now)):  # the right frame at every step, within the JPEG tolerance
-        errors = [np.mean((now[step].astype(float) - w) ** 2) for w in want]
-        assert int(np.argmin(errors)) == step
-        assert psnr(now[step], want[step]) > 33.0
+    # the default (camera_codec="auto") keeps the videos' packets: LeRobot's frames exactly
+    assert json.loads((tmp_path / "c" / "manifest.json").read_text())[
+        "streams"][CAM]["codec"] == "video"
+    np.testing.assert_array_equal(now, want)
     pad = torch.stack([it[f"{CAM}_is_pad"] for it in items])
     first = torch.stack([it["frame_index"] for it in items]) == 0
     assert torch.equal(pad[:, 0], first) and not pad[:, 1].any()
@@ -91,16 +94,61 @@ def test_lerobot_dataset_serves_lerobot_videos(tmp_path, frames, codec):
     torch.testing.assert_close(got[:, 0], prev, rtol=0, atol=0)  # edge-padded as LeRobot
     batch = ds.get_batch(torch.arange(len(ds)))
     torch.testing.assert_close(batch[CAM], got, rtol=0, atol=0)
-    if torch.cuda.is_available():  # the GPU batch path: nvJPEG, within the JPEG tolerance
+    if torch.cuda.is_available():  # the GPU batch path (NVDEC for H.264): the same frames
         gpu = robocache.LeRobotDataset("robocache/cameras", root=FIXTURES / f"lerobot_{codec}",
                                        cache=tmp_path / "c", device="cuda",
                                        delta_timestamps={CAM: [-0.1, 0.0]})
         on_gpu = gpu.get_batch(torch.arange(len(ds)))
         assert on_gpu[CAM].is_cuda
-        served = to_uint8(on_gpu[CAM][:, 1])
-        for step in range(len(served)):
-            assert psnr(served[step], want[step]) > 33.0
+        np.testing.assert_array_equal(to_uint8(on_gpu[CAM][:, 1]), want)
         assert torch.equal(on_gpu[f"{CAM}_is_pad"].cpu(), pad)
+
+
+def test_default_keeps_video_cameras_as_video_and_raw_frames_as_jpeg(tmp_path, frames):
+    """``camera_codec`` "auto" (the default): a LeRobot video camera's packets are kept
+    (frames exactly LeRobot's decode); ``camera_codecs`` stores one camera otherwise. Raw
+    frames: :func:`test_zarr_rgb_and_depth_cameras`; resized: the camera_size tests."""
+    m = build(FIXTURES / "lerobot_h264", tmp_path / "c", rate_hz=10.0, progress=False,
+              device="cpu")
+    assert m["streams"][CAM]["codec"] == "video" and m["counts"]["quarantined"] == 0
+    np.testing.assert_array_equal(served(tmp_path / "c"), frames["lerobot_h264"])
+    m = build(FIXTURES / "lerobot_h264", tmp_path / "j", rate_hz=10.0, progress=False,
+              device="cpu", camera_codecs={CAM: "jpeg"})
+    assert (m["streams"][CAM]["codec"], m["streams"][CAM]["quality"]) == ("jpeg", 95)
+
+
+def test_default_stores_a_video_cut_inside_groups_of_pictures_as_jpeg(tmp_path, caplog):
+    """Episodes cut from one video encoded in one piece (a keyframe every 2 frames, 7-frame
+    episodes: the second starts inside a GOP) cannot be kept as video: "auto" stores those
+    cameras as JPEG, says so once per camera, and quarantines nothing; explicit "video"
+    quarantines the episodes that start inside a GOP, naming the fix."""
+    src = _two_cameras(tmp_path / "src", episodes=3)
+    with caplog.at_level(logging.WARNING):
+        m = build(src, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu")
+    assert m["counts"] == {**m["counts"], "cached": 3, "quarantined": 0}
+    assert m["streams"][CAM]["codec"] == m["streams"][CAM2]["codec"] == "jpeg"
+    said = [r.getMessage() for r in caplog.records if "not a keyframe" in r.getMessage()]
+    assert len(said) == 2 and "episode 1 starts at 0.7 s" in said[0], said
+    assert "--camera-codec jpeg" in said[0]
+    m = build(src, tmp_path / "v", rate_hz=10.0, progress=False, device="cpu",
+              camera_codec="video")
+    assert m["counts"]["quarantined"] == 2 and m["streams"][CAM]["codec"] == "video"
+    assert all("--camera-codec jpeg" in q["reason"] for q in m["quarantined"])
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"camera_codec": "h264"}, r"`camera_codec` \(--camera-codec\) must be one of 'auto', "
+                               r"'jpeg', 'png', 'video'; got 'h264'"),
+    ({"camera_codecs": {CAM: "webp"}}, r"`camera_codecs\['observation.images.front'\]` must "
+                                       r"be one of 'auto'"),
+    ({"camera_codecs": "jpeg"}, r"`camera_codecs` must be a dict"),
+    ({"camera_codecs": {CAM: "video"}, "camera_size": (8, 8)}, r"`camera_size`"),
+])
+def test_camera_codec_options_are_checked(tmp_path, options, match):
+    with pytest.raises(DataError, match=match):
+        build(FIXTURES / "lerobot_h264", tmp_path / "c", progress=False, device="cpu",
+              **options)
+    assert not (tmp_path / "c").exists()
 
 
 def test_png_is_lossless_and_transforms_are_seeded(tmp_path, frames):
@@ -144,7 +192,7 @@ def test_camera_size_stores_frames_resized_at_ingest(tmp_path, frames):
 
     m = build(FIXTURES / "lerobot_h264", tmp_path / "c", rate_hz=10.0, progress=False,
               device="cpu", camera_size="24x32")
-    assert m["streams"][CAM]["shape"] == [24, 32, 3]
+    assert m["streams"][CAM]["shape"] == [24, 32, 3] and m["streams"][CAM]["codec"] == "jpeg"
     assert m["streams"][CAM]["source_shape"] == [48, 64, 3]
     got = served(tmp_path / "c")
     want = np.stack([resize(f, (24, 32)) for f in frames["lerobot_h264"]])
@@ -199,7 +247,9 @@ def test_zarr_rgb_and_depth_cameras(tmp_path):
     root.create_array("meta/episode_ends", data=np.array([4, 10]))
     m = build(tmp_path / "rb.zarr", tmp_path / "c", rate_hz=10.0, progress=False,
               device="cpu", source_options={"fps": 10.0})
-    assert m["streams"]["depth"]["codec"] == "png"
+    assert m["streams"]["depth"]["codec"] == "png"  # the default: raw RGB as JPEG q95 4:4:4
+    assert tuple(m["streams"]["camera"][k] for k in ("codec", "quality", "chroma")) == \
+        ("jpeg", 95, "444")
     ds = RobotDataset(tmp_path / "c", keys=["camera", "depth"])
     batch = ds[torch.arange(len(ds))]
     assert batch["depth"].dtype == torch.uint16 and batch["depth"].shape == (10, 1, 1, 24, 32)
@@ -213,7 +263,8 @@ def test_zarr_rgb_and_depth_cameras(tmp_path):
 @pytest.fixture(scope="module")
 def h264_cache(tmp_path_factory):
     dest = tmp_path_factory.mktemp("cameras") / "c"
-    build(FIXTURES / "lerobot_h264", dest, rate_hz=10.0, progress=False, device="cpu")
+    build(FIXTURES / "lerobot_h264", dest, rate_hz=10.0, progress=False, device="cpu",
+          camera_codec="jpeg")
     return dest
 
 
@@ -492,7 +543,7 @@ def test_ingest_is_the_same_with_one_or_several_decode_workers(tmp_path, truncat
     caches = {}
     for workers in (1, 3):
         m = build(src, tmp_path / f"w{workers}", rate_hz=10.0, progress=False, device="cpu",
-                  decode_workers=workers, video_decoder="pyav")
+                  decode_workers=workers, video_decoder="pyav", camera_codec="jpeg")
         assert m["decode"] == {"workers": workers, "video_decoder": "pyav",
                                "video_frames": {"pyav": 2 * 7 * m["counts"]["cached"]}}
         caches[workers] = _contents(tmp_path / f"w{workers}")
@@ -510,12 +561,13 @@ def test_ingest_is_the_same_with_one_or_several_decode_workers(tmp_path, truncat
 def test_prepared_keeps_order_and_at_most_workers_episodes_ahead(tmp_path):
     from robocache.data.cache import CacheConfig, open_specs, prepared
 
-    src, specs = open_specs(_two_cameras(tmp_path / "src", episodes=5), CacheConfig())
+    src, specs = open_specs(_two_cameras(tmp_path / "src", episodes=5),
+                            CacheConfig(camera_codec="jpeg"))
     reads = []
     read = src.read
     src.read = lambda i: reads.append(i) or read(i)
     got = []
-    config = CacheConfig(decode_workers=2, video_decoder="pyav")
+    config = CacheConfig(decode_workers=2, video_decoder="pyav", camera_codec="jpeg")
     for k, p in enumerate(prepared(src, [4, 0, 3, 1, 2], specs, config), 1):
         assert p.error is None and p.episode.streams[CAM].data is None  # pixels dropped
         assert len(p.frames[CAM]) == 7
@@ -606,10 +658,12 @@ def test_nvdec_decodes_the_same_frames_as_pyav(tmp_path, codec, b_frames, monkey
             errors = [np.mean((got[k].astype(float) - w) ** 2) for w in want]
             assert int(np.argmin(errors)) == k
         assert psnr(got, want) >= NVDEC_MIN_PSNR, psnr(got, want)
-    m = build(src, tmp_path / "c", rate_hz=10.0, progress=False, video_decoder="nvdec",
+    m = build(src, tmp_path / "c", rate_hz=10.0, progress=False,
+              camera_codec="jpeg", video_decoder="nvdec",
               decode_workers=2)
     assert m["counts"]["cached"] == 3 and m["decode"]["video_frames"] == {"nvdec": 2 * 3 * 9}
-    build(src, tmp_path / "ref", rate_hz=10.0, progress=False, video_decoder="pyav")
+    build(src, tmp_path / "ref", rate_hz=10.0, progress=False,
+          camera_codec="jpeg", video_decoder="pyav")
     a, b = _contents(tmp_path / "c"), _contents(tmp_path / "ref")
     assert a["data.lance"] == b["data.lance"] and a["manifest"] == b["manifest"]
 
@@ -663,10 +717,12 @@ def test_nvdec_decoder_moves_from_file_to_file(tmp_path, monkeypatch):
             assert int(np.argmin(errors)) == k
         assert psnr(got, want) >= NVDEC_MIN_PSNR
     assert made == [str(paths[0])] and moved == [str(p) for p in paths[1:]]
-    m = build(root, tmp_path / "c", rate_hz=10.0, progress=False, video_decoder="nvdec",
+    m = build(root, tmp_path / "c", rate_hz=10.0, progress=False,
+              camera_codec="jpeg", video_decoder="nvdec",
               decode_workers=1)
     assert m["decode"]["video_frames"] == {"nvdec": sum(lengths)}
-    build(root, tmp_path / "ref", rate_hz=10.0, progress=False, video_decoder="pyav")
+    build(root, tmp_path / "ref", rate_hz=10.0, progress=False,
+          camera_codec="jpeg", video_decoder="pyav")
     a, b = _contents(tmp_path / "c"), _contents(tmp_path / "ref")
     assert a["data.lance"] == b["data.lance"] and a["manifest"] == b["manifest"]
 
@@ -679,11 +735,12 @@ def test_nvdec_leaves_av1_to_pyav(tmp_path, monkeypatch):
     monkeypatch.setattr(cameras, "_warned", set())  # one warning per kind, per process
     with pytest.warns(UserWarning, match="av1"):
         m = build(FIXTURES / "lerobot_av1", tmp_path / "c", rate_hz=10.0, progress=False,
-                  video_decoder="nvdec")
+                  camera_codec="jpeg", video_decoder="nvdec")
     assert m["counts"]["cached"] == 2 and set(m["decode"]["video_frames"]) == {"pyav"}
     src = _two_cameras(tmp_path / "src", episodes=2, length=5, hw=(144, 176),
                        options=NO_B_FRAMES["libx264"])
-    auto = build(src, tmp_path / "h", rate_hz=10.0, progress=False, video_decoder="auto")
+    auto = build(src, tmp_path / "h", rate_hz=10.0, progress=False,
+                 camera_codec="jpeg", video_decoder="auto")
     assert auto["decode"]["video_decoder"] == "auto"  # NVDEC for H.264
     assert auto["decode"]["video_frames"] == {"nvdec": 2 * 2 * 5}
 
@@ -699,13 +756,15 @@ def test_large_builds_decode_on_every_gpus_lane(tmp_path, decoder):
     _nvdec()
     src = _two_cameras(tmp_path / "src", episodes=24, length=9, hw=(144, 176),
                        options=NO_B_FRAMES["libx264"])
-    m = build(src, tmp_path / "c", rate_hz=10.0, progress=False, video_decoder=decoder,
+    m = build(src, tmp_path / "c", rate_hz=10.0, progress=False,
+              camera_codec="jpeg", video_decoder=decoder,
               decode_processes=True)
     by = m["decode"]["video_frames"]
     assert sum(by.values()) == 2 * 24 * 9 and m["counts"]["cached"] == 24
     assert set(by) == ({"nvdec", "pyav"} if decoder == "auto" else {"nvdec"}), by
     assert set(cameras._workers["pool"].lanes) == set(range(torch.cuda.device_count()))
-    build(src, tmp_path / "ref", rate_hz=10.0, progress=False, video_decoder="pyav")
+    build(src, tmp_path / "ref", rate_hz=10.0, progress=False,
+          camera_codec="jpeg", video_decoder="pyav")
     a, b = _contents(tmp_path / "c"), _contents(tmp_path / "ref")
     assert a["data.lance"] == b["data.lance"] and a["manifest"] == b["manifest"]
     got, want = served(tmp_path / "c"), served(tmp_path / "ref")
@@ -717,11 +776,13 @@ def sharp():
     return dict(np.load(FIXTURES / "sharp_frames.npz"))
 
 
-def test_default_fidelity_is_40db_of_lerobots_decode_on_sharp_edges(tmp_path, sharp):
+def test_jpeg_default_fidelity_is_40db_of_lerobots_decode_on_sharp_edges(tmp_path, sharp):
     """A LeRobot-written AV1 camera of sharp-edged content (fiducial, code block, colour
-    bars): every stored frame, decoded, is within 40 dB PSNR of LeRobot's own decode of it;
-    4:2:0 (Pillow's default) is not, and the manifest records the chroma."""
-    m = build(FIXTURES / "lerobot_sharp_av1", tmp_path / "c", progress=False, device="cpu")
+    bars) stored as JPEG at the default quality and chroma: every stored frame, decoded, is
+    within 40 dB PSNR of LeRobot's own decode of it; 4:2:0 (Pillow's default) is not, and the
+    manifest records the chroma."""
+    m = build(FIXTURES / "lerobot_sharp_av1", tmp_path / "c", progress=False, device="cpu",
+              camera_codec="jpeg")
     entry = m["streams"][CAM]
     assert (entry["codec"], entry["quality"], entry["chroma"]) == ("jpeg", 95, "444")
     got, want = served(tmp_path / "c"), sharp["lerobot"]
@@ -729,7 +790,7 @@ def test_default_fidelity_is_40db_of_lerobots_decode_on_sharp_edges(tmp_path, sh
     worst = min(psnr(g, w) for g, w in zip(got, want, strict=True))
     assert worst >= 40.0, worst
     build(FIXTURES / "lerobot_sharp_av1", tmp_path / "s", progress=False, device="cpu",
-          camera_chroma="420")
+          camera_codec="jpeg", camera_chroma="420")
     assert max(psnr(g, w) for g, w in zip(served(tmp_path / "s"), want, strict=True)) < 35.0
 
 
@@ -758,8 +819,8 @@ def test_ingest_cli_camera_chroma(tmp_path):
 
     runner = CliRunner()
     res = runner.invoke(app, ["ingest", str(FIXTURES / "lerobot_h264"), str(tmp_path / "c"),
-                              "--rate", "10", "--device", "cpu", "--camera-chroma", "422",
-                              "--camera-quality", "90", "--json"])
+                              "--rate", "10", "--device", "cpu", "--camera-codec", "jpeg",
+                              "--camera-chroma", "422", "--camera-quality", "90", "--json"])
     assert res.exit_code == 0, res.output
     entry = json.loads(res.stdout)["streams"][CAM]
     assert (entry["quality"], entry["chroma"]) == (90, "422")
@@ -807,7 +868,7 @@ def test_stored_frames_have_the_chroma_asked_for(tmp_path, chroma, sampling):
     import lance
 
     build(FIXTURES / "lerobot_h264", tmp_path / "c", rate_hz=10.0, progress=False,
-          device="cpu", camera_chroma=chroma, decode_workers=2)
+          device="cpu", camera_codec="jpeg", camera_chroma=chroma, decode_workers=2)
     table = lance.dataset(str(tmp_path / "c" / "frames" / f"{CAM}.lance")).to_table()
     assert {_sampling(b) for b in table.column("encoded").to_pylist()} == {sampling}
 
@@ -842,9 +903,11 @@ def test_nvdec_frames_are_nvjpeg_encoded_on_the_gpu(tmp_path, monkeypatch):
                         encode_cuda(b, q))
     src = _two_cameras(tmp_path / "src", episodes=2, length=9, hw=(144, 176),
                        options=NO_B_FRAMES["libx264"])
-    m = build(src, tmp_path / "gpu", rate_hz=10.0, progress=False, video_decoder="nvdec")
+    m = build(src, tmp_path / "gpu", rate_hz=10.0, progress=False,
+              camera_codec="jpeg", video_decoder="nvdec")
     assert m["decode"]["video_frames"] == {"nvdec": 2 * 2 * 9} and sum(calls) == 2 * 2 * 9
-    build(src, tmp_path / "cpu", rate_hz=10.0, progress=False, video_decoder="pyav")
+    build(src, tmp_path / "cpu", rate_hz=10.0, progress=False,
+          camera_codec="jpeg", video_decoder="pyav")
     table = lance.dataset(str(tmp_path / "gpu" / "frames" / f"{CAM}.lance")).to_table()
     assert {_sampling(b) for b in table.column("encoded").to_pylist()} == {0}
     assert psnr(served(tmp_path / "gpu"), served(tmp_path / "cpu")) >= 35.0
@@ -887,7 +950,8 @@ from robocache.data.cache import build
 from robocache.data.formats import open_source
 src = open_source(sys.argv[1])
 src.read = lambda i, read=src.read: time.sleep(0.5) or read(i)
-build(src, sys.argv[2], rate_hz=10.0, progress=False, device="cpu", decode_workers=2)
+build(src, sys.argv[2], rate_hz=10.0, progress=False, device="cpu", decode_workers=2,
+      camera_codec="jpeg")
 """
 
 
@@ -920,7 +984,8 @@ def test_killed_ingest_leaves_no_worker_holding_the_cache(tmp_path):
     while _shipped_files() - before:  # the workers' unread results: removed by the tracker
         assert time.monotonic() < deadline + 20, _shipped_files() - before
         time.sleep(0.05)
-    m = build(src, dest, rate_hz=10.0, progress=False, device="cpu", decode_workers=2)
+    m = build(src, dest, rate_hz=10.0, progress=False, device="cpu", decode_workers=2,
+              camera_codec="jpeg")
     assert m["counts"]["cached"] == 6 and m["counts"]["quarantined"] == 0
 
 
@@ -1240,7 +1305,7 @@ def test_nvjpeg_encode_is_444_and_40db_on_sharp_edges(sharp):
 
 def _build_in(src: str, dest: str) -> int:
     return build(src, dest, rate_hz=10.0, progress=False, device="cpu",
-                 decode_workers=2)["counts"]["cached"]
+                 decode_workers=2, camera_codec="jpeg")["counts"]["cached"]
 
 
 def test_ingest_in_a_daemonic_process_decodes_on_threads(tmp_path):

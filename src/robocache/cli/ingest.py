@@ -214,16 +214,21 @@ def ingest(
     device: Annotated[str, typer.Option(help="cuda or cpu (default: cuda when available).")]
     = None,
     camera_codec: Annotated[str, typer.Option(
-        help="Camera frames as jpeg (GPU-decodable), png (lossless) or video (a video "
-             "camera's packets kept as they are, raw RGB frames encoded once to H.264; "
-             "decoded per batch; a source's own JPEG/PNG kept); depth is always png.")]
-    = "jpeg",
+        help="How camera frames are stored. auto (default): a video camera's packets kept as "
+             "they are (about the source's bytes, frames exactly its decode), decoded per "
+             "batch (NVDEC for H.264/HEVC on a GPU, CPU threads for AV1 or without one; "
+             "slower to serve than JPEG); a source's own JPEG/PNG kept; raw frames as JPEG "
+             "(--camera-quality). jpeg: every camera decoded once to JPEG, the fastest to "
+             "serve (nvJPEG) at many times the bytes. png: lossless. video: as auto, and raw "
+             "RGB frames encoded once to H.264. Depth is always png.")]
+    = "auto",
     camera_quality: CameraQualityOpt = 95,
     camera_chroma: CameraChromaOpt = "444",
     camera_size: Annotated[str, typer.Option(
         help="Store RGB camera frames resized to HEIGHTxWIDTH (e.g. 224x224; each side at "
              "most 8192; default: the source's size). Each batch then decodes that many "
-             "fewer pixels; the frames are no longer the source's.")] = None,
+             "fewer pixels; the frames are no longer the source's (video cameras are then "
+             "decoded and stored as JPEG; refused with --camera-codec video).")] = None,
     decode_workers: Annotated[int, typer.Option(
         help="Episodes read, video-decoded and JPEG-encoded at once (default: the machine's "
              "cores): read on threads, videos decoded and encoded in as many worker "

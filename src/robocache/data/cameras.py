@@ -622,9 +622,12 @@ def _binary(data):
 def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameFormat,
                   sizes: dict[str, tuple[int, int] | None] | None = None, *,
                   decoder: str = "pyav", gpu: int = 0, workers: CameraWorkers | None = None,
-                  threads: int = 0) -> dict[str, object]:
+                  threads: int = 0, codecs: dict[str, str] | None = None) -> dict[str, object]:
     """The Lance rows (:func:`frames_table`) of every camera stream of ``episode`` (stream ->
-    table), frames stored as ``fmt`` says, resized to ``sizes[name]`` where given.
+    table), frames stored as ``fmt`` says (``codecs[name]``, where given, in place of its
+    codec; ``"auto"`` and ``"video"``: each camera as
+    :func:`robocache.data.build.encode.stored_codec` decides), resized to ``sizes[name]``
+    where given.
 
     Video streams whose frames are still in their files are decoded and encoded here, frame
     by frame (never the whole episode's pixels at once): with NVDEC (``decoder`` ``"nvdec"``
@@ -644,20 +647,21 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
             decode, a stream without samples, or frames of another shape than ``specs`` says
             (the message is the episode's quarantine reason).
     """
-    from robocache.data.build.encode import kept_as_video
+    from robocache.data.build.encode import stored_codec
     from robocache.data.video_store import encoded_table, packet_table
 
     sizes = sizes or {}
     tables, pending = {}, {}
-    video = fmt.codec == "video"
-    if video:  # the cameras that are not kept as video are stored as JPEG
-        fmt = FrameFormat("jpeg", fmt.quality, fmt.chroma)
+    asked = fmt
     for name, spec in specs.items():
         s = episode.streams.get(name)
         if spec.kind not in ("image", "video") or s is None:
             continue
+        codec = stored_codec(spec, (codecs or {}).get(name, asked.codec), sizes.get(name))
+        video = codec == "video"
+        fmt = FrameFormat(codec, asked.quality, asked.chroma)
         if not (spec.kind == "video" and s.video is not None and s.data is None):
-            if video and kept_as_video(spec, "video"):  # raw frames encoded once, H.264
+            if video:  # raw frames encoded once, H.264
                 if len(s) == 0:
                     raise DataError(f"episode {episode.index}: stream {name!r} has no "
                                     "samples.")
@@ -674,7 +678,7 @@ def camera_tables(episode: Episode, specs: dict[str, StreamSpec], fmt: FrameForm
         start = s.video.from_timestamp
         task = (s.video.path, start + float(s.times[0]), start + float(s.times[-1]), 1e-4, fmt,
                 sizes.get(name), spec.shape, f"episode {episode.index}: stream {name!r}")
-        if video and kept_as_video(spec, "video"):  # its packets, demuxed here: no decode
+        if video:  # its packets, demuxed here: no decode
             table, t, index = packet_table(episode.index, *task[:4], spec.shape, task[7])
             _keep_times(episode, name, "copy", t, index)
             tables[name] = table

@@ -48,10 +48,25 @@ class CacheConfig:
         shard: ``(i, n)`` or ``"i/n"``: cache only the episodes at positions ``p`` of the
             wanted list with ``p % n == i`` (see :func:`parse_shard`), so ``n`` independent
             jobs split a dataset; ``robocache merge`` joins their caches.
-        camera_codec: how camera frames are stored: ``"jpeg"`` (GPU-decodable), ``"png"``
-            (lossless) or ``"video"`` (an RGB video camera's packets kept as they are and
-            decoded per batch, :mod:`robocache.data.video_store`; other cameras JPEG);
-            uint16 (depth) frames are always PNG.
+        camera_codec: how camera frames are stored
+            (:func:`robocache.data.build.encode.stored_codec` decides per camera):
+            ``"auto"`` (default): an RGB video camera's packets kept as they are (about the
+            source's bytes, frames bit-identical to the source's decode), decoded per batch
+            (NVDEC on a GPU for H.264/HEVC, CPU threads for AV1 and without a GPU; slower to
+            serve than JPEG frames, :mod:`robocache.data.video_store`); a source's own
+            JPEG/PNG bytes as they are; raw frames, and video cameras resized with
+            ``camera_size``, as JPEG (:data:`robocache.data.build.encode.AUTO_RAW_CODEC`).
+            ``"jpeg"``: every camera decoded once and stored as JPEG (the fastest to serve,
+            nvJPEG on a GPU, at 33-43x a video source's bytes, lossy). ``"png"``: lossless
+            frames. ``"video"``: as ``"auto"``, and raw RGB frames of even size encoded once
+            to H.264 (``camera_size`` refused). uint16 (depth) frames are always PNG.
+            With ``"auto"``, a video camera whose episodes do not each start on a keyframe
+            (a file encoded in one piece, episodes cut from it; LeRobot's recordings encode
+            each episode on its own) cannot be kept as video and is stored as JPEG; the build
+            says so once (the manifest records each camera's codec).
+        camera_codecs: camera stream -> ``camera_codec`` for that camera alone (the same
+            values), e.g. ``{"observation.images.wrist": "jpeg"}``; the others follow
+            ``camera_codec``.
         camera_quality: JPEG quality (1-100; default 95).
         camera_chroma: JPEG chroma subsampling: ``"444"`` (default: none; within 40 dB PSNR
             of the source's decode on sharp-edged content at quality 95), ``"422"`` or
@@ -108,7 +123,8 @@ class CacheConfig:
     rebuild_changed: bool = False
     wait: bool = False
     shard: tuple[int, int] | str | None = None
-    camera_codec: str = "jpeg"
+    camera_codec: str = "auto"
+    camera_codecs: dict[str, str] = field(default_factory=dict)
     camera_quality: int = DEFAULT_QUALITY
     camera_chroma: str = DEFAULT_CHROMA
     camera_size: tuple[int, int] | str | None = None
@@ -128,6 +144,8 @@ MAX_CAMERA_SIDE = 8192
 # mistakes: 1e-12 Hz makes a 30-frame episode last a million years, 1e6 Hz reads a kHz
 # recording as a MHz one.
 MIN_FPS, MAX_FPS = 1e-3, 100_000.0
+# the values of ``camera_codec`` (--camera-codec): what each does, CacheConfig's docstring
+CAMERA_CODECS = ("auto", "jpeg", "png", "video")
 
 
 def validate(config: CacheConfig) -> CacheConfig:
@@ -172,12 +190,15 @@ def validate(config: CacheConfig) -> CacheConfig:
         raise DeviceError("`video_decoder` (--video-decoder) is 'nvdec' but NVDEC is not "
                           "available: it needs a CUDA GPU and PyNvVideoCodec (`pip install "
                           "PyNvVideoCodec`); pass auto or pyav to decode on the CPU.")
-    if config.camera_codec not in cameras.CODECS:
-        raise DataError(f"`camera_codec` (--camera-codec) must be one of {cameras.CODECS}; "
-                        f"got {config.camera_codec!r}.")
+    check_camera_codec(config.camera_codec, "`camera_codec` (--camera-codec)")
+    if not isinstance(config.camera_codecs, dict):
+        raise DataError(f"`camera_codecs` must be a dict of camera stream -> codec; got "
+                        f"{config.camera_codecs!r}.")
+    for name, codec in config.camera_codecs.items():
+        check_camera_codec(codec, f"`camera_codecs[{name!r}]`")
     jpeg.check(config.camera_quality, config.camera_chroma)
     if config.camera_size is not None:
-        if config.camera_codec == "video":
+        if "video" in (config.camera_codec, *config.camera_codecs.values()):
             raise DataError("`camera_size` (--camera-size) resizes decoded frames, and "
                             "`camera_codec` (--camera-codec) 'video' keeps the source's video "
                             "as it is; leave one of them out.")
@@ -186,6 +207,19 @@ def validate(config: CacheConfig) -> CacheConfig:
         config.shard = parse_shard(config.shard if isinstance(config.shard, str)
                                    else "/".join(map(str, config.shard)))
     return config
+
+
+def check_camera_codec(codec: Any, name: str = "`camera_codec`") -> None:
+    """Refuse a ``camera_codec`` other than :data:`CAMERA_CODECS` (``name``: how the
+    caller's users spell the option).
+
+    Raises:
+        DataError: naming the option and the accepted values.
+    """
+    if codec not in CAMERA_CODECS:
+        raise DataError(f"{name} must be one of {', '.join(map(repr, CAMERA_CODECS))}; got "
+                        f"{codec!r} (auto keeps video cameras as video and stores raw frames "
+                        "as JPEG; jpeg serves fastest at many times the bytes).")
 
 
 def check_decode_workers(workers: int | None) -> None:

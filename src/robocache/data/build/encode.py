@@ -4,11 +4,16 @@ themselves are encoded by :mod:`robocache.data.cameras`.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from robocache._optional import require
 from robocache.data.build.config import CacheConfig
 from robocache.data.cameras import FrameFormat
-from robocache.data.episode import StreamSpec
+from robocache.data.episode import Source, StreamSpec
+from robocache.errors import DataError
 
 
 def stored_size(spec: StreamSpec, config: CacheConfig) -> tuple[int, int] | None:
@@ -20,36 +25,124 @@ def stored_size(spec: StreamSpec, config: CacheConfig) -> tuple[int, int] | None
     return tuple(config.camera_size)
 
 
+# How ``camera_codec="auto"`` stores a camera that is neither a video camera it keeps as video
+# nor a source's own JPEG/PNG bytes (raw frames: zarr, robomimic, ROS 2 Image; a video camera
+# resized with ``camera_size``): JPEG at ``camera_quality``/``camera_chroma``, as before
+# "auto". Raw frames kept as video (H.264 CRF 18) take 6.8 kB a frame against JPEG q95's
+# 103 kB on textured 480x640 scenes, at 37.0 dB min PSNR against 44.8 (docs/cameras.md,
+# benchmarks/probe_raw_video.py); what that loss costs a policy is not measured yet. Change
+# this to "video" when a measurement says so.
+AUTO_RAW_CODEC = "jpeg"
+
+
+def _rgb(spec: StreamSpec) -> bool:
+    return spec.dtype == "uint8" and len(spec.shape) == 3 and spec.shape[2] == 3
+
+
+def stored_codec(spec: StreamSpec, codec: str, size: tuple[int, int] | None = None) -> str:
+    """The codec camera ``spec`` is stored with when a build asks for ``codec``
+    (``camera_codec``) and resizes it to ``size`` (``None``: its source's size):
+
+    - ``"video"`` where it is kept as video: with ``"video"``, an RGB video stream (its
+      source's packets) or RGB raw frames of even size (encoded once, H.264:
+      :func:`robocache.data.video_store.encoded_table`); with ``"auto"``, an RGB video stream
+      not resized (and raw frames as :data:`AUTO_RAW_CODEC` says);
+    - else ``"jpeg"`` or ``"png"``: ``codec`` itself, ``"jpeg"`` for the other cameras of a
+      ``"video"`` build and :data:`AUTO_RAW_CODEC` for those of an ``"auto"`` one. A
+      source's own JPEG/PNG bytes are kept as they come (unless resized) and uint16 (depth)
+      frames are PNG whatever this says (:func:`_camera_entry`).
+    """
+    if codec == "auto":
+        if spec.kind == "video" and _rgb(spec) and size is None:
+            return "video"
+        codec = AUTO_RAW_CODEC
+    if codec != "video":
+        return codec
+    raw = spec.kind == "image" and spec.encoding is None and _rgb(spec) and \
+        spec.shape[0] % 2 == 0 and spec.shape[1] % 2 == 0
+    return "video" if size is None and ((spec.kind == "video" and _rgb(spec)) or raw) \
+        else "jpeg"
+
+
+def camera_codec(config: CacheConfig, name: str) -> str:
+    """The ``camera_codec`` camera stream ``name`` is built with: its ``camera_codecs``
+    entry, else ``camera_codec``."""
+    return config.camera_codecs.get(name, config.camera_codec)
+
+
+def auto_codecs(src: Source, specs: dict[str, StreamSpec], config: CacheConfig,
+                log: Callable[[str], None] | None = None) -> CacheConfig:
+    """``config`` with ``camera_codecs["<camera>"] = AUTO_RAW_CODEC`` for each video camera
+    that ``"auto"`` would keep as video but whose episodes do not each start on a keyframe
+    of their file (:func:`keyframe_starts`): kept as video, those episodes would be
+    quarantined (:func:`robocache.data.video_store.packet_table` needs whole GOPs). Every
+    episode of the source is looked at, so that shards of one build decide alike; each
+    camera so stored is said once to ``log``."""
+    refs = getattr(src, "video_refs", None)
+    changed = {}
+    for name, spec in specs.items():
+        if refs is None or camera_codec(config, name) != "auto" or \
+                stored_codec(spec, "auto", stored_size(spec, config)) != "video":
+            continue
+        why = keyframe_starts(refs(name))
+        if why is not None:
+            changed[name] = AUTO_RAW_CODEC
+            (log or logging.getLogger(__name__).warning)(
+                f"camera {name!r} is stored as {AUTO_RAW_CODEC.upper()}, not kept as video: "
+                f"{why}; pass camera_codec jpeg (--camera-codec jpeg) to say so, or encode "
+                "each episode on its own (as LeRobot records) to keep it as video.")
+    return replace(config, camera_codecs={**config.camera_codecs, **changed}) if changed \
+        else config
+
+
+def keyframe_starts(refs: list[tuple[int, Any]]) -> str | None:
+    """Why the episodes of ``refs`` (``(episode, VideoRef)`` each, in any order) do not each
+    start on a keyframe of their video, or ``None`` when they do (or cannot be read here:
+    a missing or unreadable file is the episode's own quarantine reason later). Each episode
+    costs one seek and one packet read: the keyframe at or before its start, within half a
+    frame of it."""
+    av = require("av", "video", "Reading video streams")
+    by_file: dict[Any, list[tuple[int, float]]] = {}
+    for episode, ref in refs:
+        by_file.setdefault(ref.path, []).append((episode, float(ref.from_timestamp)))
+    for path, starts in by_file.items():
+        try:
+            with av.open(str(path)) as container:
+                stream = container.streams.video[0]
+                tb = float(stream.time_base)
+                half = 0.5 / float(stream.average_rate or 30)
+                for episode, start in sorted(starts, key=lambda e: e[1]):
+                    container.seek(int((start + half) / tb), stream=stream, backward=True)
+                    key = next((p for p in container.demux(stream) if p.pts is not None),
+                               None)
+                    if key is None or not key.is_keyframe or abs(key.pts * tb - start) >= half:
+                        return (f"episode {episode} starts at {start:.6g} s of {path}, "
+                                "which is not a keyframe")
+        except (av.error.FFmpegError, OSError, IndexError, DataError):
+            continue
+    return None
+
+
 def frame_format(config: CacheConfig) -> FrameFormat:
-    """How ``config`` stores camera frames."""
+    """How ``config`` stores camera frames (a codec ``"auto"`` or ``"video"`` decided per
+    camera by :func:`~robocache.data.cameras.camera_tables`, as :func:`stored_codec` says)."""
     return FrameFormat(config.camera_codec, config.camera_quality, config.camera_chroma)
 
 
-def kept_as_video(spec: StreamSpec, codec: str) -> bool:
-    """Whether camera ``spec`` is stored as video (``codec`` ``"video"``): an RGB video stream
-    (its source's packets), or RGB raw frames of even size (encoded once, H.264:
-    :func:`robocache.data.video_store.encoded_table`). Other cameras of such a build are
-    stored as JPEG (a source's own JPEG/PNG bytes kept as they come)."""
-    rgb = spec.dtype == "uint8" and len(spec.shape) == 3 and spec.shape[2] == 3
-    raw = spec.kind == "image" and spec.encoding is None and rgb and \
-        spec.shape[0] % 2 == 0 and spec.shape[1] % 2 == 0
-    return codec == "video" and ((spec.kind == "video" and rgb) or raw)
-
-
-def _camera_entry(spec: StreamSpec, config: CacheConfig) -> dict[str, Any]:
-    """Manifest fields of a camera stream: how its frames are stored (and at which shape,
-    when resized)."""
+def _camera_entry(spec: StreamSpec, config: CacheConfig, name: str) -> dict[str, Any]:
+    """Manifest fields of camera stream ``name``: how its frames are stored (and at which
+    shape, when resized)."""
     if spec.kind not in ("image", "video"):
         return {}
-    if kept_as_video(spec, config.camera_codec):
+    size = stored_size(spec, config)
+    codec = stored_codec(spec, camera_codec(config, name), size)
+    if codec == "video":
         from robocache.data.video_store import RAW_ENCODER
 
         return {"codec": "video", "quality": None} if spec.kind == "video" else \
             {"codec": "video", "quality": None, "encoder": RAW_ENCODER}
-    size = stored_size(spec, config)
     kept = spec.encoding if size is None else None  # a source's own bytes, unless resized
-    codec = kept or ("png" if spec.dtype == "uint16" else
-                     "jpeg" if config.camera_codec == "video" else config.camera_codec)
+    codec = kept or ("png" if spec.dtype == "uint16" else codec)
     encoded = codec == "jpeg" and kept is None
     entry = {"codec": codec, "quality": config.camera_quality if encoded else None}
     if encoded:

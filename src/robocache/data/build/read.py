@@ -146,7 +146,7 @@ def prepare_episode(src: Source, index: int, specs: dict[str, StreamSpec],
                                    {name: stored_size(spec, config)
                                     for name, spec in specs.items()},
                                    decoder=config.video_decoder, gpu=gpu, workers=workers,
-                                   threads=threads)
+                                   threads=threads, codecs=config.camera_codecs)
         out.episode = episode
         out.seconds = {"read": t1 - t0, "encode": time.perf_counter() - t1}
     except MemoryError:

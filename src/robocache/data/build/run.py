@@ -34,7 +34,7 @@ from robocache.data.build.config import (
     sparse,
     validate,
 )
-from robocache.data.build.encode import _camera_entry
+from robocache.data.build.encode import _camera_entry, auto_codecs
 from robocache.data.build.manifest import (
     CACHE_FORMAT,
     _check_dest,
@@ -70,6 +70,7 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     native = config.rate_hz == "native"
     device = _device(config.device)
     src, specs = open_specs(source, config)
+    config = auto_codecs(src, specs, config, log)
     videos = any(spec.kind == "video" for spec in specs.values())
     if not hasattr(source, "read") and \
             preparation(config, len(src.episode_indices()), videos) != "threads":
@@ -88,7 +89,7 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
                       "shape": list(s.shape), "dim": s.dim, "source_rate_hz": s.rate_hz,
                       "method": config.methods.get(name, default_method(s, grid)),
                       **({"encoding": s.encoding} if s.encoding else {}),
-                      **_camera_entry(s, config)}
+                      **_camera_entry(s, config, name)}
                for name, s in specs.items()}
     if any(s.get("quality") is not None for s in streams.values()):
         jpeg.require_encoder()  # before any episode: a missing encoder quarantines none

@@ -14,7 +14,7 @@ from robocache._optional import require
 from robocache.data.build.commit import _committed
 from robocache.data.build.config import CacheConfig, column_name
 from robocache.data.build.encode import frame_format, stored_size
-from robocache.data.cameras import frames_table
+from robocache.data.cameras import camera_tables
 from robocache.data.episode import Episode, StreamSpec
 
 
@@ -88,11 +88,14 @@ def episode_tables(episode: Episode, cols: dict[str, Any], specs: dict[str, Stre
     frames first as Arrow tables (encoded as ``config`` says, unless ``frames`` holds their
     tables already), the aligned rows (``data.lance``) last, as :class:`Rows`."""
     config = config or CacheConfig()
-    frames = frames or {}
-    tables = [(f"frames/{name}.lance", frames[name] if name in frames else
-               frames_table(episode, name, spec, frame_format(config),
-                            stored_size(spec, config)))
-              for name, spec in specs.items() if spec.kind in ("image", "video")]
+    cameras = [name for name, spec in specs.items() if spec.kind in ("image", "video")]
+    missing = {name: specs[name] for name in cameras if name not in (frames or {})}
+    if missing:  # encoded here as a build's preparation encodes them
+        frames = {**(frames or {}), **camera_tables(
+            episode, missing, frame_format(config),
+            {name: stored_size(spec, config) for name, spec in missing.items()},
+            codecs=config.camera_codecs)}
+    tables = [(f"frames/{name}.lance", frames[name]) for name in cameras]
     tables.append(("data.lance", Rows(cols, _schema(tuple(specs.items())))))
     return tables
 

@@ -701,6 +701,11 @@ class LeRobotSource:
                     self._tasks)
         return own, 0, own.length
 
+    def video_refs(self, key: str) -> list[tuple[int, VideoRef]]:
+        """Every episode's video of camera ``key``: ``(episode, VideoRef)`` (its file and
+        where in it the episode starts), from the episode metadata (nothing decoded)."""
+        return [(i, self._video(i, key)) for i in self.episode_indices()]
+
     def _video(self, index: int, key: str) -> VideoRef:
         ep = self._episodes[index]
         chunks = int(self.info.get("chunks_size", 1000))
