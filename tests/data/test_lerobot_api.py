@@ -223,6 +223,9 @@ def test_constructor_arguments(cache, tmp_path, monkeypatch):
         tiny(cache, depth_output_unit="cm")
     with pytest.raises(robocache.errors.DataError, match="camera_chroma"):
         tiny(cache, camera_chroma="411")
+    with pytest.raises(robocache.errors.DataError, match=r"`camera_codec` must be one of "
+                       r"'auto', 'jpeg', 'png', 'video'; got 'h264'"):
+        tiny(cache, camera_codec="h264")
     small = lerobot_dataset.default_cache_dir(FIXTURES / "tiny", "jpeg", 90, "420")
     assert small.name.endswith("-q90-420") and small.parent == lerobot_dataset.default_cache_dir(
         FIXTURES / "tiny").parent
@@ -320,12 +323,44 @@ def test_recording_calls_on_a_read_dataset(cache):
             call()
 
 
+def test_default_cache_dir_names_each_camera_codec():
+    """JPEG and PNG caches keep the names they had when JPEG was the default; "auto" (the
+    default now) and "video" have their own; JPEG options other than the default are named
+    wherever frames may be JPEG."""
+    from robocache.data.lerobot_dataset import default_cache_dir
+
+    base = default_cache_dir(FIXTURES / "tiny", "jpeg").name
+    assert base.startswith("tiny-") and "-" not in base[len("tiny-"):]
+    names = {codec: default_cache_dir(FIXTURES / "tiny", codec).name
+             for codec in ("auto", "png", "video")}
+    assert names == {c: f"{base}-{c}" for c in ("auto", "png", "video")}
+    assert default_cache_dir(FIXTURES / "tiny").name == names["auto"]
+    assert default_cache_dir(FIXTURES / "tiny", "auto", 90, "420").name == f"{base}-auto-q90-420"
+    assert default_cache_dir(FIXTURES / "tiny", "png", 90, "420").name == f"{base}-png"
+
+
+def test_default_keeps_videos_as_video(tmp_path):
+    """The default cache of a dataset with video features keeps the videos' packets (as
+    "video" does), serving the same items as a JPEG one's keys and shapes."""
+    ds = robocache.LeRobotDataset("robocache/train", root=FIXTURES / "train", episodes=[0],
+                                  cache=tmp_path / "c")
+    assert ds.camera_codec == "auto"
+    top = json.loads((tmp_path / "c" / "manifest.json").read_text())["streams"][
+        "observation.images.top"]
+    assert top["codec"] == "video"
+    video = robocache.LeRobotDataset("robocache/train", root=FIXTURES / "train", episodes=[0],
+                                     cache=tmp_path / "v", camera_codec="video")
+    assert torch.equal(ds[0]["observation.images.top"], video[0]["observation.images.top"])
+    assert ds[0]["observation.images.top"].shape == (3, 48, 64)
+
+
 @pytest.mark.skipif(not importlib.util.find_spec("simplejpeg"),
                     reason="JPEG frames need simplejpeg (pip install 'robocache[data]')")
 def test_camera_quality_and_chroma_reach_the_cache(tmp_path):
     """The smallest cache's options are the build's: video frames stored as asked."""
     ds = robocache.LeRobotDataset("robocache/train", root=FIXTURES / "train", episodes=[0],
-                                  cache=tmp_path / "c", camera_quality=80, camera_chroma="420")
+                                  cache=tmp_path / "c", camera_codec="jpeg", camera_quality=80,
+                                  camera_chroma="420")
     top = json.loads((tmp_path / "c" / "manifest.json").read_text())["streams"][
         "observation.images.top"]
     assert (top["codec"], top["quality"], top["chroma"]) == ("jpeg", 80, "420")
@@ -354,6 +389,9 @@ def test_record_through_lerobot(tmp_path):
     ds = robocache.LeRobotDataset.create("robocache/rec", fps=10, features=features,
                                          root=tmp_path / "rec", use_videos=False)
     assert ds.writer is not None and ds.num_frames == 0
+    # the instance attributes of a dataset opened for reading, as LeRobot's own classes
+    assert set(vars(ds)) == set(vars(robocache.LeRobotDataset(
+        "robocache/tiny", root=FIXTURES / "tiny", cache=tmp_path / "tiny")))
     for e, n in enumerate((4, 3)):
         for _ in range(n):
             ds.add_frame({"observation.state": rng.normal(size=3).astype(np.float32),

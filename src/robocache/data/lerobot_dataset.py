@@ -16,9 +16,12 @@ it and add the episodes it lacks. Items follow LeRobot 0.6.1's ``__getitem__``: 
 ``delta_timestamps`` key a window ``[K, ...]`` and ``<key>_is_pad``, the current frame otherwise),
 features of shape ``[1]`` as scalars, floats as float32, integers as int64, bools as bool, image
 and video features as float32 ``[C, H, W]`` in [0, 1] (video features uint8 with
-``return_uint8=True``; image features keep their PNG bytes, videos are decoded once when the cache
-is built and stored as JPEG frames, or PNG with ``camera_codec="png"``; depth features float32
-``[1, H, W]`` in ``depth_output_unit``; a video key's window of one offset ``[C, H, W]``),
+``return_uint8=True``; image features keep their PNG bytes; RGB videos keep their packets by
+default, ``camera_codec="auto"``: about the videos' bytes, each batch's frames decoded from them,
+exactly LeRobot's frames; ``camera_codec="jpeg"`` decodes them once when the cache is built and
+stores JPEG frames, the fastest to serve at many times the bytes, ``"png"`` lossless frames;
+depth features float32 ``[1, H, W]`` in ``depth_output_unit``; a video key's window of one
+offset ``[C, H, W]``),
 ``string`` features and language columns as LeRobot serves them (read from the data files), plus
 ``timestamp`` (float32), ``frame_index``, ``episode_index``, ``index``, ``task_index`` (int64) and
 ``task`` (str).
@@ -55,6 +58,7 @@ import numpy as np
 import torch
 
 from robocache._optional import require
+from robocache.data.build.config import check_camera_codec
 from robocache.data.dataset import RobotDataset
 from robocache.data.jpeg import DEFAULT_CHROMA, DEFAULT_QUALITY
 from robocache.data.jpeg import check as check_jpeg
@@ -76,18 +80,20 @@ def _say_once(what: str, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=4)
 
 
-def default_cache_dir(root: Path, camera_codec: str = "jpeg",
+def default_cache_dir(root: Path, camera_codec: str = "auto",
                       camera_quality: int = DEFAULT_QUALITY,
                       camera_chroma: str = DEFAULT_CHROMA) -> Path:
     """Where the cache of the dataset at ``root`` goes: ``$ROBOCACHE_HOME`` (default
-    ``~/.cache/robocache``) / ``<name>-<hash of the resolved path>`` (``-png`` appended for
-    camera frames stored as PNG, ``-q<quality>-<chroma>`` for JPEG other than the
-    default)."""
+    ``~/.cache/robocache``) / ``<name>-<hash of the resolved path>``, then ``-<codec>`` for
+    every ``camera_codec`` but ``"jpeg"`` (``-auto``, ``-video``, ``-png``: a JPEG cache keeps
+    the name it had when JPEG was the default) and, where frames may be stored as JPEG (all
+    but ``"png"``), ``-q<quality>-<chroma>`` for JPEG other than the default."""
     home = Path(os.environ.get("ROBOCACHE_HOME", Path.home() / ".cache" / "robocache"))
     digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]
-    suffix = f"-{camera_codec}" if camera_codec != "jpeg" else \
-        "" if (camera_quality, camera_chroma) == (DEFAULT_QUALITY, DEFAULT_CHROMA) else \
-        f"-q{camera_quality}-{camera_chroma}"
+    suffix = "" if camera_codec == "jpeg" else f"-{camera_codec}"
+    if camera_codec != "png" and (camera_quality, camera_chroma) != (DEFAULT_QUALITY,
+                                                                       DEFAULT_CHROMA):
+        suffix += f"-q{camera_quality}-{camera_chroma}"
     return home / f"{root.name}-{digest}{suffix}"
 
 
@@ -165,14 +171,23 @@ class LeRobotDataset(torch.utils.data.Dataset):
             not on disk, files of the served episodes are missing, or ``force_cache_sync``,
             LeRobot fetches them with these arguments as on its own first read: with
             ``root=None`` into its Hub snapshot cache, which is then read), and videos are
-            decoded by PyAV once when the cache is built (LeRobot's ``"pyav"`` and
-            ``"torchcodec"`` give the same frames; any other value, ``token`` and
+            decoded by RoboCache (PyAV's frames, bit for bit, from the kept packets per batch
+            or once when the cache is built, as ``camera_codec`` says; LeRobot's ``"pyav"``
+            and ``"torchcodec"`` give the same frames; any other value, ``token`` and
             ``download_videos=False`` are said once per process).
         cache: the cache directory (default :func:`default_cache_dir`).
         device: where the cache is gathered: ``"cpu"`` (default) or ``"cuda"``.
-        camera_codec: how video frames are stored in the cache: ``"jpeg"`` (default, q95,
-            GPU-decodable) or ``"png"`` (lossless: the decoded frames exactly).
-        camera_quality, camera_chroma: for ``"jpeg"``, the quality (1-100, default 95) and
+        camera_codec: how video frames are stored in the cache
+            (:class:`~robocache.data.build.config.CacheConfig`): ``"auto"`` (default) keeps
+            an RGB video's packets as they are (about the video's bytes; each batch's frames
+            decoded from them: NVDEC on a GPU for H.264/HEVC, CPU threads for AV1 and without
+            a GPU; exactly the frames LeRobot decodes), slower to serve than JPEG frames;
+            ``"video"`` the same here (LeRobot's image features keep their PNG bytes either
+            way); ``"jpeg"`` decodes every video once when the cache is built and stores
+            JPEG q95 frames: the fastest to serve (nvJPEG on a GPU) at many times the
+            bytes (33-43x on 480x640 videos written with LeRobot's settings), lossy;
+            ``"png"`` stores the decoded frames losslessly.
+        camera_quality, camera_chroma: for JPEG frames, the quality (1-100, default 95) and
             chroma subsampling (``"444"``, default; ``"422"``, ``"420"``) of the stored video
             frames: ``camera_chroma="420"`` with a lower quality makes the smallest cache
             (bytes against PSNR: docs/lerobot.md).
@@ -205,15 +220,15 @@ class LeRobotDataset(torch.utils.data.Dataset):
                  video_backend: str | None = None, return_uint8: bool = False,
                  depth_output_unit: str = "mm", *, token: str | bool | None = None,
                  cache: str | Path | None = None, device: str | torch.device = "cpu",
-                 camera_codec: str = "jpeg", camera_quality: int = DEFAULT_QUALITY,
+                 camera_codec: str = "auto", camera_quality: int = DEFAULT_QUALITY,
                  camera_chroma: str = DEFAULT_CHROMA, build_timeout_s: float = 3600.0):
+        self._blank()
         if image_transforms is not None and not callable(image_transforms):
             raise TypeError("`image_transforms` must be callable or None.")
         if depth_output_unit not in ("mm", "m"):
             raise DataError(f"`depth_output_unit` must be 'mm' or 'm'; got "
                             f"{depth_output_unit!r}.")
-        if camera_codec not in ("jpeg", "png"):
-            raise DataError(f"`camera_codec` must be 'jpeg' or 'png'; got {camera_codec!r}.")
+        check_camera_codec(camera_codec)
         check_jpeg(camera_quality, camera_chroma)
         self._requested_root = None if root is None else Path(root)  # LeRobot's _download
         fetch = {"revision": revision, "download_videos": download_videos, "token": token}
@@ -282,8 +297,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
     def _say_ignored(self, download_videos: bool, video_backend: str | None, token) -> None:
         if video_backend not in (None, "pyav", "torchcodec"):  # LeRobot's decoders: the same
             _say_once("video_backend", f"robocache.LeRobotDataset: video_backend="
-                      f"{video_backend!r} is not used: videos are decoded once by PyAV when the "
-                      "RoboCache cache is built.")
+                      f"{video_backend!r} is not used: RoboCache decodes videos itself (PyAV's "
+                      "frames, bit for bit).")
         if not download_videos or token is not None:
             _say_once("download", "robocache.LeRobotDataset: download_videos / token are "
                       "used only to fetch missing data files through LeRobot, where it is "
@@ -330,8 +345,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
                           camera_quality=self.camera_quality, camera_chroma=self.camera_chroma)
                 c = m["counts"]
                 if c["cached"] > c["skipped"]:  # one line: where the first use's time went
-                    videos = f"videos decoded once, on {os.cpu_count()} cores; " \
-                        if self.meta.video_keys else ""
+                    decoded = any(m["streams"][k].get("codec") != "video"
+                                  for k in self.meta.video_keys if k in m["streams"])
+                    videos = "" if not self.meta.video_keys else \
+                        f"videos decoded once, on {os.cpu_count()} cores; " if decoded else \
+                        "video packets kept as they are; "
                     print(f"robocache: cached {c['cached'] - c['skipped']} episodes of "
                           f"{self.root} into {self.cache} in {time.perf_counter() - t0:.1f} s "
                           f"({c['rows']} frames in all; {videos}later uses open the cache)",
@@ -574,8 +592,25 @@ class LeRobotDataset(torch.utils.data.Dataset):
     @classmethod
     def _record(cls, recording) -> LeRobotDataset:
         self = cls.__new__(cls)
-        self._recording = recording
+        self._blank(recording)
         return self
+
+    def _blank(self, recording=None) -> None:
+        """Set every instance attribute of this class: the constructor's empty (it fills them
+        in), or, for a dataset recording through LeRobot's ``recording``, LeRobot's values of
+        those its dataset has (``meta``, ``root``...) and nothing served. A recording dataset
+        thus has the attributes of one opened for reading, as LeRobot's own have."""
+        self.__dict__.update(dict.fromkeys((
+            "_requested_root", "meta", "repo_id", "root", "revision", "episodes",
+            "image_transforms", "tolerance_s", "_delta_timestamps", "return_uint8",
+            "depth_output_unit", "video_backend", "camera_codec", "device", "camera_quality",
+            "camera_chroma", "delta_indices", "cache", "build_timeout_s", "_reader",
+            "feature_keys", "_cameras", "_unserved", "_len", "_ds", "_from_index",
+            "_task_index", "_seen", "_language")), _recording=recording)
+        if recording is not None:  # LeRobot's, read here (its writer keeps them as they are)
+            for name in ("_requested_root", "meta", "repo_id", "root", "revision", "episodes",
+                         "image_transforms", "tolerance_s", "depth_output_unit"):
+                setattr(self, name, getattr(recording, name))
 
     def __getattr__(self, name: str) -> Any:
         """While LeRobot records (:meth:`create`, :meth:`resume`), its dataset's attributes
@@ -655,11 +690,10 @@ class LeRobotDataset(torch.utils.data.Dataset):
         recording.finalize()
         if not recording.meta.total_episodes:  # nothing saved: nothing to serve
             return
-        kept = recording.image_transforms, recording.delta_timestamps, recording.episodes
-        del self._recording
         LeRobotDataset.__init__(self, recording.repo_id, root=recording.root,
-                                episodes=kept[2], image_transforms=kept[0],
-                                delta_timestamps=kept[1], tolerance_s=recording.tolerance_s)
+                                episodes=self.episodes, image_transforms=self.image_transforms,
+                                delta_timestamps=recording.delta_timestamps,
+                                tolerance_s=self.tolerance_s)
 
     # ── items and batches ─────────────────────────────────────────────
 
