@@ -125,7 +125,7 @@ def replicate(src: Path, dest: Path, copies: int) -> Path:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         with av.open(str(src / rel)) as inp, av.open(str(dest / rel), "w") as out:
             s = inp.streams.video[0]
-            o = out.add_stream_from_template(s)
+            o = out.add_stream_from_template(s, opaque=True)  # no codec: remuxed as is
             step = round(frames / fps / s.time_base)  # the file's duration in its ticks
             packets = [(bytes(p), p.pts, p.dts, p.is_keyframe) for p in inp.demux(s) if p.size]
             for k in range(copies):
@@ -170,9 +170,30 @@ def _serve(cache: Path, cfg: dict, history: int, device: torch.device,
 def _lerobot(src: Path, cfg: dict, history: int, workers: int) -> dict | None:
     """Samples/s of LeRobot's own ``LeRobotDataset`` (PyAV decoding, its backend that needs no
     FFmpeg libraries beside PyAV's) over the same dataset and windows, through a shuffled
-    ``DataLoader`` of ``workers`` processes (0: in this process), timed after its first
+    ``DataLoader`` of ``workers`` processes (0: in its process), timed after its first
     batches (worker start-up excluded). Frames at the source's size, no resize (less work
-    than the serve above does). ``None`` where LeRobot is not installed."""
+    than the serve above does). Run in a process of its own whose ``PYTHONPATH`` starts with
+    ``$LEROBOT_PYTHONPATH`` (LeRobot 0.6.1 needs PyAV 15, older than ours); ``None`` where
+    LeRobot is not installed there."""
+    import json
+    import subprocess
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("LEROBOT_PYTHONPATH"),
+                                                    str(Path(__file__).parent),
+                                                    os.environ.get("PYTHONPATH")) if p)
+    code = ("import json, sys; from pathlib import Path; from bench_video import _lerobot_rate; "
+            "print(json.dumps(_lerobot_rate(Path(sys.argv[1]), json.loads(sys.argv[2]), "
+            "int(sys.argv[3]), int(sys.argv[4]))))")
+    got = subprocess.run([sys.executable, "-c", code, str(src), json.dumps(cfg), str(history),
+                          str(workers)], env=env, capture_output=True, text=True)
+    if got.returncode:
+        raise RuntimeError(f"LeRobot's serve failed: {got.stderr.strip()[-600:]}")
+    return json.loads(got.stdout.strip().splitlines()[-1])
+
+
+def _lerobot_rate(src: Path, cfg: dict, history: int, workers: int) -> dict | None:
+    """:func:`_lerobot`'s measurement, in LeRobot's process."""
     try:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
     except ImportError:
@@ -192,8 +213,10 @@ def _lerobot(src: Path, cfg: dict, history: int, workers: int) -> dict | None:
         next(it)
     seconds = time.perf_counter() - t0
     del it
+    import av
+
     return {"samples_per_s": timed * cfg["batch"] / seconds, "workers": workers,
-            "batches": timed}
+            "batches": timed, "pyav": av.__version__}
 
 
 def _sequential(files: list[Path]) -> tuple[float, int]:
