@@ -142,13 +142,25 @@ def replicate(src: Path, dest: Path, copies: int) -> Path:
     return dest
 
 
-def _ingest(src: Path, dest: Path, camera_codec: str) -> float:
+def _ingest(src: Path, dest: Path, camera_codec: str, profile: str | None = None) -> float:
+    """Seconds to build ``dest`` from ``src`` (page cache dropped first); ``profile``: a
+    folder to write the build process's cProfile to (``ingest-<source>.prof``, the workers'
+    time shows as waits)."""
+    import cProfile
+
     from robocache.data.cache import build
 
     evict(src)
+    prof = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
+    if prof:
+        prof.enable()
     build(src, dest, rate_hz="native", progress=False, device="cpu", camera_codec=camera_codec)
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    if prof:
+        prof.disable()
+        prof.dump_stats(str(Path(profile) / f"ingest-{src.name}.prof"))
+    return seconds
 
 
 def _serve(cache: Path, cfg: dict, history: int, device: torch.device,
@@ -283,7 +295,8 @@ def _sequential_nvdec(files: list[Path]) -> tuple[float, int]:
 
 
 def run(quick: bool = False, copy_gbps: float | None = None, report=None,
-        codecs: str | None = None, workdir: str | None = None) -> list[dict]:
+        codecs: str | None = None, workdir: str | None = None,
+        profile: str | None = None) -> list[dict]:
     cfg = QUICK if quick else FULL
     out: list[dict] = []
     report = report or out.append
@@ -318,7 +331,7 @@ def run(quick: bool = False, copy_gbps: float | None = None, report=None,
             big_bytes = sum(p.stat().st_size for p in big_videos)
             evict(big)
             raw_s, raw_n = H.raw_read_s(big_videos)
-            seconds = _ingest(big, tmp / "cache-big", "video")
+            seconds = _ingest(big, tmp / "cache-big", "video", profile=profile)
             rate, raw = big_bytes / seconds / 1e6, raw_n / raw_s / 1e6
             report(H.case(FAMILY, f"{codec}-{name_of}-x{cfg['copies']}", "ingest-video",
                           H.summarize([seconds * 1e3]), source_bytes=big_bytes,
@@ -384,4 +397,5 @@ def run(quick: bool = False, copy_gbps: float | None = None, report=None,
 if __name__ == "__main__":
     os.environ.setdefault("SVT_LOG", "1")
     main(run, __doc__, {"codecs": (str, "comma-separated codecs of av1,h264"),
-                        "workdir": (str, "folder for the datasets (default: the system's temp)")})
+                        "workdir": (str, "folder for the datasets (default: the system's temp)"),
+                        "profile": (str, "folder for a cProfile of the repeated dataset's ingest")})
