@@ -337,7 +337,7 @@ def size_runs(cfg: dict, ds, frames, held, held_frames, stats, runs: int,
     policy, pre, post, times, _ = train(ds, frames, stats, cfg["hw"], 0, 12, cfg["batch"])
     step_s = float(np.median(times[4:]))
     # making the policy and its first step's extra (the loader's start, cuDNN's autotuning)
-    setup_s = time.perf_counter() - t0 - sum(times) + times[0] - step_s
+    setup_s = max(0.0, time.perf_counter() - t0 - sum(times) + times[0] - step_s)
     t0 = time.perf_counter()
     evaluate(policy, pre, post, held, held_frames, cfg["eval_batch"])
     eval_s = time.perf_counter() - t0
