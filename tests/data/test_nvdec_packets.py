@@ -149,3 +149,26 @@ def test_nvdec_serves_the_cpu_paths_frames(tmp_path, seed, codec, options):
     said = [str(w.message) for w in caught if "decoded on the CPU" in str(w.message)]
     assert (codec == "libsvtav1") == bool(said), said
     assert not isinstance(packs, EncodedFrames)
+
+
+@pytest.mark.gpu
+def test_videos_of_other_sizes_get_decoders_of_their_own(tmp_path, monkeypatch):
+    """A decoder made for small frames is not handed a larger stream (NVDEC cannot
+    reconfigure to it): small, then large, then small again, all on NVDEC, all exact."""
+    pytest.importorskip("PyNvVideoCodec")
+    from robocache.data import cameras
+    from robocache.data.video_store import episode_packets, packet_table
+
+    monkeypatch.setattr(cameras, "_warned", set())  # every fallback warns here
+    rng = np.random.default_rng(0)
+    for k, (h, w) in enumerate([(96, 128), (160, 192), (96, 128)]):
+        path = tmp_path / f"v{k}.mp4"
+        write_video(path, _clip(rng, 12, h, w), 30.0, "libx264")
+        table, _, _ = packet_table(0, path, 0.0, 11 / 30, 1e-4, (h, w, 3), "cam")
+        cpu = episode_packets(table, np.arange(12), (h, w, 3)).decode(torch.arange(12))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gpu = episode_packets(table, np.arange(12), (h, w, 3)).decode(torch.arange(12),
+                                                                          "cuda")
+        assert not [str(m.message) for m in caught if "on the CPU" in str(m.message)]
+        assert torch.equal(gpu.cpu(), cpu)

@@ -97,10 +97,12 @@ _pools: dict[tuple, list] = {}
 _lock = threading.Lock()
 
 
-def _take(gpu: int, codec: str):
-    """A decoder (and the CUDA stream it works on) for ``codec`` on ``gpu`` from this
-    process's pool, made when the pool is empty."""
-    key = (os.getpid(), gpu, codec)
+def _take(gpu: int, codec: str, size: tuple[int, int]):
+    """A decoder (and the CUDA stream it works on) for ``codec`` streams of frames of
+    ``size`` (height, width) on ``gpu`` from this process's pool, made when the pool is empty
+    (a decoder made for smaller frames cannot take larger ones: NVDEC's ReconfigureDecoder
+    fails, seen on an H200)."""
+    key = (os.getpid(), gpu, codec, size)
     with _lock:
         pool = _pools.setdefault(key, [])
         if pool:
@@ -114,13 +116,13 @@ def _take(gpu: int, codec: str):
     return decoder, stream
 
 
-def _give(gpu: int, codec: str, item) -> None:
+def _give(gpu: int, codec: str, size: tuple[int, int], item) -> None:
     with _lock:
-        _pools.setdefault((os.getpid(), gpu, codec), []).append(item)
+        _pools.setdefault((os.getpid(), gpu, codec, size), []).append(item)
 
 
 def decode_gops(jobs: list, gpu: int, streams: set) -> list:
-    """Decode ``jobs`` on one decoder per codec, one GOP after the other. A job is
+    """Decode ``jobs`` on one decoder per codec and frame size, one GOP after the other. A job is
     ``(packets, gop, slots, stage, tag)``: a :class:`~robocache.data.video_store.VideoPackets`,
     a GOP of it, ``{packet index: row of stage}`` of the frames wanted, and the uint8 ``[N,
     H * W * 3 / 2]`` tensor on GPU ``gpu`` their NV12 bytes are copied into. Returns the
@@ -128,13 +130,14 @@ def decode_gops(jobs: list, gpu: int, streams: set) -> list:
     used to ``streams``."""
     from robocache.data.cameras import _warn_once
 
-    by_codec: dict[str, list] = {}
+    by_codec: dict[tuple[str, tuple[int, int]], list] = {}  # per codec and frame size
     for job in jobs:
-        by_codec.setdefault(job[0].configs[job[1]][0], []).append(job)
+        by_codec.setdefault((job[0].configs[job[1]][0], tuple(job[0].frame_shape[:2])),
+                            []).append(job)
     failed = []
-    for codec, mine in by_codec.items():
+    for (codec, size), mine in by_codec.items():
         try:
-            decoder, stream = _take(gpu, codec)
+            decoder, stream = _take(gpu, codec, size)
         except Exception as e:  # noqa: BLE001 - NVDEC's errors are untyped; the CPU decides
             failed += [job[-1] for job in mine]
             _warn_failed(_warn_once, codec, e)
@@ -146,7 +149,7 @@ def decode_gops(jobs: list, gpu: int, streams: set) -> list:
             failed += [job[-1] for job in mine]  # the decoder is not reused
             _warn_failed(_warn_once, codec, e)
         else:
-            _give(gpu, codec, (decoder, stream))
+            _give(gpu, codec, size, (decoder, stream))
     return failed
 
 
