@@ -390,3 +390,20 @@ def test_the_gpu_serves_a_video_and_jpeg_mixture_as_each_cache(mix_caches):
                 # at most, should its backend differ with the batch)
                 torch.testing.assert_close(got, own[CAM].cpu(), rtol=0, atol=1)
     assert seen == set(range(len(sources)))
+
+
+def test_a_build_that_keeps_every_video_decodes_none():
+    """Kept video is a copy: a build whose video cameras are all kept as video prepares
+    episodes as a numeric build does (whole episodes in worker processes), not in NVDEC's
+    lanes, which it would not use."""
+    from robocache.data.build.config import CacheConfig
+    from robocache.data.build.read import decoded_videos
+    from robocache.data.episode import StreamSpec
+
+    specs = {"cam": StreamSpec("cam", "video", "uint8", (48, 64, 3), 30.0),
+             "state": StreamSpec("state", "numeric", "float32", (2,), 30.0)}
+    assert not decoded_videos(specs, CacheConfig(camera_codec="video"))
+    assert not decoded_videos(specs, CacheConfig(camera_codec="auto"))
+    assert decoded_videos(specs, CacheConfig(camera_codec="jpeg"))
+    assert decoded_videos(specs, CacheConfig(camera_codec="auto", camera_size=(24, 32)))
+    assert decoded_videos(specs, CacheConfig(camera_codec="video", camera_codecs={"cam": "png"}))

@@ -21,7 +21,7 @@ from robocache._forkserver import worker_context
 from robocache._optional import require
 from robocache.data import source_identity
 from robocache.data.build.config import CacheConfig, check_grid_tolerance, decode_workers
-from robocache.data.build.encode import frame_format, stored_size
+from robocache.data.build.encode import camera_codec, frame_format, stored_codec, stored_size
 from robocache.data.cameras import (
     CameraWorkers,
     camera_tables,
@@ -185,7 +185,7 @@ def prepared(src: Source, indices: Iterable[int], specs: dict[str, StreamSpec],
       one decodes with NVDEC on the reading threads, on GPU ``gpu`` (its decoders share this
       process's CUDA context)."""
     indices = list(indices)
-    videos = any(spec.kind == "video" for spec in specs.values())
+    videos = decoded_videos(specs, config)
     way = preparation(config, len(indices), videos)
     if path is not None and way == "processes":
         files = getattr(src, "files", None)
@@ -238,14 +238,22 @@ FILE_EPISODES = 512
 _WORKER: dict[str, Any] = {}  # the source a worker process opened, its specs and options
 
 
+def decoded_videos(specs: dict[str, StreamSpec], config: CacheConfig) -> bool:
+    """Whether a build of ``specs`` decodes video: a video stream not kept as video (whose
+    packets are copied, no decoder needed)."""
+    return any(spec.kind == "video" and stored_codec(
+        spec, camera_codec(config, name), stored_size(spec, config)) != "video"
+        for name, spec in specs.items())
+
+
 def preparation(config: CacheConfig, episodes: int, videos: bool) -> str:
-    """How :func:`prepared` prepares ``episodes`` episodes (``videos``: whether the specs
-    hold video streams): ``"lanes"`` where NVDEC decodes the videos (``"auto"`` or
-    ``"nvdec"``, NVDEC here) and the build is large, ``"processes"`` (whole episodes, a
-    source path only) where PyAV decodes them or there are none, else ``"threads"``. Large:
-    ``config.decode_processes``, or by default at least :data:`PROCESS_EPISODES` episodes
-    (and 2 workers or more, for processes): a process costs a few seconds to start. Without
-    NVDEC here ``"auto"`` decodes with PyAV."""
+    """How :func:`prepared` prepares ``episodes`` episodes (``videos``: whether they hold
+    video streams to decode, :func:`decoded_videos`): ``"lanes"`` where NVDEC decodes the
+    videos (``"auto"`` or ``"nvdec"``, NVDEC here) and the build is large, ``"processes"``
+    (whole episodes, a source path only) where PyAV decodes them or there are none, else
+    ``"threads"``. Large: ``config.decode_processes``, or by default at least
+    :data:`PROCESS_EPISODES` episodes (and 2 workers or more, for processes): a process costs
+    a few seconds to start. Without NVDEC here ``"auto"`` decodes with PyAV."""
     if videos and config.video_decoder != "pyav" and nvdec_available():
         large = config.decode_processes if config.decode_processes is not None else \
             episodes >= PROCESS_EPISODES

@@ -44,6 +44,7 @@ from robocache.data.build.manifest import (
 )
 from robocache.data.build.read import (
     Prepared,
+    decoded_videos,
     native_rate,
     open_specs,
     preparation,
@@ -71,9 +72,8 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     device = _device(config.device)
     src, specs = open_specs(source, config)
     config = auto_codecs(src, specs, config, log)
-    videos = any(spec.kind == "video" for spec in specs.values())
-    if not hasattr(source, "read") and \
-            preparation(config, len(src.episode_indices()), videos) != "threads":
+    if not hasattr(source, "read") and preparation(
+            config, len(src.episode_indices()), decoded_videos(specs, config)) != "threads":
         start_worker_server()  # the workers' (or the GPU lanes') fork server
     fps = native_rate(src) if native else None
     if not native:
