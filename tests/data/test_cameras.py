@@ -117,12 +117,23 @@ def test_default_keeps_video_cameras_as_video_and_raw_frames_as_jpeg(tmp_path, f
     assert (m["streams"][CAM]["codec"], m["streams"][CAM]["quality"]) == ("jpeg", 95)
 
 
-def test_default_stores_a_video_cut_inside_groups_of_pictures_as_jpeg(tmp_path, caplog):
-    """Episodes cut from one video encoded in one piece (a keyframe every 2 frames, 7-frame
-    episodes: the second starts inside a GOP) cannot be kept as video: "auto" stores those
+def test_default_keeps_written_videos_and_stores_one_cut_inside_gops_as_jpeg(tmp_path, caplog):
+    """Videos written by add_video_feature (each episode starting on a keyframe, as LeRobot
+    writes them) are kept as video. Episodes cut from one video encoded in one piece (a
+    keyframe every 2 frames, 7-frame episodes: the second starts inside a GOP) cannot be kept
+    as video: "auto" stores those
     cameras as JPEG, says so once per camera, and quarantines nothing; explicit "video"
     quarantines the episodes that start inside a GOP, naming the fix."""
+    from robocache.data.cameras import write_video
+
     src = _two_cameras(tmp_path / "src", episodes=3)
+    m = build(src, tmp_path / "kept", rate_hz=10.0, progress=False, device="cpu")
+    assert m["streams"][CAM]["codec"] == m["streams"][CAM2]["codec"] == "video"
+    assert m["counts"]["quarantined"] == 0
+    for c, key in enumerate((CAM, CAM2)):  # each camera's file encoded again, in one piece
+        clips = [_clip(7, 13 * i + 50 * c) for i in range(3)]
+        write_video(next((src / "videos" / key).rglob("*.mp4")), np.concatenate(clips), 10.0,
+                    "libx264")
     with caplog.at_level(logging.WARNING):
         m = build(src, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu")
     assert m["counts"] == {**m["counts"], "cached": 3, "quarantined": 0}

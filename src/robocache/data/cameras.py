@@ -1309,14 +1309,17 @@ def write_video(path, frames, fps: float, codec: str = "libsvtav1",
     """Encode uint8 ``[F, H, W, 3]`` frames (or an iterable of such arrays, written one after
     another without holding them all) as an mp4 the way LeRobot records cameras (PyAV,
     yuv420p, keyframe every 2 frames, CRF 30; ``codec`` ``"libsvtav1"`` (AV1, LeRobot's
-    default), ``"libx264"`` or ``"libx265"``). Returns the frame count of each array."""
+    default), ``"libx264"`` or ``"libx265"``). Each array starts on a keyframe of its own, a
+    closed group of pictures, as in LeRobot's files (each episode encoded on its own), so an
+    episode's span can be kept as video (:mod:`robocache.data.video_store`). Returns the
+    frame count of each array."""
     from fractions import Fraction
 
     av = require("av", "video", "Writing video streams")
     chunks = [frames] if isinstance(frames, np.ndarray) else frames
     quiet()
     opts = {**VIDEO_OPTIONS, **({"preset": "12"} if codec == "libsvtav1" else {}),
-            **({"x265-params": "log-level=error"} if codec == "libx265" else {}),
+            **({"x265-params": "log-level=error:open-gop=0"} if codec == "libx265" else {}),
             **(options or {})}
     counts = []
     with av.open(str(path), "w") as out:
@@ -1327,8 +1330,10 @@ def write_video(path, frames, fps: float, codec: str = "libsvtav1",
                                         options=opts)
                 stream.pix_fmt = "yuv420p"
                 stream.height, stream.width = chunk.shape[1:3]
-            for f in chunk:
+            for i, f in enumerate(chunk):
                 frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")
+                if i == 0:  # each array's first frame a keyframe
+                    frame.pict_type = av.video.frame.PictureType.I
                 if stream.codec_context.is_open:
                     out.mux(stream.encode(frame))
                     continue
