@@ -4,9 +4,10 @@
     $ robocache demo --batches 200 --json
 
 Ingests the Franka Panda sample (LeRobot v3.0 layout, streams at 125/100/30 Hz + sparse
-language events + an AV1 camera video) into a 50 Hz Lance cache (camera frames decoded once,
-stored as JPEG), serves batches of (history 2, horizon 16) windows, normalized on the device,
-with camera frames decoded per batch (nvJPEG on a GPU) as float32 ``[B, 2, 3, H, W]``, and
+language events + an AV1 camera video) into a 50 Hz Lance cache (the video kept as its
+packets, the raw camera as JPEG: ``camera_codec="auto"``), serves batches of (history 2, horizon
+16) windows, normalized on the device, with camera frames decoded per batch (the video's GOPs on
+CPU threads, JPEG by nvJPEG on a GPU) as float32 ``[B, 2, 3, H, W]``, and
 prints what it built and the throughput (samples/s and camera frames/s).
 """
 
@@ -114,7 +115,7 @@ def run_demo(dest: Path, *, batches: int = 100, batch_size: int = 256, device: s
     seconds, nbytes, batch = _serve(loader, batches)
     shapes = {k: list(v.shape) for k, v in batch.items()}
     frames_per_s = 0.0
-    if cameras and camera_batches:  # camera frames: JPEG in the cache, decoded per batch
+    if cameras and camera_batches:  # camera frames: video or JPEG, decoded per batch
         views = RobotDataset(dest / "cache", history=2, keys=cameras)
         cam_loader = RobotLoader(views, batch_size, device=device, num_workers=workers,
                                  normalize=None)
@@ -122,7 +123,9 @@ def run_demo(dest: Path, *, batches: int = 100, batch_size: int = 256, device: s
         shapes.update({k: list(v.shape) for k, v in cam_batch.items() if k in cameras
                        or k.removesuffix("_is_pad") in cameras})
         frames_per_s = camera_batches * batch_size * 2 * len(cameras) / cam_seconds
+    stored = sorted({manifest["streams"][k]["codec"] for k in cameras})
     return {"manifest": manifest, "dataset": dataset.describe(), "device": str(loader.device),
+            "camera_codecs": stored,
             "mode": "resident" if loader.resident else f"workers={workers}",
             "batches": batches, "batch_size": batch_size, "shapes": shapes,
             "samples_per_s": batches * batch_size / seconds,
@@ -203,4 +206,5 @@ def demo(
     if result["camera_frames_per_s"]:
         console.print(f"[bold]{result['camera_frames_per_s']:,.0f} camera frames/s[/] decoded "
                       f"and served over {result['camera_batches']} batches of "
-                      f"{result['batch_size']} x 2 frames per camera (JPEG in the cache)")
+                      f"{result['batch_size']} x 2 frames per camera "
+                      f"({' and '.join(result['camera_codecs'])} in the cache)")
