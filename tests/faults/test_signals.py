@@ -64,7 +64,7 @@ def test_a_stop_of_a_video_ingest_and_its_workers_is_one_line(tmp_path, sig, cod
     group); the workers used to print a traceback each (the command's handler, inherited)."""
     dest = tmp_path / "cache"
     args = ["ingest", SAMPLE, dest, "--rate", "50", "--device", "cpu", "--no-progress",
-            "--decode-workers", "2"]
+            "--decode-workers", "2", "--camera-codec", "jpeg"]  # its video decoded by workers
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C + fl.SLOW_CLI, *map(str, args)],
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
