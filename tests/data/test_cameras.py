@@ -147,6 +147,23 @@ def test_default_keeps_written_videos_and_stores_one_cut_inside_gops_as_jpeg(tmp
     assert all("--camera-codec jpeg" in q["reason"] for q in m["quarantined"])
 
 
+def test_default_extends_a_cache_built_with_another_codec_alike(tmp_path, caplog):
+    """A cache whose camera is JPEG (built before "auto" was the default) is extended with
+    JPEG frames by a build at the defaults, which says so, instead of being refused as
+    another cache; an explicit codec other than the cache's is still refused."""
+    src = FIXTURES / "lerobot_h264"
+    build(src, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu", camera_codec="jpeg",
+          episodes=[0])
+    with caplog.at_level(logging.WARNING):
+        m = build(src, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu")
+    assert (m["counts"]["new"], m["counts"]["skipped"]) == (1, 1)
+    assert m["streams"][CAM]["codec"] == "jpeg"
+    assert any(f"stores camera {CAM!r} as jpeg" in r.getMessage() for r in caplog.records)
+    with pytest.raises(DataError, match="holds a cache with a different streams"):
+        build(src, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu",
+              camera_codec="png")
+
+
 @pytest.mark.parametrize("options,match", [
     ({"camera_codec": "h264"}, r"`camera_codec` \(--camera-codec\) must be one of 'auto', "
                                r"'jpeg', 'png', 'video'; got 'h264'"),

@@ -63,7 +63,9 @@ class CacheConfig:
             With ``"auto"``, a video camera whose episodes do not each start on a keyframe
             (a file encoded in one piece, episodes cut from it; LeRobot's recordings encode
             each episode on its own) cannot be kept as video and is stored as JPEG; the build
-            says so once (the manifest records each camera's codec).
+            says so once (the manifest records each camera's codec). A cache at the
+            destination that stores a camera otherwise (e.g. JPEG, built before ``"auto"``
+            was the default) is extended alike, ``"auto"`` giving way for that camera.
         camera_codecs: camera stream -> ``camera_codec`` for that camera alone (the same
             values), e.g. ``{"observation.images.wrist": "jpeg"}``; the others follow
             ``camera_codec``.

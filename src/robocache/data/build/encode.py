@@ -95,6 +95,33 @@ def auto_codecs(src: Source, specs: dict[str, StreamSpec], config: CacheConfig,
         else config
 
 
+def resumed_codecs(manifest: dict[str, Any] | None, specs: dict[str, StreamSpec],
+                   config: CacheConfig, log: Callable[[str], None] | None = None
+                   ) -> CacheConfig:
+    """``config`` with ``camera_codecs["<camera>"]`` set, for each camera left to ``"auto"``,
+    to the codec the cache at the destination (its ``manifest``, ``None``: none) stores it
+    with, where that differs from what ``"auto"`` gives (a cache built with ``"jpeg"`` or
+    ``"png"``, e.g. before ``"auto"`` was the default): running the build again then adds
+    episodes stored alike instead of refusing the cache as another one. Said once to
+    ``log``."""
+    streams = (manifest or {}).get("streams") or {}
+    changed = {}
+    for name, spec in specs.items():
+        had = (streams.get(name) or {}).get("codec")
+        if spec.kind not in ("image", "video") or camera_codec(config, name) != "auto" or \
+                had not in ("jpeg", "png", "video"):
+            continue
+        if _camera_entry(spec, config, name).get("codec") != had:
+            changed[name] = had
+    if not changed:
+        return config
+    (log or logging.getLogger(__name__).warning)(
+        "the cache at the destination stores " + ", ".join(
+            f"camera {n!r} as {c}" for n, c in changed.items()) + "; it is extended alike "
+        "(pass --camera-codec to choose, with --overwrite to build it again).")
+    return replace(config, camera_codecs={**config.camera_codecs, **changed})
+
+
 def keyframe_starts(refs: list[tuple[int, Any]]) -> str | None:
     """Why the episodes of ``refs`` (``(episode, VideoRef)`` each, in any order) do not each
     start on a keyframe of their video, or ``None`` when they do (or cannot be read here:

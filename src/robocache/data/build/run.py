@@ -34,7 +34,7 @@ from robocache.data.build.config import (
     sparse,
     validate,
 )
-from robocache.data.build.encode import _camera_entry, auto_codecs
+from robocache.data.build.encode import _camera_entry, auto_codecs, resumed_codecs
 from robocache.data.build.manifest import (
     CACHE_FORMAT,
     _check_dest,
@@ -72,6 +72,8 @@ def locked_run(source: str | Path | Source, dest: str | Path, config: CacheConfi
     device = _device(config.device)
     src, specs = open_specs(source, config)
     config = auto_codecs(src, specs, config, log)
+    if not config.overwrite:
+        config = resumed_codecs(read_manifest(Path(dest)), specs, config, log)
     if not hasattr(source, "read") and preparation(
             config, len(src.episode_indices()), decoded_videos(specs, config)) != "threads":
         start_worker_server()  # the workers' (or the GPU lanes') fork server
