@@ -223,9 +223,17 @@ def _hook_forks() -> None:
 
 
 def _stopped(sig: int, verbose: bool) -> typer.Exit:
-    """The exit of a command stopped by SIGTERM (143) or Ctrl-C (130)."""
+    """The exit of a command stopped by SIGTERM (143) or Ctrl-C (130). Worker processes that
+    the signal ended are not errors any more: PyTorch's DataLoader watches its workers with a
+    SIGCHLD handler that raises when one died of a signal, and its iterators, collected as
+    the interpreter exits, join their workers: a traceback per iterator after the one line.
+    That handler is put back to the default here."""
+    import os
     import signal
 
+    if hasattr(signal, "SIGCHLD") and os.getpid() == _owner[0] and \
+            threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     what, code = ("terminated", EXIT_TERMINATED) if sig == signal.SIGTERM else \
         ("interrupted", EXIT_INTERRUPTED)
     return fail(f"{what}; re-run the same command to resume", code, verbose=verbose)
