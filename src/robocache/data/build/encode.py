@@ -27,11 +27,11 @@ def stored_size(spec: StreamSpec, config: CacheConfig) -> tuple[int, int] | None
 
 # How ``camera_codec="auto"`` stores a camera that is neither a video camera it keeps as video
 # nor a source's own JPEG/PNG bytes (raw frames: zarr, robomimic, ROS 2 Image; a video camera
-# resized with ``camera_size``): JPEG at ``camera_quality``/``camera_chroma``, as before
-# "auto". Raw frames kept as video (H.264 CRF 18) take 6.8 kB a frame against JPEG q95's
-# 103 kB on textured 480x640 scenes, at 37.0 dB min PSNR against 44.8 (docs/cameras.md,
-# benchmarks/probe_raw_video.py); what that loss costs a policy is not measured yet. Change
-# this to "video" when a measurement says so.
+# resized with ``camera_size``): JPEG at ``camera_quality``/``camera_chroma``. Measured by what it
+# costs a policy (LeRobot's ACT, same frames stored three ways, held-out action L1 over 2 seeds
+# on an H200, benchmarks/results/policy-storage-h200-2026-12-02.json): JPEG q95 39.7 mm at
+# 11.0 kB a frame, lossless 39.6 mm at 29.5 kB, H.264 CRF 18 42.2 mm at 2.8 kB (worse on both
+# seeds); docs/cameras.md.
 AUTO_RAW_CODEC = "jpeg"
 
 
