@@ -521,6 +521,15 @@ READ_AHEAD = 16
 MAX_READ_AHEAD = 64
 
 
+def _ignore_ctrl_c(worker_id: int) -> None:
+    """A DataLoader worker leaves Ctrl-C to the main process, which stops the workers: killed
+    by the terminal's SIGINT mid-transfer, a worker's file-descriptor sharing thread printed a
+    traceback (ConnectionResetError) after the command's one line."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class RobotLoader:
     """Iterate normalized batches of windows on ``device`` (see the module docstring).
 
@@ -636,7 +645,7 @@ class RobotLoader:
             self.loader = torch.utils.data.DataLoader(
                 _Parts(self.datasets), sampler=self.sampler, batch_size=None,
                 num_workers=num_workers, pin_memory=cuda,
-                persistent_workers=num_workers > 0,
+                persistent_workers=num_workers > 0, worker_init_fn=_ignore_ctrl_c,
                 prefetch_factor=prefetch_factor if num_workers > 0 else None)
         # camera batches: high priority, so their decode's kernels go before the training's
         cameras = self.resident and bool(self.packed.image_keys)
