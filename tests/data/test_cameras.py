@@ -117,12 +117,13 @@ def test_default_keeps_video_cameras_as_video_and_raw_frames_as_jpeg(tmp_path, f
     assert (m["streams"][CAM]["codec"], m["streams"][CAM]["quality"]) == ("jpeg", 95)
 
 
-def test_default_keeps_written_videos_and_stores_one_cut_inside_gops_as_jpeg(tmp_path, caplog):
+def test_default_keeps_written_videos_and_stores_one_cut_inside_gops_as_png(tmp_path, caplog):
     """Videos written by add_video_feature (each episode starting on a keyframe, as LeRobot
     writes them) are kept as video. Episodes cut from one video encoded in one piece (a
     keyframe every 2 frames, 7-frame episodes: the second starts inside a GOP) cannot be kept
     as video: "auto" stores those
-    cameras as JPEG, says so once per camera, and quarantines nothing; explicit "video"
+    cameras as PNG (their decode's frames exactly), says so once per camera, and quarantines
+    nothing; explicit "video"
     quarantines the episodes that start inside a GOP, naming the fix."""
     from robocache.data.cameras import write_video
 
@@ -137,7 +138,7 @@ def test_default_keeps_written_videos_and_stores_one_cut_inside_gops_as_jpeg(tmp
     with caplog.at_level(logging.WARNING):
         m = build(src, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu")
     assert m["counts"] == {**m["counts"], "cached": 3, "quarantined": 0}
-    assert m["streams"][CAM]["codec"] == m["streams"][CAM2]["codec"] == "jpeg"
+    assert m["streams"][CAM]["codec"] == m["streams"][CAM2]["codec"] == "png"
     said = [r.getMessage() for r in caplog.records if "not a keyframe" in r.getMessage()]
     assert len(said) == 2 and "episode 1 starts at 0.7 s" in said[0], said
     assert "--camera-codec jpeg" in said[0]

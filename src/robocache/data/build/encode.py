@@ -33,6 +33,9 @@ def stored_size(spec: StreamSpec, config: CacheConfig) -> tuple[int, int] | None
 # 11.0 kB a frame, lossless 39.6 mm at 29.5 kB, H.264 CRF 18 42.2 mm at 2.8 kB (worse on both
 # seeds); docs/cameras.md.
 AUTO_RAW_CODEC = "jpeg"
+# How ``"auto"`` stores a video camera it cannot keep as video (an episode starting inside a
+# group of pictures): PNG, so that its frames stay exactly its decode's, as kept video's are
+UNKEPT_VIDEO_CODEC = "png"
 
 
 def _rgb(spec: StreamSpec) -> bool:
@@ -72,7 +75,7 @@ def camera_codec(config: CacheConfig, name: str) -> str:
 
 def auto_codecs(src: Source, specs: dict[str, StreamSpec], config: CacheConfig,
                 log: Callable[[str], None] | None = None) -> CacheConfig:
-    """``config`` with ``camera_codecs["<camera>"] = AUTO_RAW_CODEC`` for each video camera
+    """``config`` with ``camera_codecs["<camera>"] = UNKEPT_VIDEO_CODEC`` for each video camera
     that ``"auto"`` would keep as video but whose episodes do not each start on a keyframe
     of their file (:func:`keyframe_starts`): kept as video, those episodes would be
     quarantined (:func:`robocache.data.video_store.packet_table` needs whole GOPs). Every
@@ -86,11 +89,12 @@ def auto_codecs(src: Source, specs: dict[str, StreamSpec], config: CacheConfig,
             continue
         why = keyframe_starts(refs(name))
         if why is not None:
-            changed[name] = AUTO_RAW_CODEC
+            changed[name] = UNKEPT_VIDEO_CODEC
             (log or logging.getLogger(__name__).warning)(
-                f"camera {name!r} is stored as {AUTO_RAW_CODEC.upper()}, not kept as video: "
-                f"{why}; pass camera_codec jpeg (--camera-codec jpeg) to say so, or encode "
-                "each episode on its own (as LeRobot records) to keep it as video.")
+                f"camera {name!r} is stored as PNG (lossless: its decode's frames exactly), not "
+                f"kept as video: {why}; pass camera_codec jpeg (--camera-codec jpeg) for "
+                "smaller, lossy frames, or encode each episode on its own (as LeRobot records) "
+                "to keep it as video.")
     return replace(config, camera_codecs={**config.camera_codecs, **changed}) if changed \
         else config
 
