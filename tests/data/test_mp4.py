@@ -154,3 +154,24 @@ def test_packet_tables_from_the_sample_table_equal_pyavs(tmp_path, monkeypatch, 
         assert fast[1:] == slow[1:]
         assert isinstance(fast[0], pa.Table) and fast[0].equals(slow[0]), (a, b)
     assert kept >= 2
+
+
+def test_keyframe_check_from_the_sample_table_equals_pyavs_seeks(tmp_path, monkeypatch):
+    """The check of where episodes start gives the same answer from the sample table as from
+    PyAV's seeks: starts on keyframes pass, one inside a group of pictures is named."""
+    from types import SimpleNamespace
+
+    from robocache.data import video_store
+    from robocache.data.build.encode import keyframe_starts
+
+    path = _encode(tmp_path / "v.mp4", "libx264", n=36, options={"g": "4", "bf": "2"})
+    pts, _, key, _, tb = _demuxed(path)
+    keys = sorted(float(p * tb) for p in pts[key])
+    cases = {"keyframes": keys, "one inside": keys[:2] + [keys[2] + 1 / 30]}
+    for mp4 in (True, False):
+        monkeypatch.setattr(video_store, "MP4_INDEX", mp4)
+        got = {name: keyframe_starts([(e, SimpleNamespace(path=path, from_timestamp=t))
+                                      for e, t in enumerate(starts)])
+               for name, starts in cases.items()}
+        assert got["keyframes"] is None
+        assert got["one inside"] is not None and got["one inside"].startswith("episode 2 ")

@@ -130,16 +130,33 @@ def _demuxed(container, stream, start_s: float, end_s: float, tolerance_s: float
             data)
 
 
+def seeked(track, t_s: float, tb: float) -> int:
+    """The packet (index into ``track``, a :class:`robocache.data.mp4.Track`) where FFmpeg's
+    backward seek to ``t_s`` seconds lands in an MP4: the last keyframe whose ``seek_target``
+    is at most the target (they never decrease); the first packet when none is."""
+    k = np.searchsorted(track.keyframes, np.searchsorted(
+        track.seek_target, int(t_s / tb), side="right")) - 1
+    return int(track.keyframes[k]) if k >= 0 else 0
+
+
+def source(path) -> _Source:
+    """What ingest reads of the video file ``path`` besides its packets (codec, time base,
+    frame rate, size, and the MP4 sample table where trusted), once a process while the file
+    is unchanged.
+
+    Raises:
+        OSError, av.error.FFmpegError: the file is missing or unreadable.
+    """
+    st = os.stat(path)
+    return _source(os.fspath(path), st.st_size, st.st_mtime_ns, MP4_INDEX)
+
+
 def _span(track, start_s: float, end_s: float, tolerance_s: float, tb: float) -> np.ndarray:
     """The packets :func:`_demuxed` gives for the same span, as indices into ``track``: from
     where FFmpeg's backward seek in an MP4 lands for ``start_s`` (``track.seek_target``) to
     :data:`REORDER_PACKETS` past ``end_s``."""
     n = len(track.pts)
-    first = 0
-    if start_s > 0:  # the last keyframe at or before the target (seek_target never decreases)
-        k = np.searchsorted(track.keyframes, np.searchsorted(
-            track.seek_target, int(start_s / tb), side="right")) - 1
-        first = int(track.keyframes[k]) if k >= 0 else 0
+    first = seeked(track, start_s, tb) if start_s > 0 else 0
     # a packet decoded after end_s is shown after it too (pts >= dts): the REORDER_PACKETS-th
     # late packet is at most that many past the first of those, unless empty packets intervene
     end = int(np.searchsorted(track.dts, int((end_s + tolerance_s) / tb) + 1))
@@ -168,8 +185,7 @@ def packet_table(episode: int, path, start_s: float, end_s: float, tolerance_s: 
     pa = require("pyarrow", "data", "Arrow tables")
     av = _av()
     try:
-        st = os.stat(path)
-        src = _source(os.fspath(path), st.st_size, st.st_mtime_ns, MP4_INDEX)
+        src = source(path)
         _check_shape((*src.size, 3), shape, where)
         codec, extradata, tb, rate, track = (src.codec, src.extradata, src.time_base,
                                              src.rate, src.track)

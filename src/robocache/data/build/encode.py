@@ -129,29 +129,48 @@ def resumed_codecs(manifest: dict[str, Any] | None, specs: dict[str, StreamSpec]
 def keyframe_starts(refs: list[tuple[int, Any]]) -> str | None:
     """Why the episodes of ``refs`` (``(episode, VideoRef)`` each, in any order) do not each
     start on a keyframe of their video, or ``None`` when they do (or cannot be read here:
-    a missing or unreadable file is the episode's own quarantine reason later). Each episode
-    costs one seek and one packet read: the keyframe at or before its start, within half a
-    frame of it."""
+    a missing or unreadable file is the episode's own quarantine reason later): the packet
+    a seek to each start lands on is a keyframe within half a frame of it. An MP4 answers
+    from its sample table (:func:`robocache.data.video_store.seeked`), other files with one
+    seek and one packet read an episode."""
     av = require("av", "video", "Reading video streams")
     by_file: dict[Any, list[tuple[int, float]]] = {}
     for episode, ref in refs:
         by_file.setdefault(ref.path, []).append((episode, float(ref.from_timestamp)))
     for path, starts in by_file.items():
         try:
-            with av.open(str(path)) as container:
-                stream = container.streams.video[0]
-                tb = float(stream.time_base)
-                half = 0.5 / float(stream.average_rate or 30)
-                for episode, start in sorted(starts, key=lambda e: e[1]):
-                    container.seek(int((start + half) / tb), stream=stream, backward=True)
-                    key = next((p for p in container.demux(stream) if p.pts is not None),
-                               None)
-                    if key is None or not key.is_keyframe or abs(key.pts * tb - start) >= half:
-                        return (f"episode {episode} starts at {start:.6g} s of {path}, "
-                                "which is not a keyframe")
+            for episode, start, key, shown, half in _landings(path, sorted(
+                    starts, key=lambda e: e[1])):
+                if not key or abs(shown - start) >= half:
+                    return (f"episode {episode} starts at {start:.6g} s of {path}, "
+                            "which is not a keyframe")
         except (av.error.FFmpegError, OSError, IndexError, DataError):
             continue
     return None
+
+
+def _landings(path, starts: list[tuple[int, float]]):
+    """For each ``(episode, start)``: ``(episode, start, keyframe?, its time, half a frame)``
+    of the packet a backward seek to half a frame past ``start`` lands on in ``path``."""
+    from robocache.data import video_store
+
+    src = video_store.source(path)
+    half = 0.5 / (src.rate or 30.0)
+    if src.track is not None:
+        track, tb = src.track, src.time_base
+        for episode, start in starts:
+            k = video_store.seeked(track, start + half, tb)
+            yield episode, start, bool(track.key[k]), float(track.pts[k] * tb), half
+        return
+    av = require("av", "video", "Reading video streams")
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        tb = float(stream.time_base)
+        for episode, start in starts:
+            container.seek(int((start + half) / tb), stream=stream, backward=True)
+            key = next((p for p in container.demux(stream) if p.pts is not None), None)
+            yield (episode, start, key is not None and bool(key.is_keyframe),
+                   float("inf") if key is None else key.pts * tb, half)
 
 
 def frame_format(config: CacheConfig) -> FrameFormat:
