@@ -6,11 +6,12 @@ vs by a CPU DataLoader decoding video per sample.
     $ python benchmarks/bench_train_vision.py --quick          # CPU smoke run (tiny model)
 
 Dataset: ``bench_cameras.make_dataset`` (LeRobot v3.0, two 480x640 H.264 cameras, 6-D state and
-action at 30 fps; ``episodes`` x ``length`` frames), ingested once (``robocache ingest``'s
-defaults). Policy: ``torchvision.models.resnet18(weights=None)`` shared by both cameras and both
-history frames (4 images a sample) -> 512-D features each, concatenated with the 2-step state ->
-MLP (512, 512) -> an action chunk of ``horizon`` steps; masked MSE, AdamW (fused on CUDA), bf16
-autocast, channels-last. Batch 64.
+action at 30 fps; ``episodes`` x ``length`` frames), ingested once with the frames decoded
+into JPEG q95 (``camera_codec="jpeg"``; the default keeps the videos as video, measured by
+``bench video``). Policy: ``torchvision.models.resnet18(weights=None)`` shared by both cameras
+and both history frames (4 images a sample) -> 512-D features each, concatenated with the
+2-step state -> MLP (512, 512) -> an action chunk of ``horizon`` steps; masked MSE, AdamW
+(fused on CUDA), bf16 autocast, channels-last. Batch 64.
 
 Feeds, each trained on for ``seconds`` (at least ``min_steps`` steps) after ``warmup`` steps:
 
@@ -228,7 +229,7 @@ def run(quick: bool = False, copy_gbps: float | None = None, **options) -> list[
         write_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         manifest = build(root, Path(tmp) / "cache", rate_hz=C.FPS, progress=False,
-                         camera_size=cfg.get("camera_size"))
+                         camera_size=cfg.get("camera_size"), camera_codec="jpeg")
         ingest_s = time.perf_counter() - t0
         ds = RobotDataset(Path(tmp) / "cache", keys=[*C.CAMS, STATE, ACTION],
                           action_keys=[ACTION], history=C.HISTORY, horizon=horizon,

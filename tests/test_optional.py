@@ -33,7 +33,8 @@ def test_the_error_survives_pickling():
     ("pyarrow", "from robocache.data.formats import lerobot"),
     ("lance", "from robocache.data import RobotDataset; RobotDataset('data/sample')"),
     ("simplejpeg", "import sys; from robocache.data.cache import build; "
-     "build('tests/fixtures/lerobot/train', sys.argv[1], progress=False)"),
+     "build('tests/fixtures/lerobot/train', sys.argv[1], progress=False, "
+     "camera_codec='jpeg')"),
 ], ids=["pyarrow-lerobot-reader", "lance-dataset", "simplejpeg-build"])
 def test_a_missing_data_package_names_the_pip_command(blocked, code, tmp_path):
     """Without the package (blocked from importing), the data path raises one

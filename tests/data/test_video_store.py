@@ -94,7 +94,7 @@ def test_windows_and_workers_serve_the_same(video_cache, frames):
 
 
 def test_an_episode_starting_inside_a_gop_is_quarantined_with_the_reason(tmp_path):
-    from robocache.data.cameras import add_video_feature
+    from robocache.data.cameras import add_video_feature, write_video
     from robocache.data.episode import Episode, Stream, StreamSpec
     from robocache.data.formats.lerobot import write_lerobot
 
@@ -107,8 +107,11 @@ def test_an_episode_starting_inside_a_gop_is_quarantined_with_the_reason(tmp_pat
     clip = [np.stack([np.stack([x * 3 + 9 * i + 40 * e, y * 4, 100 + 0 * x], -1)
                       for i in range(n)]).clip(0, 255).astype(np.uint8)
             for e, n in enumerate((6, 5))]
-    # one keyframe every 4 frames of the concatenated file: episode 1 starts at its frame 6
+    # one keyframe every 4 frames of the file: episode 1 starts at its frame 6 (the episodes
+    # encoded in one piece: add_video_feature starts each on a keyframe of its own)
     add_video_feature(root, CAM, clip, codec="libsvtav1", options={"g": "4"})
+    video = next((root / "videos").rglob("*.mp4"))
+    write_video(video, np.concatenate(clip), 10.0, "libsvtav1", {"g": "4"})
     m = build(root, tmp_path / "c", rate_hz=10.0, progress=False, device="cpu",
               camera_codec="video")
     assert m["counts"]["cached"] == 1 and m["counts"]["quarantined"] == 1
