@@ -250,12 +250,12 @@ def _file(tmp: Path, cfg: dict, keep) -> None:
                 weights=weights.tolist(), shares=share.tolist(), target_pp=1.0,
                 note=f"largest gap {dev_pp:.3f} pp over {n:,} batches (target 1 pp)"))
     # samples/s: the mixture, without and with language, against one cache of the same rows
-    (tmp / "single-src").mkdir()
+    (tmp / "file-single-src").mkdir()  # named apart from the three robots' part's
     rows = len(mixed)
-    build(_Synthetic(tmp / "single-src", FILE_PAD["state"], FILE_PAD["action"], 50.0, False,
-                     max(1, rows // cfg["length"]), cfg["length"], 99), tmp / "single",
+    build(_Synthetic(tmp / "file-single-src", FILE_PAD["state"], FILE_PAD["action"], 50.0, False,
+                     max(1, rows // cfg["length"]), cfg["length"], 99), tmp / "file-single",
           rate_hz=50.0, progress=False)
-    one = RobotDataset(tmp / "single", history=HISTORY, horizon=HORIZON)
+    one = RobotDataset(tmp / "file-single", history=HISTORY, horizon=HORIZON)
     language = mixed.language
     name = f"b{BATCH}-h{HISTORY}-H{HORIZON}-{rows}steps-file10"
     single_rate = None
