@@ -2,11 +2,14 @@
 
 Keeping a video camera's packets (:func:`robocache.data.video_store.packet_table`) needs each
 packet's bytes, times and keyframe flag. PyAV's demuxer hands them one Python object per
-packet (about 14 us each with the bookkeeping, measured on the development VM), which bounds
-an ingest to tens of MB/s when packets are a few KB. An MP4 (ISO BMFF) file already holds
-them as tables: ``stsz`` (sizes), ``stsc`` + ``stco``/``co64`` (where each sample lies),
-``stts`` (decode times), ``ctts`` (display offsets), ``stss`` (keyframes) and ``elst`` (the
-edit list FFmpeg shifts the times by). :func:`video_track` reads those tables with NumPy, so
+packet, which held the kept-video ingest of 4 H.264 cameras to 12-26 MB/s on an H200 host
+(``benchmarks/results/video-nvdec-h200-2026-12-02.json``, ``ingest-video``) where the same
+files read at about 900 MB/s; read from the tables below, 792 MB/s
+(``ingest-kept-video-h200-2026-12-02.json``, with the build's workers running). An MP4 (ISO
+BMFF) file already holds them as tables: ``stsz`` (sizes), ``stsc`` + ``stco``/``co64``
+(where each sample lies), ``stts`` (decode times), ``ctts`` (display offsets), ``stss``
+(keyframes) and ``elst`` (the edit list FFmpeg shifts the times by). :func:`video_track`
+reads those tables with NumPy, so
 an episode's packets become one file read and a few array operations.
 
 Only what FFmpeg's own demuxer gives the same answer for is read here: an unfragmented file
